@@ -1,0 +1,5 @@
+import sys
+
+from gptzoo.cli import main
+
+sys.exit(main())

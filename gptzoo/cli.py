@@ -1,0 +1,174 @@
+"""The ``gptzoo`` command: rich tables for people, ``--json`` for machines.
+
+User errors print one message on stderr and exit with status 2 (``--debug`` shows the traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from gptzoo.build import build_model, resolve_components
+from gptzoo.checkpoint import save_checkpoint
+from gptzoo.errors import GptzooError
+from gptzoo.hookspecs import KINDS
+from gptzoo.plugins import gptzoo_version
+from gptzoo.recipe import load_recipe, read_recipe_data, shipped_recipes
+from gptzoo.registry import Registry, get_registry
+from gptzoo.summary import render_summary, summarize
+
+EXIT_USER_ERROR = 2
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
+    return value
+
+
+def make_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
+    common.add_argument("--json", action="store_true", help="print JSON for machines instead of tables")
+
+    parser = argparse.ArgumentParser(
+        prog="gptzoo", description="Build, inspect and run GPT-style models assembled from plugins.", parents=[common]
+    )
+    parser.add_argument("--version", action="version", version=f"gptzoo {gptzoo_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("build", parents=[common], help="build a model from a recipe and show what it is made of and costs")
+    p.add_argument("recipe", help="a shipped recipe name (see `gptzoo recipes`) or a path to a .toml file")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V", help="override a recipe key, e.g. model.n_layer=6 (repeatable)")
+    p.add_argument("--seq-len", type=_positive_int, metavar="T", help="sequence length for FLOPs (default: the context length)")
+    p.add_argument("--batch", type=_positive_int, default=1, metavar="B", help="batch size for FLOPs (default: 1)")
+    p.add_argument("--out", metavar="DIR", help="write an initialized checkpoint (model.safetensors + recipe.toml) to DIR")
+    p.set_defaults(func=cmd_build)
+
+    p = sub.add_parser("plugins", parents=[common], help="list plugins, where they come from and what they registered")
+    p.set_defaults(func=cmd_plugins)
+
+    p = sub.add_parser("list", parents=[common], help="list registered components")
+    p.add_argument("kind", nargs="?", choices=KINDS, help="only this kind")
+    p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("recipes", parents=[common], help="list shipped recipes")
+    p.set_defaults(func=cmd_recipes)
+    return parser
+
+
+def _print_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2) + "\n")
+
+
+def _warn_failed(registry: Registry, err: Console) -> None:
+    for info in registry.failed:
+        err.print(f"[yellow]warning:[/yellow] {escape(f'plugin {info.name!r} ({info.distribution} {info.version}) failed: {info.error}')}; see `gptzoo plugins`")
+
+
+def cmd_build(args: argparse.Namespace, out: Console, err: Console) -> None:
+    registry = get_registry()
+    _warn_failed(registry, err)
+    recipe = load_recipe(args.recipe, args.overrides, registry=registry)
+    seq_len = args.seq_len or recipe.model.context_length
+    model = build_model(recipe, device="meta", registry=registry)
+    summary = summarize(model, recipe, resolve_components(recipe, registry), batch=args.batch, seq_len=seq_len)
+    if args.out:
+        real = build_model(recipe, device="cpu", registry=registry)
+        summary["checkpoint"] = str(save_checkpoint(real, recipe, args.out))
+    if args.json:
+        _print_json(summary)
+        return
+    render_summary(summary, out)
+    if args.out:
+        out.print(f"checkpoint written to {summary['checkpoint']}")
+
+
+def cmd_plugins(args: argparse.Namespace, out: Console, err: Console) -> None:
+    registry = get_registry()
+    registered: dict[str, list[str]] = {}
+    for entry in registry.entries():
+        registered.setdefault(entry.provenance.plugin, []).append(f"{entry.kind}:{entry.name}")
+    rows = [
+        {
+            "name": info.name,
+            "module": info.module,
+            "distribution": info.distribution,
+            "version": info.version,
+            "builtin": info.builtin,
+            "status": info.status,
+            "error": info.error,
+            "registered": registered.get(info.name, []),
+        }
+        for info in registry.plugins
+    ]
+    if args.json:
+        _print_json(rows)
+        return
+    table = Table(title="Plugins", title_justify="left")
+    for col in ("plugin", "distribution", "status", "registered"):
+        table.add_column(col, overflow="fold")
+    for row in rows:
+        status = "[green]ok[/green]" if row["status"] == "ok" else f"[red]failed[/red]: {escape(row['error'] or '')}"
+        table.add_row(f"{row['name']}\n[dim]{row['module']}[/dim]", f"{row['distribution']} {row['version']}", status, ", ".join(row["registered"]))
+    out.print(table)
+
+
+def cmd_list(args: argparse.Namespace, out: Console, err: Console) -> None:
+    registry = get_registry()
+    _warn_failed(registry, err)
+    rows = [
+        {"kind": e.kind, "name": e.name, "doc": e.doc, "plugin": e.provenance.plugin, "distribution": e.provenance.distribution, "version": e.provenance.version, "overrides": str(e.overrides) if e.overrides else None}
+        for e in registry.entries(args.kind)
+    ]
+    if args.json:
+        _print_json(rows)
+        return
+    table = Table(title="Components", title_justify="left")
+    for col in ("kind", "name", "description", "from"):
+        table.add_column(col, overflow="fold")
+    for row in rows:
+        origin = f"{row['plugin']} ({row['distribution']} {row['version']})"
+        table.add_row(row["kind"], row["name"], row["doc"], origin + (f", overrides {row['overrides']}" if row["overrides"] else ""))
+    out.print(table)
+
+
+def cmd_recipes(args: argparse.Namespace, out: Console, err: Console) -> None:
+    rows = []
+    for name, path in shipped_recipes().items():
+        data = read_recipe_data(path)
+        model = data.get("model", {})
+        rows.append({"name": name, "description": data.get("description", ""), "n_layer": model.get("n_layer"), "n_embd": model.get("n_embd"), "path": str(path)})
+    if args.json:
+        _print_json(rows)
+        return
+    table = Table(title="Recipes", title_justify="left")
+    for col in ("name", "n_layer", "n_embd", "description"):
+        table.add_column(col, overflow="fold")
+    for row in rows:
+        table.add_row(row["name"], str(row["n_layer"]), str(row["n_embd"]), row["description"])
+    out.print(table)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
+    out, err = Console(), Console(stderr=True)
+    try:
+        args.func(args, out, err)
+    except GptzooError as exc:
+        if args.debug:
+            raise
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+        return EXIT_USER_ERROR
+    return 0

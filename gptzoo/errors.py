@@ -1,0 +1,56 @@
+"""User-facing errors.
+
+Every error a person can cause by what they typed or wrote (a recipe, a flag, a plugin they
+installed) is a :class:`GptzooError`. The CLI prints its message on stderr and exits with status 2;
+anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Sequence
+
+
+class GptzooError(Exception):
+    """Base class of every error caused by user input; the message names the culprit and the fix."""
+
+
+class PluginError(GptzooError):
+    """A plugin failed to load or registered something invalid (fatal in strict mode)."""
+
+
+class RegistryError(GptzooError):
+    """A registration conflicts with another one (duplicate name without ``override=True``)."""
+
+
+class UnknownComponentError(RegistryError):
+    """A component name that no plugin registered."""
+
+    def __init__(self, kind: str, name: str, available: Iterable[str]) -> None:
+        self.kind, self.name, self.available = kind, name, sorted(available)
+        super().__init__(f"unknown {kind} {name!r}{did_you_mean(name, self.available)}")
+
+
+class RecipeError(GptzooError):
+    """A recipe with one or more problems; all of them are reported at once."""
+
+    def __init__(self, source: str, problems: Sequence[str]) -> None:
+        self.source, self.problems = source, list(problems)
+        if len(self.problems) == 1:
+            text = f"{source}: {self.problems[0]}"
+        else:
+            lines = "\n".join(f"  - {p}" for p in self.problems)
+            text = f"{source}: {len(self.problems)} problems\n{lines}"
+        super().__init__(text)
+
+
+class CheckpointError(GptzooError):
+    """A checkpoint that cannot be written or read as asked."""
+
+
+def did_you_mean(name: str, available: Sequence[str]) -> str:
+    """The tail of an 'unknown name' message: the closest match, then everything available."""
+    close = difflib.get_close_matches(name, available, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    listing = ", ".join(available) if available else "nothing"
+    return f"{hint} (available: {listing})"

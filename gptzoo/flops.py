@@ -1,0 +1,37 @@
+"""Analytic FLOPs of a forward pass, counted from the components themselves.
+
+Convention: one multiply-add is 2 FLOPs, and only matmuls count (norms, activations, softmax and
+rotary tables are a few FLOPs per element and are left out, as torch's FlopCounterMode does).
+Per layer at sequence length T this gives attention projections 8 T d^2 (MHA), scores and weighted
+sum 4 T^2 d (the full T x T square, no causal halving), dense MLP 16 T d^2 (d_ff = 4d), and the LM
+head 2 T V d. Training costs about 3x the forward pass (backward = 2x forward).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import TYPE_CHECKING
+
+from torch import nn
+
+if TYPE_CHECKING:
+    from gptzoo.model import GPT
+
+FLOPS_CONVENTION = "1 multiply-add = 2 FLOPs; matmuls only"
+TRAIN_FORWARD_RATIO = 3
+"""Training FLOPs / forward FLOPs: forward + backward (which costs twice the forward)."""
+
+
+def linear_flops(n_tokens: int, *layers: nn.Linear) -> int:
+    """FLOPs of applying these linear layers to n_tokens vectors."""
+    return 2 * n_tokens * sum(layer.in_features * layer.out_features for layer in layers)
+
+
+def forward_flops(model: GPT, batch: int, seq_len: int) -> dict[str, int]:
+    """Matmul FLOPs of one cache-less forward pass over (batch, seq_len) tokens, by part."""
+    parts: dict[str, int] = defaultdict(int)
+    for block in model.blocks:
+        for name, flops in (*block.attn.flops(batch, seq_len).items(), *block.mlp.flops(batch * seq_len).items()):
+            parts[name] += flops
+    parts["lm head"] = linear_flops(batch * seq_len, model.lm_head)
+    return dict(parts)

@@ -1,0 +1,138 @@
+"""The interfaces that components implement and the model calls.
+
+`hookspecs.py` documents what each kind's factory takes and returns; this module holds the few
+shared types those contracts name:
+
+- :class:`Position`: base class of position encodings, with three optional capabilities.
+- :class:`Rotary`: what a rotary position encoding hands to attention once per forward pass.
+- :class:`AttentionContext`: everything position-dependent that attention needs, computed once per
+  forward pass by the model and shared by all layers.
+- :class:`LayerKVCache` and :class:`KVCache`: preallocated key/value storage for prefill and decode.
+- :class:`Sampler`: base class of the sampler chain's steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import Tensor, nn
+
+
+class Rotary(Protocol):
+    """A rotation of queries and keys, precomputed for the positions of one forward pass."""
+
+    def apply(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        """Rotate q (B, nh, T, hs) and k (B, nkv, T, hs); shapes and dtypes are preserved."""
+        ...
+
+
+class Position(nn.Module):
+    """Base class of position encodings. Every capability is a no-op unless a subclass overrides it.
+
+    A position encoding sees absolute positions (a 1-D long tensor), so it works with a KV cache:
+    the model passes the positions of the new tokens, and for attention biases, of all keys.
+    """
+
+    max_positions: int | None = None
+    """The largest number of positions it can encode, or None if it extrapolates without limit."""
+
+    def embed(self, positions: Tensor) -> Tensor | None:
+        """An embedding (T, d) added to the token embeddings, or None."""
+        return None
+
+    def rotary(self, positions: Tensor) -> Rotary | None:
+        """A rotation of q and k for these query/key positions (T,), or None."""
+        return None
+
+    def attn_bias(self, q_positions: Tensor, k_positions: Tensor) -> Tensor | None:
+        """An additive attention bias (nh, Tq, Tk) in float32, or None. The causal mask is added
+        by the model; a bias only describes how distance changes the scores."""
+        return None
+
+
+@dataclass(frozen=True)
+class AttentionContext:
+    """Position-dependent inputs of attention, built once per forward pass for all layers.
+
+    Attributes:
+        start: the absolute position of the first query token (the cache write offset).
+        rotary: the q/k rotation for the query positions, or None.
+        mask: an additive float mask (1 or nh, Tq, Tk) with -inf where a query must not look, in the
+            activation dtype; None when ``is_causal`` says everything or nothing needs masking.
+        is_causal: True when queries and keys are the same T tokens and only the plain causal mask
+            applies (the fast path of scaled_dot_product_attention).
+    """
+
+    start: int
+    rotary: Rotary | None
+    mask: Tensor | None
+    is_causal: bool
+
+
+class LayerKVCache:
+    """Preallocated keys and values of one attention layer, (B, nkv, max_len, hs) each."""
+
+    def __init__(
+        self,
+        batch_size: int,
+        n_kv_head: int,
+        max_len: int,
+        head_dim: int,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        shape = (batch_size, n_kv_head, max_len, head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[2]
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+    def update(self, k: Tensor, v: Tensor, start: int) -> tuple[Tensor, Tensor]:
+        """Write k, v (B, nkv, T, hs) at positions start..start+T; return all keys and values so far."""
+        end = start + k.shape[2]
+        self.k[:, :, start:end] = k
+        self.v[:, :, start:end] = v
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+
+class KVCache:
+    """The caches of all layers and how many positions they hold."""
+
+    def __init__(self, layers: list[LayerKVCache]) -> None:
+        self.layers = layers
+        self.length = 0
+
+    @property
+    def max_len(self) -> int:
+        return min(layer.max_len for layer in self.layers)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(layer.nbytes for layer in self.layers)
+
+
+class Sampler:
+    """Base class of a sampler-chain step: a transform of next-token logits.
+
+    ``__call__(logits (B, V) float, input_ids (B, T) long) -> logits (B, V)``. A step that chooses
+    the token itself (greedy) overrides :meth:`pick`; it must then be the last step of a chain.
+    """
+
+    picks = False
+    """True when this step chooses the token (and so must end the chain)."""
+
+    def __call__(self, logits: Tensor, input_ids: Tensor) -> Tensor:
+        return logits
+
+    def pick(self, logits: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """Choose one token per row (B,) from the logits (B, V)."""
+        raise NotImplementedError

@@ -1,0 +1,146 @@
+"""The model: token embedding, position encoding, N blocks, final norm, LM head.
+
+It is composed from component modules built elsewhere (gptzoo.build) and calls only their
+interfaces (gptzoo.interfaces): no component names, no flags. The one structural choice, norm
+placement, selects a block class:
+
+- pre (GPT-2, Radford et al., 2019): x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)); final ln_f.
+- post (Vaswani et al., 2017): x = ln_1(x + attn(x)); x = ln_2(x + mlp(x)); no final norm.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor, nn
+
+from gptzoo.errors import GptzooError
+from gptzoo.interfaces import AttentionContext, KVCache, Position
+
+if TYPE_CHECKING:
+    from gptzoo.recipe import Recipe
+
+
+class PreNormBlock(nn.Module):
+    has_final_norm = True
+
+    def __init__(self, ln_1: nn.Module, attn: nn.Module, ln_2: nn.Module, mlp: nn.Module) -> None:
+        super().__init__()
+        self.ln_1, self.attn, self.ln_2, self.mlp = ln_1, attn, ln_2, mlp
+
+    def forward(self, x: Tensor, ctx: AttentionContext, cache=None) -> Tensor:
+        x = x + self.attn(self.ln_1(x), ctx, cache)
+        return x + self.mlp(self.ln_2(x))
+
+
+class PostNormBlock(PreNormBlock):
+    has_final_norm = False
+
+    def forward(self, x: Tensor, ctx: AttentionContext, cache=None) -> Tensor:
+        x = self.ln_1(x + self.attn(x, ctx, cache))
+        return self.ln_2(x + self.mlp(x))
+
+
+BLOCKS: dict[str, type[PreNormBlock]] = {"pre": PreNormBlock, "post": PostNormBlock}
+"""norm_placement -> block class."""
+
+
+class GPT(nn.Module):
+    """A decoder-only language model: token ids (B, T) -> logits (B, T, vocab_size)."""
+
+    recipe: Recipe | None = None
+    """The recipe it was built from (set by gptzoo.build_model)."""
+
+    def __init__(
+        self,
+        *,
+        vocab_size: int,
+        n_embd: int,
+        position: Position,
+        blocks: list[PreNormBlock],
+        ln_f: nn.Module,
+        tie_embeddings: bool,
+    ) -> None:
+        super().__init__()
+        # An explicit empty weight skips nn.Embedding's own init (init_weights does it), which on the
+        # meta device would cost seconds of lazy imports for normal_.
+        self.wte = nn.Embedding(vocab_size, n_embd, _weight=torch.empty(vocab_size, n_embd))
+        self.position = position
+        self.blocks = nn.ModuleList(blocks)
+        self.ln_f = ln_f
+        self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
+        if tie_embeddings:
+            self.lm_head.weight = self.wte.weight
+
+    @property
+    def tied(self) -> bool:
+        return self.lm_head.weight is self.wte.weight
+
+    def forward(self, idx: Tensor, cache: KVCache | None = None) -> Tensor:
+        """idx (B, T) long -> logits (B, T, V). With a cache, idx continues the cached sequence."""
+        B, T = idx.shape
+        start = cache.length if cache is not None else 0
+        end = start + T
+        limit = self.position.max_positions
+        if limit is not None and end > limit:
+            raise GptzooError(
+                f"a sequence of {end} tokens is longer than the {limit} positions that "
+                f"{type(self.position).__name__} encodes; shorten the input"
+            )
+        if cache is not None and end > cache.max_len:
+            raise GptzooError(f"the KV cache holds {cache.max_len} positions, {end} were asked for; make a larger cache")
+        positions = torch.arange(start, end, device=idx.device)
+        x = self.wte(idx)  # (B, T, d)
+        emb = self.position.embed(positions)
+        if emb is not None:
+            x = x + emb.to(x.dtype)
+        ctx = self.attention_context(positions, start, x.dtype)
+        for i, block in enumerate(self.blocks):
+            x = block(x, ctx, cache.layers[i] if cache is not None else None)
+        logits = self.lm_head(self.ln_f(x))
+        if cache is not None:
+            cache.length = end
+        return logits
+
+    def attention_context(self, positions: Tensor, start: int, dtype: torch.dtype) -> AttentionContext:
+        """Rotary tables and masks for query positions start..start+T, computed once for all layers."""
+        T = positions.shape[0]
+        k_positions = torch.arange(0, start + T, device=positions.device)
+        rotary = self.position.rotary(positions)
+        bias = self.position.attn_bias(positions, k_positions)
+        if bias is None and start == 0:
+            return AttentionContext(start, rotary, None, is_causal=True)
+        if bias is None and T == 1:  # one new token sees every cached key
+            return AttentionContext(start, rotary, None, is_causal=False)
+        future = k_positions[None, :] > positions[:, None]  # (T, start + T)
+        mask = torch.zeros(future.shape, device=positions.device).masked_fill(future, float("-inf"))
+        if bias is not None:
+            mask = mask + bias  # (nh, T, start + T)
+        return AttentionContext(start, rotary, mask.to(dtype), is_causal=False)
+
+    @torch.no_grad()
+    def init_weights(self, std: float = 0.02) -> None:
+        """GPT-2 initialization: normal(0, std) for linear and embedding weights, zero biases, and
+        std / sqrt(2 n_layer) for the projections that write into the residual stream."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+        residual_std = std / math.sqrt(2 * len(self.blocks))
+        for block in self.blocks:
+            nn.init.normal_(block.attn.c_proj.weight, mean=0.0, std=residual_std)
+            nn.init.normal_(block.mlp.c_proj.weight, mean=0.0, std=residual_std)
+
+    def init_cache(
+        self, batch_size: int, max_len: int, *, device: torch.device | str | None = None, dtype: torch.dtype | None = None
+    ) -> KVCache:
+        """A KV cache for ``batch_size`` sequences of up to ``max_len`` tokens (prompt + new)."""
+        ref = self.wte.weight
+        device = ref.device if device is None else device
+        dtype = ref.dtype if dtype is None else dtype
+        return KVCache([b.attn.init_cache(batch_size, max_len, device=device, dtype=dtype) for b in self.blocks])

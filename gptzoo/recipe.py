@@ -1,0 +1,417 @@
+"""Recipes: TOML -> resolved data (extends, overrides) -> validated, frozen :class:`Recipe`.
+
+A recipe names components by registry key, either as a string (``norm = "rmsnorm"``) or as a table
+whose other keys are the component's parameters (``norm = { name = "layernorm", eps = 1e-5 }``).
+``extends = "NAME_OR_PATH"`` inherits from another recipe: each section's keys override the
+parent's (a component value is replaced whole). Overrides ``model.n_layer=6`` apply last; their
+values are parsed as TOML, falling back to a bare string (``model.norm=rmsnorm``).
+
+Validation reports every problem at once, each with its key path; nothing is built from a recipe
+that has one.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import tomllib
+from collections.abc import Iterable, Mapping
+from dataclasses import MISSING, dataclass, field, fields
+from importlib import resources
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, get_type_hints
+
+from gptzoo.errors import RecipeError, UnknownComponentError, did_you_mean
+from gptzoo.registry import Registry, get_registry
+
+NORM_PLACEMENTS = ("pre", "post")
+"""pre: x + F(norm(x)) with a final norm (GPT-2); post: norm(x + F(x)), no final norm (Vaswani et al.)."""
+
+
+@dataclass(frozen=True)
+class Component:
+    """A registry key and the keyword parameters its factory gets from the recipe."""
+
+    name: str
+    params: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+    def to_toml_value(self) -> str | dict[str, Any]:
+        return {"name": self.name, **self.params} if self.params else self.name
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The [model] section. Names follow the GPT-2 checkpoints (n_embd, n_head, n_layer)."""
+
+    vocab_size: int
+    context_length: int
+    n_layer: int
+    n_head: int
+    n_embd: int
+    d_ff: int
+    bias: bool
+    tie_embeddings: bool
+    norm: Component
+    activation: Component
+    mlp: Component
+    position: Component
+    attention: Component
+    norm_placement: str = "pre"
+    n_kv_head: int = 0
+    """Key/value heads; 0 (the default) means n_head (MHA)."""
+    head_dim: int = 0
+    """Per-head dimension; 0 (the default) means n_embd // n_head."""
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        if not self.n_kv_head:
+            object.__setattr__(self, "n_kv_head", self.n_head)
+        if not self.head_dim and self.n_head:
+            object.__setattr__(self, "head_dim", self.n_embd // self.n_head)
+
+
+@dataclass(frozen=True)
+class TokenizerSpec:
+    """The [tokenizer] section."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    source: str
+    model: ModelSpec
+    tokenizer: TokenizerSpec | None = None
+    description: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved recipe as TOML data (no extends; every default spelled out)."""
+        model = {f.name: getattr(self.model, f.name) for f in fields(ModelSpec)}
+        for key, value in model.items():
+            if isinstance(value, Component):
+                model[key] = value.to_toml_value()
+        data: dict[str, Any] = {"description": self.description, "model": model} if self.description else {"model": model}
+        if self.tokenizer is not None:
+            data["tokenizer"] = {"name": self.tokenizer.name}
+        return data
+
+    def to_toml(self) -> str:
+        return dump_toml(self.to_dict())
+
+
+SECTIONS: dict[str, type] = {"model": ModelSpec, "tokenizer": TokenizerSpec}
+TOP_LEVEL_KEYS = ("extends", "description")
+COMPONENT_KINDS = {"norm": "norm", "activation": "activation", "mlp": "mlp", "position": "position", "attention": "attention"}
+"""[model] keys that name a component, and the registry kind of each."""
+
+
+# --- finding recipes ---------------------------------------------------------------------------
+
+
+def recipes_dir() -> Path:
+    """The directory of shipped recipes (the ``gptzoo_recipes`` package)."""
+    return Path(str(resources.files("gptzoo_recipes")))
+
+
+def shipped_recipes() -> dict[str, Path]:
+    return {p.stem: p for p in sorted(recipes_dir().glob("*.toml"))}
+
+
+def resolve_recipe_path(name_or_path: str | Path, *, relative_to: Path | None = None) -> Path:
+    """A recipe file: an existing path (relative to ``relative_to`` if given), or a shipped name."""
+    text = str(name_or_path)
+    candidate = Path(text).expanduser()
+    if relative_to is not None and not candidate.is_absolute():
+        candidate = relative_to / candidate
+    if candidate.is_file():
+        return candidate.resolve()
+    shipped = shipped_recipes()
+    if text in shipped:
+        return shipped[text]
+    if text.endswith(".toml") or "/" in text or "\\" in text:
+        raise RecipeError(text, [f"no such recipe file {str(candidate)!r}"])
+    raise RecipeError(text, [f"unknown recipe {text!r}{did_you_mean(text, list(shipped))}"])
+
+
+# --- reading: extends and overrides ------------------------------------------------------------
+
+
+def read_recipe_data(path: Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The TOML of ``path`` merged over everything it extends (without the ``extends`` key)."""
+    if path in _chain:
+        cycle = " -> ".join(p.name for p in (*_chain, path))
+        raise RecipeError(str(_chain[0]), [f"extends cycle: {cycle}"])
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise RecipeError(str(path), [f"invalid TOML: {exc}"]) from None
+    except OSError as exc:
+        raise RecipeError(str(path), [f"cannot read: {exc.strerror}"]) from None
+    parent = data.pop("extends", None)
+    if parent is None:
+        return data
+    if not isinstance(parent, str):
+        raise RecipeError(str(path), [f"extends must be a recipe name or path, got {parent!r}"])
+    base = read_recipe_data(resolve_recipe_path(parent, relative_to=path.parent), (*_chain, path))
+    return merge(base, data)
+
+
+def merge(base: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
+    """Child over base, section by section; values (components included) are replaced whole."""
+    merged = dict(base)
+    for key, value in child.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict) and key in SECTIONS:
+            merged[key] = {**merged[key], **value}
+        else:
+            merged[key] = value
+    return merged
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """'model.n_layer=6' -> (['model', 'n_layer'], 6); values are TOML, else a bare string."""
+    key, sep, value = text.partition("=")
+    path = [part.strip() for part in key.split(".")]
+    if not sep or len(path) < 2 or not all(path):
+        raise RecipeError("--set", [f"{text!r} is not SECTION.KEY=VALUE (e.g. model.n_layer=6)"])
+    try:
+        parsed = tomllib.loads(f"v = {value.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        parsed = value.strip()
+    return path, parsed
+
+
+def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
+    data = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
+    for text in overrides:
+        path, value = parse_override(text)
+        section = data.setdefault(path[0], {})
+        if not isinstance(section, dict):
+            raise RecipeError("--set", [f"{text!r}: {path[0]!r} is not a section"])
+        if len(path) == 2:
+            section[path[1]] = value
+        elif len(path) == 3:  # a component parameter: model.norm.eps=1e-6
+            current = section.get(path[1])
+            component = dict(current) if isinstance(current, dict) else {"name": current}
+            component[path[2]] = value
+            section[path[1]] = component
+        else:
+            raise RecipeError("--set", [f"{text!r}: keys are at most SECTION.KEY.PARAM"])
+    return data
+
+
+# --- validation ----------------------------------------------------------------------------------
+
+_TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def _type_ok(value: Any, expected: type) -> bool:
+    if expected is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if expected is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, expected)
+
+
+def _describe(value: Any) -> str:
+    return f"{value!r} ({type(value).__name__})"
+
+
+class _Validator:
+    """Collects every problem of one recipe."""
+
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+        self.problems: list[str] = []
+
+    def section(self, name: str, cls: type, data: Any) -> dict[str, Any] | None:
+        if not isinstance(data, dict):
+            self.problems.append(f"[{name}] must be a table, got {_describe(data)}")
+            return None
+        hints = get_type_hints(cls)
+        known = {f.name: f for f in fields(cls)}
+        values: dict[str, Any] = {}
+        for key in data:
+            if key not in known:
+                self.problems.append(f"[{name}] unknown key {key!r}{did_you_mean(key, list(known))}")
+        for key, f in known.items():
+            if key not in data:
+                if f.default is MISSING and f.default_factory is MISSING:
+                    self.problems.append(f"[{name}] {key} is missing")
+                continue
+            expected = hints[key]
+            value = data[key]
+            if expected is Component:
+                component = self.component(name, key, value)
+                if component is not None:
+                    values[key] = component
+            elif not _type_ok(value, expected):
+                self.problems.append(f"[{name}] {key} must be {_TYPE_NAMES[expected]}, got {_describe(value)}")
+            else:
+                values[key] = float(value) if expected is float else value
+        return values
+
+    def component(self, section: str, key: str, value: Any) -> Component | None:
+        where = f"[{section}] {key}"
+        if isinstance(value, str):
+            name, params = value, {}
+        elif isinstance(value, dict) and isinstance(value.get("name"), str):
+            params = {k: v for k, v in value.items() if k != "name"}
+            name = value["name"]
+        else:
+            self.problems.append(
+                f"{where} must be a component name or a table {{ name = \"...\", ... }}, got {_describe(value)}"
+            )
+            return None
+        try:
+            self.registry.get(COMPONENT_KINDS[key], name)
+        except UnknownComponentError as exc:
+            self.problems.append(f"{where}: {exc}")
+            return None
+        return Component(name, MappingProxyType(params))
+
+    def model(self, values: dict[str, Any]) -> ModelSpec | None:
+        """Check dimensions; with a complete, consistent [model], check component parameters."""
+        before = len(self.problems)
+        for key in ("vocab_size", "context_length", "n_layer", "n_head", "n_embd", "d_ff"):
+            if key in values and values[key] < 1:
+                self.problems.append(f"[model] {key}={values[key]} must be >= 1")
+                del values[key]
+        for key in ("n_kv_head", "head_dim"):
+            if key in values and values[key] < 0:
+                self.problems.append(f"[model] {key}={values[key]} must be >= 1 (or 0 for the default)")
+                del values[key]
+        if "init_std" in values and not (values["init_std"] > 0 and math.isfinite(values["init_std"])):
+            self.problems.append(f"[model] init_std={values['init_std']} must be a positive number")
+        placement = values.get("norm_placement")
+        if placement is not None and placement not in NORM_PLACEMENTS:
+            self.problems.append(
+                f"[model] norm_placement={placement!r} must be one of {', '.join(map(repr, NORM_PLACEMENTS))}"
+            )
+        n_embd, n_head = values.get("n_embd"), values.get("n_head")
+        if n_embd and n_head and not values.get("head_dim") and n_embd % n_head:
+            self.problems.append(
+                f"[model] n_embd={n_embd} is not divisible by n_head={n_head} (or set head_dim explicitly)"
+            )
+        n_kv_head = values.get("n_kv_head")
+        if n_head and n_kv_head and n_head % n_kv_head:
+            self.problems.append(f"[model] n_head={n_head} is not divisible by n_kv_head={n_kv_head}")
+        required = {f.name for f in fields(ModelSpec) if f.default is MISSING}
+        if len(self.problems) > before or not required <= values.keys():
+            return None
+        spec = ModelSpec(**values)
+        for key, kind in COMPONENT_KINDS.items():
+            self.component_params(kind, key, getattr(spec, key), structural_args(spec, kind))
+        return spec
+
+    def component_params(self, kind: str, key: str, component: Component, structural: dict[str, Any]) -> None:
+        """Check the recipe's parameters against the factory's signature and its ``check``."""
+        factory = self.registry.get(kind, component.name).factory
+        where = f"[model] {key}"
+        try:
+            signature = inspect.signature(factory)
+        except (TypeError, ValueError):
+            return
+        accepted = {
+            name: p
+            for name, p in signature.parameters.items()
+            if name not in structural
+            and name not in COMPONENT_ARGS.get(kind, ())
+            and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+        }
+        bad = False
+        for name, value in component.params.items():
+            if name not in accepted:
+                self.problems.append(
+                    f"{where}.{name}: {kind} {component.name!r} takes no parameter {name!r}"
+                    f"{did_you_mean(name, list(accepted))}"
+                )
+                bad = True
+                continue
+            default = accepted[name].default
+            if default is not inspect.Parameter.empty and default is not None and not _type_ok(value, type(default)):
+                self.problems.append(
+                    f"{where}.{name} must be {_TYPE_NAMES.get(type(default), type(default).__name__)}, "
+                    f"got {_describe(value)}"
+                )
+                bad = True
+        check = getattr(factory, "check", None)
+        if check is not None and not bad:
+            for problem in check(**structural, **component.params):
+                self.problems.append(f"{where} ({component.name}): {problem}")
+
+
+_STRUCTURAL: dict[str, Any] = {
+    "norm": lambda s: {"dim": s.n_embd},
+    "activation": lambda s: {},
+    "mlp": lambda s: {"d_model": s.n_embd, "d_ff": s.d_ff, "bias": s.bias},
+    "position": lambda s: {"n_embd": s.n_embd, "n_head": s.n_head, "head_dim": s.head_dim, "context_length": s.context_length},
+    "attention": lambda s: {"d_model": s.n_embd, "n_head": s.n_head, "n_kv_head": s.n_kv_head, "head_dim": s.head_dim, "bias": s.bias},
+}
+COMPONENT_ARGS: dict[str, tuple[str, ...]] = {"mlp": ("activation",)}
+"""Factory arguments that are themselves components, built and passed by the builder."""
+
+
+def structural_args(spec: ModelSpec, kind: str) -> dict[str, Any]:
+    """The arguments the model passes to a factory of this kind, beyond the recipe's parameters
+    (see hookspecs.py), without the component arguments of COMPONENT_ARGS."""
+    return _STRUCTURAL[kind](spec)
+
+
+def validate(data: dict[str, Any], source: str, *, name: str, registry: Registry | None = None) -> Recipe:
+    """A Recipe from resolved data, or a RecipeError listing every problem."""
+    v = _Validator(registry if registry is not None else get_registry())
+    for key in data:
+        if key not in SECTIONS and key not in TOP_LEVEL_KEYS:
+            v.problems.append(f"unknown section or key {key!r}{did_you_mean(key, [*SECTIONS, *TOP_LEVEL_KEYS])}")
+    description = data.get("description", "")
+    if not isinstance(description, str):
+        v.problems.append(f"description must be a string, got {_describe(description)}")
+    model_values = v.section("model", ModelSpec, data["model"]) if "model" in data else None
+    if model_values is None and "model" not in data:
+        v.problems.append("[model] section is missing")
+    tokenizer = None
+    if "tokenizer" in data:
+        tok_values = v.section("tokenizer", TokenizerSpec, data["tokenizer"])
+        if tok_values is not None and "name" in tok_values:
+            tokenizer = TokenizerSpec(**tok_values)
+    model = v.model(model_values) if model_values is not None else None
+    if v.problems or model is None:
+        raise RecipeError(source, v.problems)
+    return Recipe(name=name, source=source, model=model, tokenizer=tokenizer, description=description)
+
+
+def load_recipe(
+    name_or_path: str | Path, overrides: Iterable[str] = (), *, registry: Registry | None = None
+) -> Recipe:
+    """Load, merge (extends), override and validate a recipe by shipped name or file path."""
+    path = resolve_recipe_path(name_or_path)
+    data = apply_overrides(read_recipe_data(path), overrides)
+    return validate(data, str(path), name=path.stem, registry=registry)
+
+
+# --- writing --------------------------------------------------------------------------------------
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, Mapping):
+        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {value!r} as TOML")
+
+
+def dump_toml(data: Mapping[str, Any]) -> str:
+    """TOML for recipe data: top-level scalars, then one table per section."""
+    lines = [f"{k} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, Mapping)]
+    for section, table in data.items():
+        if isinstance(table, Mapping):
+            lines += ["", f"[{section}]", *(f"{k} = {_toml_value(v)}" for k, v in table.items())]
+    return "\n".join(lines).lstrip("\n") + "\n"

@@ -1,0 +1,140 @@
+"""The registry: kind -> name -> entry (factory, one-line doc, provenance).
+
+It is filled by calling each plugin's ``register_<kind>s`` hook with a ``register`` function bound
+to that plugin, so every entry knows which plugin, distribution and version it came from. A plugin's
+registrations are accepted all together or not at all: a plugin that registers a duplicate name
+(without ``override=True``) or raises is marked failed, and the entries of the others stand.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+from gptzoo.errors import PluginError, RegistryError, UnknownComponentError
+from gptzoo.hookspecs import KINDS
+from gptzoo.plugins import GptzooPluginManager, PluginInfo, get_plugin_manager
+
+
+@dataclass(frozen=True)
+class Provenance:
+    plugin: str
+    distribution: str
+    version: str
+
+    def __str__(self) -> str:
+        return f"{self.plugin} ({self.distribution} {self.version})"
+
+
+@dataclass(frozen=True)
+class Entry:
+    kind: str
+    name: str
+    factory: Callable[..., Any]
+    doc: str
+    provenance: Provenance
+    overrides: Provenance | None = None
+    """The provenance of the entry this one replaced, if it was registered with override=True."""
+
+
+class Registry:
+    """kind -> name -> :class:`Entry`, plus the load report of every plugin consulted."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, dict[str, Entry]] = {kind: {} for kind in KINDS}
+        self.plugins: list[PluginInfo] = []
+
+    def get(self, kind: str, name: str) -> Entry:
+        entries = self._kind(kind)
+        try:
+            return entries[name]
+        except KeyError:
+            raise UnknownComponentError(kind, name, entries) from None
+
+    def names(self, kind: str) -> list[str]:
+        return sorted(self._kind(kind))
+
+    def entries(self, kind: str | None = None) -> Iterator[Entry]:
+        for k in (kind,) if kind is not None else KINDS:
+            yield from (self._kind(k)[name] for name in self.names(k))
+
+    @property
+    def failed(self) -> list[PluginInfo]:
+        return [p for p in self.plugins if p.status == "failed"]
+
+    def _kind(self, kind: str) -> dict[str, Entry]:
+        try:
+            return self._entries[kind]
+        except KeyError:
+            raise UnknownComponentError("component kind", kind, KINDS) from None
+
+    def add_plugin(self, pm: GptzooPluginManager, plugin_name: str, provenance: Provenance) -> None:
+        """Call every register hook of one plugin; commit its entries only if all are valid."""
+        plugin = pm.get_plugin(plugin_name)
+        staged: list[tuple[Entry, bool]] = []
+        for kind in KINDS:
+            caller = getattr(pm.hook, f"register_{kind}s")
+            for impl in caller.get_hookimpls():
+                if impl.plugin is plugin:
+                    impl.function(register=self._stager(kind, provenance, staged))
+        seen: dict[tuple[str, str], Entry] = {}
+        for entry, override in staged:
+            key = (entry.kind, entry.name)
+            if key in seen:
+                raise RegistryError(f"{entry.kind} {entry.name!r} is registered twice by {entry.provenance}")
+            current = self._entries[entry.kind].get(entry.name)
+            if current is not None and not override:
+                raise RegistryError(
+                    f"{entry.kind} {entry.name!r} is registered by both {current.provenance} and "
+                    f"{entry.provenance}; rename one, or register the later one with override=True"
+                )
+            seen[key] = replace(entry, overrides=current.provenance) if current is not None else entry
+        for (kind, name), entry in seen.items():
+            self._entries[kind][name] = entry
+
+    @staticmethod
+    def _stager(kind: str, provenance: Provenance, staged: list[tuple[Entry, bool]]) -> Callable[..., None]:
+        def register(
+            name: str, factory: Callable[..., Any], *, doc: str | None = None, override: bool = False
+        ) -> None:
+            if not isinstance(name, str) or not name:
+                raise RegistryError(f"{provenance} registered a {kind} with name {name!r}; names are non-empty strings")
+            if not callable(factory):
+                raise RegistryError(f"{provenance} registered {kind} {name!r} with a factory that is not callable")
+            if doc is None:
+                doc = (inspect.getdoc(factory) or "").strip().split("\n", 1)[0]
+            staged.append((Entry(kind, name, factory, doc, provenance), override))
+
+        return register
+
+
+def get_registry(*, third_party: bool | None = None, strict: bool | None = None) -> Registry:
+    """A registry filled from a fresh plugin manager: built-ins first, then third-party plugins.
+
+    Args:
+        third_party: load entry points of group ``gptzoo``; default: unless $GPTZOO_NO_PLUGINS is set.
+        strict: make any plugin failure fatal; default: when $GPTZOO_STRICT_PLUGINS is set.
+    """
+    pm = get_plugin_manager(third_party=third_party, strict=strict)
+    return registry_from(pm)
+
+
+def registry_from(pm: GptzooPluginManager) -> Registry:
+    """Fill a registry from an already loaded plugin manager (its reports are updated in place)."""
+    registry = Registry()
+    for i, info in enumerate(pm.reports):
+        if info.status != "ok":
+            continue
+        provenance = Provenance(info.name, info.distribution, info.version)
+        try:
+            registry.add_plugin(pm, info.name, provenance)
+        except Exception as exc:  # a plugin's own code may raise anything
+            if info.builtin or pm.strict:
+                if isinstance(exc, RegistryError):
+                    raise
+                raise PluginError(f"plugin {provenance} failed while registering: {exc!r}") from exc
+            pm.reports[i] = replace(info, status="failed", error=str(exc) if isinstance(exc, RegistryError) else repr(exc))
+    registry.plugins = list(pm.reports)
+    return registry

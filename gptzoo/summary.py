@@ -1,0 +1,160 @@
+"""What a model is made of and what it costs: components with provenance, parameters by part,
+forward FLOPs by component, training FLOPs per token, KV-cache and weight memory.
+
+Everything is computed from a model built on the meta device, so even gpt2-xl takes no memory.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from gptzoo.build import Assembly
+from gptzoo.flops import FLOPS_CONVENTION, TRAIN_FORWARD_RATIO, forward_flops
+from gptzoo.model import GPT
+from gptzoo.recipe import Recipe
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def _numel(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def parameter_counts(model: GPT) -> dict[str, Any]:
+    """Parameters by part; a tied head counts 0 (it is the token embedding). Parts sum to total."""
+    blocks = model.blocks
+    per_block = {
+        "attention": sum(_numel(b.attn) for b in blocks),
+        "mlp": sum(_numel(b.mlp) for b in blocks),
+        "norms": sum(_numel(b.ln_1) + _numel(b.ln_2) for b in blocks),
+    }
+    counts = {
+        "token_embedding": model.wte.weight.numel(),
+        "position": _numel(model.position),
+        "blocks": sum(per_block.values()),
+        "final_norm": _numel(model.ln_f),
+        "head": 0 if model.tied else model.lm_head.weight.numel(),
+    }
+    total = sum(p.numel() for p in model.parameters())  # parameters() yields a tied weight once
+    assert total == sum(counts.values()), "parameter parts must add up to the total"
+    return {
+        **counts,
+        "blocks_by_part": per_block,
+        "tied": model.tied,
+        "total": total,
+        "non_embedding": total - counts["token_embedding"] - counts["position"],
+    }
+
+
+def summarize(model: GPT, recipe: Recipe, assembly: Assembly, *, batch: int, seq_len: int) -> dict[str, Any]:
+    """A JSON-ready description of the model at (batch, seq_len)."""
+    flops = forward_flops(model, batch, seq_len)
+    forward = sum(flops.values())
+    params = parameter_counts(model)
+    components = [
+        {
+            "key": key,
+            "kind": entry.kind,
+            "name": entry.name,
+            "params": dict(getattr(recipe.model, key).params),
+            "plugin": entry.provenance.plugin,
+            "distribution": entry.provenance.distribution,
+            "version": entry.provenance.version,
+            "overrides": str(entry.overrides) if entry.overrides else None,
+        }
+        for key, entry in assembly.entries.items()
+    ]
+    return {
+        "recipe": {"name": recipe.name, "source": recipe.source, "description": recipe.description, "resolved": recipe.to_dict()},
+        "components": components,
+        "params": params,
+        "flops": {
+            "convention": FLOPS_CONVENTION,
+            "batch": batch,
+            "seq_len": seq_len,
+            "forward": forward,
+            "by_component": flops,
+            "forward_per_token": forward // (batch * seq_len),
+            "train_per_token": TRAIN_FORWARD_RATIO * forward // (batch * seq_len),
+        },
+        "memory": {
+            "weights_bytes": {name: params["total"] * dt.itemsize for name, dt in DTYPES.items()},
+            "kv_cache_bytes_per_token": {
+                name: model.init_cache(1, 1, device="meta", dtype=dt).nbytes for name, dt in DTYPES.items()
+            },
+        },
+    }
+
+
+def _si(n: float, unit: str = "") -> str:
+    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(n) >= factor:
+            return f"{n / factor:.2f} {prefix}{unit}"
+    return f"{n:g} {unit}".strip()
+
+
+def _bytes(n: int) -> str:
+    for factor, prefix in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if n >= factor:
+            return f"{n / factor:.2f} {prefix}"
+    return f"{n} B"
+
+
+def render_summary(s: dict[str, Any], console: Console) -> None:
+    r = s["recipe"]
+    console.print(f"[bold]{r['name']}[/bold]  {r['description']}\n[dim]{r['source']}[/dim]")
+    m = r["resolved"]["model"]
+    console.print(
+        f"n_layer={m['n_layer']} n_embd={m['n_embd']} n_head={m['n_head']} n_kv_head={m['n_kv_head']} "
+        f"head_dim={m['head_dim']} d_ff={m['d_ff']} vocab={m['vocab_size']} context={m['context_length']} "
+        f"norm_placement={m['norm_placement']} bias={str(m['bias']).lower()} tied={str(m['tie_embeddings']).lower()}"
+    )
+
+    table = Table(title="Components", title_justify="left")
+    for col in ("key", "component", "parameters", "from"):
+        table.add_column(col)
+    for c in s["components"]:
+        params = ", ".join(f"{k}={v}" for k, v in c["params"].items())
+        origin = f"{c['plugin']} ({c['distribution']} {c['version']})"
+        if c["overrides"]:
+            origin += f", overrides {c['overrides']}"
+        table.add_row(c["key"], c["name"], params, origin)
+    console.print(table)
+
+    p = s["params"]
+    table = Table(title="Parameters", title_justify="left")
+    table.add_column("part")
+    table.add_column("count", justify="right")
+    table.add_column("share", justify="right")
+    rows = [("token embedding", p["token_embedding"]), ("position", p["position"])]
+    rows += [(f"blocks: {k}", v) for k, v in p["blocks_by_part"].items()]
+    rows += [("final norm", p["final_norm"]), ("lm head" + (" (tied to token embedding)" if p["tied"] else ""), p["head"])]
+    for name, n in rows:
+        table.add_row(name, f"{n:,}", f"{100 * n / p['total']:.1f}%")
+    table.add_row("[bold]total[/bold]", f"[bold]{p['total']:,}[/bold]", "100.0%")
+    console.print(table)
+
+    f = s["flops"]
+    table = Table(title=f"Forward FLOPs at batch {f['batch']} x {f['seq_len']} tokens ({f['convention']})", title_justify="left")
+    table.add_column("component")
+    table.add_column("FLOPs", justify="right")
+    table.add_column("share", justify="right")
+    for name, n in f["by_component"].items():
+        table.add_row(name, _si(n, "FLOP"), f"{100 * n / f['forward']:.1f}%")
+    table.add_row("[bold]forward[/bold]", f"[bold]{_si(f['forward'], 'FLOP')}[/bold]", "100.0%")
+    table.add_row("forward per token", _si(f["forward_per_token"], "FLOP"), "")
+    table.add_row("training per token (3x forward)", _si(f["train_per_token"], "FLOP"), "")
+    console.print(table)
+
+    mem = s["memory"]
+    table = Table(title="Memory", title_justify="left")
+    table.add_column("")
+    for name in DTYPES:
+        table.add_column(name, justify="right")
+    table.add_row("weights", *(_bytes(mem["weights_bytes"][n]) for n in DTYPES))
+    table.add_row("KV cache per token", *(_bytes(mem["kv_cache_bytes_per_token"][n]) for n in DTYPES))
+    console.print(table)

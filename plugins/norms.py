@@ -1,0 +1,45 @@
+"""Normalization layers: LayerNorm (Ba et al., 2016) and RMSNorm (Zhang & Sennrich, 2019).
+
+RMSNorm follows HF transformers' LlamaRMSNorm: normalize in float32, cast back, then scale.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from gptzoo import hookimpl
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm: (x - mean) / sqrt(var + eps) * weight + bias (bias optional)."""
+
+    def __init__(self, dim: int, *, eps: float = 1e-5, bias: bool = True) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm: x / sqrt(mean(x^2) + eps) * weight, computed in float32."""
+
+    def __init__(self, dim: int, *, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+@hookimpl
+def register_norms(register):
+    register("layernorm", LayerNorm)
+    register("rmsnorm", RMSNorm)

@@ -1,0 +1,103 @@
+"""Sampler-chain steps, with Hugging Face transformers' semantics (its LogitsProcessor classes).
+
+Transforms: temperature, top_k, top_p (nucleus; Holtzman et al., 2020), min_p (Nguyen et al., 2024),
+repetition_penalty (Keskar et al., 2019, CTRL). Selection: greedy picks the argmax; a chain that
+does not end in greedy samples from the softmax of its transformed logits.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from gptzoo import hookimpl
+from gptzoo.interfaces import Sampler
+
+
+class Greedy(Sampler):
+    """Pick the most likely token (argmax; the first one on ties)."""
+
+    picks = True
+
+    def pick(self, logits: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        return logits.argmax(dim=-1)
+
+
+class Temperature(Sampler):
+    """Divide logits by temperature (> 0): below 1 sharpens, above 1 flattens."""
+
+    def __init__(self, temperature: float = 1.0) -> None:
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0 (use the greedy sampler for 0), got {temperature}")
+        self.temperature = temperature
+
+    def __call__(self, logits: Tensor, input_ids: Tensor) -> Tensor:
+        return logits / self.temperature
+
+
+class TopK(Sampler):
+    """Keep the k most likely tokens (and any tied with the k-th)."""
+
+    def __init__(self, k: int = 50) -> None:
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"top_k k must be an integer >= 1, got {k!r}")
+        self.k = k
+
+    def __call__(self, logits: Tensor, input_ids: Tensor) -> Tensor:
+        kth = torch.topk(logits, min(self.k, logits.shape[-1]), dim=-1).values[..., -1:]  # (B, 1)
+        return logits.masked_fill(logits < kth, float("-inf"))
+
+
+class TopP(Sampler):
+    """Keep the smallest set of most likely tokens whose probability mass reaches p (nucleus)."""
+
+    def __init__(self, p: float = 0.9) -> None:
+        if not 0 < p <= 1:
+            raise ValueError(f"top_p p must be in (0, 1], got {p}")
+        self.p = p
+
+    def __call__(self, logits: Tensor, input_ids: Tensor) -> Tensor:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.float().softmax(dim=-1)
+        mass_before = probs.cumsum(dim=-1) - probs  # mass of the more likely tokens
+        drop_sorted = mass_before >= self.p  # never drops the first token
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        return logits.masked_fill(drop, float("-inf"))
+
+
+class MinP(Sampler):
+    """Drop tokens whose probability is below p times that of the most likely token."""
+
+    def __init__(self, p: float = 0.05) -> None:
+        if not 0 <= p <= 1:
+            raise ValueError(f"min_p p must be in [0, 1], got {p}")
+        self.p = p
+
+    def __call__(self, logits: Tensor, input_ids: Tensor) -> Tensor:
+        probs = logits.float().softmax(dim=-1)
+        threshold = self.p * probs.max(dim=-1, keepdim=True).values
+        return logits.masked_fill(probs < threshold, float("-inf"))
+
+
+class RepetitionPenalty(Sampler):
+    """Penalize tokens already present: positive logits divided by penalty, negative multiplied (CTRL)."""
+
+    def __init__(self, penalty: float = 1.1) -> None:
+        if not penalty > 0:
+            raise ValueError(f"repetition_penalty penalty must be > 0, got {penalty}")
+        self.penalty = penalty
+
+    def __call__(self, logits: Tensor, input_ids: Tensor) -> Tensor:
+        seen = logits.gather(-1, input_ids)  # (B, T)
+        seen = torch.where(seen < 0, seen * self.penalty, seen / self.penalty)
+        return logits.scatter(-1, input_ids, seen)
+
+
+@hookimpl
+def register_samplers(register):
+    register("greedy", Greedy)
+    register("temperature", Temperature)
+    register("top_k", TopK)
+    register("top_p", TopP)
+    register("min_p", MinP)
+    register("repetition_penalty", RepetitionPenalty)
