@@ -54,11 +54,12 @@ def load_checkpoint(path: str | Path, *, device: torch.device | str | None = Non
             raise CheckpointError(f"{path} is not a gptzoo checkpoint: {name} is missing")
     recipe = validate(read_recipe_data(path / RECIPE), str(path / RECIPE), name=path.name)
     model = build_model(recipe, device="meta")
+    tied = model.tied  # load_state_dict(assign=True) replaces wte.weight and so unties the head
     try:
         tensors = load_file(str(path / WEIGHTS), device=str(device or "cpu"))
     except (SafetensorError, OSError) as exc:
         raise CheckpointError(f"cannot read {path / WEIGHTS}: {exc}") from None
-    expected = {k for k in model.state_dict() if not (model.tied and k == "lm_head.weight")}
+    expected = {k for k in model.state_dict() if not (tied and k == "lm_head.weight")}
     missing, unexpected = sorted(expected - tensors.keys()), sorted(tensors.keys() - expected)
     if missing or unexpected:
         raise CheckpointError(f"{path / WEIGHTS} does not match its recipe: missing {missing}, unexpected {unexpected}")
@@ -66,7 +67,7 @@ def load_checkpoint(path: str | Path, *, device: torch.device | str | None = Non
         if key in tensors and tensors[key].shape != param.shape:
             raise CheckpointError(f"{path / WEIGHTS}: {key} has shape {tuple(tensors[key].shape)}, the recipe needs {tuple(param.shape)}")
     model.load_state_dict(tensors, strict=False, assign=True)
-    if model.tied:
+    if tied:
         model.lm_head.weight = model.wte.weight
     left = [name for name, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
     if left:

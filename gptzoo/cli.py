@@ -163,7 +163,7 @@ def cmd_recipes(args: argparse.Namespace, out: Console, err: Console) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
-    out, err = Console(), Console(stderr=True)
+    out, err = Console(), Console(stderr=True, soft_wrap=True)  # one message, one line
     try:
         args.func(args, out, err)
     except GptzooError as exc:

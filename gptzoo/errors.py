@@ -48,6 +48,11 @@ class CheckpointError(GptzooError):
     """A checkpoint that cannot be written or read as asked."""
 
 
+def describe_exception(exc: BaseException) -> str:
+    """Our own errors by their message; anything else (a plugin's bug) with its type."""
+    return str(exc) if isinstance(exc, GptzooError) else f"{type(exc).__name__}: {exc}"
+
+
 def did_you_mean(name: str, available: Sequence[str]) -> str:
     """The tail of an 'unknown name' message: the closest match, then everything available."""
     close = difflib.get_close_matches(name, available, n=1)

@@ -22,7 +22,7 @@ from typing import Literal
 import pluggy
 
 from gptzoo import hookspecs
-from gptzoo.errors import PluginError
+from gptzoo.errors import PluginError, describe_exception
 
 ENTRY_POINT_GROUP = "gptzoo"
 NO_PLUGINS_ENV = "GPTZOO_NO_PLUGINS"
@@ -64,6 +64,14 @@ def gptzoo_version() -> str:
         return "unknown"
 
 
+def strict_failure(info: PluginInfo, what: str) -> str:
+    """The message of a plugin failure made fatal by strict mode."""
+    return (
+        f"plugin {info.name!r} ({info.distribution} {info.version}) {what}; fix or uninstall it, "
+        f"or leave strict mode (strict=True or {STRICT_ENV}) to skip it"
+    )
+
+
 def get_plugin_manager(*, third_party: bool | None = None, strict: bool | None = None) -> GptzooPluginManager:
     """A fresh plugin manager with the built-in plugins and (unless disabled) third-party ones."""
     if third_party is None:
@@ -91,22 +99,19 @@ def _load_entry_point(pm: GptzooPluginManager, ep: metadata.EntryPoint) -> None:
         version=dist.version if dist is not None else "unknown",
         builtin=False,
     )
+    plugin = None
     try:
         if pm.has_plugin(ep.name):
             raise PluginError(f"another plugin is already registered under the entry-point name {ep.name!r}")
-        pm.register(ep.load(), name=ep.name)
-        try:
-            pm.check_pending()
-        except pluggy.PluginValidationError:
-            pm.unregister(name=ep.name)
-            raise
+        plugin = ep.load()
+        pm.register(plugin, name=ep.name)
+        pm.check_pending()
     except Exception as exc:  # a plugin's import may raise anything; report it and go on
-        message = f"{type(exc).__name__}: {exc}"
+        if plugin is not None and pm.get_plugin(ep.name) is plugin:
+            pm.unregister(name=ep.name)  # register() can fail half-way (a bad hook signature)
+        message = describe_exception(exc)
         if pm.strict:
-            raise PluginError(
-                f"plugin {ep.name!r} ({info.distribution} {info.version}) failed to load: {message}; "
-                f"fix or uninstall it, or unset {STRICT_ENV} to skip it"
-            ) from exc
+            raise PluginError(strict_failure(info, f"failed to load: {message}")) from exc
         pm.reports.append(replace(info, status="failed", error=message))
         return
     pm.reports.append(info)

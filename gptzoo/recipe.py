@@ -170,11 +170,14 @@ def merge(base: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
-    """'model.n_layer=6' -> (['model', 'n_layer'], 6); values are TOML, else a bare string."""
+    """'model.n_layer=6' -> (['model', 'n_layer'], 6); values are TOML, else a bare string.
+
+    Raises ValueError with the problem for anything that is not SECTION.KEY[.PARAM]=VALUE.
+    """
     key, sep, value = text.partition("=")
     path = [part.strip() for part in key.split(".")]
-    if not sep or len(path) < 2 or not all(path):
-        raise RecipeError("--set", [f"{text!r} is not SECTION.KEY=VALUE (e.g. model.n_layer=6)"])
+    if not sep or not 2 <= len(path) <= 3 or not all(path):
+        raise ValueError(f"--set {text!r} is not SECTION.KEY=VALUE or SECTION.KEY.PARAM=VALUE (e.g. model.n_layer=6)")
     try:
         parsed = tomllib.loads(f"v = {value.strip()}")["v"]
     except tomllib.TOMLDecodeError:
@@ -182,23 +185,27 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return path, parsed
 
 
-def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
+def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> tuple[dict[str, Any], list[str]]:
+    """The data with every override applied, and the problems of those that could not be."""
     data = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
+    problems = []
     for text in overrides:
-        path, value = parse_override(text)
+        try:
+            path, value = parse_override(text)
+        except ValueError as exc:
+            problems.append(str(exc))
+            continue
         section = data.setdefault(path[0], {})
         if not isinstance(section, dict):
-            raise RecipeError("--set", [f"{text!r}: {path[0]!r} is not a section"])
-        if len(path) == 2:
+            problems.append(f"--set {text!r}: {path[0]!r} is not a section")
+        elif len(path) == 2:
             section[path[1]] = value
-        elif len(path) == 3:  # a component parameter: model.norm.eps=1e-6
+        else:  # a component parameter: model.norm.eps=1e-6
             current = section.get(path[1])
             component = dict(current) if isinstance(current, dict) else {"name": current}
             component[path[2]] = value
             section[path[1]] = component
-        else:
-            raise RecipeError("--set", [f"{text!r}: keys are at most SECTION.KEY.PARAM"])
-    return data
+    return data, problems
 
 
 # --- validation ----------------------------------------------------------------------------------
@@ -264,12 +271,15 @@ class _Validator:
                 f"{where} must be a component name or a table {{ name = \"...\", ... }}, got {_describe(value)}"
             )
             return None
+        kind = COMPONENT_KINDS[key]
         try:
-            self.registry.get(COMPONENT_KINDS[key], name)
+            factory = self.registry.get(kind, name).factory
         except UnknownComponentError as exc:
             self.problems.append(f"{where}: {exc}")
             return None
-        return Component(name, MappingProxyType(params))
+        before = len(self.problems)
+        self.component_params(kind, key, name, factory, params)
+        return Component(name, MappingProxyType(params)) if len(self.problems) == before else None
 
     def model(self, values: dict[str, Any]) -> ModelSpec | None:
         """Check dimensions; with a complete, consistent [model], check component parameters."""
@@ -301,67 +311,67 @@ class _Validator:
         if len(self.problems) > before or not required <= values.keys():
             return None
         spec = ModelSpec(**values)
-        for key, kind in COMPONENT_KINDS.items():
-            self.component_params(kind, key, getattr(spec, key), structural_args(spec, kind))
+        self.component_checks(spec)
         return spec
 
-    def component_params(self, kind: str, key: str, component: Component, structural: dict[str, Any]) -> None:
-        """Check the recipe's parameters against the factory's signature and its ``check``."""
-        factory = self.registry.get(kind, component.name).factory
-        where = f"[model] {key}"
+    def component_params(self, kind: str, key: str, name: str, factory: Any, params: dict[str, Any]) -> None:
+        """Check the recipe's parameters against the factory's signature and the defaults' types."""
         try:
             signature = inspect.signature(factory)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError):  # a builtin without a signature: the factory will judge
             return
+        given_by_model = {arg for arg, _ in STRUCTURAL_ARGS[kind]} | set(COMPONENT_ARGS.get(kind, ()))
         accepted = {
-            name: p
-            for name, p in signature.parameters.items()
-            if name not in structural
-            and name not in COMPONENT_ARGS.get(kind, ())
-            and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+            p.name: p
+            for p in signature.parameters.values()
+            if p.name not in given_by_model and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
         }
-        bad = False
-        for name, value in component.params.items():
-            if name not in accepted:
-                self.problems.append(
-                    f"{where}.{name}: {kind} {component.name!r} takes no parameter {name!r}"
-                    f"{did_you_mean(name, list(accepted))}"
-                )
-                bad = True
+        for param, value in params.items():
+            if param not in accepted:
+                hint = did_you_mean(param, list(accepted)) if accepted else " (it takes none)"
+                self.problems.append(f"[model] {key}.{param}: {kind} {name!r} has no parameter {param!r}{hint}")
                 continue
-            default = accepted[name].default
+            default = accepted[param].default
             if default is not inspect.Parameter.empty and default is not None and not _type_ok(value, type(default)):
-                self.problems.append(
-                    f"{where}.{name} must be {_TYPE_NAMES.get(type(default), type(default).__name__)}, "
-                    f"got {_describe(value)}"
-                )
-                bad = True
-        check = getattr(factory, "check", None)
-        if check is not None and not bad:
-            for problem in check(**structural, **component.params):
-                self.problems.append(f"{where} ({component.name}): {problem}")
+                expected = _TYPE_NAMES.get(type(default), type(default).__name__)
+                self.problems.append(f"[model] {key}.{param} must be {expected}, got {_describe(value)}")
+
+    def component_checks(self, spec: ModelSpec) -> None:
+        """Run each factory's optional ``check`` on the complete model (e.g. rope's even head_dim)."""
+        for key, kind in COMPONENT_KINDS.items():
+            component: Component = getattr(spec, key)
+            check = getattr(self.registry.get(kind, component.name).factory, "check", None)
+            if check is not None:
+                for problem in check(**structural_args(spec, kind), **component.params):
+                    self.problems.append(f"[model] {key} ({component.name}): {problem}")
 
 
-_STRUCTURAL: dict[str, Any] = {
-    "norm": lambda s: {"dim": s.n_embd},
-    "activation": lambda s: {},
-    "mlp": lambda s: {"d_model": s.n_embd, "d_ff": s.d_ff, "bias": s.bias},
-    "position": lambda s: {"n_embd": s.n_embd, "n_head": s.n_head, "head_dim": s.head_dim, "context_length": s.context_length},
-    "attention": lambda s: {"d_model": s.n_embd, "n_head": s.n_head, "n_kv_head": s.n_kv_head, "head_dim": s.head_dim, "bias": s.bias},
+STRUCTURAL_ARGS: dict[str, tuple[tuple[str, str], ...]] = {
+    "norm": (("dim", "n_embd"),),
+    "activation": (),
+    "mlp": (("d_model", "n_embd"), ("d_ff", "d_ff"), ("bias", "bias")),
+    "position": (("n_embd", "n_embd"), ("n_head", "n_head"), ("head_dim", "head_dim"), ("context_length", "context_length")),
+    "attention": (("d_model", "n_embd"), ("n_head", "n_head"), ("n_kv_head", "n_kv_head"), ("head_dim", "head_dim"), ("bias", "bias")),
 }
+"""kind -> (factory argument, [model] attribute) pairs: what the model passes besides recipe parameters
+(hookspecs.py documents each kind's factory signature)."""
 COMPONENT_ARGS: dict[str, tuple[str, ...]] = {"mlp": ("activation",)}
 """Factory arguments that are themselves components, built and passed by the builder."""
 
 
 def structural_args(spec: ModelSpec, kind: str) -> dict[str, Any]:
     """The arguments the model passes to a factory of this kind, beyond the recipe's parameters
-    (see hookspecs.py), without the component arguments of COMPONENT_ARGS."""
-    return _STRUCTURAL[kind](spec)
+    and the component arguments of COMPONENT_ARGS."""
+    return {arg: getattr(spec, attr) for arg, attr in STRUCTURAL_ARGS[kind]}
 
 
-def validate(data: dict[str, Any], source: str, *, name: str, registry: Registry | None = None) -> Recipe:
-    """A Recipe from resolved data, or a RecipeError listing every problem."""
+def validate(
+    data: dict[str, Any], source: str, *, name: str, registry: Registry | None = None, problems: Iterable[str] = ()
+) -> Recipe:
+    """A Recipe from resolved data, or a RecipeError listing every problem (after ``problems``
+    found earlier, e.g. in overrides)."""
     v = _Validator(registry if registry is not None else get_registry())
+    v.problems.extend(problems)
     for key in data:
         if key not in SECTIONS and key not in TOP_LEVEL_KEYS:
             v.problems.append(f"unknown section or key {key!r}{did_you_mean(key, [*SECTIONS, *TOP_LEVEL_KEYS])}")
@@ -387,8 +397,8 @@ def load_recipe(
 ) -> Recipe:
     """Load, merge (extends), override and validate a recipe by shipped name or file path."""
     path = resolve_recipe_path(name_or_path)
-    data = apply_overrides(read_recipe_data(path), overrides)
-    return validate(data, str(path), name=path.stem, registry=registry)
+    data, problems = apply_overrides(read_recipe_data(path), overrides)
+    return validate(data, str(path), name=path.stem, registry=registry, problems=problems)
 
 
 # --- writing --------------------------------------------------------------------------------------

@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gptzoo.errors import PluginError, RegistryError, UnknownComponentError
+from gptzoo.errors import PluginError, RegistryError, UnknownComponentError, describe_exception
 from gptzoo.hookspecs import KINDS
-from gptzoo.plugins import GptzooPluginManager, PluginInfo, get_plugin_manager
+from gptzoo.plugins import GptzooPluginManager, PluginInfo, get_plugin_manager, strict_failure
 
 
 @dataclass(frozen=True)
@@ -131,10 +131,11 @@ def registry_from(pm: GptzooPluginManager) -> Registry:
         try:
             registry.add_plugin(pm, info.name, provenance)
         except Exception as exc:  # a plugin's own code may raise anything
-            if info.builtin or pm.strict:
-                if isinstance(exc, RegistryError):
-                    raise
-                raise PluginError(f"plugin {provenance} failed while registering: {exc!r}") from exc
-            pm.reports[i] = replace(info, status="failed", error=str(exc) if isinstance(exc, RegistryError) else repr(exc))
+            if info.builtin:
+                raise  # a bug in gptzoo itself
+            message = describe_exception(exc)
+            if pm.strict:
+                raise PluginError(strict_failure(info, f"failed while registering: {message}")) from exc
+            pm.reports[i] = replace(info, status="failed", error=message)
     registry.plugins = list(pm.reports)
     return registry

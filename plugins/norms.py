@@ -1,6 +1,7 @@
 """Normalization layers: LayerNorm (Ba et al., 2016) and RMSNorm (Zhang & Sennrich, 2019).
 
-RMSNorm follows HF transformers' LlamaRMSNorm: normalize in float32, cast back, then scale.
+RMSNorm follows HF transformers' LlamaRMSNorm: normalize in float32 (float64 stays float64), cast
+back, then scale.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ class LayerNorm(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm: x / sqrt(mean(x^2) + eps) * weight, computed in float32."""
+    """RMSNorm: x / sqrt(mean(x^2) + eps) * weight, computed in (at least) float32."""
 
     def __init__(self, dim: int, *, eps: float = 1e-6) -> None:
         super().__init__()
@@ -34,7 +35,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        h = x.float()
+        h = x.to(torch.promote_types(x.dtype, torch.float32))
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(x.dtype)
 
