@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from gptzoo.errors import GptzooError
-from gptzoo.interfaces import AttentionContext, KVCache, Position
+from gptzoo.interfaces import AttentionContext, KVCache, LayerKVCache, Position
 
 if TYPE_CHECKING:
     from gptzoo.recipe import Recipe
@@ -30,7 +30,7 @@ class PreNormBlock(nn.Module):
         super().__init__()
         self.ln_1, self.attn, self.ln_2, self.mlp = ln_1, attn, ln_2, mlp
 
-    def forward(self, x: Tensor, ctx: AttentionContext, cache=None) -> Tensor:
+    def forward(self, x: Tensor, ctx: AttentionContext, cache: LayerKVCache | None = None) -> Tensor:
         x = x + self.attn(self.ln_1(x), ctx, cache)
         return x + self.mlp(self.ln_2(x))
 
@@ -38,7 +38,7 @@ class PreNormBlock(nn.Module):
 class PostNormBlock(PreNormBlock):
     has_final_norm = False
 
-    def forward(self, x: Tensor, ctx: AttentionContext, cache=None) -> Tensor:
+    def forward(self, x: Tensor, ctx: AttentionContext, cache: LayerKVCache | None = None) -> Tensor:
         x = self.ln_1(x + self.attn(x, ctx, cache))
         return self.ln_2(x + self.mlp(x))
 

@@ -8,6 +8,7 @@ registrations are accepted all together or not at all: a plugin that registers a
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -104,7 +105,8 @@ class Registry:
             if not callable(factory):
                 raise RegistryError(f"{provenance} registered {kind} {name!r} with a factory that is not callable")
             if doc is None:
-                doc = (inspect.getdoc(factory) or "").strip().split("\n", 1)[0]
+                documented = factory.func if isinstance(factory, functools.partial) else factory
+                doc = (inspect.getdoc(documented) or "").strip().split("\n", 1)[0]
             staged.append((Entry(kind, name, factory, doc, provenance), override))
 
         return register

@@ -78,6 +78,7 @@ def test_recipe_files_from_any_directory(tmp_path: Path, monkeypatch: pytest.Mon
     (tmp_path / "sub" / "mine.toml").write_text('extends = "../base.toml"\n[model]\nn_layer = 3\n')
     (tmp_path / "base.toml").write_text('extends = "gpt2-tiny"\ndescription = "mine"\n[model]\nposition = "rope"\n')
     monkeypatch.chdir("/")
+    assert load_recipe("gpt2-medium").model.n_layer == 24  # shipped names resolve from anywhere
     r = load_recipe(tmp_path / "sub" / "mine.toml")
     assert (r.name, r.model.n_layer, r.model.position.name, r.model.n_embd, r.description) == ("mine", 3, "rope", 64, "mine")
 
