@@ -8,7 +8,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from typing import Any
 
 from rich.console import Console
@@ -95,53 +96,50 @@ def cmd_build(args: argparse.Namespace, out: Console, err: Console) -> None:
         out.print(f"checkpoint written to {summary['checkpoint']}")
 
 
+def _emit(args: argparse.Namespace, out: Console, rows: list[dict[str, Any]], title: str, columns: dict[str, Callable[[dict[str, Any]], str]]) -> None:
+    """Rows as JSON with --json, else as a table with these columns (header -> cell text)."""
+    if args.json:
+        _print_json(rows)
+        return
+    table = Table(title=title, title_justify="left")
+    for header in columns:
+        table.add_column(header, overflow="fold")
+    for row in rows:
+        table.add_row(*(cell(row) for cell in columns.values()))
+    out.print(table)
+
+
+def _origin(row: dict[str, Any]) -> str:
+    return escape(f"{row['plugin']} ({row['distribution']} {row['version']})")
+
+
 def cmd_plugins(args: argparse.Namespace, out: Console, err: Console) -> None:
     registry = get_registry()
     registered: dict[str, list[str]] = {}
     for entry in registry.entries():
         registered.setdefault(entry.provenance.plugin, []).append(f"{entry.kind}:{entry.name}")
-    rows = [
-        {
-            "name": info.name,
-            "module": info.module,
-            "distribution": info.distribution,
-            "version": info.version,
-            "builtin": info.builtin,
-            "status": info.status,
-            "error": info.error,
-            "registered": registered.get(info.name, []),
-        }
-        for info in registry.plugins
-    ]
-    if args.json:
-        _print_json(rows)
-        return
-    table = Table(title="Plugins", title_justify="left")
-    for col in ("plugin", "distribution", "status", "registered"):
-        table.add_column(col, overflow="fold")
-    for row in rows:
-        status = "[green]ok[/green]" if row["status"] == "ok" else f"[red]failed[/red]: {escape(row['error'] or '')}"
-        table.add_row(f"{row['name']}\n[dim]{row['module']}[/dim]", f"{row['distribution']} {row['version']}", status, ", ".join(row["registered"]))
-    out.print(table)
+    rows = [{**asdict(info), "registered": registered.get(info.name, [])} for info in registry.plugins]
+    _emit(args, out, rows, "Plugins", {
+        "plugin": lambda r: escape(r["name"]) + (f"\n[dim]{escape(r['module'])}[/dim]" if r["module"] != r["name"] else ""),
+        "distribution": lambda r: escape(f"{r['distribution']} {r['version']}"),
+        "status": lambda r: "[green]ok[/green]" if r["status"] == "ok" else f"[red]failed[/red]: {escape(r['error'] or '')}",
+        "registered": lambda r: ", ".join(r["registered"]),
+    })
 
 
 def cmd_list(args: argparse.Namespace, out: Console, err: Console) -> None:
     registry = get_registry()
     _warn_failed(registry, err)
     rows = [
-        {"kind": e.kind, "name": e.name, "doc": e.doc, "plugin": e.provenance.plugin, "distribution": e.provenance.distribution, "version": e.provenance.version, "overrides": str(e.overrides) if e.overrides else None}
+        {"kind": e.kind, "name": e.name, "doc": e.doc, **asdict(e.provenance), "overrides": str(e.overrides) if e.overrides else None}
         for e in registry.entries(args.kind)
     ]
-    if args.json:
-        _print_json(rows)
-        return
-    table = Table(title="Components", title_justify="left")
-    for col in ("kind", "name", "description", "from"):
-        table.add_column(col, overflow="fold")
-    for row in rows:
-        origin = f"{row['plugin']} ({row['distribution']} {row['version']})"
-        table.add_row(row["kind"], row["name"], row["doc"], origin + (f", overrides {row['overrides']}" if row["overrides"] else ""))
-    out.print(table)
+    _emit(args, out, rows, "Components", {
+        "kind": lambda r: r["kind"],
+        "name": lambda r: escape(r["name"]),
+        "description": lambda r: escape(r["doc"]),
+        "from": lambda r: _origin(r) + (escape(f", overrides {r['overrides']}") if r["overrides"] else ""),
+    })
 
 
 def cmd_recipes(args: argparse.Namespace, out: Console, err: Console) -> None:
@@ -150,15 +148,12 @@ def cmd_recipes(args: argparse.Namespace, out: Console, err: Console) -> None:
         data = read_recipe_data(path)
         model = data.get("model", {})
         rows.append({"name": name, "description": data.get("description", ""), "n_layer": model.get("n_layer"), "n_embd": model.get("n_embd"), "path": str(path)})
-    if args.json:
-        _print_json(rows)
-        return
-    table = Table(title="Recipes", title_justify="left")
-    for col in ("name", "n_layer", "n_embd", "description"):
-        table.add_column(col, overflow="fold")
-    for row in rows:
-        table.add_row(row["name"], str(row["n_layer"]), str(row["n_embd"]), row["description"])
-    out.print(table)
+    _emit(args, out, rows, "Recipes", {
+        "name": lambda r: r["name"],
+        "n_layer": lambda r: str(r["n_layer"]),
+        "n_embd": lambda r: str(r["n_embd"]),
+        "description": lambda r: escape(r["description"]),
+    })
 
 
 def main(argv: Sequence[str] | None = None) -> int:
