@@ -5,7 +5,6 @@ This is the only place that turns component names into modules; the model never 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,20 +12,13 @@ import torch
 from torch import nn
 
 from gptzoo.model import BLOCKS, GPT
-from gptzoo.recipe import COMPONENT_KINDS, Component, Recipe, load_recipe, structural_args
+from gptzoo.recipe import COMPONENT_KEYS, Component, Recipe, load_recipe, structural_args
 from gptzoo.registry import Entry, Registry, get_registry
 
 
-@dataclass(frozen=True)
-class Assembly:
-    """Which registry entry built each component of a model (for summaries and provenance)."""
-
-    entries: dict[str, Entry]
-    """[model] key (norm, activation, ...) -> registry entry."""
-
-
-def resolve_components(recipe: Recipe, registry: Registry) -> Assembly:
-    return Assembly({key: registry.get(kind, getattr(recipe.model, key).name) for key, kind in COMPONENT_KINDS.items()})
+def resolve_components(recipe: Recipe, registry: Registry) -> dict[str, Entry]:
+    """The registry entry of each component of the recipe, by [model] key (= kind)."""
+    return {kind: registry.get(kind, getattr(recipe.model, kind).name) for kind in COMPONENT_KEYS}
 
 
 def build_model(
@@ -45,11 +37,11 @@ def build_model(
     if not isinstance(recipe, Recipe):
         recipe = load_recipe(recipe, registry=registry)
     spec = recipe.model
-    entries = resolve_components(recipe, registry).entries
+    entries = resolve_components(recipe, registry)
 
-    def make(key: str, **extra: Any) -> nn.Module:
-        component: Component = getattr(spec, key)
-        return entries[key].factory(**structural_args(spec, COMPONENT_KINDS[key]), **extra, **component.params)
+    def make(kind: str, **extra: Any) -> nn.Module:
+        component: Component = getattr(spec, kind)
+        return entries[kind].factory(**structural_args(spec, kind), **extra, **component.kwargs)
 
     block_cls = BLOCKS[spec.norm_placement]
     device = torch.device(device) if device is not None else torch.get_default_device()

@@ -29,10 +29,15 @@ RECIPE = "recipe.toml"
 def save_checkpoint(model: GPT, recipe: Recipe, out_dir: str | Path) -> Path:
     """Write model weights and recipe to a new directory ``out_dir`` (which must not hold files)."""
     out = Path(out_dir)
+    if not out.name:
+        raise CheckpointError(f"{str(out_dir)!r} is not a directory name to write a checkpoint to")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise CheckpointError(f"{out} already exists and is not empty; choose another --out or remove it")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    except OSError as exc:
+        raise CheckpointError(f"cannot write a checkpoint to {out}: {exc.strerror} ({exc.filename})") from None
     try:
         tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items() if not (model.tied and k == "lm_head.weight")}
         save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt", "gptzoo_version": gptzoo_version()})
@@ -40,6 +45,9 @@ def save_checkpoint(model: GPT, recipe: Recipe, out_dir: str | Path) -> Path:
         if out.exists():
             out.rmdir()
         os.rename(tmp, out)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(f"cannot write a checkpoint to {out}: {exc.strerror}") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

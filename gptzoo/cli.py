@@ -43,9 +43,7 @@ def make_parser() -> argparse.ArgumentParser:
     common.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
     common.add_argument("--json", action="store_true", help="print JSON for machines instead of tables")
 
-    parser = argparse.ArgumentParser(
-        prog="gptzoo", description="Build, inspect and run GPT-style models assembled from plugins.", parents=[common]
-    )
+    parser = argparse.ArgumentParser(prog="gptzoo", description="Build, inspect and run GPT-style models assembled from plugins.")
     parser.add_argument("--version", action="version", version=f"gptzoo {gptzoo_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -84,15 +82,18 @@ def cmd_build(args: argparse.Namespace, out: Console, err: Console) -> None:
     recipe = load_recipe(args.recipe, args.overrides, registry=registry)
     seq_len = args.seq_len or recipe.model.context_length
     model = build_model(recipe, device="meta", registry=registry)
+    limit = model.position.max_positions
+    if limit is not None and seq_len > limit:
+        raise GptzooError(f"--seq-len {seq_len} is longer than the {limit} positions {recipe.name}'s {recipe.model.position.name} positions encode")
     summary = summarize(model, recipe, resolve_components(recipe, registry), batch=args.batch, seq_len=seq_len)
-    if args.out:
+    if args.out is not None:
         real = build_model(recipe, device="cpu", registry=registry)
         summary["checkpoint"] = str(save_checkpoint(real, recipe, args.out))
     if args.json:
         _print_json(summary)
         return
     render_summary(summary, out)
-    if args.out:
+    if args.out is not None:
         out.print(f"checkpoint written to {summary['checkpoint']}")
 
 
@@ -118,7 +119,7 @@ def cmd_plugins(args: argparse.Namespace, out: Console, err: Console) -> None:
     registered: dict[str, list[str]] = {}
     for entry in registry.entries():
         registered.setdefault(entry.provenance.plugin, []).append(f"{entry.kind}:{entry.name}")
-    rows = [{**asdict(info), "registered": registered.get(info.name, [])} for info in registry.plugins]
+    rows = [{**asdict(info), "registered": registered.get(info.module, [])} for info in registry.plugins]
     _emit(args, out, rows, "Plugins", {
         "plugin": lambda r: escape(r["name"]) + (f"\n[dim]{escape(r['module'])}[/dim]" if r["module"] != r["name"] else ""),
         "distribution": lambda r: escape(f"{r['distribution']} {r['version']}"),

@@ -50,6 +50,8 @@ def register_norms(register: Register) -> None:
     Factory: ``factory(dim: int, *, eps: float = ..., **params) -> nn.Module``.
     Forward: x (B, T, dim) -> (B, T, dim), same dtype. Whether a norm sits before (pre) or after
     (post) the residual addition is the recipe's ``norm_placement``, not the norm's business.
+    A norm's bias is its own parameter (``norm = { name = "layernorm", bias = false }``): the
+    recipe's ``bias`` covers the linear layers only, since checkpoints differ on the two.
     """
 
 

@@ -59,8 +59,9 @@ class AttentionContext:
     Attributes:
         start: the absolute position of the first query token (the cache write offset).
         rotary: the q/k rotation for the query positions, or None.
-        mask: an additive float mask (1 or nh, Tq, Tk) with -inf where a query must not look, in the
-            activation dtype; None when ``is_causal`` says everything or nothing needs masking.
+        mask: an additive float mask, (Tq, Tk) or with a position bias (nh, Tq, Tk), with -inf where
+            a query must not look, in the activation dtype; None when ``is_causal`` says everything
+            (or, for one new token after a cache, nothing) needs masking.
         is_causal: True when queries and keys are the same T tokens and only the plain causal mask
             applies (the fast path of scaled_dot_product_attention).
     """

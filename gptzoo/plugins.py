@@ -94,7 +94,7 @@ def _load_entry_point(pm: GptzooPluginManager, ep: metadata.EntryPoint) -> None:
     dist = ep.dist
     info = PluginInfo(
         name=ep.name,
-        module=ep.value,
+        module=ep.module,
         distribution=dist.metadata["Name"] if dist is not None else "unknown",
         version=dist.version if dist is not None else "unknown",
         builtin=False,
@@ -106,7 +106,7 @@ def _load_entry_point(pm: GptzooPluginManager, ep: metadata.EntryPoint) -> None:
         plugin = ep.load()
         pm.register(plugin, name=ep.name)
         pm.check_pending()
-    except Exception as exc:  # a plugin's import may raise anything; report it and go on
+    except (Exception, SystemExit) as exc:  # a plugin's import may raise anything; report it and go on
         if plugin is not None and pm.get_plugin(ep.name) is plugin:
             pm.unregister(name=ep.name)  # register() can fail half-way (a bad hook signature)
         message = describe_exception(exc)

@@ -13,18 +13,20 @@ that has one.
 from __future__ import annotations
 
 import inspect
+import json
 import math
 import tomllib
 from collections.abc import Iterable, Mapping
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, fields
 from importlib import resources
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any, get_type_hints
 
 from gptzoo.errors import RecipeError, UnknownComponentError, did_you_mean
 from gptzoo.registry import Registry, get_registry
 
+MAX_DIM = 2**31 - 1
+"""The largest value of any [model] dimension (an int32 index)."""
 NORM_PLACEMENTS = ("pre", "post")
 """pre: x + F(norm(x)) with a final norm (GPT-2); post: norm(x + F(x)), no final norm (Vaswani et al.)."""
 
@@ -34,10 +36,15 @@ class Component:
     """A registry key and the keyword parameters its factory gets from the recipe."""
 
     name: str
-    params: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    params: tuple[tuple[str, Any], ...] = ()
+    """(parameter, value) pairs in recipe order: immutable, hashable and copyable."""
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        return dict(self.params)
 
     def to_toml_value(self) -> str | dict[str, Any]:
-        return {"name": self.name, **self.params} if self.params else self.name
+        return {"name": self.name, **self.kwargs} if self.params else self.name
 
 
 @dataclass(frozen=True)
@@ -92,6 +99,11 @@ class Recipe:
         for key, value in model.items():
             if isinstance(value, Component):
                 model[key] = value.to_toml_value()
+        # Defaults stay implicit, so that `--set model.n_embd=...` on a written recipe still derives them.
+        if model["n_kv_head"] == model["n_head"]:
+            del model["n_kv_head"]
+        if model["head_dim"] == model["n_embd"] // model["n_head"]:
+            del model["head_dim"]
         data: dict[str, Any] = {"description": self.description, "model": model} if self.description else {"model": model}
         if self.tokenizer is not None:
             data["tokenizer"] = {"name": self.tokenizer.name}
@@ -103,8 +115,8 @@ class Recipe:
 
 SECTIONS: dict[str, type] = {"model": ModelSpec, "tokenizer": TokenizerSpec}
 TOP_LEVEL_KEYS = ("extends", "description")
-COMPONENT_KINDS = {"norm": "norm", "activation": "activation", "mlp": "mlp", "position": "position", "attention": "attention"}
-"""[model] keys that name a component, and the registry kind of each."""
+COMPONENT_KEYS = ("norm", "activation", "mlp", "position", "attention")
+"""[model] keys that name a component; each key is also the component's registry kind."""
 
 
 # --- finding recipes ---------------------------------------------------------------------------
@@ -127,6 +139,8 @@ def resolve_recipe_path(name_or_path: str | Path, *, relative_to: Path | None = 
         candidate = relative_to / candidate
     if candidate.is_file():
         return candidate.resolve()
+    if candidate.is_dir():
+        raise RecipeError(text, [f"{str(candidate)!r} is a directory, not a recipe file"])
     shipped = shipped_recipes()
     if text in shipped:
         return shipped[text]
@@ -145,7 +159,7 @@ def read_recipe_data(path: Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any
         raise RecipeError(str(_chain[0]), [f"extends cycle: {cycle}"])
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise RecipeError(str(path), [f"invalid TOML: {exc}"]) from None
     except OSError as exc:
         raise RecipeError(str(path), [f"cannot read: {exc.strerror}"]) from None
@@ -154,8 +168,11 @@ def read_recipe_data(path: Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any
         return data
     if not isinstance(parent, str):
         raise RecipeError(str(path), [f"extends must be a recipe name or path, got {parent!r}"])
-    base = read_recipe_data(resolve_recipe_path(parent, relative_to=path.parent), (*_chain, path))
-    return merge(base, data)
+    try:
+        parent_path = resolve_recipe_path(parent, relative_to=path.parent)
+    except RecipeError as exc:
+        raise RecipeError(str(path), [f"extends = {parent!r}: {problem}" for problem in exc.problems]) from None
+    return merge(read_recipe_data(parent_path, (*_chain, path)), data)
 
 
 def merge(base: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
@@ -271,7 +288,7 @@ class _Validator:
                 f"{where} must be a component name or a table {{ name = \"...\", ... }}, got {_describe(value)}"
             )
             return None
-        kind = COMPONENT_KINDS[key]
+        kind = key
         try:
             factory = self.registry.get(kind, name).factory
         except UnknownComponentError as exc:
@@ -279,18 +296,15 @@ class _Validator:
             return None
         before = len(self.problems)
         self.component_params(kind, key, name, factory, params)
-        return Component(name, MappingProxyType(params)) if len(self.problems) == before else None
+        return Component(name, tuple(params.items())) if len(self.problems) == before else None
 
     def model(self, values: dict[str, Any]) -> ModelSpec | None:
         """Check dimensions; with a complete, consistent [model], check component parameters."""
         before = len(self.problems)
-        for key in ("vocab_size", "context_length", "n_layer", "n_head", "n_embd", "d_ff"):
-            if key in values and values[key] < 1:
-                self.problems.append(f"[model] {key}={values[key]} must be >= 1")
-                del values[key]
-        for key in ("n_kv_head", "head_dim"):
-            if key in values and values[key] < 0:
-                self.problems.append(f"[model] {key}={values[key]} must be >= 1 (or 0 for the default)")
+        for key, low in (*((k, 1) for k in ("vocab_size", "context_length", "n_layer", "n_head", "n_embd", "d_ff")), ("n_kv_head", 0), ("head_dim", 0)):
+            if key in values and not low <= values[key] <= MAX_DIM:
+                default = " (or 0 for the default)" if low == 0 else ""
+                self.problems.append(f"[model] {key}={values[key]} must be between {max(low, 1)} and {MAX_DIM}{default}")
                 del values[key]
         if "init_std" in values and not (values["init_std"] > 0 and math.isfinite(values["init_std"])):
             self.problems.append(f"[model] init_std={values['init_std']} must be a positive number")
@@ -338,12 +352,12 @@ class _Validator:
 
     def component_checks(self, spec: ModelSpec) -> None:
         """Run each factory's optional ``check`` on the complete model (e.g. rope's even head_dim)."""
-        for key, kind in COMPONENT_KINDS.items():
-            component: Component = getattr(spec, key)
+        for kind in COMPONENT_KEYS:
+            component: Component = getattr(spec, kind)
             check = getattr(self.registry.get(kind, component.name).factory, "check", None)
             if check is not None:
-                for problem in check(**structural_args(spec, kind), **component.params):
-                    self.problems.append(f"[model] {key} ({component.name}): {problem}")
+                for problem in check(**structural_args(spec, kind), **component.kwargs):
+                    self.problems.append(f"[model] {kind} ({component.name}): {problem}")
 
 
 STRUCTURAL_ARGS: dict[str, tuple[tuple[str, str], ...]] = {
@@ -410,7 +424,7 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, (int, float)):
         return repr(value)
     if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        return json.dumps(value)  # a JSON string is a valid TOML basic string (escapes included)
     if isinstance(value, Mapping):
         return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
     if isinstance(value, (list, tuple)):

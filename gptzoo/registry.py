@@ -129,7 +129,7 @@ def registry_from(pm: GptzooPluginManager) -> Registry:
     for i, info in enumerate(pm.reports):
         if info.status != "ok":
             continue
-        provenance = Provenance(info.name, info.distribution, info.version)
+        provenance = Provenance(info.module, info.distribution, info.version)
         try:
             registry.add_plugin(pm, info.name, provenance)
         except Exception as exc:  # a plugin's own code may raise anything

@@ -10,14 +10,16 @@ from typing import Any
 
 import torch
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from gptzoo.build import Assembly
 from gptzoo.flops import FLOPS_CONVENTION, TRAIN_FORWARD_RATIO, forward_flops
 from gptzoo.model import GPT
 from gptzoo.recipe import Recipe
+from gptzoo.registry import Entry
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+SHAPE_KEYS = ("n_layer", "n_embd", "n_head", "n_kv_head", "head_dim", "d_ff", "vocab_size", "context_length", "norm_placement", "bias", "tie_embeddings")
 
 
 def _numel(module: torch.nn.Module) -> int:
@@ -50,7 +52,7 @@ def parameter_counts(model: GPT) -> dict[str, Any]:
     }
 
 
-def summarize(model: GPT, recipe: Recipe, assembly: Assembly, *, batch: int, seq_len: int) -> dict[str, Any]:
+def summarize(model: GPT, recipe: Recipe, entries: dict[str, Entry], *, batch: int, seq_len: int) -> dict[str, Any]:
     """A JSON-ready description of the model at (batch, seq_len)."""
     flops = forward_flops(model, batch, seq_len)
     forward = sum(flops.values())
@@ -60,16 +62,17 @@ def summarize(model: GPT, recipe: Recipe, assembly: Assembly, *, batch: int, seq
             "key": key,
             "kind": entry.kind,
             "name": entry.name,
-            "params": dict(getattr(recipe.model, key).params),
+            "params": getattr(recipe.model, key).kwargs,
             "plugin": entry.provenance.plugin,
             "distribution": entry.provenance.distribution,
             "version": entry.provenance.version,
             "overrides": str(entry.overrides) if entry.overrides else None,
         }
-        for key, entry in assembly.entries.items()
+        for key, entry in entries.items()
     ]
     return {
         "recipe": {"name": recipe.name, "source": recipe.source, "description": recipe.description, "resolved": recipe.to_dict()},
+        "shape": {k: getattr(recipe.model, k) for k in SHAPE_KEYS},
         "components": components,
         "params": params,
         "flops": {
@@ -106,13 +109,8 @@ def _bytes(n: int) -> str:
 
 def render_summary(s: dict[str, Any], console: Console) -> None:
     r = s["recipe"]
-    console.print(f"[bold]{r['name']}[/bold]  {r['description']}\n[dim]{r['source']}[/dim]")
-    m = r["resolved"]["model"]
-    console.print(
-        f"n_layer={m['n_layer']} n_embd={m['n_embd']} n_head={m['n_head']} n_kv_head={m['n_kv_head']} "
-        f"head_dim={m['head_dim']} d_ff={m['d_ff']} vocab={m['vocab_size']} context={m['context_length']} "
-        f"norm_placement={m['norm_placement']} bias={str(m['bias']).lower()} tied={str(m['tie_embeddings']).lower()}"
-    )
+    console.print(f"[bold]{escape(r['name'])}[/bold]  {escape(r['description'])}\n[dim]{escape(r['source'])}[/dim]")
+    console.print(" ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in s["shape"].items()))
 
     table = Table(title="Components", title_justify="left")
     for col in ("key", "component", "parameters", "from"):

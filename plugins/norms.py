@@ -6,6 +6,8 @@ back, then scale.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -13,8 +15,14 @@ from torch import Tensor, nn
 from gptzoo import hookimpl
 
 
+def check_eps(*, eps: float = 1e-5, **_: object) -> list[str]:
+    return [] if math.isfinite(eps) and eps > 0 else [f"eps must be a positive number, got {eps}"]
+
+
 class LayerNorm(nn.Module):
     """LayerNorm: (x - mean) / sqrt(var + eps) * weight + bias (bias optional)."""
+
+    check = staticmethod(check_eps)
 
     def __init__(self, dim: int, *, eps: float = 1e-5, bias: bool = True) -> None:
         super().__init__()
@@ -28,6 +36,8 @@ class LayerNorm(nn.Module):
 
 class RMSNorm(nn.Module):
     """RMSNorm: x / sqrt(mean(x^2) + eps) * weight, computed in (at least) float32."""
+
+    check = staticmethod(check_eps)
 
     def __init__(self, dim: int, *, eps: float = 1e-6) -> None:
         super().__init__()

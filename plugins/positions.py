@@ -49,8 +49,11 @@ class SinusoidalPosition(Position):
         self.n_embd, self.base = n_embd, base
 
     @staticmethod
-    def check(*, n_embd: int, **_: object) -> list[str]:
-        return [f"sinusoidal positions need an even n_embd, got {n_embd}"] if n_embd % 2 else []
+    def check(*, n_embd: int, base: float = 10000.0, **_: object) -> list[str]:
+        problems = [f"sinusoidal positions need an even n_embd, got {n_embd}"] if n_embd % 2 else []
+        if not (math.isfinite(base) and base > 1):
+            problems.append(f"base must be a number > 1, got {base}")
+        return problems
 
     def embed(self, positions: Tensor) -> Tensor:
         i = torch.arange(0, self.n_embd, 2, device=positions.device, dtype=torch.float32)
@@ -86,8 +89,8 @@ class RoPE(Position):
     @staticmethod
     def check(*, head_dim: int, theta: float = 10000.0, **_: object) -> list[str]:
         problems = [f"rope needs an even head_dim, got {head_dim}"] if head_dim % 2 else []
-        if theta <= 0:
-            problems.append(f"rope theta must be positive, got {theta}")
+        if not (math.isfinite(theta) and theta > 0):
+            problems.append(f"rope theta must be a positive number, got {theta}")
         return problems
 
     def rotary(self, positions: Tensor) -> RotateHalf:

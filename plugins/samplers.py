@@ -57,12 +57,13 @@ class TopP(Sampler):
         self.p = p
 
     def __call__(self, logits: Tensor, input_ids: Tensor) -> Tensor:
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        probs = sorted_logits.float().softmax(dim=-1)
-        mass_before = probs.cumsum(dim=-1) - probs  # mass of the more likely tokens
-        drop_sorted = mass_before >= self.p  # never drops the first token
-        drop = drop_sorted.scatter(-1, order, drop_sorted)
-        return logits.masked_fill(drop, float("-inf"))
+        # As HF's TopPLogitsWarper: drop the least likely tokens whose total mass is at most 1 - p,
+        # summing from the tail (so rounding cannot eat into the kept set), and keep the top one.
+        sorted_logits, order = logits.sort(dim=-1)  # ascending
+        tail_mass = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        drop_sorted = tail_mass <= 1 - self.p
+        drop_sorted[..., -1] = False
+        return logits.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
 
 
 class MinP(Sampler):

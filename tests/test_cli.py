@@ -142,6 +142,15 @@ def test_user_errors_exit_2_with_every_problem(tmp_path: Path, capsys: pytest.Ca
     assert "- --set 'oops' is not SECTION.KEY=VALUE" in message and "- [model] n_layer must be an integer, got 'x' (str)" in message
     with pytest.raises(gptzoo.RecipeError):
         main(["build", "gpt2-smal", "--debug"])
+    assert run_error(capsys, "build", "gpt2-small", "--seq-len", "4096") == (
+        "error: --seq-len 4096 is longer than the 1024 positions gpt2-small's learned positions encode"
+    )
+    (tmp_path / "file").write_text("x")
+    assert run_error(capsys, "build", "gpt2-tiny", "--out", str(tmp_path / "file" / "sub")).startswith(
+        f"error: cannot write a checkpoint to {tmp_path / 'file' / 'sub'}: "
+    )
+    assert run_error(capsys, "build", "gpt2-tiny", "--out", "") == "error: '' is not a directory name to write a checkpoint to"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.toml", "file"]  # nothing half-written
 
 
 def test_console_script_and_module_entry_points(tmp_path: Path) -> None:
@@ -154,3 +163,5 @@ def test_console_script_and_module_entry_points(tmp_path: Path) -> None:
     assert "Traceback" not in bad.stderr
     usage = subprocess.run(["gptzoo", "build"], capture_output=True, text=True, env=env)
     assert usage.returncode == 2 and "the following arguments are required: recipe" in usage.stderr
+    misplaced = subprocess.run(["gptzoo", "--json", "recipes"], capture_output=True, text=True, env=env)
+    assert misplaced.returncode == 2 and "unrecognized arguments: --json" in misplaced.stderr

@@ -79,12 +79,14 @@ def test_component_contract(entry: Entry, tmp_path: Path) -> None:
     if entry.kind == "position":
         assert isinstance(component.position, Position)
 
-    # bfloat16 in, bfloat16 out
-    if x.is_floating_point():
-        with torch.no_grad():
-            y16 = run(copy.deepcopy(component).to(torch.bfloat16), x.to(torch.bfloat16))
-        assert y16.dtype == torch.bfloat16 and tuple(y16.shape) == tuple(y.shape)
-        assert not torch.isnan(y16).any()
+    # bfloat16 in (or a bfloat16 model), bfloat16 out
+    with torch.no_grad():
+        y16 = run(copy.deepcopy(component).to(torch.bfloat16), x.to(torch.bfloat16) if x.is_floating_point() else x)
+    assert y16.dtype == torch.bfloat16 and tuple(y16.shape) == tuple(y.shape)
+    assert not torch.isnan(y16).any()
+
+    if entry.kind == "attention":
+        _check_attention_interfaces(component, x, y)
 
     # state dict -> safetensors -> a freshly built (differently initialized) component
     state = {k: v.contiguous() for k, v in component.state_dict().items()}
@@ -102,6 +104,18 @@ def test_component_contract(entry: Entry, tmp_path: Path) -> None:
     fresh.eval()
     with torch.no_grad():
         assert torch.equal(run(fresh, x), y)
+
+
+def _check_attention_interfaces(attn: nn.Module, x: Tensor, full: Tensor) -> None:
+    """The KV-cache and FLOPs parts of the attention contract."""
+    cache = attn.init_cache(B, T + 1, device=x.device, dtype=x.dtype)
+    with torch.no_grad():
+        prefill = attn(x[:, :5], AttentionContext(0, None, None, is_causal=True), cache)
+        decoded = [attn(x[:, t : t + 1], AttentionContext(t, None, None, is_causal=False), cache) for t in range(5, T)]
+    torch.testing.assert_close(torch.cat([prefill, *decoded], dim=1), full, rtol=0, atol=1e-5)
+    assert cache.nbytes > 0 and cache.max_len == T + 1
+    flops = attn.flops(B, T)
+    assert flops and all(isinstance(v, int) and v > 0 for v in flops.values())
 
 
 def test_every_kind_has_components(registry: gptzoo.Registry) -> None:

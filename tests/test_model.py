@@ -45,14 +45,14 @@ def test_later_tokens_never_change_earlier_logits(base: str, attention: str, pos
 @pytest.mark.parametrize(("base", "attention", "position"), PAIRS)
 def test_prefill_then_decode_equals_full_forward(base: str, attention: str, position: str) -> None:
     model = _model(base, f"model.attention={attention}", f"model.position={position}")
-    idx = torch.randint(0, model.recipe.model.vocab_size, (3, 20))
+    idx = torch.randint(0, model.recipe.model.vocab_size, (3, 23))
     with torch.no_grad():
         full = model(idx)
         cache = model.init_cache(3, 24)
         prefill = model(idx[:, :16], cache)
         steps = [model(idx[:, t : t + 1], cache) for t in range(16, 19)]
-        chunk = model(idx[:, 19:], cache)  # a chunk after the prefix: needs the offset mask
-    assert cache.length == 20
+        chunk = model(idx[:, 19:], cache)  # 4 tokens after a cached prefix: needs the offset mask
+    assert chunk.shape[1] == 4 and cache.length == 23
     torch.testing.assert_close(torch.cat([prefill, *steps, chunk], dim=1), full, rtol=0, atol=1e-5)
 
 

@@ -189,6 +189,32 @@ def test_sampler_transforms(registry: gptzoo.Registry) -> None:
     assert torch.equal(r, torch.tensor([[1.0, 1.0, 0.5, -2.0, -3.0]]))  # HF: positive / p, negative * p
 
 
+@pytest.mark.parametrize(
+    ("name", "params", "hf_name", "hf_args"),
+    [
+        ("temperature", {"temperature": 0.7}, "TemperatureLogitsWarper", (0.7,)),
+        ("top_k", {"k": 50}, "TopKLogitsWarper", (50,)),
+        ("top_k", {"k": 1}, "TopKLogitsWarper", (1,)),
+        ("top_p", {"p": 1.0}, "TopPLogitsWarper", (1.0,)),
+        ("top_p", {"p": 0.999}, "TopPLogitsWarper", (0.999,)),
+        ("top_p", {"p": 0.9}, "TopPLogitsWarper", (0.9,)),
+        ("top_p", {"p": 0.5}, "TopPLogitsWarper", (0.5,)),
+        ("top_p", {"p": 0.01}, "TopPLogitsWarper", (0.01,)),
+        ("min_p", {"p": 0.05}, "MinPLogitsWarper", (0.05,)),
+        ("min_p", {"p": 0.5}, "MinPLogitsWarper", (0.5,)),
+        ("repetition_penalty", {"penalty": 1.3}, "RepetitionPenaltyLogitsProcessor", (1.3,)),
+    ],
+)
+def test_samplers_equal_hugging_face_processors(registry: gptzoo.Registry, name: str, params: dict, hf_name: str, hf_args: tuple) -> None:
+    from transformers.generation import logits_process
+
+    logits = torch.randn(8, 50257) * 3  # a GPT-2-sized vocabulary, peaked like real logits
+    ids = torch.randint(0, 50257, (8, 40))
+    ours = registry.get("sampler", name).factory(**params)(logits.clone(), ids)
+    theirs = getattr(logits_process, hf_name)(*hf_args)(ids, logits.clone())
+    assert torch.equal(ours, theirs)
+
+
 def test_sampler_chain_order_matters_and_seeds_repeat(registry: gptzoo.Registry) -> None:
     logits = torch.tensor([[2.0, 1.5, 1.0, 0.0]])
     ids = torch.zeros(1, 1, dtype=torch.long)

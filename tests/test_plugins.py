@@ -99,8 +99,8 @@ def test_example_plugin_is_registered_with_provenance() -> None:
     require_example()
     registry = gptzoo.get_registry()
     entry = registry.get("activation", "squared_relu")
-    assert entry.provenance == Provenance("sqrelu", "gptzoo-sqrelu", "0.1.0")
-    assert str(entry.provenance) == "sqrelu (gptzoo-sqrelu 0.1.0)"
+    assert entry.provenance == Provenance("gptzoo_sqrelu", "gptzoo-sqrelu", "0.1.0")
+    assert str(entry.provenance) == "gptzoo_sqrelu (gptzoo-sqrelu 0.1.0)"
     assert entry.overrides is None
     assert entry.doc == "Squared ReLU: relu(x)**2 (So et al., 2021, Primer)."
     assert report(registry, "sqrelu") == PluginInfo(
@@ -155,7 +155,7 @@ def test_good_plugin_norm_is_usable_from_a_recipe(fake_site: FakeSite) -> None:
     registry = gptzoo.get_registry()
     assert report(registry, "good") == PluginInfo("good", "gptzoo_fake_good", "gptzoo-fake-good", "1.0", builtin=False)
     entry = registry.get("norm", "scalenorm")
-    assert entry.provenance == Provenance("good", "gptzoo-fake-good", "1.0")
+    assert entry.provenance == Provenance("gptzoo_fake_good", "gptzoo-fake-good", "1.0")
     assert entry.doc == "ScaleNorm: g * x / max(||x||, eps), one learned scalar g (Nguyen & Salazar, 2019)."
     recipe = gptzoo.load_recipe("gpt2-tiny", ["model.norm=scalenorm", "model.norm.eps=1e-3"], registry=registry)
     model = gptzoo.build_model(recipe, device="cpu", registry=registry)
@@ -299,7 +299,7 @@ def test_duplicate_name_fails_the_later_plugin_naming_both(fake_site: FakeSite) 
     assert info.status == "failed"
     assert info.error == (
         f"norm 'rmsnorm' is registered by both gptzoo_plugins.norms (gptzoo {GPTZOO_VERSION}) and "
-        "dup (gptzoo-fake-dup 1.0); rename one, or register the later one with override=True"
+        "gptzoo_fake_dup (gptzoo-fake-dup 1.0); rename one, or register the later one with override=True"
     )
     entry = registry.get("norm", "rmsnorm")
     assert entry.provenance == BUILTIN_NORMS and entry.overrides is None
@@ -313,7 +313,7 @@ def test_override_replaces_the_builtin_and_records_it(fake_site: FakeSite) -> No
     registry = gptzoo.get_registry(strict=True)
     assert report(registry, "override").status == "ok"
     entry = registry.get("norm", "rmsnorm")
-    assert entry.provenance == Provenance("override", "gptzoo-fake-override", "1.0")
+    assert entry.provenance == Provenance("gptzoo_fake_override", "gptzoo-fake-override", "1.0")
     assert entry.overrides == BUILTIN_NORMS
     assert str(entry.overrides) == f"gptzoo_plugins.norms (gptzoo {GPTZOO_VERSION})"
     assert entry.factory.__name__ == "MyRMSNorm"
@@ -395,7 +395,7 @@ def test_cli_build_with_a_plugin_component(cli_site: FakeSite) -> None:
     norm = next(c for c in json.loads(proc.stdout)["components"] if c["key"] == "norm")
     assert norm == {
         "key": "norm", "kind": "norm", "name": "scalenorm", "params": {},
-        "plugin": "good", "distribution": "gptzoo-fake-good", "version": "1.0", "overrides": None,
+        "plugin": "gptzoo_fake_cli_good", "distribution": "gptzoo-fake-good", "version": "1.0", "overrides": None,
     }
     # the broken plugin is a warning, not an error (rich may wrap it: compare words)
     assert " ".join(proc.stderr.split()) == (

@@ -88,7 +88,7 @@ def test_resolved_recipe_round_trips_through_toml(tmp_path: Path) -> None:
     text = r.to_toml()
     data = tomllib.loads(text)
     assert data["model"]["norm"] == {"name": "rmsnorm", "eps": 1e-6}
-    assert data["model"]["n_kv_head"] == 4 and data["model"]["head_dim"] == 64
+    assert data["model"]["n_kv_head"] == 4 and "head_dim" not in data["model"]  # a default stays implicit
     (tmp_path / "again.toml").write_text(text)
     assert load_recipe(tmp_path / "again.toml").model == r.model
 
@@ -145,15 +145,15 @@ def test_component_parameter_problems(tmp_path: Path) -> None:
     problems = _problems(tmp_path, 'extends = "llama-tiny"\n[model]\nn_embd = 60\nposition = { name = "rope", theta = -1.0 }\n')
     assert problems == [
         "[model] position (rope): rope needs an even head_dim, got 15",
-        "[model] position (rope): rope theta must be positive, got -1.0",
+        "[model] position (rope): rope theta must be a positive number, got -1.0",
     ]
 
 
 def test_dimension_problems(tmp_path: Path) -> None:
     problems = _problems(tmp_path, 'extends = "llama-tiny"\n[model]\nn_kv_head = 3\nn_layer = 0\nd_ff = -4\n')
     assert problems == [
-        "[model] n_layer=0 must be >= 1",
-        "[model] d_ff=-4 must be >= 1",
+        "[model] n_layer=0 must be between 1 and 2147483647",
+        "[model] d_ff=-4 must be between 1 and 2147483647",
         "[model] n_head=4 is not divisible by n_kv_head=3",
     ]
     problems = _problems(tmp_path, "[model]\nn_layer = 2\n")
@@ -190,3 +190,43 @@ def test_bad_overrides() -> None:
         load_recipe("gpt2-tiny", ["model.n_layer=six"])
     with pytest.raises(RecipeError, match=r"\[model\] unknown key 'n_layers'"):
         load_recipe("gpt2-tiny", ["model.n_layers=6"])
+
+
+def test_component_parameter_values_are_checked_before_building(tmp_path: Path) -> None:
+    with pytest.raises(RecipeError) as info:
+        load_recipe("gpt2-tiny", ["model.norm.eps=-1.0", "model.position=sinusoidal", "model.position.base=0.5", "model.activation.approximate=foo"])
+    assert info.value.problems == [
+        "[model] activation.approximate: activation 'gelu_tanh' has no parameter 'approximate' (it takes none)",
+    ]
+    with pytest.raises(RecipeError) as info:
+        load_recipe("gpt2-tiny", ["model.norm.eps=nan", "model.position=sinusoidal", "model.position.base=0.5"])
+    assert info.value.problems == [
+        "[model] norm (layernorm): eps must be a positive number, got nan",
+        "[model] position (sinusoidal): base must be a number > 1, got 0.5",
+    ]
+    with pytest.raises(RecipeError, match=r"rope theta must be a positive number, got nan"):
+        load_recipe("llama-tiny", ["model.position.theta=nan"])
+    with pytest.raises(RecipeError, match=r"eps must be a positive number, got 0.0"):
+        load_recipe("llama-tiny", ["model.norm.eps=0.0"])
+
+
+def test_oversized_and_unreadable_recipes(tmp_path: Path) -> None:
+    with pytest.raises(RecipeError, match=r"\[model\] vocab_size=99999999999999999999 must be between 1 and 2147483647"):
+        load_recipe("gpt2-tiny", ["model.vocab_size=99999999999999999999"])
+    (tmp_path / "latin1.toml").write_bytes(b"\xff[model]\n")
+    with pytest.raises(RecipeError, match=r"latin1.toml: invalid TOML: 'utf-8' codec can't decode"):
+        load_recipe(tmp_path / "latin1.toml")
+    (tmp_path / "child.toml").write_text('extends = "missing.toml"\n')
+    with pytest.raises(RecipeError) as info:
+        load_recipe(tmp_path / "child.toml")
+    assert info.value.source == str(tmp_path / "child.toml")
+    assert info.value.problems == [f"extends = 'missing.toml': no such recipe file {str(tmp_path / 'missing.toml')!r}"]
+    with pytest.raises(RecipeError, match=r"is a directory, not a recipe file"):
+        load_recipe(tmp_path)
+
+
+def test_descriptions_with_any_characters_survive_a_checkpoint(tmp_path: Path) -> None:
+    (tmp_path / "r.toml").write_text('extends = "gpt2-tiny"\ndescription = """two\nlines, "quotes", \\\\ and \u00e9\ttab"""\n')
+    recipe = load_recipe(tmp_path / "r.toml")
+    gptzoo.save_checkpoint(gptzoo.build_model(recipe), recipe, tmp_path / "ck")
+    assert gptzoo.load_checkpoint(tmp_path / "ck").recipe.description == 'two\nlines, "quotes", \\ and \u00e9\ttab'
