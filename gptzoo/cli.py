@@ -17,13 +17,16 @@ from rich.markup import escape
 from rich.table import Table
 
 from gptzoo.build import build_model, resolve_components
-from gptzoo.checkpoint import save_checkpoint
+from gptzoo.checkpoint import load_checkpoint, save_checkpoint
+from gptzoo.compare import DEFAULT_PROMPT, compare
 from gptzoo.errors import GptzooError
+from gptzoo.fetch import FETCHABLE, fetch
+from gptzoo.hf import export_hf, hf_recipe, load_hf
 from gptzoo.hookspecs import KINDS
 from gptzoo.plugins import gptzoo_version
-from gptzoo.recipe import load_recipe, read_recipe_data, shipped_recipes
+from gptzoo.recipe import Recipe, load_recipe, read_recipe_data, shipped_recipes
 from gptzoo.registry import Registry, get_registry
-from gptzoo.summary import render_summary, summarize
+from gptzoo.summary import DTYPES, render_summary, summarize
 
 EXIT_USER_ERROR = 2
 
@@ -47,13 +50,33 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gptzoo {gptzoo_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("build", parents=[common], help="build a model from a recipe and show what it is made of and costs")
-    p.add_argument("recipe", help="a shipped recipe name (see `gptzoo recipes`) or a path to a .toml file")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V", help="override a recipe key, e.g. model.n_layer=6 (repeatable)")
+    recipe = argparse.ArgumentParser(add_help=False)
+    recipe.add_argument("recipe", nargs="?", help="a shipped recipe name (see `gptzoo recipes`) or a .toml file; optional with --hf")
+    recipe.add_argument("--hf", metavar="DIR|NAME", help="a Hugging Face checkpoint: a directory, a name `gptzoo fetch` knows, or a hub name in the local HF cache")
+    recipe.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V", help="override a recipe key, e.g. model.n_layer=6 (repeatable)")
+
+    p = sub.add_parser("build", parents=[common, recipe], help="build a model from a recipe and show what it is made of and costs")
     p.add_argument("--seq-len", type=_positive_int, metavar="T", help="sequence length for FLOPs (default: the context length)")
     p.add_argument("--batch", type=_positive_int, default=1, metavar="B", help="batch size for FLOPs (default: 1)")
-    p.add_argument("--out", metavar="DIR", help="write an initialized checkpoint (model.safetensors + recipe.toml) to DIR")
+    p.add_argument("--out", metavar="DIR", help="write a checkpoint (model.safetensors + recipe.toml) to DIR: initialized, or with --hf's weights")
     p.set_defaults(func=cmd_build)
+
+    p = sub.add_parser("compare", parents=[common, recipe], help="run Hugging Face and gptzoo on the same checkpoint and tokens")
+    p.add_argument("--dtype", choices=DTYPES, default="float32")
+    p.add_argument("--prompt", action="append", default=[], metavar="TEXT", help=f"a prompt (repeatable; default: {DEFAULT_PROMPT!r})")
+    p.add_argument("--new-tokens", type=_positive_int, default=32, metavar="N", help="greedy tokens to compare (default: 32)")
+    p.add_argument("--chat", action="store_true", help="wrap each prompt in the tokenizer's chat template")
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("export", parents=[common], help="write a gptzoo checkpoint as a Hugging Face checkpoint")
+    p.add_argument("checkpoint", help="a gptzoo checkpoint directory (from `gptzoo build --out`)")
+    p.add_argument("--hf", required=True, metavar="OUT", help="the new Hugging Face checkpoint directory")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("fetch", parents=[common], help="download and convert real pretrained weights into the user cache")
+    p.add_argument("name", help=f"one of: {', '.join(FETCHABLE)}")
+    p.add_argument("--force", action="store_true", help="convert again even if already fetched")
+    p.set_defaults(func=cmd_fetch)
 
     p = sub.add_parser("plugins", parents=[common], help="list plugins, where they come from and what they registered")
     p.set_defaults(func=cmd_plugins)
@@ -76,18 +99,31 @@ def _warn_failed(registry: Registry, err: Console) -> None:
         err.print(f"[yellow]warning:[/yellow] {escape(f'plugin {info.name!r} ({info.distribution} {info.version}) failed: {info.error}')}; see `gptzoo plugins`")
 
 
+def resolve(args: argparse.Namespace, registry: Registry) -> tuple[Recipe, str | None]:
+    """The recipe (given, or derived from --hf) and the Hugging Face source of its weights, if any."""
+    if args.recipe is None and args.hf is None:
+        raise GptzooError("give a RECIPE, or --hf DIR|NAME to derive one from a Hugging Face checkpoint")
+    if args.recipe is None:
+        return hf_recipe(args.hf, args.overrides, registry=registry), args.hf
+    recipe = load_recipe(args.recipe, args.overrides, registry=registry)
+    return recipe, args.hf or (recipe.weights.hf if recipe.weights is not None else None)
+
+
 def cmd_build(args: argparse.Namespace, out: Console, err: Console) -> None:
     registry = get_registry()
     _warn_failed(registry, err)
-    recipe = load_recipe(args.recipe, args.overrides, registry=registry)
+    recipe, _ = resolve(args, registry)
+    source = args.hf  # build loads weights only when asked to: a recipe's own [weights] stay unread
     seq_len = args.seq_len or recipe.model.context_length
     model = build_model(recipe, device="meta", registry=registry)
     limit = model.position.max_positions
     if limit is not None and seq_len > limit:
         raise GptzooError(f"--seq-len {seq_len} is longer than the {limit} positions {recipe.name}'s {recipe.model.position.name} positions encode")
     summary = summarize(model, recipe, resolve_components(recipe, registry), batch=args.batch, seq_len=seq_len)
+    if source is not None:
+        summary["hf"] = source
     if args.out is not None:
-        real = build_model(recipe, device="cpu", registry=registry)
+        real = load_hf(source, recipe, registry=registry) if source is not None else build_model(recipe, device="cpu", registry=registry)
         summary["checkpoint"] = str(save_checkpoint(real, recipe, args.out))
     if args.json:
         _print_json(summary)
@@ -95,6 +131,49 @@ def cmd_build(args: argparse.Namespace, out: Console, err: Console) -> None:
     render_summary(summary, out)
     if args.out is not None:
         out.print(f"checkpoint written to {summary['checkpoint']}")
+
+
+def cmd_compare(args: argparse.Namespace, out: Console, err: Console) -> None:
+    registry = get_registry()
+    _warn_failed(registry, err)
+    recipe, source = resolve(args, registry)
+    if source is None:
+        raise GptzooError(f"recipe {recipe.name!r} has no [weights] hf; give --hf DIR|NAME")
+    result = compare(source, recipe if args.recipe is not None else None, prompts=args.prompt or [DEFAULT_PROMPT],
+                     dtype=DTYPES[args.dtype], new_tokens=args.new_tokens, chat=args.chat)
+    if args.json:
+        _print_json(result)
+        return
+    table = Table(title=f"{escape(result['recipe'])}: gptzoo vs Hugging Face, {result['dtype']}, {result['new_tokens']} greedy tokens", title_justify="left")
+    for col in ("prompt", "tokens", "max |dlogit|", "mean |dlogit|", "top-1", "KL(HF||gptzoo)", "greedy"):
+        table.add_column(col, overflow="fold")
+    for row in result["prompts"]:
+        prompt = row["prompt"] if isinstance(row["prompt"], str) else f"{len(row['prompt'])} token ids"
+        table.add_row(escape(prompt), str(row["n_tokens"]), f"{row['max_abs_diff']:.2e}", f"{row['mean_abs_diff']:.2e}",
+                      f"{row['top1_agreement']:.1%}", f"{row['kl_hf_gptzoo']:.2e}", "[green]same[/green]" if row["greedy_match"] else "[red]differs[/red]")
+    out.print(table)
+    for row in result["prompts"]:
+        if "gptzoo_text" in row:
+            out.print(f"[bold]gptzoo:[/bold] {escape(row['gptzoo_text'])}")
+            if not row["greedy_match"]:
+                out.print(f"[bold]HF:[/bold]     {escape(row['hf_text'])}")
+
+
+def cmd_export(args: argparse.Namespace, out: Console, err: Console) -> None:
+    model = load_checkpoint(args.checkpoint)
+    path = export_hf(model, args.hf)
+    if args.json:
+        _print_json({"hf": str(path)})
+        return
+    out.print(f"Hugging Face checkpoint written to {escape(str(path))}")
+
+
+def cmd_fetch(args: argparse.Namespace, out: Console, err: Console) -> None:
+    path = fetch(args.name, force=args.force, log=(lambda msg: err.print(escape(msg))) if not args.json else None)
+    if args.json:
+        _print_json({"name": args.name, "path": str(path)})
+        return
+    out.print(f"{args.name}: {escape(str(path))}")
 
 
 def _emit(args: argparse.Namespace, out: Console, rows: list[dict[str, Any]], title: str, columns: dict[str, Callable[[dict[str, Any]], str]]) -> None:

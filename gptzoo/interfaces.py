@@ -9,10 +9,12 @@ shared types those contracts name:
   forward pass by the model and shared by all layers.
 - :class:`LayerKVCache` and :class:`KVCache`: preallocated key/value storage for prefill and decode.
 - :class:`Sampler`: base class of the sampler chain's steps.
+- :class:`TensorMap`: how one of a component's tensors is stored in another checkpoint layout.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -137,3 +139,34 @@ class Sampler:
     def pick(self, logits: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """Choose one token per row (B,) from the logits (B, V)."""
         raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class TensorMap:
+    """One tensor of ours and the tensor(s) another layout stores it as, names relative to the
+    component. Several tensors of theirs are concatenated along dim 0 in the order given (q, k, v
+    -> c_attn); ``transpose`` is for layouts that store a linear weight as [in, out] (GPT-2's
+    Conv1D). The same description converts in both directions.
+    """
+
+    ours: str
+    theirs: tuple[str, ...]
+    sizes: tuple[int, ...] = ()
+    """The dim-0 size of each of theirs when there are several (to split on export)."""
+    transpose: bool = False
+    """Theirs is ours transposed (single-tensor maps only)."""
+
+    def __post_init__(self) -> None:
+        if len(self.theirs) > 1 and (self.transpose or len(self.sizes) != len(self.theirs)):
+            raise ValueError(f"{self.ours}: a map to several tensors needs one size each and no transpose")
+
+    def load(self, tensors: Sequence[Tensor]) -> Tensor:
+        """Their tensors -> ours."""
+        t = torch.cat(list(tensors), dim=0) if len(tensors) > 1 else tensors[0]
+        return t.t().contiguous() if self.transpose else t
+
+    def save(self, t: Tensor) -> list[Tensor]:
+        """Ours -> their tensors."""
+        if len(self.theirs) > 1:
+            return [part.contiguous() for part in t.split(list(self.sizes), dim=0)]
+        return [t.t().contiguous() if self.transpose else t]

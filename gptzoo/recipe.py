@@ -80,9 +80,18 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class TokenizerSpec:
-    """The [tokenizer] section."""
+    """The [tokenizer] section: "gpt2" (tiktoken, offline) or "hf" (the checkpoint's own)."""
 
     name: str
+
+
+@dataclass(frozen=True)
+class WeightsSpec:
+    """The [weights] section: where pretrained weights for exactly this recipe come from.
+    Never inherited through ``extends`` (a smaller child is not the parent's checkpoint)."""
+
+    hf: str
+    """A Hugging Face checkpoint: a directory, a name gptzoo fetches, or a hub name."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +100,7 @@ class Recipe:
     source: str
     model: ModelSpec
     tokenizer: TokenizerSpec | None = None
+    weights: WeightsSpec | None = None
     description: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -107,13 +117,15 @@ class Recipe:
         data: dict[str, Any] = {"description": self.description, "model": model} if self.description else {"model": model}
         if self.tokenizer is not None:
             data["tokenizer"] = {"name": self.tokenizer.name}
+        if self.weights is not None:
+            data["weights"] = {"hf": self.weights.hf}
         return data
 
     def to_toml(self) -> str:
         return dump_toml(self.to_dict())
 
 
-SECTIONS: dict[str, type] = {"model": ModelSpec, "tokenizer": TokenizerSpec}
+SECTIONS: dict[str, type] = {"model": ModelSpec, "tokenizer": TokenizerSpec, "weights": WeightsSpec}
 TOP_LEVEL_KEYS = ("extends", "description")
 COMPONENT_KEYS = ("norm", "activation", "mlp", "position", "attention")
 """[model] keys that name a component; each key is also the component's registry kind."""
@@ -172,7 +184,9 @@ def read_recipe_data(path: Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any
         parent_path = resolve_recipe_path(parent, relative_to=path.parent)
     except RecipeError as exc:
         raise RecipeError(str(path), [f"extends = {parent!r}: {problem}" for problem in exc.problems]) from None
-    return merge(read_recipe_data(parent_path, (*_chain, path)), data)
+    base = read_recipe_data(parent_path, (*_chain, path))
+    base.pop("weights", None)
+    return merge(base, data)
 
 
 def merge(base: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
@@ -395,15 +409,16 @@ def validate(
     model_values = v.section("model", ModelSpec, data["model"]) if "model" in data else None
     if model_values is None and "model" not in data:
         v.problems.append("[model] section is missing")
-    tokenizer = None
-    if "tokenizer" in data:
-        tok_values = v.section("tokenizer", TokenizerSpec, data["tokenizer"])
-        if tok_values is not None and "name" in tok_values:
-            tokenizer = TokenizerSpec(**tok_values)
+    optional: dict[str, Any] = {}
+    for key in ("tokenizer", "weights"):
+        if key in data:
+            values = v.section(key, SECTIONS[key], data[key])
+            if values is not None and len(values) == len(fields(SECTIONS[key])):
+                optional[key] = SECTIONS[key](**values)
     model = v.model(model_values) if model_values is not None else None
     if v.problems or model is None:
         raise RecipeError(source, v.problems)
-    return Recipe(name=name, source=source, model=model, tokenizer=tokenizer, description=description)
+    return Recipe(name=name, source=source, model=model, description=description, **optional)
 
 
 def load_recipe(

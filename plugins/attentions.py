@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from gptzoo import hookimpl
 from gptzoo.flops import linear_flops
-from gptzoo.interfaces import AttentionContext, LayerKVCache
+from gptzoo.interfaces import AttentionContext, LayerKVCache, TensorMap
 
 class CausalSelfAttention(nn.Module):
     """Causal self-attention with n_kv_head key/value heads and a per-layer KV cache."""
@@ -58,6 +58,19 @@ class CausalSelfAttention(nn.Module):
         # Q K^T and att @ V: 2 matmuls of (T x hs) by (hs x T) per head, full T^2 (no causal halving).
         scores = 2 * 2 * batch * self.n_head * seq_len * seq_len * self.head_dim
         return {"attention projections": linear_flops(n_tokens, self.c_attn, self.c_proj), "attention scores": scores}
+
+
+    def hf_weights(self, family: str) -> list[TensorMap] | None:
+        kinds = ("weight", "bias") if self.c_attn.bias is not None else ("weight",)
+        if family == "gpt2":  # Conv1D: [in, out]
+            return [TensorMap(f"{name}.{k}", (f"{name}.{k}",), transpose=k == "weight") for name in ("c_attn", "c_proj") for k in kinds]
+        if family == "llama":
+            sizes = (self.n_head * self.head_dim, self.n_kv_head * self.head_dim, self.n_kv_head * self.head_dim)
+            return [
+                *(TensorMap(f"c_attn.{k}", (f"q_proj.{k}", f"k_proj.{k}", f"v_proj.{k}"), sizes=sizes) for k in kinds),
+                *(TensorMap(f"c_proj.{k}", (f"o_proj.{k}",)) for k in kinds),
+            ]
+        return None
 
 
 class EagerSelfAttention(CausalSelfAttention):

@@ -1,7 +1,7 @@
 """Feed-forward blocks: dense (GPT-2) and gated (GLU variants, Shazeer 2020: SwiGLU, GeGLU).
 
 The gated MLP keeps its gate and up projections in one matrix ``c_fc`` (d -> 2 d_ff, gate rows
-first), so it costs one matmul, not two; the Llama weight map splits it into gate_proj and up_proj.
+first), so it costs one matmul, not two; its Llama weight map splits it into gate_proj and up_proj.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from gptzoo import hookimpl
 from gptzoo.flops import linear_flops
+from gptzoo.interfaces import TensorMap
 
 
 class DenseMLP(nn.Module):
@@ -27,6 +28,14 @@ class DenseMLP(nn.Module):
     def flops(self, n_tokens: int) -> dict[str, int]:
         return {"mlp": linear_flops(n_tokens, self.c_fc, self.c_proj)}
 
+    def hf_weights(self, family: str) -> list[TensorMap] | None:
+        if family != "gpt2":
+            return None
+        maps = [TensorMap(f"{name}.weight", (f"{name}.weight",), transpose=True) for name in ("c_fc", "c_proj")]  # Conv1D
+        if self.c_fc.bias is not None:
+            maps += [TensorMap(f"{name}.bias", (f"{name}.bias",)) for name in ("c_fc", "c_proj")]
+        return maps
+
 
 class GatedMLP(nn.Module):
     """Gated MLP: c_proj(act(x W) * (x V)); SwiGLU with silu, GeGLU with gelu."""
@@ -43,6 +52,16 @@ class GatedMLP(nn.Module):
 
     def flops(self, n_tokens: int) -> dict[str, int]:
         return {"mlp": linear_flops(n_tokens, self.c_fc, self.c_proj)}
+
+    def hf_weights(self, family: str) -> list[TensorMap] | None:
+        if family != "llama":
+            return None
+        d_ff = self.c_proj.in_features
+        kinds = ("weight", "bias") if self.c_fc.bias is not None else ("weight",)
+        return [
+            *(TensorMap(f"c_fc.{k}", (f"gate_proj.{k}", f"up_proj.{k}"), sizes=(d_ff, d_ff)) for k in kinds),
+            *(TensorMap(f"c_proj.{k}", (f"down_proj.{k}",)) for k in kinds),
+        ]
 
 
 @hookimpl

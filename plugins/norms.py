@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gptzoo import hookimpl
+from gptzoo.interfaces import TensorMap
 
 
 def check_eps(*, eps: float = 1e-5, **_: object) -> list[str]:
@@ -33,6 +34,11 @@ class LayerNorm(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
 
+    def hf_weights(self, family: str) -> list[TensorMap] | None:
+        if family != "gpt2":
+            return None
+        return [TensorMap("weight", ("weight",))] + ([TensorMap("bias", ("bias",))] if self.bias is not None else [])
+
 
 class RMSNorm(nn.Module):
     """RMSNorm: x / sqrt(mean(x^2) + eps) * weight, computed in (at least) float32."""
@@ -48,6 +54,9 @@ class RMSNorm(nn.Module):
         h = x.to(torch.promote_types(x.dtype, torch.float32))
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(x.dtype)
+
+    def hf_weights(self, family: str) -> list[TensorMap] | None:
+        return [TensorMap("weight", ("weight",))] if family == "llama" else None
 
 
 @hookimpl

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from gptzoo import hookimpl
-from gptzoo.interfaces import Position
+from gptzoo.interfaces import Position, TensorMap
 
 
 class NoPosition(Position):
@@ -39,6 +39,9 @@ class LearnedPosition(Position):
 
     def embed(self, positions: Tensor) -> Tensor:
         return self.wpe(positions)
+
+    def hf_weights(self, family: str) -> list[TensorMap] | None:
+        return [TensorMap("wpe.weight", ("wpe.weight",))] if family == "gpt2" else None
 
 
 class SinusoidalPosition(Position):
@@ -92,6 +95,9 @@ class RoPE(Position):
         if not (math.isfinite(theta) and theta > 0):
             problems.append(f"rope theta must be a positive number, got {theta}")
         return problems
+
+    def hf_weights(self, family: str) -> list[TensorMap] | None:
+        return [] if family == "llama" else None  # computed, not stored
 
     def rotary(self, positions: Tensor) -> RotateHalf:
         exponents = torch.arange(0, self.head_dim, 2, dtype=torch.int64, device=positions.device).float()

