@@ -45,9 +45,9 @@ def save_checkpoint(model: GPT, recipe: Recipe, out_dir: str | Path) -> Path:
         if out.exists():
             out.rmdir()
         os.rename(tmp, out)
-    except OSError as exc:
+    except (OSError, SafetensorError) as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise CheckpointError(f"cannot write a checkpoint to {out}: {exc.strerror}") from None
+        raise CheckpointError(f"cannot write a checkpoint to {out}: {getattr(exc, 'strerror', None) or exc}") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -21,7 +21,7 @@ from gptzoo.checkpoint import load_checkpoint, save_checkpoint
 from gptzoo.compare import DEFAULT_PROMPT, compare
 from gptzoo.errors import GptzooError
 from gptzoo.fetch import FETCHABLE, fetch
-from gptzoo.hf import export_hf, hf_recipe, load_hf
+from gptzoo.hf import check_recipe_matches, export_hf, hf_recipe, load_hf
 from gptzoo.hookspecs import KINDS
 from gptzoo.plugins import gptzoo_version
 from gptzoo.recipe import Recipe, load_recipe, read_recipe_data, shipped_recipes
@@ -114,6 +114,8 @@ def cmd_build(args: argparse.Namespace, out: Console, err: Console) -> None:
     _warn_failed(registry, err)
     recipe, _ = resolve(args, registry)
     source = args.hf  # build loads weights only when asked to: a recipe's own [weights] stay unread
+    if source is not None and args.recipe is not None:
+        check_recipe_matches(recipe, hf_recipe(source, registry=registry), registry)
     seq_len = args.seq_len or recipe.model.context_length
     model = build_model(recipe, device="meta", registry=registry)
     limit = model.position.max_positions
@@ -139,7 +141,7 @@ def cmd_compare(args: argparse.Namespace, out: Console, err: Console) -> None:
     recipe, source = resolve(args, registry)
     if source is None:
         raise GptzooError(f"recipe {recipe.name!r} has no [weights] hf; give --hf DIR|NAME")
-    result = compare(source, recipe if args.recipe is not None else None, prompts=args.prompt or [DEFAULT_PROMPT],
+    result = compare(source, recipe, prompts=args.prompt or [DEFAULT_PROMPT],
                      dtype=DTYPES[args.dtype], new_tokens=args.new_tokens, chat=args.chat)
     if args.json:
         _print_json(result)

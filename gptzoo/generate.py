@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from gptzoo.errors import GptzooError
 from gptzoo.model import GPT
 from gptzoo.sampling import SamplerChain
 
@@ -21,6 +22,9 @@ def generate(
 ) -> Tensor:
     """input_ids (B, T) -> the (B, max_new_tokens) tokens that follow (no stopping on EOS)."""
     B, T = input_ids.shape
+    context = model.recipe.model.context_length if model.recipe is not None else model.position.max_positions
+    if context is not None and T + max_new_tokens > context:
+        raise GptzooError(f"{T} prompt tokens + {max_new_tokens} new tokens exceed the context length {context}; ask for fewer")
     cache = model.init_cache(B, T + max_new_tokens)
     logits = model(input_ids, cache)[:, -1]  # (B, V)
     tokens = input_ids

@@ -20,6 +20,12 @@ A plugin implements any of these hooks and calls ``register`` once per component
 A factory may define ``check(**params) -> list[str]`` (e.g. as a staticmethod): it receives the
 same arguments as the factory and returns problems found before anything is allocated (e.g. rope
 needs an even head dimension). Recipe validation reports them with the other problems.
+
+A component module may define ``hf_weights(family: str) -> list[TensorMap] | None``: where its
+tensors live in a Hugging Face checkpoint of that family ("gpt2": GPT2LMHeadModel, "llama":
+LlamaForCausalLM), relative to its place there (gptzoo.interfaces.TensorMap). The maps must cover
+its state dict exactly (a contract test checks it); None, or no such method, means the family has
+no equivalent of the component, and import and export refuse it with that reason.
 """
 
 from __future__ import annotations

@@ -190,7 +190,7 @@ class HFTokenizer:
 
         try:
             tokenizer = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-        except (OSError, ValueError, ImportError) as exc:
+        except Exception as exc:  # transformers raises many kinds for a broken tokenizer directory
             raise GptzooError(f"cannot load the tokenizer in {str(path)!r}: {exc}") from None
         return cls(tokenizer, directory=path)
 

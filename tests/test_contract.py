@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 import gptzoo
+from gptzoo.hf import FAMILIES
 from gptzoo.interfaces import AttentionContext, Position, Sampler
 from gptzoo.registry import Entry
 
@@ -78,6 +79,7 @@ def test_component_contract(entry: Entry, tmp_path: Path) -> None:
         return
     if entry.kind == "position":
         assert isinstance(component.position, Position)
+    _check_hf_weights(component.position if entry.kind == "position" else component)
 
     # bfloat16 in (or a bfloat16 model), bfloat16 out
     with torch.no_grad():
@@ -116,6 +118,21 @@ def _check_attention_interfaces(attn: nn.Module, x: Tensor, full: Tensor) -> Non
     assert cache.nbytes > 0 and cache.max_len == T + 1
     flops = attn.flops(B, T)
     assert flops and all(isinstance(v, int) and v > 0 for v in flops.values())
+
+
+def _check_hf_weights(module: nn.Module) -> None:
+    """A component's Hugging Face maps, where it has them, cover its state dict exactly."""
+    hf_weights = getattr(module, "hf_weights", None)
+    if hf_weights is None:
+        return
+    state = module.state_dict()
+    for family in FAMILIES.values():
+        maps = hf_weights(family.name)
+        if maps is None:
+            continue
+        assert sorted(m.ours for m in maps) == sorted(state), family.name
+        for m in maps:  # export then import gives the tensor back
+            assert torch.equal(m.load(m.save(state[m.ours])), state[m.ours])
 
 
 def test_every_kind_has_components(registry: gptzoo.Registry) -> None:

@@ -26,12 +26,12 @@ from gptzoo.registry import Registry, get_registry
 FAMILIES: dict[str, Family] = {family.model_type: family for family in (GPT2(), Llama())}
 """config.json model_type -> family."""
 
-__all__ = ["FAMILIES", "NoEquivalentError", "export_hf", "family_for", "hf_recipe", "load_hf", "locate"]
+__all__ = ["FAMILIES", "NoEquivalentError", "check_recipe_matches", "export_hf", "family_for", "hf_recipe", "load_hf", "locate"]
 
 
 def family_for(config: dict[str, Any], source: Path) -> Family:
     model_type = config.get("model_type")
-    if model_type not in FAMILIES:
+    if not isinstance(model_type, str) or model_type not in FAMILIES:
         raise CheckpointError(f"{source}/config.json: model_type {model_type!r} is not supported{did_you_mean(str(model_type), list(FAMILIES))}")
     return FAMILIES[model_type]
 
@@ -41,13 +41,14 @@ def hf_recipe(source: str | Path, overrides: Iterable[str] = (), *, registry: Re
     ``--set`` style overrides applied (e.g. ``model.attention=eager``)."""
     path = locate(source)
     config = read_config(path)
+    family = family_for(config, path)
     try:
-        data = family_for(config, path).recipe_data(config)
-    except CheckpointError:
-        raise
+        data = family.recipe_data(config)
     except GptzooError as exc:
         raise RecipeError(str(path / "config.json"), [str(exc)]) from None
-    data["description"] = f"{config.get('architectures', ['?'])[0]} from {source}"
+    except (TypeError, ValueError, ZeroDivisionError, KeyError, IndexError, AttributeError) as exc:
+        raise RecipeError(str(path / "config.json"), [f"a malformed value ({type(exc).__name__}: {exc}); fix config.json"]) from None
+    data["description"] = f"{family.architecture} from {source}"
     data, problems = apply_overrides(data, overrides)
     name = Path(str(source)).name or str(source)
     return validate(data, str(path / "config.json"), name=name, registry=registry, problems=problems)
@@ -139,6 +140,9 @@ def load_hf(
     model.load_state_dict(state, strict=False, assign=True)
     if tied:
         model.lm_head.weight = model.wte.weight
+    left = [name for name, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
+    if left:
+        raise CheckpointError(f"{path}: nothing loaded into {left}; a component's hf_weights misses them")
     model.recipe = recipe
     return model
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import shutil
 import tempfile
 from pathlib import Path
@@ -33,10 +34,12 @@ def locate(source: str | Path) -> Path:
     """The local directory of a checkpoint, by path, fetchable name or hub name."""
     from gptzoo.fetch import resolve_fetchable
 
-    path = Path(source).expanduser()
+    text = str(source)
+    if not text:
+        raise CheckpointError("an empty checkpoint name; give a directory, a fetchable name or a hub name")
+    path = Path(text).expanduser()
     if path.is_dir():
         return path
-    text = str(source)
     if path.exists():
         raise CheckpointError(f"{text} is not a checkpoint directory")
     if text.startswith((".", "/", "~")) or text.count("/") > 1:  # a path, not a hub name like org/name
@@ -62,7 +65,7 @@ def _from_hub(name: str) -> Path:
     except Exception as exc:
         raise CheckpointError(
             f"{name!r} is not a local directory, not a name gptzoo fetches, and not in the Hugging Face cache; "
-            f"downloading it failed ({type(exc).__name__}); pass a checkpoint directory"
+            f"downloading it failed ({type(exc).__name__}: no network?); pass a checkpoint directory"
         ) from None
 
 
@@ -91,10 +94,27 @@ def read_tensors(path: Path) -> dict[str, Tensor]:
                 tensors.update(load_file(str(path / shard)))
             return tensors
         if (path / PYTORCH_BIN).is_file():
-            return torch.load(path / PYTORCH_BIN, map_location="cpu", weights_only=True, mmap=True)
-    except (SafetensorError, OSError, RuntimeError, KeyError, json.JSONDecodeError) as exc:
+            return _state_dict(_torch_load(path / PYTORCH_BIN), path / PYTORCH_BIN)
+    except (SafetensorError, OSError, RuntimeError, KeyError, TypeError, AttributeError, json.JSONDecodeError, pickle.UnpicklingError) as exc:
         raise CheckpointError(f"cannot read the weights in {path}: {type(exc).__name__}: {exc}") from None
     raise CheckpointError(f"{path} has no weights: none of {SAFETENSORS}, {SAFETENSORS_INDEX}, {PYTORCH_BIN}")
+
+
+def _torch_load(file: Path) -> Any:
+    """A pickled checkpoint, tensors only (weights_only=True); memory-mapped unless it predates
+    torch's zip format, as the original GPT-2 files do."""
+    try:
+        return torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError as exc:
+        if "mmap" not in str(exc):
+            raise
+        return torch.load(file, map_location="cpu", weights_only=True)
+
+
+def _state_dict(obj: Any, file: Path) -> dict[str, Tensor]:
+    if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, Tensor) for k, v in obj.items()):
+        raise CheckpointError(f"{file} does not hold a state dict (a mapping of names to tensors)")
+    return obj
 
 
 def write_checkpoint(out: Path, config: Any, tensors: dict[str, Tensor], extra_files: dict[str, Path] | None = None) -> Path:
@@ -114,6 +134,9 @@ def write_checkpoint(out: Path, config: Any, tensors: dict[str, Tensor], extra_f
         if out.exists():
             out.rmdir()
         os.rename(tmp, out)
+    except (OSError, SafetensorError) as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(f"cannot write to {out}: {exc}") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

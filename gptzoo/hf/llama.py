@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gptzoo.errors import GptzooError
-from gptzoo.hf.family import Family, NoEquivalentError, Part, lookup, refuse, required
+from gptzoo.hf.family import Family, NoEquivalentError, Part, lookup, required
 from gptzoo.interfaces import TensorMap
 from gptzoo.model import GPT
 from gptzoo.recipe import Recipe
@@ -24,10 +24,10 @@ PREFIX = "model."
 
 def rope_settings(config: Mapping[str, Any]) -> tuple[float, list[str]]:
     """theta and problems; transformers 4.x writes rope_theta and rope_scaling, 5.x rope_parameters."""
-    params = dict(config.get("rope_parameters") or {})
-    scaling = config.get("rope_scaling") or {}
-    theta = params.get("rope_theta", config.get("rope_theta", 10000.0))
-    kind = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
+    parameters = dict(config.get("rope_parameters") or {})
+    scaling = dict(config.get("rope_scaling") or parameters)  # as in transformers, rope_scaling wins
+    theta = parameters.get("rope_theta", config.get("rope_theta", 10000.0))
+    kind = scaling.get("rope_type") or scaling.get("type") or "default"
     problems = [] if kind == "default" else [f"config.json rope scaling type {kind!r} is not supported (gptzoo implements plain RoPE)"]
     return float(theta), problems
 
@@ -47,7 +47,6 @@ class Llama(Family):
         attention_bias, mlp_bias = bool(config.get("attention_bias", False)), bool(config.get("mlp_bias", False))
         if attention_bias != mlp_bias:
             problems.append(f"config.json attention_bias={attention_bias} with mlp_bias={mlp_bias} is not supported (gptzoo's bias covers both)")
-        problems += refuse(config, {"pretraining_tp": 1})
         if problems:
             raise GptzooError("; ".join(problems))
         n_embd, n_head = config["hidden_size"], config["num_attention_heads"]
