@@ -7,15 +7,13 @@ stored (as in Hugging Face files); loading re-ties it.
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from gptzoo.atomic import new_directory
 from gptzoo.build import build_model
 from gptzoo.errors import CheckpointError
 from gptzoo.model import GPT
@@ -28,30 +26,11 @@ RECIPE = "recipe.toml"
 
 def save_checkpoint(model: GPT, recipe: Recipe, out_dir: str | Path) -> Path:
     """Write model weights and recipe to a new directory ``out_dir`` (which must not hold files)."""
-    out = Path(out_dir)
-    if not out.name:
-        raise CheckpointError(f"{str(out_dir)!r} is not a directory name to write a checkpoint to")
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise CheckpointError(f"{out} already exists and is not empty; choose another --out or remove it")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    except OSError as exc:
-        raise CheckpointError(f"cannot write a checkpoint to {out}: {exc.strerror} ({exc.filename})") from None
-    try:
-        tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items() if not (model.tied and k == "lm_head.weight")}
+    tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items() if not (model.tied and k == "lm_head.weight")}
+    with new_directory(out_dir) as tmp:
         save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt", "gptzoo_version": gptzoo_version()})
         (tmp / RECIPE).write_text(recipe.to_toml(), encoding="utf-8")
-        if out.exists():
-            out.rmdir()
-        os.rename(tmp, out)
-    except (OSError, SafetensorError) as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise CheckpointError(f"cannot write a checkpoint to {out}: {getattr(exc, 'strerror', None) or exc}") from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+    return Path(out_dir)
 
 
 def load_checkpoint(path: str | Path, *, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> GPT:
@@ -62,24 +41,18 @@ def load_checkpoint(path: str | Path, *, device: torch.device | str | None = Non
             raise CheckpointError(f"{path} is not a gptzoo checkpoint: {name} is missing")
     recipe = validate(read_recipe_data(path / RECIPE), str(path / RECIPE), name=path.name)
     model = build_model(recipe, device="meta")
-    tied = model.tied  # load_state_dict(assign=True) replaces wte.weight and so unties the head
     try:
         tensors = load_file(str(path / WEIGHTS), device=str(device or "cpu"))
     except (SafetensorError, OSError) as exc:
         raise CheckpointError(f"cannot read {path / WEIGHTS}: {exc}") from None
-    expected = {k for k in model.state_dict() if not (tied and k == "lm_head.weight")}
+    expected = {k for k in model.state_dict() if not (model.tied and k == "lm_head.weight")}
     missing, unexpected = sorted(expected - tensors.keys()), sorted(tensors.keys() - expected)
     if missing or unexpected:
         raise CheckpointError(f"{path / WEIGHTS} does not match its recipe: missing {missing}, unexpected {unexpected}")
     for key, param in model.state_dict().items():
         if key in tensors and tensors[key].shape != param.shape:
             raise CheckpointError(f"{path / WEIGHTS}: {key} has shape {tuple(tensors[key].shape)}, the recipe needs {tuple(param.shape)}")
-    model.load_state_dict(tensors, strict=False, assign=True)
-    if tied:
-        model.lm_head.weight = model.wte.weight
-    left = [name for name, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
-    if left:
-        raise CheckpointError(f"{path}: nothing loaded into {left}; components must keep state in the state dict")
+    model.load_weights(tensors, source=str(path))
     if dtype is not None:
         model.to(dtype)
     return model

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from gptzoo.errors import GptzooError
+from gptzoo.errors import CheckpointError, GptzooError
 from gptzoo.interfaces import AttentionContext, KVCache, LayerKVCache, Position
 
 if TYPE_CHECKING:
@@ -119,6 +119,17 @@ class GPT(nn.Module):
         if bias is not None:
             mask = mask + bias  # (nh, T, start + T)
         return AttentionContext(start, rotary, mask.to(dtype), is_causal=False)
+
+    def load_weights(self, state: dict[str, Tensor], *, source: str) -> None:
+        """Adopt these tensors as the weights (no copy), keep a tied head tied, and insist that
+        nothing is left on the meta device."""
+        tied = self.tied
+        self.load_state_dict(state, strict=False, assign=True)
+        if tied:
+            self.lm_head.weight = self.wte.weight
+        left = [name for name, t in (*self.named_parameters(), *self.named_buffers()) if t.is_meta]
+        if left:
+            raise CheckpointError(f"{source}: nothing loaded into {left}; every tensor of the model needs a weight")
 
     @torch.no_grad()
     def init_weights(self, std: float = 0.02) -> None:

@@ -88,7 +88,7 @@ def test_build_out_writes_a_checkpoint_that_loads_back(tmp_path: Path, capsys: p
     assert gpt2.tied
     # an existing checkpoint is never overwritten
     message = run_error(capsys, "build", "gpt2-tiny", "--out", str(out))
-    assert message == f"error: {out} already exists and is not empty; choose another --out or remove it"
+    assert message == f"error: {out} already exists and is not an empty directory; choose another one or remove it"
     assert torch.equal(gptzoo.load_checkpoint(out).wte.weight, model.wte.weight)
 
 
@@ -147,9 +147,9 @@ def test_user_errors_exit_2_with_every_problem(tmp_path: Path, capsys: pytest.Ca
     )
     (tmp_path / "file").write_text("x")
     assert run_error(capsys, "build", "gpt2-tiny", "--out", str(tmp_path / "file" / "sub")).startswith(
-        f"error: cannot write a checkpoint to {tmp_path / 'file' / 'sub'}: "
+        f"error: cannot write to {tmp_path / 'file' / 'sub'}: "
     )
-    assert run_error(capsys, "build", "gpt2-tiny", "--out", "") == "error: '' is not a directory name to write a checkpoint to"
+    assert run_error(capsys, "build", "gpt2-tiny", "--out", "") == "error: '' is not a directory name to write to"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.toml", "file"]  # nothing half-written
 
 

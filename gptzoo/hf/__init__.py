@@ -115,7 +115,6 @@ def load_hf(
         check_recipe_matches(recipe, derived, registry)
     family = family_for(read_config(path), path)
     model = build_model(recipe, device="meta", registry=registry)
-    tied = model.tied
     rows = family.tensor_map(model)
     tensors = family.normalize(read_tensors(path), model)
     reference = model.state_dict()
@@ -137,12 +136,7 @@ def load_hf(
     if problems:
         shown = "; ".join(problems[:8]) + (f"; and {len(problems) - 8} more" if len(problems) > 8 else "")
         raise CheckpointError(f"{path} does not fit {family.architecture} {recipe.name!r}: {shown}")
-    model.load_state_dict(state, strict=False, assign=True)
-    if tied:
-        model.lm_head.weight = model.wte.weight
-    left = [name for name, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
-    if left:
-        raise CheckpointError(f"{path}: nothing loaded into {left}; a component's hf_weights misses them")
+    model.load_weights(state, source=str(path))
     model.recipe = recipe
     return model
 

@@ -9,10 +9,7 @@ pytorch_model.bin loaded with ``weights_only=True``.
 from __future__ import annotations
 
 import json
-import os
 import pickle
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +18,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from gptzoo.errors import CheckpointError, GptzooError
+from gptzoo.atomic import new_directory
+from gptzoo.errors import CheckpointError
 
 CONFIG = "config.json"
 SAFETENSORS = "model.safetensors"
@@ -117,27 +115,9 @@ def _state_dict(obj: Any, file: Path) -> dict[str, Tensor]:
     return obj
 
 
-def write_checkpoint(out: Path, config: Any, tensors: dict[str, Tensor], extra_files: dict[str, Path] | None = None) -> Path:
+def write_checkpoint(out: Path, config: Any, tensors: dict[str, Tensor]) -> Path:
     """Write config (a transformers PretrainedConfig) and tensors to a new directory, atomically."""
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise GptzooError(f"{out} already exists and is not empty; choose another output directory or remove it")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    except OSError as exc:
-        raise CheckpointError(f"cannot write to {out}: {exc.strerror}") from None
-    try:
+    with new_directory(out) as tmp:
         config.save_pretrained(tmp)
         save_file(tensors, str(tmp / SAFETENSORS), metadata={"format": "pt"})
-        for name, source in (extra_files or {}).items():
-            shutil.copyfile(source, tmp / name)
-        if out.exists():
-            out.rmdir()
-        os.rename(tmp, out)
-    except (OSError, SafetensorError) as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise CheckpointError(f"cannot write to {out}: {exc}") from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
