@@ -33,24 +33,27 @@ class Rotary(Protocol):
 class Position(nn.Module):
     """Base class of position encodings. Every capability is a no-op unless a subclass overrides it.
 
-    A position encoding sees absolute positions (a 1-D long tensor), so it works with a KV cache:
-    the model passes the positions of the new tokens, and for attention biases, of all keys.
+    A position encoding sees absolute positions, a long tensor (B, T) whose B may be 1 (the same
+    positions for every row) or the batch (rows left-padded to a common length start at different
+    offsets). So it works with a KV cache: the model passes the positions of the new tokens, and
+    for attention biases, of all keys.
     """
 
     max_positions: int | None = None
     """The largest number of positions it can encode, or None if it extrapolates without limit."""
 
     def embed(self, positions: Tensor) -> Tensor | None:
-        """An embedding (T, d) added to the token embeddings, or None."""
+        """An embedding (B, T, d) added to the token embeddings, or None."""
         return None
 
     def rotary(self, positions: Tensor) -> Rotary | None:
-        """A rotation of q and k for these query/key positions (T,), or None."""
+        """A rotation of q and k for these query/key positions (B, T), or None."""
         return None
 
     def attn_bias(self, q_positions: Tensor, k_positions: Tensor) -> Tensor | None:
-        """An additive attention bias (nh, Tq, Tk) in float32, or None. The causal mask is added
-        by the model; a bias only describes how distance changes the scores."""
+        """An additive attention bias (B, nh, Tq, Tk) in float32 for positions (B, Tq) and (B, Tk),
+        or None. The causal mask is added by the model; a bias only describes how distance changes
+        the scores."""
         return None
 
 
@@ -61,9 +64,9 @@ class AttentionContext:
     Attributes:
         start: the absolute position of the first query token (the cache write offset).
         rotary: the q/k rotation for the query positions, or None.
-        mask: an additive float mask, (Tq, Tk) or with a position bias (nh, Tq, Tk), with -inf where
-            a query must not look, in the activation dtype; None when ``is_causal`` says everything
-            (or, for one new token after a cache, nothing) needs masking.
+        mask: an additive float mask (B or 1, nh or 1, Tq, Tk) with -inf where a query must not look
+            (later tokens, left padding) plus any position bias, in the activation dtype; None when
+            ``is_causal`` says everything (or, for one new token after a cache, nothing) needs masking.
         is_causal: True when queries and keys are the same T tokens and only the plain causal mask
             applies (the fast path of scaled_dot_product_attention).
     """
@@ -108,11 +111,19 @@ class LayerKVCache:
 
 
 class KVCache:
-    """The caches of all layers and how many positions they hold."""
+    """The caches of all layers and how many positions they hold.
+
+    When the first call was left-padded (rows of different lengths), the cache also remembers which
+    keys are padding and the next position of each row; otherwise both stay None (the fast path).
+    """
 
     def __init__(self, layers: list[LayerKVCache]) -> None:
         self.layers = layers
         self.length = 0
+        self.key_mask: Tensor | None = None
+        """(B, max_len) bool: True where a key is a real token."""
+        self.next_position: Tensor | None = None
+        """(B, 1) long: the position of each row's next token."""
 
     @property
     def max_len(self) -> int:

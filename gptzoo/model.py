@@ -78,8 +78,13 @@ class GPT(nn.Module):
     def tied(self) -> bool:
         return self.lm_head.weight is self.wte.weight
 
-    def forward(self, idx: Tensor, cache: KVCache | None = None) -> Tensor:
-        """idx (B, T) long -> logits (B, T, V). With a cache, idx continues the cached sequence."""
+    def forward(self, idx: Tensor, cache: KVCache | None = None, *, attention_mask: Tensor | None = None) -> Tensor:
+        """idx (B, T) long -> logits (B, T, V). With a cache, idx continues the cached sequence.
+
+        attention_mask (B, T), for the first call only: 1 for tokens, 0 for left padding, so rows of
+        different lengths share a batch; each row's tokens get positions 0, 1, ... and never see
+        another row's padding. A cache remembers it for the calls that follow.
+        """
         B, T = idx.shape
         start = cache.length if cache is not None else 0
         end = start + T
@@ -91,12 +96,12 @@ class GPT(nn.Module):
             )
         if cache is not None and end > cache.max_len:
             raise GptzooError(f"the KV cache holds {cache.max_len} positions, {end} were asked for; make a larger cache")
-        positions = torch.arange(start, end, device=idx.device)
+        positions, k_positions, key_mask = self._positions(idx, start, cache, attention_mask)
         x = self.wte(idx)  # (B, T, d)
         emb = self.position.embed(positions)
         if emb is not None:
             x = x + emb.to(x.dtype)
-        ctx = self.attention_context(positions, start, x.dtype)
+        ctx = self.attention_context(positions, k_positions, start, key_mask, x.dtype)
         for i, block in enumerate(self.blocks):
             x = block(x, ctx, cache.layers[i] if cache is not None else None)
         logits = self.lm_head(self.ln_f(x))
@@ -104,20 +109,54 @@ class GPT(nn.Module):
             cache.length = end
         return logits
 
-    def attention_context(self, positions: Tensor, start: int, dtype: torch.dtype) -> AttentionContext:
-        """Rotary tables and masks for query positions start..start+T, computed once for all layers."""
-        T = positions.shape[0]
-        k_positions = torch.arange(0, start + T, device=positions.device)
+    def _positions(
+        self, idx: Tensor, start: int, cache: KVCache | None, attention_mask: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Query positions (B or 1, T), key positions (B or 1, S) and the key mask (B, S) or None."""
+        B, T = idx.shape
+        end = start + T
+        if attention_mask is not None:
+            if start:
+                raise GptzooError("attention_mask is for the first call on a cache (left-padded prompts), not for later ones")
+            if attention_mask.shape != idx.shape:
+                raise GptzooError(f"attention_mask has shape {tuple(attention_mask.shape)}, the tokens {tuple(idx.shape)}")
+            key_mask = attention_mask.bool()
+            positions = (key_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, T): each row counts from its first token
+            if cache is not None:
+                cache.key_mask = torch.zeros(B, cache.max_len, dtype=torch.bool, device=idx.device)
+                cache.key_mask[:, :T] = key_mask
+                cache.next_position = positions[:, -1:] + 1
+            return positions, positions, key_mask
+        if cache is not None and cache.key_mask is not None:
+            positions = cache.next_position + torch.arange(T, device=idx.device)  # (B, T)
+            cache.key_mask[:, start:end] = True
+            cache.next_position = positions[:, -1:] + 1
+            key_mask = cache.key_mask[:, :end]
+            return positions, (key_mask.long().cumsum(-1) - 1).clamp(min=0), key_mask
+        positions = torch.arange(start, end, device=idx.device)[None]  # (1, T)
+        return positions, torch.arange(0, end, device=idx.device)[None], None
+
+    def attention_context(
+        self, positions: Tensor, k_positions: Tensor, start: int, key_mask: Tensor | None, dtype: torch.dtype
+    ) -> AttentionContext:
+        """Rotary tables and masks for the queries at start..start+T, computed once for all layers."""
+        T = positions.shape[1]
         rotary = self.position.rotary(positions)
         bias = self.position.attn_bias(positions, k_positions)
-        if bias is None and start == 0:
+        if bias is None and key_mask is None and start == 0:
             return AttentionContext(start, rotary, None, is_causal=True)
-        if bias is None and T == 1:  # one new token sees every cached key
+        if bias is None and key_mask is None and T == 1:  # one new token sees every cached key
             return AttentionContext(start, rotary, None, is_causal=False)
-        future = k_positions[None, :] > positions[:, None]  # (T, start + T)
-        mask = torch.zeros(future.shape, device=positions.device).masked_fill(future, float("-inf"))
+        q_index = torch.arange(start, start + T, device=positions.device)[:, None]
+        k_index = torch.arange(0, start + T, device=positions.device)[None, :]
+        allowed = k_index <= q_index  # (T, S): causal
+        if key_mask is not None:
+            # never a padding key; a padding query sees itself, so that no row is all -inf (NaN)
+            allowed = (allowed & key_mask[:, None, :]) | (k_index == q_index)  # (B, T, S)
+            allowed = allowed[:, None]  # (B, 1, T, S)
+        mask = torch.zeros(allowed.shape, device=positions.device).masked_fill(~allowed, float("-inf"))
         if bias is not None:
-            mask = mask + bias  # (nh, T, start + T)
+            mask = mask + bias  # (B or 1, nh, T, S)
         return AttentionContext(start, rotary, mask.to(dtype), is_causal=False)
 
     def load_weights(self, state: dict[str, Tensor], *, source: str) -> None:

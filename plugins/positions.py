@@ -60,15 +60,15 @@ class SinusoidalPosition(Position):
 
     def embed(self, positions: Tensor) -> Tensor:
         i = torch.arange(0, self.n_embd, 2, device=positions.device, dtype=torch.float32)
-        angles = positions.float()[:, None] * torch.exp(i * (-math.log(self.base) / self.n_embd))  # (T, d/2)
-        return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(1)  # (T, d): sin, cos interleaved
+        angles = positions.float()[..., None] * torch.exp(i * (-math.log(self.base) / self.n_embd))  # (B, T, d/2)
+        return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)  # (B, T, d): sin, cos interleaved
 
 
 class RotateHalf:
-    """q and k rotated by precomputed cos/sin (T, hs), HF Llama's rotate-half convention."""
+    """q and k rotated by precomputed cos/sin (B, T, hs), HF Llama's rotate-half convention."""
 
     def __init__(self, cos: Tensor, sin: Tensor) -> None:
-        self.cos, self.sin = cos, sin
+        self.cos, self.sin = cos[:, None], sin[:, None]  # (B, 1, T, hs): the same for every head
 
     def apply(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         cos, sin = self.cos.to(q.dtype), self.sin.to(q.dtype)
@@ -102,8 +102,8 @@ class RoPE(Position):
     def rotary(self, positions: Tensor) -> RotateHalf:
         exponents = torch.arange(0, self.head_dim, 2, dtype=torch.int64, device=positions.device).float()
         inv_freq = 1.0 / (self.theta ** (exponents / self.head_dim))  # (hs/2,)
-        freqs = positions.float()[:, None] * inv_freq[None, :]  # (T, hs/2)
-        emb = torch.cat((freqs, freqs), dim=-1)  # (T, hs)
+        freqs = positions.float()[..., None] * inv_freq  # (B, T, hs/2)
+        emb = torch.cat((freqs, freqs), dim=-1)  # (B, T, hs)
         return RotateHalf(emb.cos(), emb.sin())
 
 
@@ -130,8 +130,8 @@ class ALiBi(Position):
 
     def attn_bias(self, q_positions: Tensor, k_positions: Tensor) -> Tensor:
         slopes = torch.tensor(self.slopes, dtype=torch.float32, device=q_positions.device)
-        distance = (k_positions[None, :] - q_positions[:, None]).float()  # (Tq, Tk), <= 0 where visible
-        return slopes[:, None, None] * distance  # (nh, Tq, Tk)
+        distance = (k_positions[:, None, :] - q_positions[:, :, None]).float()  # (B, Tq, Tk), <= 0 where visible
+        return slopes[:, None, None] * distance[:, None]  # (B, nh, Tq, Tk)
 
 
 @hookimpl

@@ -155,3 +155,29 @@ def test_too_long_sequences_are_clear_errors() -> None:
         model(torch.zeros(1, 1, dtype=torch.long), cache)
     rope = _model("gpt2-tiny", "model.position=rope")  # extrapolates: no limit
     assert rope(torch.zeros(1, 130, dtype=torch.long)).shape == (1, 130, 50257)
+
+
+@pytest.mark.parametrize(("base", "attention", "position"), PAIRS)
+def test_left_padded_rows_equal_each_row_alone(base: str, attention: str, position: str) -> None:
+    model = _model(base, f"model.attention={attention}", f"model.position={position}")
+    V = model.recipe.model.vocab_size
+    lengths = (9, 4, 6)
+    rows = [torch.randint(0, V, (n,)) for n in lengths]
+    T = max(lengths)
+    idx = torch.zeros(len(rows), T, dtype=torch.long)
+    mask = torch.zeros(len(rows), T, dtype=torch.long)
+    for i, row in enumerate(rows):
+        idx[i, T - len(row) :], mask[i, T - len(row) :] = row, 1
+    nxt = torch.randint(0, V, (len(rows), 3))
+    with torch.no_grad():
+        full = model(idx, attention_mask=mask)
+        cache = model.init_cache(len(rows), T + 3)
+        prefill = model(idx, cache, attention_mask=mask)
+        steps = [model(nxt[:, t : t + 1], cache) for t in range(3)]
+        for i, row in enumerate(rows):
+            alone = model(torch.cat([row, nxt[i]])[None])[0]
+            n = len(row)
+            torch.testing.assert_close(full[i, T - n :], alone[:n], rtol=0, atol=1e-5)
+            torch.testing.assert_close(prefill[i, T - n :], alone[:n], rtol=0, atol=1e-5)
+            torch.testing.assert_close(torch.cat([s[i] for s in steps]), alone[n:], rtol=0, atol=1e-5)
+    assert torch.isfinite(full).all()

@@ -106,9 +106,9 @@ def test_rope_equals_hf_llama_rotary_embedding(registry: gptzoo.Registry, theta:
     config = LlamaConfig(hidden_size=hs * nh, num_attention_heads=nh, num_key_value_heads=nkv, rope_theta=theta, max_position_embeddings=4096)
     hf = LlamaRotaryEmbedding(config=config)
     rope = _factory(registry, "position", "rope")(n_embd=hs * nh, n_head=nh, head_dim=hs, context_length=4096, theta=theta)
-    positions = torch.arange(1000, 1037)  # absolute positions, as after a cached prefix
+    positions = torch.stack([torch.arange(1000, 1037), torch.arange(7, 44)])  # (B, T): per-row offsets
     q, k = torch.randn(2, nh, 37, hs), torch.randn(2, nkv, 37, hs)
-    cos, sin = hf(q, positions[None])
+    cos, sin = hf(q, positions)
     q_ref, k_ref = apply_rotary_pos_emb(q, k, cos, sin)
     q_out, k_out = rope.rotary(positions).apply(q, k)
     assert torch.equal(q_out, q_ref) and torch.equal(k_out, k_ref)
@@ -119,8 +119,8 @@ def test_rope_preserves_norms_and_depends_on_relative_position(registry: gptzoo.
     q, k = torch.randn(1, 1, 1, 16, dtype=torch.float64), torch.randn(1, 1, 1, 16, dtype=torch.float64)
     scores = []
     for offset in (0, 17):
-        qr, _ = rope.rotary(torch.tensor([5 + offset])).apply(q, q)
-        kr, _ = rope.rotary(torch.tensor([2 + offset])).apply(k, k)
+        qr, _ = rope.rotary(torch.tensor([[5 + offset]])).apply(q, q)
+        kr, _ = rope.rotary(torch.tensor([[2 + offset]])).apply(k, k)
         torch.testing.assert_close(qr.norm(), q.norm(), rtol=1e-6, atol=0)
         scores.append((qr * kr).sum())
     torch.testing.assert_close(scores[0], scores[1], rtol=1e-5, atol=1e-5)
@@ -138,7 +138,7 @@ def test_alibi_slopes_match_the_paper() -> None:
 
 def test_alibi_bias_is_slope_times_distance(registry: gptzoo.Registry) -> None:
     alibi = _factory(registry, "position", "alibi")(n_embd=64, n_head=8, head_dim=8, context_length=64)
-    bias = alibi.attn_bias(torch.arange(3, 6), torch.arange(0, 6))  # queries 3..5, keys 0..5
+    bias = alibi.attn_bias(torch.arange(3, 6)[None], torch.arange(0, 6)[None])[0]  # queries 3..5, keys 0..5
     assert bias.shape == (8, 3, 6)
     assert bias[0, 2, 5].item() == 0.0  # a token and itself
     assert bias[0, 2, 0].item() == -0.5 * 5  # slope 1/2, distance 5
@@ -148,7 +148,7 @@ def test_alibi_bias_is_slope_times_distance(registry: gptzoo.Registry) -> None:
 def test_sinusoidal_formula(registry: gptzoo.Registry) -> None:
     d = 16
     sin = _factory(registry, "position", "sinusoidal")(n_embd=d, n_head=2, head_dim=8, context_length=64)
-    pe = sin.embed(torch.arange(50))
+    pe = sin.embed(torch.arange(50)[None])[0]
     for pos in (0, 1, 7, 49):
         for i in range(d // 2):
             angle = pos / 10000 ** (2 * i / d)
