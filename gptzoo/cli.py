@@ -10,7 +10,10 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
+
+import torch
 
 from rich.console import Console
 from rich.markup import escape
@@ -21,7 +24,11 @@ from gptzoo.checkpoint import load_checkpoint, save_checkpoint
 from gptzoo.compare import DEFAULT_PROMPT, compare
 from gptzoo.errors import GptzooError
 from gptzoo.fetch import FETCHABLE, fetch
-from gptzoo.hf import check_recipe_matches, export_hf, hf_recipe, load_hf
+from gptzoo.generate import check_lengths, generate_text
+from gptzoo.hf import check_recipe_matches, export_hf, hf_recipe, load_hf, locate
+from gptzoo.model import GPT
+from gptzoo.sampling import SamplerChain, chain_spec
+from gptzoo.tokenizer import load_tokenizer
 from gptzoo.hookspecs import KINDS
 from gptzoo.plugins import gptzoo_version
 from gptzoo.recipe import Recipe, load_recipe, read_recipe_data, shipped_recipes
@@ -67,6 +74,21 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--new-tokens", type=_positive_int, default=32, metavar="N", help="greedy tokens to compare (default: 32)")
     p.add_argument("--chat", action="store_true", help="wrap each prompt in the tokenizer's chat template")
     p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("generate", parents=[common, recipe], help="generate text from a recipe, Hugging Face weights or a checkpoint")
+    p.add_argument("--checkpoint", metavar="DIR", help="a gptzoo checkpoint directory (instead of RECIPE / --hf)")
+    p.add_argument("--prompt", action="append", required=True, metavar="TEXT", help="a prompt (repeatable: prompts run as one batch)")
+    p.add_argument("--max-new-tokens", type=_positive_int, metavar="N", help="default: the recipe's [generate] max_new_tokens (128)")
+    p.add_argument("--temperature", type=float, metavar="T", help="0 means greedy")
+    p.add_argument("--top-k", type=int, metavar="K")
+    p.add_argument("--top-p", type=float, metavar="P")
+    p.add_argument("--min-p", type=float, metavar="P")
+    p.add_argument("--repetition-penalty", type=float, metavar="R")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="end a row's text at this string (repeatable)")
+    p.add_argument("--seed", type=int, metavar="S", help="make sampling reproducible")
+    p.add_argument("--dtype", choices=DTYPES, default="float32")
+    p.add_argument("--chat", action="store_true", help="wrap each prompt in the tokenizer's chat template")
+    p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("export", parents=[common], help="write a gptzoo checkpoint as a Hugging Face checkpoint")
     p.add_argument("checkpoint", help="a gptzoo checkpoint directory (from `gptzoo build --out`)")
@@ -159,6 +181,60 @@ def cmd_compare(args: argparse.Namespace, out: Console, err: Console) -> None:
             out.print(f"[bold]gptzoo:[/bold] {escape(row['gptzoo_text'])}")
             if not row["greedy_match"]:
                 out.print(f"[bold]HF:[/bold]     {escape(row['hf_text'])}")
+
+
+def load_for_generation(args: argparse.Namespace, registry: Registry, err: Console) -> tuple[GPT, Path | None]:
+    """The model to generate with and the Hugging Face directory its tokenizer may come from."""
+    dtype = DTYPES[args.dtype]
+    if args.checkpoint is not None:
+        if args.recipe is not None or args.hf is not None:
+            raise GptzooError("give either --checkpoint DIR or RECIPE / --hf, not both")
+        return load_checkpoint(args.checkpoint, dtype=dtype), None
+    recipe, source = resolve(args, registry)
+    if source is None:
+        err.print(f"[yellow]warning:[/yellow] {escape(f'recipe {recipe.name!r} has no [weights]: generating from random weights')}")
+        if args.seed is not None:  # the random weights repeat too
+            torch.manual_seed(args.seed)
+        return build_model(recipe, registry=registry, dtype=dtype), None
+    path = locate(source)
+    return load_hf(path, recipe, dtype=dtype, registry=registry), path
+
+
+def cmd_generate(args: argparse.Namespace, out: Console, err: Console) -> None:
+    registry = get_registry()
+    _warn_failed(registry, err)
+    model, hf_dir = load_for_generation(args, registry, err)
+    recipe = model.recipe
+    spec = recipe.tokenizer
+    tokenizer = load_tokenizer(spec.name if spec is not None else "hf", hf_dir=hf_dir)
+    if any(not p for p in args.prompt):
+        raise GptzooError("--prompt is empty; give some text")
+    prompts = [tokenizer.chat([{"role": "user", "content": p}]) if args.chat else tokenizer.encode(p) for p in args.prompt]
+    flags = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p, "repetition_penalty": args.repetition_penalty}
+    chain = SamplerChain.from_registry(registry, chain_spec([(c.name, c.kwargs) for c in recipe.generate.samplers], flags))
+    generator = torch.Generator(device=model.wte.weight.device).manual_seed(args.seed) if args.seed is not None else None
+    max_new = args.max_new_tokens or recipe.generate.max_new_tokens
+    check_lengths(model, prompts, max_new)
+    stream = None
+    if not args.json and len(prompts) == 1:
+        err.print(f"[dim]sampler: {escape(chain.describe())}[/dim]")
+        out.print(escape(args.prompt[0]), end="\n" if args.chat else "", style="bold")
+        stream = lambda row, text: out.print(escape(text), end="", soft_wrap=True)  # noqa: E731
+    model.eval()
+    results, tokens_per_s = generate_text(model, tokenizer, prompts, max_new, sampler=chain, generator=generator, stop=[*recipe.generate.stop, *args.stop], stream=stream)
+    if args.json:
+        _print_json({"text": [r.text for r in results], "tokens": [r.tokens for r in results], "finish_reasons": [r.finish_reason for r in results],
+                     "tokens_per_s": tokens_per_s, "sampler": [{"name": name, **params} for name, params in chain.spec],
+                     "sampler_chain": chain.describe(), "recipe": recipe.name})
+        return
+    if stream is not None:
+        out.print()
+    else:
+        err.print(f"[dim]sampler: {escape(chain.describe())}[/dim]")
+        for prompt, r in zip(args.prompt, results):
+            out.print(f"[bold]{escape(prompt)}[/bold]{escape(r.text)}")
+            out.print(f"[dim]({r.finish_reason}, {len(r.tokens)} tokens)[/dim]")
+    err.print(f"[dim]{tokens_per_s:.1f} tokens/s[/dim]")
 
 
 def cmd_export(args: argparse.Namespace, out: Console, err: Console) -> None:

@@ -84,7 +84,7 @@ def compare(
             ids = list(prompt)
         input_ids = torch.tensor([ids])
         stats = logit_stats(ours(input_ids)[0], theirs(input_ids).logits[0])
-        ours_new = generate(ours, input_ids, new_tokens)[0].tolist()
+        ours_new = generate(ours, [ids], new_tokens)[0]
         theirs_new = hf_greedy(theirs, input_ids, new_tokens)[0].tolist()
         row = {"prompt": prompt, "n_tokens": len(ids), **stats, "greedy_match": ours_new == theirs_new, "gptzoo_tokens": ours_new, "hf_tokens": theirs_new}
         if tokenizer is not None:

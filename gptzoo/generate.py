@@ -1,7 +1,16 @@
-"""Autoregressive generation with a KV cache: prefill the prompt once, then decode one token at a
-time, each chosen by a sampler chain (greedy when none is given)."""
+"""Autoregressive generation with a KV cache.
+
+Prompts of different lengths are left-padded into one batch (the model gives every row its own
+positions and hides the padding), the batch is prefilled once, then decoded one token per step,
+each chosen by a sampler chain (greedy when none is given). A row stops at the EOS token or when
+the caller says so (stop strings, see :func:`generate_text`); the batch stops when all rows have.
+"""
 
 from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -9,30 +18,139 @@ from torch import Tensor
 from gptzoo.errors import GptzooError
 from gptzoo.model import GPT
 from gptzoo.sampling import SamplerChain
+from gptzoo.tokenizer import Tokenizer
+
+StepCallback = Callable[[list[int | None]], Sequence[int]]
+"""Called after each step with each row's new token (None for a finished row); returns the rows to
+stop now (e.g. because a stop string appeared)."""
+
+
+def check_lengths(model: GPT, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> None:
+    """Every prompt has tokens, and prompt + new tokens fit the model's context."""
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise GptzooError("every prompt needs at least one token")
+    longest = max(len(p) for p in prompts)
+    context = model.recipe.model.context_length if model.recipe is not None else model.position.max_positions
+    if context is None:
+        return
+    if longest > context:
+        raise GptzooError(f"a prompt of {longest} tokens is longer than the context length {context}; shorten it")
+    if longest + max_new_tokens > context:
+        raise GptzooError(f"{longest} prompt tokens + {max_new_tokens} new tokens exceed the context length {context}; ask for fewer")
 
 
 @torch.no_grad()
 def generate(
     model: GPT,
-    input_ids: Tensor,
+    prompts: Sequence[Sequence[int]],
     max_new_tokens: int,
     *,
     sampler: SamplerChain | None = None,
     generator: torch.Generator | None = None,
-) -> Tensor:
-    """input_ids (B, T) -> the (B, max_new_tokens) tokens that follow (no stopping on EOS)."""
-    B, T = input_ids.shape
-    context = model.recipe.model.context_length if model.recipe is not None else model.position.max_positions
-    if context is not None and T + max_new_tokens > context:
-        raise GptzooError(f"{T} prompt tokens + {max_new_tokens} new tokens exceed the context length {context}; ask for fewer")
-    cache = model.init_cache(B, T + max_new_tokens)
-    logits = model(input_ids, cache)[:, -1]  # (B, V)
-    tokens = input_ids
-    new = []
+    eos_token_id: int | None = None,
+    on_step: StepCallback | None = None,
+) -> list[list[int]]:
+    """The new tokens of each prompt (an EOS token ends its row and is included)."""
+    check_lengths(model, prompts, max_new_tokens)
+    B, longest = len(prompts), max(len(p) for p in prompts)
+    device = model.wte.weight.device
+    # Left padding repeats each row's first token: harmless under the mask, and already in the row
+    # for samplers that look at the tokens so far (repetition_penalty).
+    tokens = torch.tensor([[p[0]] * (longest - len(p)) + list(p) for p in prompts], device=device)
+    padded = any(len(p) != longest for p in prompts)
+    mask = torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in prompts], device=device) if padded else None
+    cache = model.init_cache(B, longest + max_new_tokens)
+    logits = model(tokens, cache, attention_mask=mask)[:, -1]  # (B, V)
+    out: list[list[int]] = [[] for _ in range(B)]
+    done = [False] * B
     for step in range(max_new_tokens):
         nxt = logits.float().argmax(dim=-1) if sampler is None else sampler(logits, tokens, generator)  # (B,)
-        new.append(nxt)
+        new: list[int | None] = [None if d else t for d, t in zip(done, nxt.tolist())]
+        for row, token in enumerate(new):
+            if token is not None:
+                out[row].append(token)
+                done[row] = token == eos_token_id
+        for row in on_step(new) if on_step is not None else ():
+            done[row] = True
+        if all(done) or step + 1 == max_new_tokens:
+            break
         tokens = torch.cat([tokens, nxt[:, None]], dim=1)
-        if step + 1 < max_new_tokens:
-            logits = model(nxt[:, None], cache)[:, -1]
-    return torch.stack(new, dim=1) if new else input_ids.new_zeros(B, 0)
+        logits = model(nxt[:, None], cache)[:, -1]
+    return out
+
+
+class IncrementalDecoder:
+    """Text of a growing token list, never cutting a multi-byte character in half."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.tokens: list[int] = []
+        self.text = ""
+
+    def push(self, token: int) -> str:
+        """Add a token; return the text that became complete (may be empty)."""
+        self.tokens.append(token)
+        text = self.tokenizer.decode(self.tokens)
+        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
+            return ""
+        new, self.text = text[len(self.text) :], text
+        return new
+
+
+@dataclass
+class Generated:
+    text: str
+    tokens: list[int]
+    finish_reason: str
+    """"eos", "stop" (a stop string, cut from the text) or "length"."""
+
+
+def generate_text(
+    model: GPT,
+    tokenizer: Tokenizer,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    *,
+    sampler: SamplerChain | None = None,
+    generator: torch.Generator | None = None,
+    stop: Sequence[str] = (),
+    stream: Callable[[int, str], None] | None = None,
+) -> tuple[list[Generated], float]:
+    """Generate and decode; ``stream(row, text)`` receives text as it becomes final. Returns the
+    results and the decoding speed in new tokens per second (prefill included)."""
+    eos = tokenizer.eos_token_id
+    decoders = [IncrementalDecoder(tokenizer) for _ in prompts]
+    shown = [0] * len(prompts)  # characters streamed so far
+    stopped: dict[int, int] = {}  # row -> where its stop string starts
+    hold = max((len(s) for s in stop), default=1) - 1  # a stop string may still be completing
+
+    def on_step(new: list[int | None]) -> list[int]:
+        rows = []
+        for row, token in enumerate(new):
+            if token is None or token == eos:
+                continue
+            decoders[row].push(token)
+            text = decoders[row].text
+            cut = min((i for i in (text.find(s, max(0, shown[row] - len(s))) for s in stop) if i >= 0), default=-1)
+            if cut >= 0:
+                stopped[row] = cut
+                rows.append(row)
+            end = cut if cut >= 0 else max(shown[row], len(text) - hold)
+            if stream is not None and end > shown[row]:
+                stream(row, text[shown[row] : end])
+            shown[row] = max(shown[row], end)
+        return rows
+
+    start = time.perf_counter()
+    tokens = generate(model, prompts, max_new_tokens, sampler=sampler, generator=generator, eos_token_id=eos, on_step=on_step)
+    seconds = time.perf_counter() - start
+    results = []
+    for row, toks in enumerate(tokens):
+        text = decoders[row].tokenizer.decode([t for t in toks if t != eos])
+        reason = "stop" if row in stopped else "eos" if toks and toks[-1] == eos else "length"
+        if row in stopped:
+            text = text[: stopped[row]]
+        if stream is not None and len(text) > shown[row]:
+            stream(row, text[shown[row] :])
+        results.append(Generated(text, toks, reason))
+    return results, sum(len(t) for t in tokens) / seconds if seconds > 0 else 0.0

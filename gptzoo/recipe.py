@@ -86,6 +86,17 @@ class TokenizerSpec:
 
 
 @dataclass(frozen=True)
+class GenerateSpec:
+    """The [generate] section: the sampler chain, in order, and generation defaults."""
+
+    samplers: tuple[Component, ...] = ()
+    """e.g. ``[{ name = "temperature", temperature = 0.8 }, { name = "top_k", k = 50 }]``; empty: greedy."""
+    max_new_tokens: int = 128
+    stop: tuple[str, ...] = ()
+    """Strings that end a row's text (they are not part of it)."""
+
+
+@dataclass(frozen=True)
 class WeightsSpec:
     """The [weights] section: where pretrained weights for exactly this recipe come from.
     Never inherited through ``extends`` (a smaller child is not the parent's checkpoint)."""
@@ -101,6 +112,7 @@ class Recipe:
     model: ModelSpec
     tokenizer: TokenizerSpec | None = None
     weights: WeightsSpec | None = None
+    generate: GenerateSpec = GenerateSpec()
     description: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -119,13 +131,16 @@ class Recipe:
             data["tokenizer"] = {"name": self.tokenizer.name}
         if self.weights is not None:
             data["weights"] = {"hf": self.weights.hf}
+        if self.generate != GenerateSpec():
+            g = self.generate
+            data["generate"] = {"samplers": [{"name": c.name, **c.kwargs} for c in g.samplers], "max_new_tokens": g.max_new_tokens, "stop": list(g.stop)}
         return data
 
     def to_toml(self) -> str:
         return dump_toml(self.to_dict())
 
 
-SECTIONS: dict[str, type] = {"model": ModelSpec, "tokenizer": TokenizerSpec, "weights": WeightsSpec}
+SECTIONS: dict[str, type] = {"model": ModelSpec, "tokenizer": TokenizerSpec, "weights": WeightsSpec, "generate": GenerateSpec}
 TOP_LEVEL_KEYS = ("extends", "description")
 COMPONENT_KEYS = ("norm", "activation", "mlp", "position", "attention")
 """[model] keys that name a component; each key is also the component's registry kind."""
@@ -290,8 +305,9 @@ class _Validator:
                 values[key] = float(value) if expected is float else value
         return values
 
-    def component(self, section: str, key: str, value: Any) -> Component | None:
+    def component(self, section: str, key: str, value: Any, *, kind: str | None = None) -> Component | None:
         where = f"[{section}] {key}"
+        kind = kind or key
         if isinstance(value, str):
             name, params = value, {}
         elif isinstance(value, dict) and isinstance(value.get("name"), str):
@@ -302,14 +318,13 @@ class _Validator:
                 f"{where} must be a component name or a table {{ name = \"...\", ... }}, got {_describe(value)}"
             )
             return None
-        kind = key
         try:
             factory = self.registry.get(kind, name).factory
         except UnknownComponentError as exc:
             self.problems.append(f"{where}: {exc}")
             return None
         before = len(self.problems)
-        self.component_params(kind, key, name, factory, params)
+        self.component_params(kind, where, name, factory, params)
         return Component(name, tuple(params.items())) if len(self.problems) == before else None
 
     def model(self, values: dict[str, Any]) -> ModelSpec | None:
@@ -342,13 +357,13 @@ class _Validator:
         self.component_checks(spec)
         return spec
 
-    def component_params(self, kind: str, key: str, name: str, factory: Any, params: dict[str, Any]) -> None:
+    def component_params(self, kind: str, where: str, name: str, factory: Any, params: dict[str, Any]) -> None:
         """Check the recipe's parameters against the factory's signature and the defaults' types."""
         try:
             signature = inspect.signature(factory)
         except (TypeError, ValueError):  # a builtin without a signature: the factory will judge
             return
-        given_by_model = {arg for arg, _ in STRUCTURAL_ARGS[kind]} | set(COMPONENT_ARGS.get(kind, ()))
+        given_by_model = {arg for arg, _ in STRUCTURAL_ARGS.get(kind, ())} | set(COMPONENT_ARGS.get(kind, ()))
         accepted = {
             p.name: p
             for p in signature.parameters.values()
@@ -357,12 +372,40 @@ class _Validator:
         for param, value in params.items():
             if param not in accepted:
                 hint = did_you_mean(param, list(accepted)) if accepted else " (it takes none)"
-                self.problems.append(f"[model] {key}.{param}: {kind} {name!r} has no parameter {param!r}{hint}")
+                self.problems.append(f"{where}.{param}: {kind} {name!r} has no parameter {param!r}{hint}")
                 continue
             default = accepted[param].default
             if default is not inspect.Parameter.empty and default is not None and not _type_ok(value, type(default)):
                 expected = _TYPE_NAMES.get(type(default), type(default).__name__)
-                self.problems.append(f"[model] {key}.{param} must be {expected}, got {_describe(value)}")
+                self.problems.append(f"{where}.{param} must be {expected}, got {_describe(value)}")
+
+    def generate(self, data: Any) -> GenerateSpec | None:
+        if not isinstance(data, dict):
+            self.problems.append(f"[generate] must be a table, got {_describe(data)}")
+            return None
+        before = len(self.problems)
+        for key in data:
+            if key not in ("samplers", "max_new_tokens", "stop"):
+                self.problems.append(f"[generate] unknown key {key!r}{did_you_mean(key, ['samplers', 'max_new_tokens', 'stop'])}")
+        samplers, stop = data.get("samplers", []), data.get("stop", [])
+        max_new_tokens = data.get("max_new_tokens", 128)
+        if not isinstance(samplers, list):
+            self.problems.append(f"[generate] samplers must be a list of sampler names or tables, got {_describe(samplers)}")
+            samplers = []
+        steps = [self.component("generate", f"samplers[{i}]", value, kind="sampler") for i, value in enumerate(samplers)]
+        if not _type_ok(max_new_tokens, int) or max_new_tokens < 1:
+            self.problems.append(f"[generate] max_new_tokens must be an integer >= 1, got {_describe(max_new_tokens)}")
+        if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+            self.problems.append(f"[generate] stop must be a list of non-empty strings, got {_describe(stop)}")
+        for i, step in enumerate(steps):
+            if step is not None:  # samplers are cheap to build: let each judge its parameter values
+                try:
+                    self.registry.get("sampler", step.name).factory(**step.kwargs)
+                except (TypeError, ValueError) as exc:
+                    self.problems.append(f"[generate] samplers[{i}] ({step.name}): {exc}")
+        if len(self.problems) > before:
+            return None
+        return GenerateSpec(tuple(s for s in steps if s is not None), max_new_tokens, tuple(stop))
 
     def component_checks(self, spec: ModelSpec) -> None:
         """Run each factory's optional ``check`` on the complete model (e.g. rope's even head_dim)."""
@@ -410,6 +453,10 @@ def validate(
     if model_values is None and "model" not in data:
         v.problems.append("[model] section is missing")
     optional: dict[str, Any] = {}
+    if "generate" in data:
+        generate = v.generate(data["generate"])
+        if generate is not None:
+            optional["generate"] = generate
     for key in ("tokenizer", "weights"):
         if key in data:
             values = v.section(key, SECTIONS[key], data[key])

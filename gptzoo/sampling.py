@@ -18,12 +18,21 @@ from gptzoo.interfaces import Sampler
 from gptzoo.registry import Registry
 
 
+Spec = list[tuple[str, dict[str, Any]]]
+"""A chain as (sampler name, parameters) pairs, in order."""
+
+FLAG_ORDER = ("repetition_penalty", "temperature", "top_k", "top_p", "min_p")
+"""Where a step given by a command-line flag goes when the chain lacks it (HF's order)."""
+SAMPLING_STEPS = ("temperature", "top_k", "top_p", "min_p")
+
+
 class SamplerChain:
-    def __init__(self, steps: Sequence[Sampler]) -> None:
+    def __init__(self, steps: Sequence[Sampler], spec: Spec | None = None) -> None:
         for i, step in enumerate(steps[:-1]):
             if step.picks:
                 raise GptzooError(f"sampler step {i + 1} ({type(step).__name__}) chooses the token, so it must come last")
         self.steps = list(steps)
+        self.spec = spec or []
 
     @classmethod
     def from_registry(cls, registry: Registry, spec: Sequence[tuple[str, Mapping[str, Any]]]) -> SamplerChain:
@@ -34,7 +43,14 @@ class SamplerChain:
                 steps.append(registry.get("sampler", name).factory(**params))
             except (TypeError, ValueError) as exc:
                 raise GptzooError(f"sampler {name!r}: {exc}") from None
-        return cls(steps)
+        return cls(steps, [(name, dict(params)) for name, params in spec])
+
+    def describe(self) -> str:
+        """e.g. ``temperature(temperature=0.8) -> top_k(k=50) -> sample``."""
+        parts = [f"{name}({', '.join(f'{k}={v}' for k, v in params.items())})" if params else name for name, params in self.spec]
+        if not (self.steps and self.steps[-1].picks):
+            parts.append("sample")
+        return " -> ".join(parts)
 
     def transform(self, logits: Tensor, input_ids: Tensor) -> Tensor:
         """Apply every step: logits (B, V) and tokens so far (B, T) -> logits (B, V)."""
@@ -49,3 +65,30 @@ class SamplerChain:
             return self.steps[-1].pick(logits, generator)
         probs = torch.softmax(logits, dim=-1)
         return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+
+
+def chain_spec(recipe_steps: Spec, flags: Mapping[str, float | int | None]) -> Spec:
+    """The effective chain: the recipe's steps, with command-line flags replacing the parameters of
+    a step they name or inserting it in HF's order; temperature 0 means greedy. A chain with no
+    other step than a repetition penalty (or none at all) ends in greedy, as HF's default does.
+
+    flags: temperature, top_k, top_p, min_p, repetition_penalty (None: not given).
+    """
+    params = {"repetition_penalty": "penalty", "temperature": "temperature", "top_k": "k", "top_p": "p", "min_p": "p"}
+    steps = [(name, dict(p)) for name, p in recipe_steps]
+    for name in FLAG_ORDER:
+        value = flags.get(name)
+        if value is None:
+            continue
+        found = [i for i, (step, _) in enumerate(steps) if step == name]
+        if found:
+            steps[found[0]] = (name, {params[name]: value})
+            continue
+        rank = FLAG_ORDER.index(name)
+        at = next((i for i, (step, _) in enumerate(steps) if step not in FLAG_ORDER or FLAG_ORDER.index(step) > rank), len(steps))
+        steps.insert(at, (name, {params[name]: value}))
+    if flags.get("temperature") == 0:
+        steps = [(name, p) for name, p in steps if name not in SAMPLING_STEPS and name != "greedy"] + [("greedy", {})]
+    elif all(name == "repetition_penalty" for name, _ in steps):
+        steps.append(("greedy", {}))
+    return steps
