@@ -3,7 +3,6 @@ batching, EOS and stop strings, streaming, seeds, and the `gptzoo generate` comm
 
 from __future__ import annotations
 
-import itertools
 import json
 from pathlib import Path
 
@@ -21,18 +20,12 @@ from gptzoo.tokenizer import load_tokenizer
 transformers.utils.logging.set_verbosity_error()
 transformers.utils.logging.disable_progress_bar()
 
-BASES = ("gpt2-tiny", "llama-tiny")
-PAIRS = list(itertools.product(BASES, gptzoo.get_registry().names("attention"), gptzoo.get_registry().names("position")))
-
-
-def _model(base: str, *overrides: str) -> gptzoo.GPT:
-    torch.manual_seed(0)
-    return gptzoo.build_model(gptzoo.load_recipe(base, overrides)).eval()
+from tiny import PAIRS, tiny_model  # tests/ has no __init__.py: pytest puts it on sys.path
 
 
 @pytest.mark.parametrize(("base", "attention", "position"), PAIRS)
 def test_cached_decoding_equals_full_recomputation_at_every_step(base: str, attention: str, position: str) -> None:
-    model = _model(base, f"model.attention={attention}", f"model.position={position}")
+    model = tiny_model(base, f"model.attention={attention}", f"model.position={position}")
     prompt = torch.randint(0, model.recipe.model.vocab_size, (1, 7))
     tokens = generate(model, prompt.tolist(), 12)[0]
     seq = torch.cat([prompt[0], torch.tensor(tokens)])
@@ -62,14 +55,14 @@ def test_greedy_equals_hf_generate(tmp_path: Path, family: str) -> None:
 
 
 def test_batched_rows_equal_each_row_alone() -> None:
-    model = _model("llama-tiny", "model.position=alibi")
+    model = tiny_model("llama-tiny", "model.position=alibi")
     prompts = [[5, 9, 11, 2, 7, 3, 8], [42], [1, 2, 3, 4]]
     batch = generate(model, prompts, 10)
     assert batch == [generate(model, [p], 10)[0] for p in prompts]
 
 
 def test_eos_ends_a_row_and_others_go_on() -> None:
-    model = _model("gpt2-tiny")
+    model = tiny_model("gpt2-tiny")
     prompts = [[5, 9, 11], [1, 2, 3, 4]]
     free = generate(model, prompts, 8)
     eos = free[0][2]  # the third token row 0 produces
@@ -79,7 +72,7 @@ def test_eos_ends_a_row_and_others_go_on() -> None:
 
 
 def test_stop_strings_and_streaming() -> None:
-    model = _model("gpt2-tiny")
+    model = tiny_model("gpt2-tiny")
     tokenizer = load_tokenizer("gpt2")
     prompt = [tokenizer.encode("Hello")]
     (full,), _ = generate_text(model, tokenizer, prompt, 12)
@@ -102,7 +95,7 @@ def test_streaming_never_splits_a_multibyte_character() -> None:
 
 
 def test_seeded_sampling_repeats() -> None:
-    model = _model("gpt2-tiny")
+    model = tiny_model("gpt2-tiny")
     registry = gptzoo.get_registry()
     chain = SamplerChain.from_registry(registry, chain_spec([], {"temperature": 1.5, "top_k": 100}))
     draw = lambda seed: generate(model, [[1, 2, 3]], 16, sampler=chain, generator=torch.Generator().manual_seed(seed))  # noqa: E731
@@ -134,7 +127,7 @@ def test_cli_generate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert main([*argv, "--temperature", "0"]) == 0
     greedy = json.loads(capsys.readouterr().out)
     assert greedy["sampler"] == [{"name": "greedy"}]
-    gptzoo.save_checkpoint(_model("gpt2-tiny"), gptzoo.load_recipe("gpt2-tiny"), tmp_path / "ck")
+    gptzoo.save_checkpoint(tiny_model("gpt2-tiny"), gptzoo.load_recipe("gpt2-tiny"), tmp_path / "ck")
     assert main(["generate", "--checkpoint", str(tmp_path / "ck"), "--prompt", "Hi", "--max-new-tokens", "3", "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)["tokens"][0]) == 3
 

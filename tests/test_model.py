@@ -12,24 +12,12 @@ import gptzoo
 from gptzoo.errors import GptzooError
 from gptzoo.interfaces import AttentionContext
 
-BASES = ("gpt2-tiny", "llama-tiny")  # MHA + LayerNorm + dense GELU; GQA + RMSNorm + SwiGLU + untied
-
-
-def _names(kind: str) -> list[str]:
-    return gptzoo.get_registry().names(kind)
-
-
-PAIRS = list(itertools.product(BASES, _names("attention"), _names("position")))
-
-
-def _model(base: str, *overrides: str) -> gptzoo.GPT:
-    torch.manual_seed(0)
-    return gptzoo.build_model(gptzoo.load_recipe(base, overrides)).eval()
+from tiny import BASES, PAIRS, tiny_model  # tests/ has no __init__.py: pytest puts it on sys.path
 
 
 @pytest.mark.parametrize(("base", "attention", "position"), PAIRS)
 def test_later_tokens_never_change_earlier_logits(base: str, attention: str, position: str) -> None:
-    model = _model(base, f"model.attention={attention}", f"model.position={position}")
+    model = tiny_model(base, f"model.attention={attention}", f"model.position={position}")
     V = model.recipe.model.vocab_size
     idx = torch.randint(0, V, (2, 24))
     with torch.no_grad():
@@ -44,7 +32,7 @@ def test_later_tokens_never_change_earlier_logits(base: str, attention: str, pos
 
 @pytest.mark.parametrize(("base", "attention", "position"), PAIRS)
 def test_prefill_then_decode_equals_full_forward(base: str, attention: str, position: str) -> None:
-    model = _model(base, f"model.attention={attention}", f"model.position={position}")
+    model = tiny_model(base, f"model.attention={attention}", f"model.position={position}")
     idx = torch.randint(0, model.recipe.model.vocab_size, (3, 23))
     with torch.no_grad():
         full = model(idx)
@@ -56,10 +44,10 @@ def test_prefill_then_decode_equals_full_forward(base: str, attention: str, posi
     torch.testing.assert_close(torch.cat([prefill, *steps, chunk], dim=1), full, rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize(("base", "position"), list(itertools.product(BASES, _names("position"))))
+@pytest.mark.parametrize(("base", "position"), list(itertools.product(BASES, gptzoo.get_registry().names("position"))))
 def test_eager_and_sdpa_attention_agree(base: str, position: str) -> None:
-    sdpa = _model(base, f"model.position={position}", "model.attention=causal")
-    eager = _model(base, f"model.position={position}", "model.attention=eager")
+    sdpa = tiny_model(base, f"model.position={position}", "model.attention=causal")
+    eager = tiny_model(base, f"model.position={position}", "model.attention=eager")
     eager.load_state_dict(sdpa.state_dict())
     idx = torch.randint(0, sdpa.recipe.model.vocab_size, (2, 33))
     with torch.no_grad():
@@ -85,7 +73,7 @@ def test_gqa_equals_mha_with_repeated_key_value_heads(registry: gptzoo.Registry)
 
 
 def test_mqa_builds_and_caches_one_key_value_head() -> None:
-    model = _model("llama-tiny", "model.n_kv_head=1")
+    model = tiny_model("llama-tiny", "model.n_kv_head=1")
     cache = model.init_cache(2, 10)
     assert cache.layers[0].k.shape == (2, 1, 10, 16)
     with torch.no_grad():
@@ -97,14 +85,14 @@ def test_mqa_builds_and_caches_one_key_value_head() -> None:
 def test_pre_and_post_placement_follow_their_formulas() -> None:
     x = torch.randn(2, 6, 64)
     ctx = AttentionContext(0, None, None, is_causal=True)
-    pre = _model("gpt2-tiny")
+    pre = tiny_model("gpt2-tiny")
     b = pre.blocks[0]
     with torch.no_grad():
         h = x + b.attn(b.ln_1(x), ctx)
         torch.testing.assert_close(b(x, ctx), h + b.mlp(b.ln_2(h)))
     assert isinstance(pre.ln_f, type(b.ln_1))
 
-    post = _model("gpt2-tiny", "model.norm_placement=post")
+    post = tiny_model("gpt2-tiny", "model.norm_placement=post")
     b = post.blocks[0]
     with torch.no_grad():
         h = b.ln_1(x + b.attn(x, ctx))
@@ -115,7 +103,7 @@ def test_pre_and_post_placement_follow_their_formulas() -> None:
 
 
 def test_gpt2_initialization() -> None:
-    model = _model("gpt2-tiny", "model.n_embd=256", "model.d_ff=1024", "model.n_layer=8")
+    model = tiny_model("gpt2-tiny", "model.n_embd=256", "model.d_ff=1024", "model.n_layer=8")
     std = lambda t: t.float().std().item()  # noqa: E731
     assert std(model.wte.weight) == pytest.approx(0.02, rel=0.02)
     assert std(model.position.wpe.weight) == pytest.approx(0.02, rel=0.05)
@@ -129,7 +117,7 @@ def test_gpt2_initialization() -> None:
 
 
 def test_tied_and_untied_heads() -> None:
-    gpt2, llama = _model("gpt2-tiny"), _model("llama-tiny")
+    gpt2, llama = tiny_model("gpt2-tiny"), tiny_model("llama-tiny")
     assert gpt2.tied and gpt2.lm_head.weight is gpt2.wte.weight
     assert not llama.tied and llama.lm_head.weight is not llama.wte.weight
     assert "lm_head.weight" in gpt2.state_dict()  # tied: same tensor under both names
@@ -146,20 +134,20 @@ def test_forward_shapes_dtypes_and_devices() -> None:
 
 
 def test_too_long_sequences_are_clear_errors() -> None:
-    model = _model("gpt2-tiny")  # learned positions, context 128
+    model = tiny_model("gpt2-tiny")  # learned positions, context 128
     with pytest.raises(GptzooError, match="a sequence of 129 tokens is longer than the 128 positions that LearnedPosition encodes"):
         model(torch.zeros(1, 129, dtype=torch.long))
     cache = model.init_cache(1, 8)
     model(torch.zeros(1, 8, dtype=torch.long), cache)
     with pytest.raises(GptzooError, match="the KV cache holds 8 positions, 9 were asked for"):
         model(torch.zeros(1, 1, dtype=torch.long), cache)
-    rope = _model("gpt2-tiny", "model.position=rope")  # extrapolates: no limit
+    rope = tiny_model("gpt2-tiny", "model.position=rope")  # extrapolates: no limit
     assert rope(torch.zeros(1, 130, dtype=torch.long)).shape == (1, 130, 50257)
 
 
 @pytest.mark.parametrize(("base", "attention", "position"), PAIRS)
 def test_left_padded_rows_equal_each_row_alone(base: str, attention: str, position: str) -> None:
-    model = _model(base, f"model.attention={attention}", f"model.position={position}")
+    model = tiny_model(base, f"model.attention={attention}", f"model.position={position}")
     V = model.recipe.model.vocab_size
     lengths = (9, 4, 6)
     rows = [torch.randint(0, V, (n,)) for n in lengths]
