@@ -85,7 +85,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-p", type=float, metavar="P")
     p.add_argument("--repetition-penalty", type=float, metavar="R")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="end a row's text at this string (repeatable)")
-    p.add_argument("--seed", type=int, metavar="S", help="make sampling reproducible")
+    p.add_argument("--seed", type=int, metavar="S", help="make sampling (and random weights, when a recipe has none) reproducible")
     p.add_argument("--dtype", choices=DTYPES, default="float32")
     p.add_argument("--chat", action="store_true", help="wrap each prompt in the tokenizer's chat template")
     p.set_defaults(func=cmd_generate)
@@ -189,6 +189,8 @@ def load_for_generation(args: argparse.Namespace, registry: Registry, err: Conso
     if args.checkpoint is not None:
         if args.recipe is not None or args.hf is not None:
             raise GptzooError("give either --checkpoint DIR or RECIPE / --hf, not both")
+        if not Path(args.checkpoint).is_dir():
+            raise GptzooError(f"no such checkpoint directory: {args.checkpoint}")
         return load_checkpoint(args.checkpoint, dtype=dtype), None
     recipe, source = resolve(args, registry)
     if source is None:
@@ -209,6 +211,8 @@ def cmd_generate(args: argparse.Namespace, out: Console, err: Console) -> None:
     tokenizer = load_tokenizer(spec.name if spec is not None else "hf", hf_dir=hf_dir)
     if any(not p for p in args.prompt):
         raise GptzooError("--prompt is empty; give some text")
+    if any(not s for s in args.stop):
+        raise GptzooError("--stop is empty; give some text")
     prompts = [tokenizer.chat([{"role": "user", "content": p}]) if args.chat else tokenizer.encode(p) for p in args.prompt]
     flags = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p, "repetition_penalty": args.repetition_penalty}
     chain = SamplerChain.from_registry(registry, chain_spec([(c.name, c.kwargs) for c in recipe.generate.samplers], flags))
@@ -229,6 +233,7 @@ def cmd_generate(args: argparse.Namespace, out: Console, err: Console) -> None:
         return
     if stream is not None:
         out.print()
+        err.print(f"[dim]({results[0].finish_reason}, {len(results[0].tokens)} tokens)[/dim]")
     else:
         err.print(f"[dim]sampler: {escape(chain.describe())}[/dim]")
         for prompt, r in zip(args.prompt, results):
@@ -316,7 +321,9 @@ def cmd_recipes(args: argparse.Namespace, out: Console, err: Console) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
-    out, err = Console(), Console(stderr=True, soft_wrap=True)  # one message, one line
+    # Model text must reach the terminal as it is: no emoji codes, no highlighting, no hard wraps.
+    out = Console(emoji=False, highlight=False, soft_wrap=True)
+    err = Console(stderr=True, emoji=False, highlight=False, soft_wrap=True)  # one message, one line
     try:
         args.func(args, out, err)
     except GptzooError as exc:

@@ -20,6 +20,9 @@ from gptzoo.model import GPT
 from gptzoo.sampling import SamplerChain
 from gptzoo.tokenizer import Tokenizer
 
+CONTEXT_TOKENS = 4
+"""Prompt tokens decoded before the new ones, so that their text reads as it does after the prompt."""
+
 StepCallback = Callable[[list[int | None]], Sequence[int]]
 """Called after each step with each row's new token (None for a finished row); returns the rows to
 stop now (e.g. because a stop string appeared)."""
@@ -80,20 +83,32 @@ def generate(
 
 
 class IncrementalDecoder:
-    """Text of a growing token list, never cutting a multi-byte character in half."""
+    """Text of a growing token list, never cutting a multi-byte character in half.
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    Each new piece is the decoding of the last few tokens minus the decoding of those before it
+    (as text-generation servers do), so tokenizers whose decode of a prefix is not a prefix of the
+    decode (SentencePiece's leading spaces) still stream exactly the final text.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, context: Sequence[int] = ()) -> None:
+        """context: the last tokens before the new ones (the prompt's), decoded but not emitted, so
+        that the first new token decodes as it does after them (e.g. with its leading space)."""
         self.tokenizer = tokenizer
-        self.tokens: list[int] = []
+        self.tokens: list[int] = list(context)
         self.text = ""
+        self._prefix = 0  # tokens[_prefix:_read] decode to the tail of text already emitted
+        self._read = len(self.tokens)
 
     def push(self, token: int) -> str:
         """Add a token; return the text that became complete (may be empty)."""
         self.tokens.append(token)
-        text = self.tokenizer.decode(self.tokens)
-        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
+        before = self.tokenizer.decode(self.tokens[self._prefix : self._read])
+        after = self.tokenizer.decode(self.tokens[self._prefix :])
+        if after.endswith("\ufffd") or len(after) <= len(before):  # an incomplete UTF-8 sequence: wait
             return ""
-        new, self.text = text[len(self.text) :], text
+        new = after[len(before) :]
+        self._prefix, self._read = self._read, len(self.tokens)
+        self.text += new
         return new
 
 
@@ -118,8 +133,10 @@ def generate_text(
 ) -> tuple[list[Generated], float]:
     """Generate and decode; ``stream(row, text)`` receives text as it becomes final. Returns the
     results and the decoding speed in new tokens per second (prefill included)."""
+    if any(not s for s in stop):
+        raise GptzooError("a stop string is empty; give some text")
     eos = tokenizer.eos_token_id
-    decoders = [IncrementalDecoder(tokenizer) for _ in prompts]
+    decoders = [IncrementalDecoder(tokenizer, prompt[-CONTEXT_TOKENS:]) for prompt in prompts]
     shown = [0] * len(prompts)  # characters streamed so far
     stopped: dict[int, int] = {}  # row -> where its stop string starts
     hold = max((len(s) for s in stop), default=1) - 1  # a stop string may still be completing
@@ -146,7 +163,8 @@ def generate_text(
     seconds = time.perf_counter() - start
     results = []
     for row, toks in enumerate(tokens):
-        text = decoders[row].tokenizer.decode([t for t in toks if t != eos])
+        context = list(prompts[row][-CONTEXT_TOKENS:])
+        text = tokenizer.decode(context + [t for t in toks if t != eos])[len(tokenizer.decode(context)) :]
         reason = "stop" if row in stopped else "eos" if toks and toks[-1] == eos else "length"
         if row in stopped:
             text = text[: stopped[row]]

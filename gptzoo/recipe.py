@@ -400,9 +400,12 @@ class _Validator:
         for i, step in enumerate(steps):
             if step is not None:  # samplers are cheap to build: let each judge its parameter values
                 try:
-                    self.registry.get("sampler", step.name).factory(**step.kwargs)
+                    sampler = self.registry.get("sampler", step.name).factory(**step.kwargs)
                 except (TypeError, ValueError) as exc:
                     self.problems.append(f"[generate] samplers[{i}] ({step.name}): {exc}")
+                    continue
+                if getattr(sampler, "picks", False) and i != len(steps) - 1:
+                    self.problems.append(f"[generate] samplers[{i}] ({step.name}) chooses the token, so it must come last")
         if len(self.problems) > before:
             return None
         return GenerateSpec(tuple(s for s in steps if s is not None), max_new_tokens, tuple(stop))

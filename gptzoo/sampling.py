@@ -89,6 +89,8 @@ def chain_spec(recipe_steps: Spec, flags: Mapping[str, float | int | None]) -> S
         steps.insert(at, (name, {params[name]: value}))
     if flags.get("temperature") == 0:
         steps = [(name, p) for name, p in steps if name not in SAMPLING_STEPS and name != "greedy"] + [("greedy", {})]
+    elif any(flags.get(name) is not None for name in SAMPLING_STEPS) and steps[-1][0] == "greedy":
+        steps.pop()  # asking for sampling overrides a recipe that ends in greedy
     elif all(name == "repetition_penalty" for name, _ in steps):
         steps.append(("greedy", {}))
     return steps

@@ -27,7 +27,7 @@ class Temperature(Sampler):
     """Divide logits by temperature (> 0): below 1 sharpens, above 1 flattens."""
 
     def __init__(self, temperature: float = 1.0) -> None:
-        if not temperature > 0:
+        if not 0 < temperature < float("inf"):
             raise ValueError(f"temperature must be > 0 (use the greedy sampler for 0), got {temperature}")
         self.temperature = temperature
 
@@ -84,8 +84,8 @@ class RepetitionPenalty(Sampler):
     """Penalize tokens already present: positive logits divided by penalty, negative multiplied (CTRL)."""
 
     def __init__(self, penalty: float = 1.1) -> None:
-        if not penalty > 0:
-            raise ValueError(f"repetition_penalty penalty must be > 0, got {penalty}")
+        if not 0 < penalty < float("inf"):
+            raise ValueError(f"repetition_penalty penalty must be a finite number > 0, got {penalty}")
         self.penalty = penalty
 
     def __call__(self, logits: Tensor, input_ids: Tensor) -> Tensor:

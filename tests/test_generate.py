@@ -171,3 +171,34 @@ def test_smollm2_greedy_equals_hf_generate() -> None:
     ids = torch.tensor([prompt])
     expected = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=40, min_new_tokens=40, eos_token_id=None)
     assert generate(ours, [prompt], 40)[0] == expected[0, len(prompt) :].tolist()
+
+
+def test_sentencepiece_style_continuations_keep_their_leading_space() -> None:
+    """Metaspace tokenizers (Llama 2, Mistral) drop the leading space of a text's first token, so
+    new tokens are decoded after the prompt's last ones."""
+    from tokenizers import Tokenizer as RawTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from gptzoo.tokenizer import HFTokenizer
+
+    raw = RawTokenizer(models.WordLevel({"<unk>": 0, "▁Hello": 1, "▁world": 2, "▁again": 3}, unk_token="<unk>"))
+    raw.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")
+    raw.decoder = decoders.Metaspace(prepend_scheme="first")
+    tokenizer = HFTokenizer(PreTrainedTokenizerFast(tokenizer_object=raw), directory=Path("."))
+    prompt = tokenizer.encode("Hello")
+    assert tokenizer.decode([2, 3]) == "world again"  # the problem: decoded alone, the space is gone
+    decoder = IncrementalDecoder(tokenizer, prompt)
+    assert "".join(decoder.push(t) for t in (2, 3)) == " world again"
+
+
+def test_flags_override_a_recipe_that_ends_in_greedy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert chain_spec([("greedy", {})], {"temperature": 0.9}) == [("temperature", {"temperature": 0.9})]
+    assert chain_spec([("greedy", {})], {"repetition_penalty": 1.2}) == [("repetition_penalty", {"penalty": 1.2}), ("greedy", {})]
+    (tmp_path / "r.toml").write_text('extends = "gpt2-tiny"\n[generate]\nsamplers = ["greedy", "top_k"]\n')
+    with pytest.raises(gptzoo.RecipeError, match=r"samplers\[0\] \(greedy\) chooses the token, so it must come last"):
+        gptzoo.load_recipe(tmp_path / "r.toml")
+    assert main(["generate", "gpt2-tiny", "--prompt", "hi", "--stop", ""]) == 2
+    assert "error: --stop is empty; give some text" in capsys.readouterr().err
+    assert main(["generate", "gpt2-tiny", "--prompt", "a :smile: b", "--max-new-tokens", "1", "--seed", "1"]) == 0
+    assert capsys.readouterr().out.startswith("a :smile: b")  # model text is printed as it is
