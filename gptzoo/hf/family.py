@@ -49,6 +49,8 @@ class Family:
     """Their key of the token embedding."""
     ignored_tensors: tuple[str, ...] = ()
     """Suffixes of non-weight tensors some files carry (masks, rotary tables); dropped on import."""
+    expected: dict[str, tuple[tuple[str, ...], str]] = {}
+    """[model] key -> (the values this architecture can express, why), checked by ``reasons``."""
 
     def recipe_data(self, config: Mapping[str, Any]) -> dict[str, Any]:
         """Recipe data equivalent to config.json; GptzooError naming any unsupported field."""
@@ -60,6 +62,16 @@ class Family:
 
     def parts(self, model: GPT) -> list[Part]:
         raise NotImplementedError
+
+    def reasons(self, recipe: Recipe) -> list[str]:
+        """Why the recipe's components (and norm placement) have no equivalent here, if they don't."""
+        reasons = []
+        for key, (allowed, why) in self.expected.items():
+            value = getattr(recipe.model, key)
+            name = getattr(value, "name", value)
+            if name not in allowed:
+                reasons.append(f"{key} {name!r} ({why})")
+        return reasons
 
     def tensor_map(self, model: GPT) -> list[tuple[str, tuple[str, ...], TensorMap]]:
         """(our key, their keys, map) for every tensor of the model's state dict."""

@@ -30,6 +30,14 @@ class GPT2(Family):
     architecture = "GPT2LMHeadModel"
     embedding = PREFIX + "wte.weight"
     ignored_tensors = (".attn.bias", ".attn.masked_bias")
+    expected = {
+        "norm": (("layernorm",), "GPT-2 has LayerNorm with bias"),
+        "norm_placement": (("pre",), "GPT-2 is Pre-LN"),
+        "activation": (tuple(TO_HF_ACTIVATION), "GPT2Config's activation_function has no such value"),
+        "mlp": (("dense",), "GPT-2's is dense"),
+        "position": (("learned",), "GPT-2 learns absolute positions"),
+        "attention": (("causal", "eager"), "transformers runs its own attention"),
+    }
 
     def recipe_data(self, config: Mapping[str, Any]) -> dict[str, Any]:
         problems = required(config, "vocab_size", "n_positions", "n_embd", "n_layer", "n_head")
@@ -62,19 +70,9 @@ class GPT2(Family):
 
     def config(self, recipe: Recipe) -> dict[str, Any]:
         m = recipe.model
-        reasons = []
-        if m.norm.name != "layernorm" or m.norm.kwargs.get("bias", True) is not True:
-            reasons.append(f"norm {m.norm.name!r} (GPT-2 has LayerNorm with bias)")
-        if m.norm_placement != "pre":
-            reasons.append(f"norm_placement {m.norm_placement!r} (GPT-2 is Pre-LN)")
-        if m.activation.name not in TO_HF_ACTIVATION:
-            reasons.append(f"activation {m.activation.name!r}")
-        if m.mlp.name != "dense":
-            reasons.append(f"mlp {m.mlp.name!r} (GPT-2's is dense)")
-        if m.position.name != "learned":
-            reasons.append(f"position {m.position.name!r} (GPT-2 learns absolute positions)")
-        if m.attention.name not in ("causal", "eager"):
-            reasons.append(f"attention {m.attention.name!r}")
+        reasons = self.reasons(recipe)
+        if m.norm.name == "layernorm" and m.norm.kwargs.get("bias", True) is not True:
+            reasons.append("layernorm without bias (GPT-2 has LayerNorm with bias)")
         if m.n_kv_head != m.n_head or m.head_dim * m.n_head != m.n_embd:
             reasons.append(f"n_kv_head={m.n_kv_head}, head_dim={m.head_dim} (GPT-2 has n_head heads of n_embd/n_head)")
         if not m.bias:

@@ -38,6 +38,14 @@ class Llama(Family):
     architecture = "LlamaForCausalLM"
     embedding = PREFIX + "embed_tokens.weight"
     ignored_tensors = (".rotary_emb.inv_freq",)
+    expected = {
+        "norm": (("rmsnorm",), "Llama has RMSNorm"),
+        "norm_placement": (("pre",), "Llama is Pre-LN"),
+        "activation": (tuple(TO_HF_ACTIVATION), "LlamaConfig's hidden_act has no such value"),
+        "mlp": (("gated",), "Llama's is gated"),
+        "position": (("rope",), "Llama rotates q and k"),
+        "attention": (("causal", "eager"), "transformers runs its own attention"),
+    }
 
     def recipe_data(self, config: Mapping[str, Any]) -> dict[str, Any]:
         problems = required(config, "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
@@ -76,19 +84,7 @@ class Llama(Family):
 
     def config(self, recipe: Recipe) -> dict[str, Any]:
         m = recipe.model
-        reasons = []
-        if m.norm.name != "rmsnorm":
-            reasons.append(f"norm {m.norm.name!r} (Llama has RMSNorm)")
-        if m.norm_placement != "pre":
-            reasons.append(f"norm_placement {m.norm_placement!r} (Llama is Pre-LN)")
-        if m.activation.name not in TO_HF_ACTIVATION:
-            reasons.append(f"activation {m.activation.name!r}")
-        if m.mlp.name != "gated":
-            reasons.append(f"mlp {m.mlp.name!r} (Llama's is gated)")
-        if m.position.name != "rope":
-            reasons.append(f"position {m.position.name!r} (Llama rotates q and k)")
-        if m.attention.name not in ("causal", "eager"):
-            reasons.append(f"attention {m.attention.name!r}")
+        reasons = self.reasons(recipe)
         if reasons:
             raise NoEquivalentError(f"recipe {recipe.name!r} has no Hugging Face Llama equivalent: {'; '.join(reasons)}")
         return {
