@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from gptzoo.errors import GptzooError
+from gptzoo.matvec import blas_decoding
 from gptzoo.model import GPT
 from gptzoo.sampling import SamplerChain
 from gptzoo.tokenizer import Tokenizer
@@ -63,22 +65,23 @@ def generate(
     padded = any(len(p) != longest for p in prompts)
     mask = torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in prompts], device=device) if padded else None
     cache = model.init_cache(B, longest + max_new_tokens)
-    logits = model(tokens, cache, attention_mask=mask)[:, -1]  # (B, V)
+    logits = model(tokens, cache, attention_mask=mask, logits_to_keep=1)[:, -1]  # (B, V)
     out: list[list[int]] = [[] for _ in range(B)]
     done = [False] * B
-    for step in range(max_new_tokens):
-        nxt = logits.float().argmax(dim=-1) if sampler is None else sampler(logits, tokens, generator)  # (B,)
-        new: list[int | None] = [None if d else t for d, t in zip(done, nxt.tolist())]
-        for row, token in enumerate(new):
-            if token is not None:
-                out[row].append(token)
-                done[row] = token == eos_token_id
-        for row in on_step(new) if on_step is not None else ():
-            done[row] = True
-        if all(done) or step + 1 == max_new_tokens:
-            break
-        tokens = torch.cat([tokens, nxt[:, None]], dim=1)
-        logits = model(nxt[:, None], cache)[:, -1]
+    with blas_decoding(model) if B == 1 else nullcontext():  # batch-1 CPU float32: numpy's faster GEMV
+        for step in range(max_new_tokens):
+            nxt = logits.float().argmax(dim=-1) if sampler is None else sampler(logits, tokens, generator)  # (B,)
+            new: list[int | None] = [None if d else t for d, t in zip(done, nxt.tolist())]
+            for row, token in enumerate(new):
+                if token is not None:
+                    out[row].append(token)
+                    done[row] = token == eos_token_id
+            for row in on_step(new) if on_step is not None else ():
+                done[row] = True
+            if all(done) or step + 1 == max_new_tokens:
+                break
+            tokens = torch.cat([tokens, nxt[:, None]], dim=1)
+            logits = model(nxt[:, None], cache)[:, -1]
     return out
 
 

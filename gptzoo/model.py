@@ -78,12 +78,17 @@ class GPT(nn.Module):
     def tied(self) -> bool:
         return self.lm_head.weight is self.wte.weight
 
-    def forward(self, idx: Tensor, cache: KVCache | None = None, *, attention_mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self, idx: Tensor, cache: KVCache | None = None, *, attention_mask: Tensor | None = None, logits_to_keep: int = 0
+    ) -> Tensor:
         """idx (B, T) long -> logits (B, T, V). With a cache, idx continues the cached sequence.
 
         attention_mask (B, T), for the first call only: 1 for tokens, 0 for left padding, so rows of
         different lengths share a batch; each row's tokens get positions 0, 1, ... and never see
         another row's padding. A cache remembers it for the calls that follow.
+
+        logits_to_keep: compute the logits of only the last this many positions (B, n, V), as a
+        prefill that needs just the next token does; 0 keeps all.
         """
         B, T = idx.shape
         start = cache.length if cache is not None else 0
@@ -104,6 +109,8 @@ class GPT(nn.Module):
         ctx = self.attention_context(positions, k_positions, start, key_mask, x.dtype)
         for i, block in enumerate(self.blocks):
             x = block(x, ctx, cache.layers[i] if cache is not None else None)
+        if logits_to_keep:
+            x = x[:, -logits_to_keep:]
         logits = self.lm_head(self.ln_f(x))
         if cache is not None:
             cache.length = end
