@@ -22,6 +22,7 @@ from rich.table import Table
 from gptzoo.build import build_model, resolve_components
 from gptzoo.checkpoint import load_checkpoint, save_checkpoint
 from gptzoo.compare import DEFAULT_PROMPT, compare
+from gptzoo.data import CORPORA, DEFAULT_VAL_FRACTION, NAMED_TOKENIZERS, prepare
 from gptzoo.errors import GptzooError
 from gptzoo.fetch import FETCHABLE, fetch
 from gptzoo.generate import check_lengths, generate_text
@@ -99,6 +100,13 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("name", help=f"one of: {', '.join(FETCHABLE)}")
     p.add_argument("--force", action="store_true", help="convert again even if already fetched")
     p.set_defaults(func=cmd_fetch)
+
+    p = sub.add_parser("prepare", parents=[common], help="tokenize a corpus into train.bin / val.bin / meta.json for training")
+    p.add_argument("source", help="a text file, a directory of *.txt / *.md files (recursively), or a corpus: " + "; ".join(f"{k}: {v}" for k, v in sorted(CORPORA.items())))
+    p.add_argument("--out", required=True, metavar="DIR", help="a new (or empty) directory for train.bin, val.bin and meta.json")
+    p.add_argument("--tokenizer", default="gpt2", metavar="NAME|DIR", help=f"{', '.join(NAMED_TOKENIZERS)} (default: gpt2), a Hugging Face tokenizer directory, or a name `gptzoo fetch` knows ({', '.join(FETCHABLE)})")
+    p.add_argument("--val-fraction", type=float, default=DEFAULT_VAL_FRACTION, metavar="F", help=f"the last F of the tokens become val.bin, 0 < F <= 0.5 (default: {DEFAULT_VAL_FRACTION})")
+    p.set_defaults(func=cmd_prepare)
 
     p = sub.add_parser("plugins", parents=[common], help="list plugins, where they come from and what they registered")
     p.set_defaults(func=cmd_plugins)
@@ -257,6 +265,30 @@ def cmd_fetch(args: argparse.Namespace, out: Console, err: Console) -> None:
         _print_json({"name": args.name, "path": str(path)})
         return
     out.print(f"{args.name}: {escape(str(path))}")
+
+
+def cmd_prepare(args: argparse.Namespace, out: Console, err: Console) -> None:
+    meta = prepare(args.source, args.out, tokenizer=args.tokenizer, val_fraction=args.val_fraction,
+                   log=(lambda msg: err.print(escape(msg))) if not args.json else None)
+    if args.json:
+        _print_json(meta)
+        return
+    source, tokenizer = meta["source"], meta["tokenizer"]
+    total = meta["train_tokens"] + meta["val_tokens"]
+    table = Table(title=f"{escape(args.source)} prepared in {escape(meta['out'])}", title_justify="left", show_header=False)
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    for key, value in (
+        ("read", escape(source["read"])),
+        ("text", f"{source['documents']:,} documents, {source['bytes']:,} bytes, sha256 {source['sha256'][:16]}…"),
+        ("tokenizer", escape(tokenizer["name"] + (f" ({tokenizer['directory']})" if "directory" in tokenizer else "")) + f", vocab {meta['vocab_size']:,}"),
+        ("tokens", f"{total:,} ({source['bytes'] / total:.2f} bytes per token), stored as {meta['dtype']}"),
+        ("train.bin", f"{meta['train_tokens']:,} tokens"),
+        ("val.bin", f"{meta['val_tokens']:,} tokens (the last {meta['val_fraction']:g} of the stream)"),
+        ("time", f"{meta['seconds']:.1f} s ({total / max(meta['seconds'], 1e-9):,.0f} tokens/s)"),
+    ):
+        table.add_row(key, value)
+    out.print(table)
 
 
 def _emit(args: argparse.Namespace, out: Console, rows: list[dict[str, Any]], title: str, columns: dict[str, Callable[[dict[str, Any]], str]]) -> None:

@@ -44,7 +44,7 @@ GPT2_EOS_ID = 50256
 GPT2_N_VOCAB = 50257
 HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
 """Files of which an HF checkpoint directory needs at least one to hold a tokenizer."""
-TOKENIZER_NAMES = ("gpt2", "hf")
+TOKENIZER_NAMES = ("gpt2", "hf", "bytes")
 """The names a recipe's ``[tokenizer] name`` may take."""
 
 
@@ -158,6 +158,35 @@ class TiktokenTokenizer:
         )
 
 
+# --- UTF-8 bytes -------------------------------------------------------------------------------
+
+
+class ByteTokenizer:
+    """Each UTF-8 byte is a token (ids 0..255): exact for any text, with the tiny vocabulary that
+    suits small models trained from scratch (nanoGPT's character-level Shakespeare, in bytes)."""
+
+    name = "bytes"
+    vocab_size = 256
+    eos_token_id = None
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Invalid UTF-8 (a character cut short) decodes to U+FFFD.
+
+        Raises:
+            GptzooError: an id outside 0..255.
+        """
+        bad = [i for i in ids if not 0 <= i < 256]
+        if bad:
+            raise GptzooError(f"token id {bad[0]} is not a byte (0..255); the model's vocab_size is larger than the bytes tokenizer's")
+        return bytes(ids).decode("utf-8", errors="replace")
+
+    def chat(self, messages: list[dict[str, str]]) -> list[int]:
+        raise GptzooError("the bytes tokenizer has no chat template; give a plain prompt")
+
+
 # --- Hugging Face ------------------------------------------------------------------------------
 
 
@@ -217,13 +246,16 @@ class HFTokenizer:
 
 
 def load_tokenizer(name: str, *, hf_dir: str | Path | None = None) -> Tokenizer:
-    """The tokenizer a recipe names: ``"gpt2"`` (tiktoken, offline) or ``"hf"`` (from ``hf_dir``).
+    """The tokenizer a recipe names: ``"gpt2"`` (tiktoken, offline), ``"bytes"`` (UTF-8 bytes) or
+    ``"hf"`` (from ``hf_dir``).
 
     Raises:
         GptzooError: an unknown name, ``"hf"`` without a directory, or files that fail to load.
     """
     if name == "gpt2":
         return TiktokenTokenizer(gpt2_encoding(), eos_token=GPT2_EOS)
+    if name == "bytes":
+        return ByteTokenizer()
     if name == "hf":
         if hf_dir is None:
             raise GptzooError("recipe tokenizer 'hf' needs a checkpoint directory (--hf DIR)")
