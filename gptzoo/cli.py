@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -28,6 +29,9 @@ from gptzoo.fetch import FETCHABLE, fetch
 from gptzoo.generate import check_lengths, generate_text
 from gptzoo.hf import check_recipe_matches, export_hf, hf_recipe, load_hf, locate
 from gptzoo.model import GPT
+from gptzoo.plot import plot_run
+from gptzoo.train import train
+from gptzoo.train_display import TrainDisplay
 from gptzoo.sampling import SamplerChain, chain_spec
 from gptzoo.tokenizer import load_tokenizer
 from gptzoo.hookspecs import KINDS
@@ -107,6 +111,20 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", default="gpt2", metavar="NAME|DIR", help=f"{', '.join(NAMED_TOKENIZERS)} (default: gpt2), a Hugging Face tokenizer directory, or a name `gptzoo fetch` knows ({', '.join(FETCHABLE)})")
     p.add_argument("--val-fraction", type=float, default=DEFAULT_VAL_FRACTION, metavar="F", help=f"the last F of the tokens become val.bin, 0 < F <= 0.5 (default: {DEFAULT_VAL_FRACTION})")
     p.set_defaults(func=cmd_prepare)
+
+    p = sub.add_parser("train", parents=[common], help="train a recipe on prepared data (also under torchrun: DDP or FSDP2)")
+    p.add_argument("recipe", help="a shipped recipe name or a .toml file; its [train] section sets the run")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V", help="override a recipe key, e.g. train.max_steps=200 (repeatable)")
+    p.add_argument("--data", metavar="DIR", help="prepared data (`gptzoo prepare`); default: the recipe's train.data")
+    p.add_argument("--out", metavar="DIR", help="the run directory: metrics.jsonl and checkpoints (default: runs/RECIPE)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its newest checkpoint")
+    p.add_argument("--init-from-hf", metavar="DIR|NAME", help="start from a Hugging Face checkpoint's weights (fine-tuning); it must fit the recipe")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("plot", parents=[common], help="draw a run's train and validation loss into a PNG")
+    p.add_argument("run", help="a run directory (`gptzoo train --out`)")
+    p.add_argument("--out", metavar="PNG", help="default: RUN/loss.png")
+    p.set_defaults(func=cmd_plot)
 
     p = sub.add_parser("plugins", parents=[common], help="list plugins, where they come from and what they registered")
     p.set_defaults(func=cmd_plugins)
@@ -291,6 +309,37 @@ def cmd_prepare(args: argparse.Namespace, out: Console, err: Console) -> None:
     out.print(table)
 
 
+def cmd_train(args: argparse.Namespace, out: Console, err: Console) -> None:
+    registry = get_registry()
+    _warn_failed(registry, err)
+    recipe = load_recipe(args.recipe, args.overrides, registry=registry)
+    init = load_hf(locate(args.init_from_hf), recipe, registry=registry) if args.init_from_hf else None
+    run = Path(args.out) if args.out else Path("runs") / recipe.name
+    if args.json or int(os.environ.get("RANK", "0")) != 0:
+        result = train(recipe, out=run, data=args.data, resume=args.resume, init=init)
+    else:
+        with TrainDisplay(err, total_steps=recipe.train.max_steps, title=recipe.name) as display:
+            result = train(recipe, out=run, data=args.data, resume=args.resume, init=init, log=display)
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
+    summary = {"run": str(run), "steps": result.steps, "loss": result.loss, "val_loss": result.val_loss, "tokens_per_s": result.tokens_per_s,
+               "mfu": result.mfu, "skipped_steps": result.skipped, "checkpoint": str(result.checkpoint) if result.checkpoint else None}
+    if args.json:
+        _print_json(summary)
+        return
+    val = f", val loss {result.val_loss:.4f}" if result.val_loss is not None else ""
+    out.print(f"{result.steps} steps, loss {result.loss:.4f}{val}; checkpoint {escape(summary['checkpoint'] or '-')}")
+    out.print(f"[dim]generate with: gptzoo generate --checkpoint {escape(summary['checkpoint'] or '')} --prompt TEXT[/dim]")
+
+
+def cmd_plot(args: argparse.Namespace, out: Console, err: Console) -> None:
+    png = plot_run(args.run, args.out)
+    if args.json:
+        _print_json({"png": str(png)})
+        return
+    out.print(f"wrote {escape(str(png))}")
+
+
 def _emit(args: argparse.Namespace, out: Console, rows: list[dict[str, Any]], title: str, columns: dict[str, Callable[[dict[str, Any]], str]]) -> None:
     """Rows as JSON with --json, else as a table with these columns (header -> cell text)."""
     if args.json:
@@ -356,11 +405,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Model text must reach the terminal as it is: no emoji codes, no highlighting, no hard wraps.
     out = Console(emoji=False, highlight=False, soft_wrap=True)
     err = Console(stderr=True, emoji=False, highlight=False, soft_wrap=True)  # one message, one line
+    code = 0
     try:
         args.func(args, out, err)
     except GptzooError as exc:
         if args.debug:
             raise
         err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
-        return EXIT_USER_ERROR
-    return 0
+        code = EXIT_USER_ERROR
+    if args.command == "train" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # torch 2.13 with gloo can abort at interpreter exit after DDP although the work is done
+        # (DESIGN.md): leave right away, with the run's own status.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code

@@ -80,7 +80,7 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class TokenizerSpec:
-    """The [tokenizer] section: "gpt2" (tiktoken, offline) or "hf" (the checkpoint's own)."""
+    """The [tokenizer] section: "gpt2" (tiktoken, offline), "bytes" (UTF-8 bytes) or "hf" (the checkpoint's own)."""
 
     name: str
 
@@ -105,6 +105,56 @@ class WeightsSpec:
     """A Hugging Face checkpoint: a directory, a name gptzoo fetches, or a hub name."""
 
 
+PRECISIONS = ("float32", "bfloat16", "float16")
+"""float32; bfloat16 autocast (CPU and CUDA); float16 autocast with a GradScaler (CUDA only)."""
+PARALLELISMS = ("ddp", "fsdp")
+"""Under torchrun: DDP (a replica per process) or FSDP2 (parameters sharded with fully_shard)."""
+ON_NONFINITE = ("stop", "skip")
+"""A non-finite loss or gradient norm: stop the run, or skip that optimizer step."""
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """The [train] section; names follow nanoGPT's train.py where it has one.
+
+    One optimizer step sees micro_batch_size x grad_accum x (number of processes) sequences of
+    seq_len tokens. The learning rate rises linearly to lr over warmup_steps, then follows a cosine
+    down to min_lr at max_steps. AdamW decays only matrices (weight_decay), never biases, norms or
+    embeddings."""
+
+    max_steps: int = 1000
+    micro_batch_size: int = 8
+    grad_accum: int = 1
+    seq_len: int = 0
+    """Tokens per training sequence; 0 (the default) means the model's context_length."""
+    lr: float = 6e-4
+    min_lr: float = 6e-5
+    warmup_steps: int = 100
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this; 0 turns clipping off."""
+    precision: str = "float32"
+    compile: bool = False
+    eval_every: int = 100
+    """Steps between evaluations of the validation loss (also at the last step); 0: only at the end."""
+    eval_batches: int = 20
+    checkpoint_every: int = 0
+    """Steps between checkpoints (also at the last step); 0: only at the end."""
+    keep_checkpoints: int = 2
+    log_every: int = 10
+    seed: int = 1337
+    on_nonfinite: str = "stop"
+    parallel: str = "ddp"
+    peak_tflops: float = 0.0
+    """The device's peak FLOP/s (in TFLOP/s) that MFU is measured against; 0: measure it with a matmul."""
+    data: str = ""
+    """The prepared data directory (`gptzoo prepare`), relative to the recipe file; --data overrides."""
+
+
+
 @dataclass(frozen=True)
 class Recipe:
     name: str
@@ -113,6 +163,7 @@ class Recipe:
     tokenizer: TokenizerSpec | None = None
     weights: WeightsSpec | None = None
     generate: GenerateSpec = GenerateSpec()
+    train: TrainSpec = TrainSpec()
     description: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -134,13 +185,15 @@ class Recipe:
         if self.generate != GenerateSpec():
             g = self.generate
             data["generate"] = {"samplers": [{"name": c.name, **c.kwargs} for c in g.samplers], "max_new_tokens": g.max_new_tokens, "stop": list(g.stop)}
+        if self.train != TrainSpec():
+            data["train"] = {f.name: getattr(self.train, f.name) for f in fields(TrainSpec) if getattr(self.train, f.name) != f.default}
         return data
 
     def to_toml(self) -> str:
         return dump_toml(self.to_dict())
 
 
-SECTIONS: dict[str, type] = {"model": ModelSpec, "tokenizer": TokenizerSpec, "weights": WeightsSpec, "generate": GenerateSpec}
+SECTIONS: dict[str, type] = {"model": ModelSpec, "tokenizer": TokenizerSpec, "weights": WeightsSpec, "generate": GenerateSpec, "train": TrainSpec}
 TOP_LEVEL_KEYS = ("extends", "description")
 COMPONENT_KEYS = ("norm", "activation", "mlp", "position", "attention")
 """[model] keys that name a component; each key is also the component's registry kind."""
@@ -410,6 +463,32 @@ class _Validator:
             return None
         return GenerateSpec(tuple(s for s in steps if s is not None), max_new_tokens, tuple(stop))
 
+    def train(self, values: dict[str, Any], model: dict[str, Any] | None) -> TrainSpec | None:
+        """Ranges and choices of [train]; seq_len against the model's context."""
+        before = len(self.problems)
+        for key in ("max_steps", "micro_batch_size", "grad_accum", "eval_batches", "keep_checkpoints"):
+            if key in values and values[key] < 1:
+                self.problems.append(f"[train] {key}={values[key]} must be at least 1")
+        for key in ("seq_len", "warmup_steps", "eval_every", "checkpoint_every", "log_every", "seed"):
+            if key in values and values[key] < 0:
+                self.problems.append(f"[train] {key}={values[key]} must be 0 or more")
+        for key in ("lr", "min_lr", "eps", "weight_decay", "grad_clip", "peak_tflops"):
+            if key in values and not (values[key] >= 0 and math.isfinite(values[key])):
+                self.problems.append(f"[train] {key}={values[key]} must be a finite number >= 0")
+        for key in ("beta1", "beta2"):
+            if key in values and not 0 <= values[key] < 1:
+                self.problems.append(f"[train] {key}={values[key]} must be in [0, 1)")
+        lr, min_lr = values.get("lr", TrainSpec.lr), values.get("min_lr", TrainSpec.min_lr)
+        if isinstance(lr, float) and isinstance(min_lr, float) and min_lr > lr:
+            self.problems.append(f"[train] min_lr={min_lr} is above lr={lr}")
+        for key, choices in (("precision", PRECISIONS), ("on_nonfinite", ON_NONFINITE), ("parallel", PARALLELISMS)):
+            if key in values and values[key] not in choices:
+                self.problems.append(f"[train] {key}={values[key]!r} must be one of {', '.join(map(repr, choices))}{did_you_mean(values[key], list(choices))}")
+        context = model.get("context_length") if model else None
+        if isinstance(context, int) and values.get("seq_len", 0) > context:
+            self.problems.append(f"[train] seq_len={values['seq_len']} is above the model's context_length={context}; lower seq_len")
+        return TrainSpec(**values) if len(self.problems) == before else None
+
     def component_checks(self, spec: ModelSpec) -> None:
         """Run each factory's optional ``check`` on the complete model (e.g. rope's even head_dim)."""
         for kind in COMPONENT_KEYS:
@@ -460,6 +539,11 @@ def validate(
         generate = v.generate(data["generate"])
         if generate is not None:
             optional["generate"] = generate
+    if "train" in data:
+        values = v.section("train", TrainSpec, data["train"])
+        train = v.train(values, model_values) if values is not None else None
+        if train is not None:
+            optional["train"] = train
     for key in ("tokenizer", "weights"):
         if key in data:
             values = v.section(key, SECTIONS[key], data[key])

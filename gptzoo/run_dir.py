@@ -1,0 +1,98 @@
+"""A training run's directory: its recipe, its metrics, and its checkpoints.
+
+    RUN/recipe.toml                  the resolved recipe the run trains
+    RUN/metrics.jsonl                one JSON object per logged step and per evaluation
+    RUN/checkpoints/step-000200/     a gptzoo checkpoint (model.safetensors + recipe.toml, loadable
+                                     by `gptzoo generate --checkpoint`) plus train_state.pt: the
+                                     optimizer state, the step, the RNG states and the data position
+
+Each checkpoint directory is written beside its final name and renamed into place when complete
+(gptzoo.atomic), so a save interrupted midway leaves the previous checkpoints as they were; the
+newest complete one is where `--resume` continues. train_state.pt is read with
+``torch.load(weights_only=True)``: tensors and plain containers only, never arbitrary pickles.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from gptzoo.atomic import new_directory
+from gptzoo.errors import CheckpointError
+from gptzoo.plugins import gptzoo_version
+from gptzoo.recipe import Recipe
+
+RECIPE = "recipe.toml"
+METRICS = "metrics.jsonl"
+CHECKPOINTS = "checkpoints"
+WEIGHTS = "model.safetensors"
+STATE = "train_state.pt"
+_STEP_DIR = re.compile(r"step-(\d+)")
+
+
+def checkpoint_dirs(run: Path) -> list[tuple[int, Path]]:
+    """(step, directory) of the complete checkpoints, oldest first."""
+    root = run / CHECKPOINTS
+    found = []
+    for path in root.iterdir() if root.is_dir() else ():
+        match = _STEP_DIR.fullmatch(path.name)
+        if match and (path / STATE).is_file() and (path / WEIGHTS).is_file():
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def save(run: Path, step: int, recipe: Recipe, model_state: dict[str, torch.Tensor], state: dict[str, Any], *, keep: int) -> Path:
+    """Write checkpoint ``step`` atomically, then remove all but the newest ``keep``."""
+    out = run / CHECKPOINTS / f"step-{step:06d}"
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in model_state.items()}
+    with new_directory(out) as tmp:
+        save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt", "gptzoo_version": gptzoo_version()})
+        (tmp / RECIPE).write_text(recipe.to_toml(), encoding="utf-8")
+        torch.save(state, tmp / STATE)
+    for _, old in checkpoint_dirs(run)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return out
+
+
+def load(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The model tensors and the training state of one checkpoint directory."""
+    try:
+        tensors = load_file(str(path / WEIGHTS))
+        state = torch.load(path / STATE, map_location="cpu", weights_only=True)
+    except (SafetensorError, OSError, RuntimeError, EOFError) as exc:
+        raise CheckpointError(f"cannot read the checkpoint {path}: {exc}") from None
+    return tensors, state
+
+
+def write_text_atomically(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` in one rename."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_metrics(run: Path) -> list[dict[str, Any]]:
+    path = run / METRICS
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def truncate_metrics(run: Path, step: int) -> None:
+    """Forget the records after ``step`` (a resumed run logs them again)."""
+    kept = [r for r in read_metrics(run) if r.get("step", 0) <= step]
+    write_text_atomically(run / METRICS, "".join(json.dumps(r) + "\n" for r in kept))
