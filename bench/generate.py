@@ -42,7 +42,7 @@ def copy_bandwidth(nbytes: int = 512 * 2**20, repeats: int = 5) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--prompt-tokens", type=int, default=16)
     parser.add_argument("--json", action="store_true")

@@ -42,7 +42,7 @@ def step_fn(model: torch.nn.Module, logits_of: Callable[[torch.Tensor], torch.Te
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return float(loss)
+        return float(loss.detach())
 
     return step
 
@@ -74,6 +74,11 @@ def main() -> None:
     x = torch.randint(0, 50257, (args.batch, args.seq_len + 1), generator=torch.Generator().manual_seed(1)).to(device)
     x, y = x[:, :-1].contiguous(), x[:, 1:].contiguous()
     rows = []
+    if not args.json:
+        print(f"GPT-2 small shape, batch {args.batch} x {args.seq_len} tokens, fused AdamW, {args.device}, compile={args.compile}; "
+              f"torch {torch.__version__}, transformers {transformers.__version__}, {torch.get_num_threads()} threads")
+        print("| precision | HF tokens/s | gptzoo tokens/s | gptzoo / HF | HF MFU | gptzoo MFU | measured peak |")
+        print("| --- | --- | --- | --- | --- | --- | --- |", flush=True)
     for precision in args.precision:
         hf = transformers.GPT2LMHeadModel(transformers.GPT2Config())
         with tempfile.TemporaryDirectory() as tmp:
@@ -106,17 +111,12 @@ def main() -> None:
             "peak_tflops": peak / 1e12,
         })
         del hf, ours, hf_fwd, ours_fwd, steps
+        if not args.json:
+            print(f"| {rows[-1]['precision']} | {rows[-1]['hf_tokens_per_s']:.0f} | {rows[-1]['gptzoo_tokens_per_s']:.0f} | {rows[-1]['ratio']:.2f}x | "
+                  f"{rows[-1]['hf_mfu']:.1%} | {rows[-1]['gptzoo_mfu']:.1%} | {rows[-1]['peak_tflops']:.3f} TFLOP/s |", flush=True)
     result = {"device": str(device), "threads": torch.get_num_threads(), "batch": args.batch, "seq_len": args.seq_len, "compile": args.compile, "rows": rows}
     if args.json:
         print(json.dumps(result, indent=2))
-        return
-    print(f"GPT-2 small shape, batch {args.batch} x {args.seq_len} tokens, fused AdamW, {args.device}, compile={args.compile}; "
-          f"torch {torch.__version__}, transformers {transformers.__version__}, {torch.get_num_threads()} threads")
-    print("| precision | HF tokens/s | gptzoo tokens/s | gptzoo / HF | HF MFU | gptzoo MFU | measured peak |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for r in rows:
-        print(f"| {r['precision']} | {r['hf_tokens_per_s']:.0f} | {r['gptzoo_tokens_per_s']:.0f} | {r['ratio']:.2f}x | "
-              f"{r['hf_mfu']:.1%} | {r['gptzoo_mfu']:.1%} | {r['peak_tflops']:.3f} TFLOP/s |")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -313,6 +314,8 @@ def cmd_train(args: argparse.Namespace, out: Console, err: Console) -> None:
     registry = get_registry()
     _warn_failed(registry, err)
     recipe = load_recipe(args.recipe, args.overrides, registry=registry)
+    if args.resume and args.init_from_hf:
+        raise GptzooError("--resume continues a run from its checkpoint; --init-from-hf starts a new one: give one of them")
     init = load_hf(locate(args.init_from_hf), recipe, registry=registry) if args.init_from_hf else None
     run = Path(args.out) if args.out else Path("runs") / recipe.name
     if args.json or int(os.environ.get("RANK", "0")) != 0:
@@ -322,7 +325,8 @@ def cmd_train(args: argparse.Namespace, out: Console, err: Console) -> None:
             result = train(recipe, out=run, data=args.data, resume=args.resume, init=init, log=display)
     if int(os.environ.get("RANK", "0")) != 0:
         return
-    summary = {"run": str(run), "steps": result.steps, "loss": result.loss, "val_loss": result.val_loss, "tokens_per_s": result.tokens_per_s,
+    loss = result.loss if math.isfinite(result.loss) else None
+    summary = {"run": str(run), "steps": result.steps, "loss": loss, "val_loss": result.val_loss, "tokens_per_s": result.tokens_per_s,
                "mfu": result.mfu, "skipped_steps": result.skipped, "checkpoint": str(result.checkpoint) if result.checkpoint else None}
     if args.json:
         _print_json(summary)

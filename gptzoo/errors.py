@@ -59,3 +59,7 @@ def did_you_mean(name: str, available: Sequence[str]) -> str:
     hint = f"; did you mean {close[0]!r}?" if close else ""
     listing = ", ".join(available) if available else "nothing"
     return f"{hint} (available: {listing})"
+
+
+class NonFiniteError(GptzooError):
+    """Training met a non-finite loss, gradient norm or weight (and train.on_nonfinite is "stop")."""

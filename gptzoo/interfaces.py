@@ -91,8 +91,8 @@ class LayerKVCache:
         dtype: torch.dtype | None = None,
     ) -> None:
         shape = (batch_size, n_kv_head, max_len, head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.k = torch.empty(shape, device=device, dtype=dtype)  # only positions already written are read
+        self.v = torch.empty(shape, device=device, dtype=dtype)
 
     @property
     def max_len(self) -> int:

@@ -33,8 +33,13 @@ def plot_run(run: str | Path, out: str | Path | None = None) -> Path:
     ax.legend()
     fig.tight_layout()
     path = Path(out) if out is not None else run / "loss.png"
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp)
-    plt.close(fig)
-    tmp.replace(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        fig.savefig(tmp, format=path.suffix.removeprefix(".") or "png")
+        tmp.replace(path)
+    except (OSError, ValueError) as exc:
+        tmp.unlink(missing_ok=True)
+        raise GptzooError(f"cannot write {path}: {exc}") from None
+    finally:
+        plt.close(fig)
     return path

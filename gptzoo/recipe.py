@@ -466,10 +466,10 @@ class _Validator:
     def train(self, values: dict[str, Any], model: dict[str, Any] | None) -> TrainSpec | None:
         """Ranges and choices of [train]; seq_len against the model's context."""
         before = len(self.problems)
-        for key in ("max_steps", "micro_batch_size", "grad_accum", "eval_batches", "keep_checkpoints"):
+        for key in ("max_steps", "micro_batch_size", "grad_accum", "eval_batches", "keep_checkpoints", "log_every"):
             if key in values and values[key] < 1:
                 self.problems.append(f"[train] {key}={values[key]} must be at least 1")
-        for key in ("seq_len", "warmup_steps", "eval_every", "checkpoint_every", "log_every", "seed"):
+        for key in ("seq_len", "warmup_steps", "eval_every", "checkpoint_every", "seed"):
             if key in values and values[key] < 0:
                 self.problems.append(f"[train] {key}={values[key]} must be 0 or more")
         for key in ("lr", "min_lr", "eps", "weight_decay", "grad_clip", "peak_tflops"):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import re
 import shutil
 import tempfile
@@ -63,13 +64,23 @@ def save(run: Path, step: int, recipe: Recipe, model_state: dict[str, torch.Tens
     return out
 
 
+def remove_partial(run: Path) -> None:
+    """Delete what saves killed midway left behind (their temporary ``.step-*`` directories)."""
+    root = run / CHECKPOINTS
+    for path in root.glob(".step-*") if root.is_dir() else ():
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def load(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """The model tensors and the training state of one checkpoint directory."""
     try:
         tensors = load_file(str(path / WEIGHTS))
         state = torch.load(path / STATE, map_location="cpu", weights_only=True)
-    except (SafetensorError, OSError, RuntimeError, EOFError) as exc:
+    except (SafetensorError, OSError, RuntimeError, EOFError, pickle.UnpicklingError) as exc:
         raise CheckpointError(f"cannot read the checkpoint {path}: {exc}") from None
+    missing = [key for key in ("step", "optimizer", "rng", "world_size") if not isinstance(state, dict) or key not in state]
+    if missing:
+        raise CheckpointError(f"{path / STATE} is not a gptzoo training state: {', '.join(missing)} missing")
     return tensors, state
 
 
@@ -89,7 +100,13 @@ def read_metrics(run: Path) -> list[dict[str, Any]]:
     path = run / METRICS
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:  # a line torn by a killed run (or still being written)
+            continue
+    return records
 
 
 def truncate_metrics(run: Path, step: int) -> None:

@@ -17,7 +17,7 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,19 +27,18 @@ from torch import nn
 
 from gptzoo import distributed, run_dir
 from gptzoo.build import build_model
-from gptzoo.data import TokenData, Windows, eval_batches
-from gptzoo.errors import CheckpointError, GptzooError
+from gptzoo.data import TokenData, Windows, eval_batches, n_windows, rank_slice
+from gptzoo.errors import CheckpointError, GptzooError, NonFiniteError
 from gptzoo.flops import TRAIN_FORWARD_RATIO, forward_flops
 from gptzoo.model import GPT
 from gptzoo.optim import lr_at, make_optimizer
 from gptzoo.recipe import Recipe, TrainSpec, read_recipe_data, validate
 
-RESUMABLE_CHANGES = ("max_steps", "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints", "log_every", "peak_tflops", "data", "compile")
+RESUMABLE_CHANGES = ("max_steps", "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints", "log_every", "peak_tflops", "data", "compile", "on_nonfinite")
 """[train] keys a resumed run may change; any other difference from the checkpoint's recipe is refused."""
 
 
-class NonFiniteError(GptzooError):
-    """A non-finite loss or gradient norm with on_nonfinite = "stop"."""
+assert set(RESUMABLE_CHANGES) <= {f.name for f in fields(TrainSpec)}
 
 
 @dataclass
@@ -108,10 +107,13 @@ def _autocast(precision: str, device: torch.device) -> Iterator[None]:
 def measure_peak_flops(device: torch.device, precision: str) -> float:
     """FLOP/s of a large matmul in the training precision: the peak MFU is measured against."""
     dtype = torch.float32 if precision == "float32" else torch.bfloat16 if precision == "bfloat16" else torch.float16
-    n = 8192 if device.type == "cuda" else 1024
-    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    n = 8192 if device.type == "cuda" else 2048
+    generator = torch.Generator(device=device).manual_seed(0)  # the global RNG is the run's, not this probe's
+    a = torch.randn(n, n, device=device, dtype=dtype, generator=generator)
+    b = torch.randn(n, n, device=device, dtype=dtype, generator=generator)
+    a @ b  # warm-up
     best = math.inf
-    for _ in range(4):
+    for _ in range(3):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         start = time.perf_counter()
@@ -139,6 +141,8 @@ class Trainer:
         self.global_batch = self.local_batch * procs.world_size
         self.windows = Windows(data.train, self.seq_len, spec.seed)
         self.val = data.val
+        n_windows(self.val, self.seq_len)  # val.bin must hold a window: say so now, not at the first evaluation
+        self.peak = spec.peak_tflops * 1e12 or measure_peak_flops(procs.device, spec.precision)
         torch.manual_seed(spec.seed)
         model = init if init is not None else build_model(recipe)
         self.model = model.to(procs.device)
@@ -152,14 +156,13 @@ class Trainer:
         if state is not None:
             self._set_optimizer_state(state["optimizer"])
             torch.set_rng_state(state["rng"]["cpu"])
-            if torch.cuda.is_available() and "cuda" in state["rng"]:
-                torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+            if procs.device.type == "cuda" and "cuda" in state["rng"]:
+                torch.cuda.set_rng_state(state["rng"]["cuda"], procs.device)
         self.scaler = torch.amp.GradScaler("cuda") if spec.precision == "float16" else None
         if self.scaler is not None and state is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.forward = torch.compile(self.shared) if spec.compile else self.shared
         self.flops_per_token = TRAIN_FORWARD_RATIO * sum(forward_flops(self.model, 1, self.seq_len).values()) / self.seq_len
-        self.peak = spec.peak_tflops * 1e12 or measure_peak_flops(procs.device, spec.precision)
 
     # --- checkpoints -------------------------------------------------------------------------
 
@@ -171,12 +174,20 @@ class Trainer:
         saved = validate(read_recipe_data(path / run_dir.RECIPE), str(path / run_dir.RECIPE), name=self.recipe.name)
         check_resumable(self.recipe, saved, path)
         tensors, state = run_dir.load(path)
+        if state["world_size"] != self.procs.world_size:
+            raise CheckpointError(
+                f"{path} was trained by {state['world_size']} process(es), this run has {self.procs.world_size}: the global batch "
+                f"(micro_batch_size x grad_accum x processes) would change; resume with {state['world_size']}, or adjust train.grad_accum in a new run"
+            )
+        if state["step"] >= self.spec.max_steps:
+            raise CheckpointError(f"{path} has already trained {state['step']} of max_steps={self.spec.max_steps}; raise train.max_steps (--set train.max_steps=N) to train further")
         if self.model.tied:
             tensors.pop("lm_head.weight", None)
         self.model.load_weights({k: v.to(self.procs.device) for k, v in tensors.items()}, source=str(path))
         self.step, self.skipped = int(state["step"]), int(state.get("skipped", 0))
         if self.procs.is_main:
             run_dir.truncate_metrics(self.out, self.step)
+            run_dir.remove_partial(self.out)
         return state
 
     def _full_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -200,13 +211,17 @@ class Trainer:
         model_state, optim_state = self._full_state()  # a collective under FSDP: every process takes part
         if not self.procs.is_main:
             return None
+        broken = [k for k, v in model_state.items() if v.is_floating_point() and not torch.isfinite(v).all()]
+        if broken:
+            raise NonFiniteError(f"after step {self.step} the weights {broken[:3]} hold non-finite values; nothing was saved. Lower train.lr, or use float32")
         rng: dict[str, Any] = {"cpu": torch.get_rng_state()}
-        if torch.cuda.is_available():
-            rng["cuda"] = torch.cuda.get_rng_state_all()
+        if self.procs.device.type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state(self.procs.device)
         state = {
             "step": self.step,
             "skipped": self.skipped,
             "windows_seen": self.step * self.global_batch,
+            "world_size": self.procs.world_size,
             "optimizer": optim_state,
             "rng": rng,
             "scaler": self.scaler.state_dict() if self.scaler is not None else {},
@@ -221,7 +236,7 @@ class Trainer:
         lr = lr_at(self.step, spec)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        first = self.step * self.global_batch + self.procs.rank * self.local_batch
+        first, _ = rank_slice(self.step * self.global_batch, self.global_batch, self.procs.rank, self.procs.world_size)
         total = torch.zeros((), device=self.procs.device)
         ddp = isinstance(self.shared, nn.parallel.DistributedDataParallel)
         for micro in range(spec.grad_accum):
@@ -239,8 +254,9 @@ class Trainer:
             norm = norm.full_tensor()
         loss_value = float(distributed.mean(total, self.procs))
         norm_value = float(norm)
-        finite = math.isfinite(loss_value) and math.isfinite(norm_value)
-        if self.scaler is not None:  # float16: the scaler skips steps with inf/nan gradients itself
+        # float16: inf/nan gradients are the GradScaler's business (it skips the step and lowers the scale)
+        finite = math.isfinite(loss_value) and (self.scaler is not None or math.isfinite(norm_value))
+        if finite and self.scaler is not None:
             self.scaler.step(self.optimizer)
             self.scaler.update()
         elif finite:
@@ -249,8 +265,10 @@ class Trainer:
             raise NonFiniteError(
                 f"step {self.step + 1}: the {'loss' if not math.isfinite(loss_value) else 'gradient norm'} is "
                 f"{loss_value if not math.isfinite(loss_value) else norm_value}; nothing was saved for this step. "
-                "Lower train.lr, use float32, or set train.on_nonfinite = 'skip'"
+                "Resume with --set train.on_nonfinite=skip to skip such steps, or start a new run with a lower train.lr or in float32"
             )
+        elif self.scaler is not None:
+            self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         if not finite:
@@ -289,24 +307,21 @@ class Trainer:
                 mfu = tokens_per_s * self.flops_per_token / self.procs.world_size / self.peak
                 self.log({"step": step, "loss": loss, "lr": lr_at(step - 1, spec), "grad_norm": norm, "tokens_per_s": tokens_per_s, "mfu": mfu, "skipped": not applied, "time": time.time()})
                 window_steps, window_time = 0, 0.0
+            if (spec.checkpoint_every and step % spec.checkpoint_every == 0) or last:
+                checkpoint = self.save() or checkpoint
             if (spec.eval_every and step % spec.eval_every == 0) or last:
                 val_loss = self.evaluate()
                 self.log({"step": step, "val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 700)), "time": time.time()})
-            if (spec.checkpoint_every and step % spec.checkpoint_every == 0) or last:
-                checkpoint = self.save() or checkpoint
         return TrainResult(self.step, loss, val_loss, tokens_per_s, mfu, self.skipped, checkpoint)
 
 
-def prepare_out(out: Path, recipe: Recipe, *, resume: bool) -> None:
-    """A new run directory (refusing one that holds anything), or the existing one to resume."""
+def check_out(out: Path, *, resume: bool) -> None:
+    """--out is a run with checkpoints to resume, or (without --resume) new or empty."""
     if resume:
-        if not (out / run_dir.CHECKPOINTS).is_dir():
-            raise GptzooError(f"{out} has no checkpoints to resume; check --out, or train without --resume")
-        return
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        if not run_dir.checkpoint_dirs(out):
+            raise GptzooError(f"{out} has no checkpoints to resume; check --out, or remove {out} and train without --resume")
+    elif out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise GptzooError(f"{out} already holds files; pass --resume to continue that run, or choose another --out")
-    out.mkdir(parents=True, exist_ok=True)
-    run_dir.write_text_atomically(out / run_dir.RECIPE, recipe.to_toml())
 
 
 def data_dir_of(recipe: Recipe, data: str | Path | None) -> Path:
@@ -333,21 +348,25 @@ def train(
     try:
         if recipe.train.precision == "float16" and procs.device.type != "cuda":
             raise GptzooError("train.precision = 'float16' needs a CUDA GPU (its loss scaling is for GPUs); use 'bfloat16' or 'float32'")
-        tokens = TokenData.open(data_dir_of(recipe, data))
+        data_dir = data_dir_of(recipe, data).resolve()
+        tokens = TokenData.open(data_dir)
         check_data(recipe, tokens)
-        if procs.is_main:
-            prepare_out(out, recipe, resume=resume)
-        if procs.distributed:
-            torch.distributed.barrier()
+        check_out(out, resume=resume)
+        recipe = replace(recipe, train=replace(recipe.train, data=str(data_dir)))  # RUN/recipe.toml works from anywhere
 
         def record(entry: dict[str, Any]) -> None:
             if procs.is_main:
+                entry = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in entry.items()}  # JSON has no NaN
                 with (out / run_dir.METRICS).open("a", encoding="utf-8") as f:
                     f.write(json.dumps(entry) + "\n")
                 if log is not None:
                     log(entry)
 
-        result = Trainer(recipe, tokens, out, procs, resume=resume, init=init, log=record).run()
+        trainer = Trainer(recipe, tokens, out, procs, resume=resume, init=init, log=record)
+        if procs.is_main:  # the run directory appears once everything has been checked
+            out.mkdir(parents=True, exist_ok=True)
+            run_dir.write_text_atomically(out / run_dir.RECIPE, recipe.to_toml())
+        result = trainer.run()
     except BaseException:
         distributed.stop(procs, wait=False)
         raise

@@ -3,7 +3,6 @@ rate, tokens/s and MFU, and one line per evaluation."""
 
 from __future__ import annotations
 
-import math
 from types import TracebackType
 from typing import Any
 
@@ -40,9 +39,11 @@ class TrainDisplay:
             self.progress.console.print(f"step {step}: val loss {record['val_loss']:.4f}, perplexity {record['val_ppl']:.2f}")
             return
         mfu = record.get("mfu")
+        loss = record["loss"]
         stats = (
-            f"loss {record['loss']:.4f}  lr {record['lr']:.2e}  {record['tokens_per_s']:,.0f} tok/s"
-            + (f"  MFU {mfu:.1%}" if mfu is not None and math.isfinite(mfu) else "")
+            (f"loss {loss:.4f}" if loss is not None else "loss nan")
+            + f"  lr {record['lr']:.2e}  {record['tokens_per_s']:,.0f} tok/s"
+            + (f"  MFU {mfu:.1%}" if mfu is not None else "")
             + ("  [yellow]skipped (non-finite)[/yellow]" if record.get("skipped") else "")
         )
         self.progress.update(self.task, completed=step, stats=stats)

@@ -120,7 +120,7 @@ name = "gpt2"
 """,
     )
     assert problems == [
-        "unknown section or key 'tokeniser'; did you mean 'tokenizer'? (available: model, tokenizer, weights, generate, extends, description)",
+        "unknown section or key 'tokeniser'; did you mean 'tokenizer'? (available: model, tokenizer, weights, generate, train, extends, description)",
         "[model] unknown key 'n_layers'; did you mean 'n_layer'? (available: vocab_size, context_length, n_layer, n_head, n_embd, d_ff, bias, tie_embeddings, norm, activation, mlp, position, attention, norm_placement, n_kv_head, head_dim, init_std)",
         "[model] bias must be true or false, got 'yes' (str)",
         "[model] norm: unknown norm 'rmsnrom'; did you mean 'rmsnorm'? (available: layernorm, rmsnorm)",

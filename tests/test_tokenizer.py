@@ -195,4 +195,13 @@ def test_hf_needs_a_directory() -> None:
 def test_unknown_tokenizer_name() -> None:
     with pytest.raises(GptzooError) as exc:
         load_tokenizer("gtp2")
-    assert str(exc.value) == "unknown tokenizer 'gtp2'; did you mean 'gpt2'? (available: gpt2, hf)"
+    assert str(exc.value) == "unknown tokenizer 'gtp2'; did you mean 'gpt2'? (available: gpt2, hf, bytes)"
+
+
+def test_bytes_tokenizer_is_utf8() -> None:
+    tok = load_tokenizer("bytes")
+    assert tok.vocab_size == 256 and tok.eos_token_id is None
+    assert tok.encode("hé!") == [104, 195, 169, 33] and tok.decode([104, 195, 169, 33]) == "hé!"
+    assert tok.decode([104, 195]) == "h\ufffd"  # a character cut short
+    with pytest.raises(GptzooError, match="token id 300 is not a byte"):
+        tok.decode([300])

@@ -21,7 +21,8 @@ from gptzoo.cli import main
 from gptzoo.data import prepare
 from gptzoo.optim import lr_at, param_groups
 from gptzoo.recipe import TrainSpec
-from gptzoo.train import NonFiniteError, train
+from gptzoo.errors import NonFiniteError
+from gptzoo.train import train
 
 TINY = ["model.vocab_size=256", "tokenizer.name=bytes", "train.seq_len=64", "train.micro_batch_size=8", "train.warmup_steps=4", "train.lr=3e-3", "train.min_lr=3e-4", "train.eval_batches=4", "train.log_every=1", "train.peak_tflops=1.0"]
 """gpt2-tiny over UTF-8 bytes: a 2-layer, width-64 model that trains in a few seconds."""
@@ -112,16 +113,20 @@ def _poison_step(monkeypatch: pytest.MonkeyPatch, step: int) -> None:
 
 def test_a_non_finite_loss_stops_the_run_naming_the_step(docs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _poison_step(monkeypatch, 3)
-    with pytest.raises(NonFiniteError, match=r"step 3: the loss is nan; nothing was saved for this step.*on_nonfinite = 'skip'"):
+    with pytest.raises(NonFiniteError, match=r"step 3: the loss is nan; nothing was saved for this step. Resume with --set train.on_nonfinite=skip"):
         train(recipe("train.max_steps=6", "train.checkpoint_every=2", "train.eval_every=0"), out=tmp_path / "run", data=docs)
     assert [s for s, _ in run_dir.checkpoint_dirs(tmp_path / "run")] == [2]
+    (tmp_path / "run" / "checkpoints" / ".step-000004.abc").mkdir()  # what a killed save leaves
+    result = train(recipe("train.max_steps=6", "train.checkpoint_every=2", "train.eval_every=0", "train.on_nonfinite=skip"), out=tmp_path / "run", data=docs, resume=True)
+    assert result.steps == 6 and result.skipped == 1  # the advice works: step 3 is skipped this time
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step-000004", "step-000006"]
 
 
 def test_a_non_finite_step_can_be_skipped(docs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _poison_step(monkeypatch, 3)
     result = train(recipe("train.max_steps=4", "train.on_nonfinite=skip", "train.eval_every=0"), out=tmp_path / "run", data=docs)
     records = {r["step"]: r for r in run_dir.read_metrics(tmp_path / "run") if "loss" in r}
-    assert result.skipped == 1 and records[3]["skipped"] and math.isnan(records[3]["loss"])
+    assert result.skipped == 1 and records[3]["skipped"] and records[3]["loss"] is None  # JSON has no NaN
     assert all(math.isfinite(records[s]["loss"]) for s in (1, 2, 4))
     _, state = run_dir.load(result.checkpoint)
     assert all(torch.isfinite(t).all() for t in load_checkpoint(result.checkpoint).state_dict().values())
@@ -171,9 +176,10 @@ def test_lr_schedule_warms_up_then_follows_a_cosine_to_min_lr() -> None:
     assert lr_at(0, spec) == pytest.approx(1e-3 / 11)
     assert lr_at(9, spec) == pytest.approx(1e-3 * 10 / 11)
     assert lr_at(10, spec) == pytest.approx(1e-3)
-    assert lr_at(59.5, spec) == pytest.approx(1e-4 + 0.5 * 9e-4)  # halfway through the cosine
-    assert lr_at(109, spec) == pytest.approx(1e-4) and lr_at(500, spec) == pytest.approx(1e-4)
-    values = [lr_at(s, spec) for s in range(10, 110)]
+    spec = TrainSpec(max_steps=111, warmup_steps=10, lr=1e-3, min_lr=1e-4)
+    assert lr_at(60, spec) == pytest.approx(1e-4 + 0.5 * 9e-4)  # halfway through the cosine
+    assert lr_at(110, spec) == pytest.approx(1e-4) and lr_at(500, spec) == pytest.approx(1e-4)
+    values = [lr_at(s, spec) for s in range(10, 111)]
     assert all(a >= b for a, b in zip(values, values[1:]))
 
 
@@ -217,7 +223,7 @@ def test_cli_train_bad_input(docs: Path, tmp_path: Path, capsys: pytest.CaptureF
     sets = [a for o in [*TINY, "train.max_steps=2"] for a in ("--set", o)]
     assert main(["train", "gpt2-tiny", *sets, *args, "--out", str(tmp_path / "run")]) == 2
     assert message.format(tmp=tmp_path) in capsys.readouterr().err.replace("\n", " ")
-    assert not (tmp_path / "run" / "checkpoints").exists()
+    assert not (tmp_path / "run").exists()  # nothing written
 
 
 def test_cli_refuses_to_overwrite_or_to_resume_another_recipe(docs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -233,3 +239,47 @@ def test_cli_refuses_to_overwrite_or_to_resume_another_recipe(docs: Path, tmp_pa
     assert main(["train", "gpt2-tiny", *sets, "--set", "train.lr=0.1", "--data", str(docs), "--out", str(run), "--resume"]) == 2
     assert "[train] lr is 0.003 there, 0.1 here" in capsys.readouterr().err.replace("\n", " ")
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before  # nothing overwritten
+
+
+def test_fine_tuning_starts_from_hugging_face_weights(docs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import transformers
+
+    from gptzoo.data import TokenData, Windows
+
+    torch.manual_seed(3)
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=256, n_positions=128)).eval()
+    hf.save_pretrained(tmp_path / "hf")
+    x, y = Windows(TokenData.open(docs).train, 64, 1337).batch(0, 8)  # the first step's batch (default seed)
+    with torch.no_grad():
+        expected = torch.nn.functional.cross_entropy(hf(x).logits.view(-1, 256), y.view(-1)).item()
+    sets = [a for o in [*TINY, "train.max_steps=1", "train.eval_every=0"] for a in ("--set", o)]
+    assert main(["train", "gpt2-tiny", *sets, "--data", str(docs), "--out", str(tmp_path / "run"), "--init-from-hf", str(tmp_path / "hf"), "--json"]) == 0
+    assert losses(tmp_path / "run")[1] == pytest.approx(expected, rel=1e-5)
+    assert main(["train", "gpt2-tiny", *sets, "--set", "model.n_layer=3", "--data", str(docs), "--out", str(tmp_path / "run3"), "--init-from-hf", str(tmp_path / "hf")]) == 2
+    assert "n_layer" in capsys.readouterr().err and not (tmp_path / "run3").exists()
+
+
+def test_checkpoints_are_pruned_to_the_newest_and_a_finished_run_is_not_resumed(docs: Path, tmp_path: Path) -> None:
+    spec = recipe("train.max_steps=6", "train.checkpoint_every=1", "train.keep_checkpoints=2", "train.eval_every=0")
+    train(spec, out=tmp_path / "run", data=docs)
+    assert [s for s, _ in run_dir.checkpoint_dirs(tmp_path / "run")] == [5, 6]
+    with pytest.raises(gptzoo.CheckpointError, match=r"has already trained 6 of max_steps=6; raise train.max_steps"):
+        train(spec, out=tmp_path / "run", data=docs, resume=True)
+    (tmp_path / "run" / "metrics.jsonl").open("a").write('{"step": 7, "lo')  # a line torn by a killed process
+    more = recipe("train.max_steps=8", "train.checkpoint_every=1", "train.keep_checkpoints=2", "train.eval_every=0")
+    assert train(more, out=tmp_path / "run", data=docs, resume=True).steps == 8
+    assert sorted(losses(tmp_path / "run")) == list(range(1, 9))
+
+
+@pytest.mark.parametrize("overrides", [["train.precision=bfloat16"], ["train.compile=true"]], ids=["bfloat16", "compile"])
+def test_bfloat16_autocast_and_compile_train(docs: Path, tmp_path: Path, overrides: list[str]) -> None:
+    baseline = train(recipe("train.max_steps=12", "train.eval_every=0"), out=tmp_path / "f32", data=docs)
+    result = train(recipe("train.max_steps=12", "train.eval_every=0", *overrides), out=tmp_path / "run", data=docs)
+    first, last = losses(tmp_path / "run")[1], result.loss
+    assert first == pytest.approx(losses(tmp_path / "f32")[1], abs=0.02 if "bfloat16" in overrides[0] else 1e-4)
+    assert last < first - 1.0 and last == pytest.approx(baseline.loss, abs=0.1 if "bfloat16" in overrides[0] else 1e-3)
+
+
+def test_log_every_must_be_positive() -> None:
+    with pytest.raises(gptzoo.RecipeError, match=r"\[train\] log_every=0 must be at least 1"):
+        recipe("train.log_every=0")
