@@ -112,8 +112,9 @@ def main() -> None:
         })
         del hf, ours, hf_fwd, ours_fwd, steps
         if not args.json:
-            print(f"| {rows[-1]['precision']} | {rows[-1]['hf_tokens_per_s']:.0f} | {rows[-1]['gptzoo_tokens_per_s']:.0f} | {rows[-1]['ratio']:.2f}x | "
-                  f"{rows[-1]['hf_mfu']:.1%} | {rows[-1]['gptzoo_mfu']:.1%} | {rows[-1]['peak_tflops']:.3f} TFLOP/s |", flush=True)
+            r = rows[-1]
+            print(f"| {r['precision']} | {r['hf_tokens_per_s']:.3g} | {r['gptzoo_tokens_per_s']:.3g} | {r['ratio']:.2f}x | "
+                  f"{r['hf_mfu']:.1%} | {r['gptzoo_mfu']:.1%} | {r['peak_tflops'] * 1000:.3g} GFLOP/s |", flush=True)
     result = {"device": str(device), "threads": torch.get_num_threads(), "batch": args.batch, "seq_len": args.seq_len, "compile": args.compile, "rows": rows}
     if args.json:
         print(json.dumps(result, indent=2))
