@@ -18,7 +18,6 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
@@ -26,16 +25,16 @@ import transformers
 
 from gptzoo.flops import TRAIN_FORWARD_RATIO, forward_flops
 from gptzoo.hf import load_hf
-from gptzoo.train import measure_peak_flops
+from gptzoo.train import autocast, measure_peak_flops
 
-DTYPES = {"float32": None, "bfloat16": torch.bfloat16}
+PRECISIONS = ("float32", "bfloat16")
 
 
-def step_fn(model: torch.nn.Module, logits_of: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, y: torch.Tensor, autocast: torch.dtype | None, device: torch.device) -> Callable[[], float]:
+def step_fn(model: torch.nn.Module, logits_of: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, y: torch.Tensor, precision: str, device: torch.device) -> Callable[[], float]:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
 
     def step() -> float:
-        with torch.autocast(device.type, dtype=autocast) if autocast is not None else nullcontext():
+        with autocast(precision, device):
             logits = logits_of(x)
         loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1))
         loss.backward()
@@ -62,7 +61,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--precision", nargs="+", choices=list(DTYPES), default=list(DTYPES))
+    parser.add_argument("--precision", nargs="+", choices=PRECISIONS, default=list(PRECISIONS))
     parser.add_argument("--compile", action="store_true", help="torch.compile both models")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--json", action="store_true")
@@ -88,8 +87,8 @@ def main() -> None:
         hf_fwd = torch.compile(hf) if args.compile else hf
         ours_fwd = torch.compile(ours) if args.compile else ours
         steps = {
-            "hf": step_fn(hf, lambda t: hf_fwd(t).logits, x, y, DTYPES[precision], device),
-            "gptzoo": step_fn(ours, ours_fwd, x, y, DTYPES[precision], device),
+            "hf": step_fn(hf, lambda t, forward=hf_fwd: forward(t).logits, x, y, precision, device),
+            "gptzoo": step_fn(ours, ours_fwd, x, y, precision, device),
         }
         first = {name: step() for name, step in steps.items()}  # warm-up (and compilation)
         times: dict[str, list[float]] = {name: [] for name in steps}

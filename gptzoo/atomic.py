@@ -14,6 +14,11 @@ from safetensors import SafetensorError
 from gptzoo.errors import CheckpointError
 
 
+def holds_files(path: Path) -> bool:
+    """Whether writing a new directory at ``path`` would replace something: a file, or a non-empty directory."""
+    return path.exists() and (not path.is_dir() or any(path.iterdir()))
+
+
 @contextmanager
 def new_directory(out: str | Path) -> Iterator[Path]:
     """A temporary directory beside ``out`` to fill in the ``with`` block: renamed to ``out`` when
@@ -22,7 +27,7 @@ def new_directory(out: str | Path) -> Iterator[Path]:
     if not Path(out).name:
         raise CheckpointError(f"{str(out)!r} is not a directory name to write to")
     out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    if holds_files(out):
         raise CheckpointError(f"{out} already exists and is not an empty directory; choose another one or remove it")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -24,12 +24,22 @@ WEIGHTS = "model.safetensors"
 RECIPE = "recipe.toml"
 
 
+def write_files(directory: Path, tensors: dict[str, torch.Tensor], recipe: Recipe) -> None:
+    """The checkpoint files (weights and recipe) into ``directory``, which is being written atomically."""
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+    save_file(tensors, str(directory / WEIGHTS), metadata={"format": "pt", "gptzoo_version": gptzoo_version()})
+    (directory / RECIPE).write_text(recipe.to_toml(), encoding="utf-8")
+
+
+def read_recipe(path: Path) -> Recipe:
+    """The resolved recipe a checkpoint directory holds."""
+    return validate(read_recipe_data(path / RECIPE), str(path / RECIPE), name=path.name)
+
+
 def save_checkpoint(model: GPT, recipe: Recipe, out_dir: str | Path) -> Path:
     """Write model weights and recipe to a new directory ``out_dir`` (which must not hold files)."""
-    tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items() if not (model.tied and k == "lm_head.weight")}
     with new_directory(out_dir) as tmp:
-        save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt", "gptzoo_version": gptzoo_version()})
-        (tmp / RECIPE).write_text(recipe.to_toml(), encoding="utf-8")
+        write_files(tmp, {k: v for k, v in model.state_dict().items() if not (model.tied and k == "lm_head.weight")}, recipe)
     return Path(out_dir)
 
 
@@ -39,7 +49,7 @@ def load_checkpoint(path: str | Path, *, device: torch.device | str | None = Non
     for name in (WEIGHTS, RECIPE):
         if not (path / name).is_file():
             raise CheckpointError(f"{path} is not a gptzoo checkpoint: {name} is missing")
-    recipe = validate(read_recipe_data(path / RECIPE), str(path / RECIPE), name=path.name)
+    recipe = read_recipe(path)
     model = build_model(recipe, device="meta")
     try:
         tensors = load_file(str(path / WEIGHTS), device=str(device or "cpu"))

@@ -318,12 +318,13 @@ def cmd_train(args: argparse.Namespace, out: Console, err: Console) -> None:
         raise GptzooError("--resume continues a run from its checkpoint; --init-from-hf starts a new one: give one of them")
     init = load_hf(locate(args.init_from_hf), recipe, registry=registry) if args.init_from_hf else None
     run = Path(args.out) if args.out else Path("runs") / recipe.name
-    if args.json or int(os.environ.get("RANK", "0")) != 0:
+    main_process = int(os.environ.get("RANK", "0")) == 0  # under torchrun, only rank 0 reports
+    if args.json or not main_process:
         result = train(recipe, out=run, data=args.data, resume=args.resume, init=init)
     else:
         with TrainDisplay(err, total_steps=recipe.train.max_steps, title=recipe.name) as display:
             result = train(recipe, out=run, data=args.data, resume=args.resume, init=init, log=display)
-    if int(os.environ.get("RANK", "0")) != 0:
+    if not main_process:
         return
     loss = result.loss if math.isfinite(result.loss) else None
     summary = {"run": str(run), "steps": result.steps, "loss": loss, "val_loss": result.val_loss, "tokens_per_s": result.tokens_per_s,

@@ -14,7 +14,6 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
 
 from gptzoo.errors import GptzooError
 from gptzoo.matvec import blas_decoding

@@ -25,17 +25,15 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from gptzoo.atomic import new_directory
+from gptzoo.checkpoint import WEIGHTS, write_files
 from gptzoo.errors import CheckpointError
-from gptzoo.plugins import gptzoo_version
 from gptzoo.recipe import Recipe
 
-RECIPE = "recipe.toml"
 METRICS = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
-WEIGHTS = "model.safetensors"
 STATE = "train_state.pt"
 _STEP_DIR = re.compile(r"step-(\d+)")
 
@@ -54,10 +52,8 @@ def checkpoint_dirs(run: Path) -> list[tuple[int, Path]]:
 def save(run: Path, step: int, recipe: Recipe, model_state: dict[str, torch.Tensor], state: dict[str, Any], *, keep: int) -> Path:
     """Write checkpoint ``step`` atomically, then remove all but the newest ``keep``."""
     out = run / CHECKPOINTS / f"step-{step:06d}"
-    tensors = {k: v.detach().to("cpu").contiguous() for k, v in model_state.items()}
     with new_directory(out) as tmp:
-        save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt", "gptzoo_version": gptzoo_version()})
-        (tmp / RECIPE).write_text(recipe.to_toml(), encoding="utf-8")
+        write_files(tmp, model_state, recipe)
         torch.save(state, tmp / STATE)
     for _, old in checkpoint_dirs(run)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)

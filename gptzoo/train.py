@@ -26,13 +26,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from gptzoo import distributed, run_dir
+from gptzoo.atomic import holds_files
 from gptzoo.build import build_model
 from gptzoo.data import TokenData, Windows, eval_batches, n_windows, rank_slice
 from gptzoo.errors import CheckpointError, GptzooError, NonFiniteError
 from gptzoo.flops import TRAIN_FORWARD_RATIO, forward_flops
 from gptzoo.model import GPT
 from gptzoo.optim import lr_at, make_optimizer
-from gptzoo.recipe import Recipe, TrainSpec, read_recipe_data, validate
+from gptzoo.checkpoint import RECIPE, read_recipe
+from gptzoo.recipe import Recipe, TrainSpec
 
 RESUMABLE_CHANGES = ("max_steps", "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints", "log_every", "peak_tflops", "data", "compile", "on_nonfinite")
 """[train] keys a resumed run may change; any other difference from the checkpoint's recipe is refused."""
@@ -92,21 +94,26 @@ def check_resumable(recipe: Recipe, saved: Recipe, where: Path) -> None:
         if f.name not in RESUMABLE_CHANGES and ours != theirs:
             problems.append(f"[train] {f.name} is {theirs!r} there, {ours!r} here")
     if problems:
-        raise CheckpointError(f"{where} is a checkpoint of a different recipe: {'; '.join(problems)}; resume with the run's own recipe ({where.parent.parent / run_dir.RECIPE}) or start a new --out")
+        raise CheckpointError(f"{where} is a checkpoint of a different recipe: {'; '.join(problems)}; resume with the run's own recipe ({where.parent.parent / RECIPE}) or start a new --out")
+
+
+PRECISION_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+"""train.precision -> the dtype its matmuls run in."""
 
 
 @contextmanager
-def _autocast(precision: str, device: torch.device) -> Iterator[None]:
+def autocast(precision: str, device: torch.device) -> Iterator[None]:
+    """The forward pass's context: nothing for float32, torch.autocast to the precision otherwise."""
     if precision == "float32":
         yield
         return
-    with torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bfloat16" else torch.float16):
+    with torch.autocast(device.type, dtype=PRECISION_DTYPES[precision]):
         yield
 
 
 def measure_peak_flops(device: torch.device, precision: str) -> float:
     """FLOP/s of a large matmul in the training precision: the peak MFU is measured against."""
-    dtype = torch.float32 if precision == "float32" else torch.bfloat16 if precision == "bfloat16" else torch.float16
+    dtype = PRECISION_DTYPES[precision]
     n = 8192 if device.type == "cuda" else 2048
     generator = torch.Generator(device=device).manual_seed(0)  # the global RNG is the run's, not this probe's
     a = torch.randn(n, n, device=device, dtype=dtype, generator=generator)
@@ -137,8 +144,7 @@ class Trainer:
         self.recipe, self.spec, self.out, self.procs, self.log = recipe, recipe.train, out, procs, log
         self.seq_len = seq_len_of(recipe)
         spec = self.spec
-        self.local_batch = spec.micro_batch_size * spec.grad_accum
-        self.global_batch = self.local_batch * procs.world_size
+        self.global_batch = spec.micro_batch_size * spec.grad_accum * procs.world_size
         self.windows = Windows(data.train, self.seq_len, spec.seed)
         self.val = data.val
         n_windows(self.val, self.seq_len)  # val.bin must hold a window: say so now, not at the first evaluation
@@ -171,7 +177,7 @@ class Trainer:
         if not found:
             raise CheckpointError(f"{self.out} has no checkpoint to resume from; train without --resume to start it")
         step, path = found[-1]
-        saved = validate(read_recipe_data(path / run_dir.RECIPE), str(path / run_dir.RECIPE), name=self.recipe.name)
+        saved = read_recipe(path)
         check_resumable(self.recipe, saved, path)
         tensors, state = run_dir.load(path)
         if state["world_size"] != self.procs.world_size:
@@ -243,7 +249,7 @@ class Trainer:
             x, y = self.windows.batch(first + micro * mb, mb)
             x, y = x.to(self.procs.device, non_blocking=True), y.to(self.procs.device, non_blocking=True)
             last = micro == spec.grad_accum - 1
-            with (self.shared.no_sync() if ddp and not last else nullcontext()), _autocast(spec.precision, self.procs.device):
+            with (self.shared.no_sync() if ddp and not last else nullcontext()), autocast(spec.precision, self.procs.device):
                 loss = loss_of(self.forward, x, y) / spec.grad_accum
             (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
             total += loss.detach()
@@ -284,7 +290,7 @@ class Trainer:
         mine = batches[self.procs.rank * per_process : (self.procs.rank + 1) * per_process] if len(batches) >= self.procs.world_size else batches
         total = torch.zeros((), device=self.procs.device)
         for x, y in mine:
-            with _autocast(self.spec.precision, self.procs.device):
+            with autocast(self.spec.precision, self.procs.device):
                 total += loss_of(self.forward, x.to(self.procs.device), y.to(self.procs.device))
         self.shared.train()
         return float(distributed.mean(total / len(mine), self.procs))
@@ -320,7 +326,7 @@ def check_out(out: Path, *, resume: bool) -> None:
     if resume:
         if not run_dir.checkpoint_dirs(out):
             raise GptzooError(f"{out} has no checkpoints to resume; check --out, or remove {out} and train without --resume")
-    elif out.exists() and (not out.is_dir() or any(out.iterdir())):
+    elif holds_files(out):
         raise GptzooError(f"{out} already holds files; pass --resume to continue that run, or choose another --out")
 
 
@@ -365,7 +371,7 @@ def train(
         trainer = Trainer(recipe, tokens, out, procs, resume=resume, init=init, log=record)
         if procs.is_main:  # the run directory appears once everything has been checked
             out.mkdir(parents=True, exist_ok=True)
-            run_dir.write_text_atomically(out / run_dir.RECIPE, recipe.to_toml())
+            run_dir.write_text_atomically(out / RECIPE, recipe.to_toml())
         result = trainer.run()
     except BaseException:
         distributed.stop(procs, wait=False)
