@@ -15,17 +15,9 @@ import gptzoo
 from gptzoo import checkpoint
 from gptzoo.cli import main
 
-
-def run_json(capsys: pytest.CaptureFixture[str], *argv: str):
-    assert main([*argv, "--json"]) == 0
-    return json.loads(capsys.readouterr().out)
+from cli_run import run_error, run_json  # tests/ has no __init__.py: pytest puts it on sys.path
 
 
-def run_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
-    assert main(list(argv)) == 2
-    captured = capsys.readouterr()
-    assert captured.out == "" and "Traceback" not in captured.err
-    return " ".join(captured.err.split())
 
 
 @pytest.mark.parametrize(

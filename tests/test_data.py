@@ -23,17 +23,9 @@ from gptzoo.errors import GptzooError
 from gptzoo.fetch import FETCHABLE
 from gptzoo.tokenizer import GPT2_EOS_ID, gpt2_bpe_files, gpt2_encoding, load_tokenizer
 
-
-def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
-    assert main([*argv, "--json"]) == 0
-    return json.loads(capsys.readouterr().out)
+from cli_run import run_error, run_json  # tests/ has no __init__.py: pytest puts it on sys.path
 
 
-def run_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
-    assert main(list(argv)) == 2
-    captured = capsys.readouterr()
-    assert captured.out == "" and "Traceback" not in captured.err
-    return " ".join(captured.err.split())
 
 
 def gpt2_stream(documents: Sequence[str]) -> list[int]:
