@@ -23,7 +23,7 @@ import time
 import torch
 import transformers
 
-from gptzoo.generate import generate
+from gptzoo.inference.generate import generate
 from gptzoo.hf import load_hf
 
 

@@ -25,7 +25,7 @@ import transformers
 
 from gptzoo.flops import TRAIN_FORWARD_RATIO, forward_flops
 from gptzoo.hf import load_hf
-from gptzoo.train import autocast, measure_peak_flops
+from gptzoo.training.trainer import autocast, measure_peak_flops
 
 PRECISIONS = ("float32", "bfloat16")
 

@@ -10,8 +10,8 @@ Public API::
 Plugins implement the hooks in gptzoo.hookspecs with ``@gptzoo.hookimpl``.
 """
 
-from gptzoo.build import build_model
-from gptzoo.checkpoint import load_checkpoint, save_checkpoint
+from gptzoo.model.build import build_model
+from gptzoo.model.checkpoint import load_checkpoint, save_checkpoint
 from gptzoo.errors import (
     CheckpointError,
     GptzooError,
@@ -21,12 +21,12 @@ from gptzoo.errors import (
     UnknownComponentError,
 )
 from gptzoo.hookspecs import hookimpl
-from gptzoo.model import GPT
-from gptzoo.plugins import get_plugin_manager
+from gptzoo.model.gpt import GPT
+from gptzoo.plugin_manager import get_plugin_manager, gptzoo_version
 from gptzoo.recipe import Recipe, load_recipe
 from gptzoo.registry import Registry, get_registry
 
-__version__ = "0.1.0"
+__version__ = gptzoo_version()
 
 __all__ = [
     "GPT",

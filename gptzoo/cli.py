@@ -21,25 +21,25 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from gptzoo.build import build_model, resolve_components
-from gptzoo.checkpoint import load_checkpoint, save_checkpoint
-from gptzoo.compare import DEFAULT_PROMPT, compare
-from gptzoo.data import CORPORA, DEFAULT_VAL_FRACTION, NAMED_TOKENIZERS, prepare
+from gptzoo.model.build import build_model, resolve_components
+from gptzoo.model.checkpoint import load_checkpoint, save_checkpoint
+from gptzoo.hf.compare import DEFAULT_PROMPT, compare
+from gptzoo.training.data import CORPORA, DEFAULT_VAL_FRACTION, NAMED_TOKENIZERS, prepare
 from gptzoo.errors import GptzooError
 from gptzoo.fetch import FETCHABLE, fetch
-from gptzoo.generate import check_lengths, generate_text
+from gptzoo.inference.generate import check_lengths, generate_text
 from gptzoo.hf import check_recipe_matches, export_hf, hf_recipe, load_hf, locate
-from gptzoo.model import GPT
-from gptzoo.plot import plot_run
-from gptzoo.train import train
-from gptzoo.train_display import TrainDisplay
-from gptzoo.sampling import SamplerChain, chain_spec
+from gptzoo.model.gpt import GPT
+from gptzoo.training.plot import plot_run
+from gptzoo.training.trainer import train
+from gptzoo.training.display import TrainDisplay
+from gptzoo.inference.sampling import SamplerChain, chain_spec
 from gptzoo.tokenizer import load_tokenizer
 from gptzoo.hookspecs import KINDS
-from gptzoo.plugins import gptzoo_version
+from gptzoo.plugin_manager import gptzoo_version
 from gptzoo.recipe import Recipe, load_recipe, read_recipe_data, shipped_recipes
 from gptzoo.registry import Registry, get_registry
-from gptzoo.summary import DTYPES, render_summary, summarize
+from gptzoo.model.summary import DTYPES, render_summary, summarize
 
 EXIT_USER_ERROR = 2
 

@@ -63,3 +63,8 @@ def did_you_mean(name: str, available: Sequence[str]) -> str:
 
 class NonFiniteError(GptzooError):
     """Training met a non-finite loss, gradient norm or weight (and train.on_nonfinite is "stop")."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, re-raised by a command that can say what it kept (e.g. the last complete checkpoint).
+    The CLI prints the message on one line and exits with status 130."""

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from torch import nn
 
 if TYPE_CHECKING:
-    from gptzoo.model import GPT
+    from gptzoo.model.gpt import GPT
 
 FLOPS_CONVENTION = "1 multiply-add = 2 FLOPs; matmuls only"
 TRAIN_FORWARD_RATIO = 3
@@ -31,7 +31,7 @@ def forward_flops(model: GPT, batch: int, seq_len: int) -> dict[str, int]:
     """Matmul FLOPs of one cache-less forward pass over (batch, seq_len) tokens, by part."""
     parts: dict[str, int] = defaultdict(int)
     for block in model.blocks:
-        for name, flops in (*block.attn.flops(batch, seq_len).items(), *block.mlp.flops(batch * seq_len).items()):
+        for name, flops in (*block.attn.flops(batch, seq_len).items(), *block.mlp.flops(batch, seq_len).items()):
             parts[name] += flops
     parts["lm head"] = linear_flops(batch * seq_len, model.lm_head)
     return dict(parts)

@@ -1,4 +1,4 @@
-"""Hook specifications: one per component kind. Each docstring is that kind's contract.
+"""Hook specifications and the contract table: one hook and one :class:`Contract` per component kind.
 
 A plugin implements any of these hooks and calls ``register`` once per component::
 
@@ -17,30 +17,99 @@ A plugin implements any of these hooks and calls ``register`` once per component
     override: replace an entry of the same name registered by an earlier plugin (built-ins come
         first). Without it a duplicate name is an error naming both plugins.
 
-A factory may define ``check(**params) -> list[str]`` (e.g. as a staticmethod): it receives the
-same arguments as the factory and returns problems found before anything is allocated (e.g. rope
-needs an even head dimension). Recipe validation reports them with the other problems.
+:data:`CONTRACTS` is the single home of what each kind's factory receives from the model
+(``structural``), which of its arguments are other components the builder makes (``components``),
+the members a built object must expose (``members``) and the optional methods it may have
+(``optional``). Recipe validation, the builder, the contract tests and ``gptzoo list`` read it; a
+test checks that every hook's docstring below says the same. The typed shape of each kind's built
+object is the Protocol (or base class) named by ``interface`` in gptzoo.interfaces.
 
-A component module may define ``hf_weights(family: str) -> list[TensorMap] | None``: where its
-tensors live in a Hugging Face checkpoint of that family ("gpt2": GPT2LMHeadModel, "llama":
-LlamaForCausalLM), relative to its place there (gptzoo.interfaces.TensorMap). The maps must cover
-its state dict exactly (a contract test checks it); None, or no such method, means the family has
-no equivalent of the component, and import and export refuse it with that reason.
+Optional methods, for every kind:
+
+- ``check(**params) -> list[str]`` on the factory (e.g. a staticmethod): it receives the same
+  arguments as the factory and returns problems found before anything is allocated (e.g. rope
+  needs an even head dimension). Recipe validation reports them with the other problems.
+- ``hf_weights(family: str) -> list[TensorMap] | None`` on the built module: where its tensors live
+  in a Hugging Face checkpoint of that family ("gpt2": GPT2LMHeadModel, "llama":
+  LlamaForCausalLM), relative to its place there (gptzoo.interfaces.TensorMap). The maps must cover
+  its state dict exactly (a contract test checks it); None, or no such method, means the family has
+  no equivalent of the component, and import and export refuse it with that reason.
+- ``flops(batch: int, seq_len: int) -> dict[str, int]`` (a member for mlps and attentions): the
+  matmul FLOPs of a cache-less forward over (batch, seq_len) tokens by part name, one multiply-add
+  counted as 2 FLOPs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import pluggy
 
 PROJECT = "gptzoo"
-KINDS = ("norm", "activation", "mlp", "position", "attention", "sampler")
-"""The component kinds, in the order a model is described."""
 
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+@dataclass(frozen=True)
+class Contract:
+    """What one component kind's factory receives and what its product exposes."""
+
+    kind: str
+    interface: str
+    """The Protocol or base class in gptzoo.interfaces that a built component satisfies."""
+    recipe_key: str | None
+    """The [model] key that names this kind's component; None when the recipe places it elsewhere
+    (samplers are a chain in [generate])."""
+    structural: tuple[tuple[str, str], ...] = ()
+    """(factory argument, [model] attribute) pairs the model passes besides the recipe's parameters."""
+    components: tuple[str, ...] = ()
+    """Factory arguments that are themselves components (of the kind of the same name), built first."""
+    members: tuple[str, ...] = ()
+    """Attributes and methods the built object must have."""
+    optional: tuple[str, ...] = ("check", "hf_weights")
+    """Methods it may have (see the module docstring)."""
+
+    @property
+    def hook(self) -> str:
+        return f"register_{self.kind}s"
+
+    @property
+    def given_by_model(self) -> frozenset[str]:
+        """Factory arguments that never come from the recipe."""
+        return frozenset(arg for arg, _ in self.structural) | frozenset(self.components)
+
+
+CONTRACTS: dict[str, Contract] = {
+    c.kind: c
+    for c in (
+        Contract("norm", "Norm", "norm", structural=(("dim", "n_embd"),)),
+        Contract("activation", "Activation", "activation"),
+        Contract(
+            "mlp", "MLP", "mlp",
+            structural=(("d_model", "n_embd"), ("d_ff", "d_ff"), ("bias", "bias")),
+            components=("activation",),
+            members=("c_proj", "flops"),
+        ),
+        Contract(
+            "position", "Position", "position",
+            structural=(("n_embd", "n_embd"), ("n_head", "n_head"), ("head_dim", "head_dim"), ("context_length", "context_length")),
+            members=("max_positions", "embed", "rotary", "attn_bias"),
+        ),
+        Contract(
+            "attention", "Attention", "attention",
+            structural=(("d_model", "n_embd"), ("n_head", "n_head"), ("n_kv_head", "n_kv_head"), ("head_dim", "head_dim"), ("bias", "bias")),
+            members=("c_proj", "init_cache", "flops"),
+        ),
+        Contract("sampler", "Sampler", None, members=("picks", "pick"), optional=("check",)),
+    )
+}
+"""kind -> its contract, in the order a model is described."""
+
+KINDS = tuple(CONTRACTS)
+"""The component kinds."""
 
 
 class Register(Protocol):
@@ -53,11 +122,14 @@ class Register(Protocol):
 def register_norms(register: Register) -> None:
     """Register normalization layers.
 
-    Factory: ``factory(dim: int, *, eps: float = ..., **params) -> nn.Module``.
-    Forward: x (B, T, dim) -> (B, T, dim), same dtype. Whether a norm sits before (pre) or after
-    (post) the residual addition is the recipe's ``norm_placement``, not the norm's business.
-    A norm's bias is its own parameter (``norm = { name = "layernorm", bias = false }``): the
-    recipe's ``bias`` covers the linear layers only, since checkpoints differ on the two.
+    Factory: ``factory(dim, *, **params) -> Norm``. Forward: x (B, T, dim) -> (B, T, dim), same
+    dtype. Whether a norm sits before (pre) or after (post) the residual addition is the recipe's
+    ``norm_placement``, not the norm's business. A norm's bias is its own parameter
+    (``norm = { name = "layernorm", bias = false }``): the recipe's ``bias`` covers the linear
+    layers only, since checkpoints differ on the two.
+
+    Members: none.
+    Optional: ``check``, ``hf_weights``.
     """
 
 
@@ -65,7 +137,10 @@ def register_norms(register: Register) -> None:
 def register_activations(register: Register) -> None:
     """Register elementwise activations.
 
-    Factory: ``factory(**params) -> nn.Module``. Forward: any shape -> same shape and dtype.
+    Factory: ``factory(*, **params) -> Activation``. Forward: any shape -> same shape and dtype.
+
+    Members: none.
+    Optional: ``check``, ``hf_weights``.
     """
 
 
@@ -73,12 +148,14 @@ def register_activations(register: Register) -> None:
 def register_mlps(register: Register) -> None:
     """Register the feed-forward part of a block.
 
-    Factory: ``factory(d_model: int, d_ff: int, *, activation: nn.Module, bias: bool, **params)
-    -> nn.Module``. Forward: x (B, T, d_model) -> (B, T, d_model).
-    The module must expose ``c_proj``, the nn.Linear that writes into the residual stream (the
-    model scales its initialization by 1/sqrt(2 n_layer), as GPT-2 does), and
-    ``flops(n_tokens: int) -> dict[str, int]``: the matmul FLOPs of a forward over that many
-    tokens, one multiply-add counted as 2 FLOPs, by part name.
+    Factory: ``factory(d_model, d_ff, *, activation, bias, **params) -> MLP``; ``activation`` is a
+    built activation module. Forward: x (B, T, d_model) -> (B, T, d_model).
+    ``c_proj`` is the nn.Linear that writes into the residual stream (the model scales its
+    initialization by 1/sqrt(2 n_layer), as GPT-2 does); ``flops(batch, seq_len)`` as in the
+    module docstring.
+
+    Members: ``c_proj``, ``flops``.
+    Optional: ``check``, ``hf_weights``.
     """
 
 
@@ -86,8 +163,8 @@ def register_mlps(register: Register) -> None:
 def register_positions(register: Register) -> None:
     """Register position encodings.
 
-    Factory: ``factory(*, n_embd: int, n_head: int, head_dim: int, context_length: int, **params)
-    -> gptzoo.interfaces.Position``. A Position has three optional capabilities, each a no-op by
+    Factory: ``factory(*, n_embd, n_head, head_dim, context_length, **params) -> Position``
+    (subclass gptzoo.interfaces.Position). A Position has three capabilities, each a no-op by
     default: ``embed(positions)`` adds (T, n_embd) to the token embeddings (learned, sinusoidal);
     ``rotary(positions)`` returns a Rotary that rotates q and k (rope); ``attn_bias(q_pos, k_pos)``
     returns an additive (n_head, Tq, Tk) bias (alibi). Positions are absolute, so the encoding
@@ -95,6 +172,9 @@ def register_positions(register: Register) -> None:
     (None: no limit); the model refuses longer inputs with a clear error.
     The model computes these once per forward pass and hands them to every attention layer
     through an AttentionContext, so one position module serves all layers.
+
+    Members: ``max_positions``, ``embed``, ``rotary``, ``attn_bias``.
+    Optional: ``check``, ``hf_weights``.
     """
 
 
@@ -102,14 +182,16 @@ def register_positions(register: Register) -> None:
 def register_attentions(register: Register) -> None:
     """Register causal self-attention layers.
 
-    Factory: ``factory(d_model: int, n_head: int, *, n_kv_head: int, head_dim: int, bias: bool,
-    **params) -> nn.Module``; n_head % n_kv_head == 0 (MHA: equal, GQA: fewer, MQA: one).
+    Factory: ``factory(d_model, n_head, *, n_kv_head, head_dim, bias, **params) -> Attention``;
+    n_head % n_kv_head == 0 (MHA: equal, GQA: fewer, MQA: one).
     Forward: ``forward(x (B, T, d_model), ctx: AttentionContext, cache: LayerKVCache | None)
     -> (B, T, d_model)``. The context carries the rotary embedding, the additive mask and the cache
-    offset; the layer must never let a query see a later key.
-    The module must expose ``c_proj`` (the output projection, as for mlps), ``init_cache(
-    batch_size, max_len, *, device, dtype) -> LayerKVCache`` and ``flops(batch, seq_len) ->
-    dict[str, int]`` (matmul FLOPs of a cache-less forward, by part name).
+    offset; the layer must never let a query see a later key. ``c_proj`` is the output projection
+    (as for mlps); ``init_cache(batch_size, max_len, *, device, dtype) -> LayerKVCache``;
+    ``flops(batch, seq_len)`` as in the module docstring.
+
+    Members: ``c_proj``, ``init_cache``, ``flops``.
+    Optional: ``check``, ``hf_weights``.
     """
 
 
@@ -117,10 +199,13 @@ def register_attentions(register: Register) -> None:
 def register_samplers(register: Register) -> None:
     """Register steps of the sampler chain.
 
-    Factory: ``factory(**params) -> gptzoo.interfaces.Sampler``. A step maps next-token logits
-    (B, V) float and the tokens so far (B, T) to logits (B, V) (use -inf to forbid a token). A step
-    that chooses the token itself sets ``picks = True`` and implements ``pick(logits, generator)
-    -> (B,)``; it must be the last step. A chain whose last step does not pick samples from the
-    softmax of the transformed logits with the given torch.Generator.
+    Factory: ``factory(*, **params) -> Sampler`` (subclass gptzoo.interfaces.Sampler). A step maps
+    next-token logits (B, V) float and the tokens so far (B, T) to logits (B, V) (use -inf to
+    forbid a token). A step that chooses the token itself sets ``picks = True`` and implements
+    ``pick(logits, generator) -> (B,)``; it must be the last step. A chain whose last step does not
+    pick samples from the softmax of the transformed logits with the given torch.Generator.
     Factories raise ValueError for out-of-range parameters (e.g. top_p outside (0, 1]).
+
+    Members: ``picks``, ``pick``.
+    Optional: ``check``.
     """

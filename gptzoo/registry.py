@@ -16,7 +16,15 @@ from typing import Any
 
 from gptzoo.errors import PluginError, RegistryError, UnknownComponentError, describe_exception
 from gptzoo.hookspecs import KINDS
-from gptzoo.plugins import GptzooPluginManager, PluginInfo, get_plugin_manager, strict_failure
+from gptzoo.plugin_manager import (
+    NO_PLUGINS_ENV,
+    STRICT_ENV,
+    GptzooPluginManager,
+    PluginInfo,
+    env_flag,
+    get_plugin_manager,
+    strict_failure,
+)
 
 
 @dataclass(frozen=True)
@@ -121,6 +129,22 @@ def get_registry(*, third_party: bool | None = None, strict: bool | None = None)
     """
     pm = get_plugin_manager(third_party=third_party, strict=strict)
     return registry_from(pm)
+
+
+@functools.cache
+def _default(third_party: bool, strict: bool) -> Registry:
+    return get_registry(third_party=third_party, strict=strict)
+
+
+def default_registry() -> Registry:
+    """The registry library functions use when none is passed: built once per process (for the
+    current $GPTZOO_NO_PLUGINS / $GPTZOO_STRICT_PLUGINS settings) and shared, so a recipe is
+    validated and built against the same plugins. A command builds its own with get_registry()
+    and passes it on; ``default_registry.cache_clear()`` forgets the shared one."""
+    return _default(not env_flag(NO_PLUGINS_ENV), env_flag(STRICT_ENV))
+
+
+default_registry.cache_clear = _default.cache_clear  # type: ignore[attr-defined]
 
 
 def registry_from(pm: GptzooPluginManager) -> Registry:

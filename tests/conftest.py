@@ -14,3 +14,9 @@ def registry() -> gptzoo.Registry:
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_default_registry() -> None:
+    """Tests install and remove plugins: the shared default registry must not outlive one test."""
+    gptzoo.registry.default_registry.cache_clear()

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import gptzoo
-from gptzoo import checkpoint
+from gptzoo.model import checkpoint
 from gptzoo.cli import main
 
 from cli_run import run_error, run_json  # tests/ has no __init__.py: pytest puts it on sys.path
@@ -46,7 +46,7 @@ def test_build_json_flops_and_memory(capsys: pytest.CaptureFixture[str]) -> None
     assert s["flops"]["forward"] == 4 * (L * (24 * 128 * d * d + 4 * 128 * 128 * d) + 2 * 128 * V * d)
     components = {c["key"]: c for c in s["components"]}
     assert components["norm"]["name"] == "layernorm" and components["norm"]["params"] == {"eps": 1e-5}
-    assert components["activation"]["plugin"] == "gptzoo_plugins.activations"
+    assert components["activation"]["plugin"] == "gptzoo.builtins.activations"
     assert components["activation"]["distribution"] == "gptzoo"
 
 
@@ -60,7 +60,7 @@ def test_build_llama_reports_gqa_cache_and_untied_head(capsys: pytest.CaptureFix
 def test_build_table_for_people(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["build", "gpt2-small-postln"]) == 0
     out = " ".join(capsys.readouterr().out.split())  # rich wraps titles at the console width
-    for text in ("Components", "layernorm", "gptzoo_plugins.norms", "124,438,272", "Forward FLOPs", "1 multiply-add = 2 FLOPs", "KV cache per token", "norm_placement=post"):
+    for text in ("Components", "layernorm", "gptzoo.builtins.norms", "124,438,272", "Forward FLOPs", "1 multiply-add = 2 FLOPs", "KV cache per token", "norm_placement=post"):
         assert text in out, text
 
 

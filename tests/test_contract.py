@@ -149,5 +149,5 @@ def test_every_kind_has_components(registry: gptzoo.Registry) -> None:
         for name in names:
             entry = registry.get(kind, name)
             assert entry.provenance.distribution == "gptzoo"
-            assert entry.provenance.plugin == f"gptzoo_plugins.{kind}s"
+            assert entry.provenance.plugin == f"gptzoo.builtins.{kind}s"
             assert entry.doc, f"{kind} {name} has no one-line doc"

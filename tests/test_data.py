@@ -15,10 +15,10 @@ import pytest
 import torch
 from pydoc_data.topics import topics
 
-from gptzoo import data
+from gptzoo.training import data
 from gptzoo import fetch as fx
 from gptzoo.cli import main
-from gptzoo.data import NAMED_TOKENIZERS, TokenData, Windows, eval_batches, play_text, prepare, rank_slice
+from gptzoo.training.data import NAMED_TOKENIZERS, TokenData, Windows, eval_batches, play_text, prepare, rank_slice
 from gptzoo.errors import GptzooError
 from gptzoo.fetch import FETCHABLE
 from gptzoo.tokenizer import GPT2_EOS_ID, gpt2_bpe_files, gpt2_encoding, load_tokenizer

@@ -12,9 +12,9 @@ import transformers
 
 import gptzoo
 from gptzoo.cli import main
-from gptzoo.generate import IncrementalDecoder, generate, generate_text
+from gptzoo.inference.generate import IncrementalDecoder, generate, generate_text
 from gptzoo.hf import load_hf
-from gptzoo.sampling import SamplerChain, chain_spec
+from gptzoo.inference.sampling import SamplerChain, chain_spec
 from gptzoo.tokenizer import load_tokenizer
 
 transformers.utils.logging.set_verbosity_error()

@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 
 import gptzoo
 from gptzoo.cli import main
-from gptzoo.compare import compare
+from gptzoo.hf.compare import compare
 from gptzoo.errors import CheckpointError, GptzooError, RecipeError
 from gptzoo.hf import NoEquivalentError, export_hf, hf_recipe, load_hf
 

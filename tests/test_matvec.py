@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from gptzoo.matvec import blas_decoding
+from gptzoo.inference.matvec import blas_decoding
 
 from tiny import tiny_model  # tests/ has no __init__.py: pytest puts it on sys.path
 

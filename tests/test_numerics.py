@@ -11,8 +11,8 @@ from torch import nn
 
 import gptzoo
 from gptzoo.errors import GptzooError
-from gptzoo.sampling import SamplerChain
-from gptzoo_plugins.positions import alibi_slopes
+from gptzoo.inference.sampling import SamplerChain
+from gptzoo.builtins.positions import alibi_slopes
 
 
 def _factory(registry: gptzoo.Registry, kind: str, name: str):

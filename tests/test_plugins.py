@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 import gptzoo
-from gptzoo.plugins import BUILTIN_PLUGINS, PluginInfo, gptzoo_version
+from gptzoo.plugin_manager import DEFAULT_PLUGINS, PluginInfo, gptzoo_version
 from gptzoo.registry import Provenance
 
 from fakedist import (  # tests/ has no __init__.py: pytest puts it on sys.path
@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLE_DIR = REPO / "examples" / "gptzoo-sqrelu"
 INSTALL_HINT = "pip install -e examples/gptzoo-sqrelu"
 GPTZOO_VERSION = gptzoo_version()
-BUILTIN_NORMS = Provenance("gptzoo_plugins.norms", "gptzoo", GPTZOO_VERSION)
+BUILTIN_NORMS = Provenance("gptzoo.builtins.norms", "gptzoo", GPTZOO_VERSION)
 
 
 def run_gptzoo(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -177,7 +177,7 @@ def test_plugin_failing_on_import_is_reported_and_others_keep_working(fake_site:
     )
     assert [p.name for p in registry.failed] == ["broken"]
     assert report(registry, "good").status == "ok"
-    assert [p.name for p in registry.plugins if p.builtin] == list(BUILTIN_PLUGINS)
+    assert [p.name for p in registry.plugins if p.builtin] == list(DEFAULT_PLUGINS)
     assert all(p.status == "ok" for p in registry.plugins if p.builtin)
     assert registry.names("norm") == ["layernorm", "rmsnorm", "scalenorm"]
     recipe = gptzoo.load_recipe("gpt2-tiny", ["model.norm=scalenorm"], registry=registry)
@@ -222,7 +222,7 @@ def test_no_plugins_env_skips_third_party_plugins(fake_site: FakeSite, monkeypat
     monkeypatch.setenv("GPTZOO_NO_PLUGINS", "1")
     monkeypatch.setenv("GPTZOO_STRICT_PLUGINS", "1")  # the broken plugin is not even imported
     registry = gptzoo.get_registry()
-    assert [p.name for p in registry.plugins] == list(BUILTIN_PLUGINS)
+    assert [p.name for p in registry.plugins] == list(DEFAULT_PLUGINS)
     assert registry.names("norm") == ["layernorm", "rmsnorm"]
     assert "squared_relu" not in registry.names("activation")
     assert "gptzoo_fake_good" not in sys.modules and "gptzoo_fake_broken" not in sys.modules
@@ -298,12 +298,12 @@ def test_duplicate_name_fails_the_later_plugin_naming_both(fake_site: FakeSite) 
     info = report(registry, "dup")
     assert info.status == "failed"
     assert info.error == (
-        f"norm 'rmsnorm' is registered by both gptzoo_plugins.norms (gptzoo {GPTZOO_VERSION}) and "
+        f"norm 'rmsnorm' is registered by both gptzoo.builtins.norms (gptzoo {GPTZOO_VERSION}) and "
         "gptzoo_fake_dup (gptzoo-fake-dup 1.0); rename one, or register the later one with override=True"
     )
     entry = registry.get("norm", "rmsnorm")
     assert entry.provenance == BUILTIN_NORMS and entry.overrides is None
-    assert entry.factory.__module__ == "gptzoo_plugins.norms"
+    assert entry.factory.__module__ == "gptzoo.builtins.norms"
     with pytest.raises(gptzoo.PluginError, match=r"^plugin 'dup' \(gptzoo-fake-dup 1\.0\) failed while registering: norm 'rmsnorm' is registered by both"):
         gptzoo.get_registry(strict=True)
 
@@ -315,7 +315,7 @@ def test_override_replaces_the_builtin_and_records_it(fake_site: FakeSite) -> No
     entry = registry.get("norm", "rmsnorm")
     assert entry.provenance == Provenance("gptzoo_fake_override", "gptzoo-fake-override", "1.0")
     assert entry.overrides == BUILTIN_NORMS
-    assert str(entry.overrides) == f"gptzoo_plugins.norms (gptzoo {GPTZOO_VERSION})"
+    assert str(entry.overrides) == f"gptzoo.builtins.norms (gptzoo {GPTZOO_VERSION})"
     assert entry.factory.__name__ == "MyRMSNorm"
     assert registry.get("norm", "layernorm").overrides is None
     recipe = gptzoo.load_recipe("llama-tiny", registry=registry)  # norm = { name = "rmsnorm", eps = 1e-5 }
@@ -349,7 +349,7 @@ def test_import_loads_no_plugins(cli_site: FakeSite) -> None:
     # Strict mode with a broken plugin installed: loading plugins at import would make it fail.
     code = (
         "import sys, gptzoo; "
-        "print(any(m.startswith('gptzoo_plugins') for m in sys.modules)); "
+        "print(any(m.startswith('gptzoo.builtins') for m in sys.modules)); "
         "print(any(m.startswith(('gptzoo_sqrelu', 'gptzoo_fake')) for m in sys.modules))"
     )
     proc = subprocess.run(
@@ -385,8 +385,8 @@ def test_cli_plugins_lists_a_failed_plugin_and_exits_0(plugins_json: subprocess.
         "builtin": False, "status": "failed", "error": f"RuntimeError: {BROKEN_MESSAGE}", "registered": [],
     }
     assert rows["good"]["status"] == "ok" and rows["good"]["registered"] == ["norm:scalenorm"]
-    assert rows["gptzoo_plugins.norms"]["registered"] == ["norm:layernorm", "norm:rmsnorm"]
-    assert [name for name, row in rows.items() if row["builtin"]] == list(BUILTIN_PLUGINS)
+    assert rows["gptzoo.builtins.norms"]["registered"] == ["norm:layernorm", "norm:rmsnorm"]
+    assert [name for name, row in rows.items() if row["builtin"]] == list(DEFAULT_PLUGINS)
 
 
 def test_cli_build_with_a_plugin_component(cli_site: FakeSite) -> None:

@@ -10,9 +10,10 @@ import torch
 
 import gptzoo
 from gptzoo.errors import RecipeError
-from gptzoo.model import BLOCKS
-from gptzoo.recipe import NORM_PLACEMENTS, load_recipe, shipped_recipes
-from gptzoo.summary import parameter_counts
+from gptzoo.model.gpt import BLOCKS
+from gptzoo.recipe import load_recipe, shipped_recipes
+from gptzoo.recipe.schema import NORM_PLACEMENTS
+from gptzoo.model.summary import parameter_counts
 
 SHIPPED = sorted(shipped_recipes())
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import gptzoo
-from gptzoo.compare import compare
+from gptzoo.hf.compare import compare
 
 pytestmark = pytest.mark.slow
 

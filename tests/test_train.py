@@ -15,14 +15,14 @@ import pytest
 import torch
 
 import gptzoo
-from gptzoo import run_dir
-from gptzoo.checkpoint import load_checkpoint
+from gptzoo.training import run_dir
+from gptzoo.model.checkpoint import load_checkpoint
 from gptzoo.cli import main
-from gptzoo.data import prepare
-from gptzoo.optim import lr_at, param_groups
+from gptzoo.training.data import prepare
+from gptzoo.training.optim import lr_at, param_groups
 from gptzoo.recipe import TrainSpec
 from gptzoo.errors import NonFiniteError
-from gptzoo.train import train
+from gptzoo.training.trainer import train
 
 TINY = ["model.vocab_size=256", "tokenizer.name=bytes", "train.seq_len=64", "train.micro_batch_size=8", "train.warmup_steps=4", "train.lr=3e-3", "train.min_lr=3e-4", "train.eval_batches=4", "train.log_every=1", "train.peak_tflops=1.0"]
 """gpt2-tiny over UTF-8 bytes: a 2-layer, width-64 model that trains in a few seconds."""
@@ -94,7 +94,7 @@ def test_an_interrupted_save_leaves_the_previous_checkpoint(docs: Path, tmp_path
 
 def _poison_step(monkeypatch: pytest.MonkeyPatch, step: int) -> None:
     """The loss of optimizer step ``step`` (1-based) becomes NaN."""
-    from gptzoo import train as train_mod
+    from gptzoo.training import trainer as train_mod
 
     real = train_mod.Trainer.train_step
 
@@ -145,7 +145,7 @@ def _torchrun(script: Path, *args: str) -> None:
 DIST_SCRIPT = """
 import os, sys
 import gptzoo
-from gptzoo.train import train
+from gptzoo.training.trainer import train
 overrides = sys.argv[3:]
 train(gptzoo.load_recipe("gpt2-tiny", overrides), out=sys.argv[1], data=sys.argv[2])
 os._exit(0)  # torch 2.13 + gloo can abort at interpreter exit after DDP (see DESIGN.md); the work is done
@@ -244,7 +244,7 @@ def test_cli_refuses_to_overwrite_or_to_resume_another_recipe(docs: Path, tmp_pa
 def test_fine_tuning_starts_from_hugging_face_weights(docs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import transformers
 
-    from gptzoo.data import TokenData, Windows
+    from gptzoo.training.data import TokenData, Windows
 
     torch.manual_seed(3)
     hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=256, n_positions=128)).eval()

@@ -13,15 +13,15 @@ from typing import Any
 
 import torch
 
-from gptzoo.build import build_model
+from gptzoo.model.build import build_model
 from gptzoo.errors import CheckpointError, GptzooError, RecipeError, did_you_mean
 from gptzoo.hf.family import Family, NoEquivalentError
 from gptzoo.hf.files import locate, read_config, read_tensors, write_checkpoint
 from gptzoo.hf.gpt2 import GPT2
 from gptzoo.hf.llama import Llama
-from gptzoo.model import GPT
+from gptzoo.model.gpt import GPT
 from gptzoo.recipe import COMPONENT_KEYS, ModelSpec, Recipe, apply_overrides, validate
-from gptzoo.registry import Registry, get_registry
+from gptzoo.registry import Registry, default_registry
 
 FAMILIES: dict[str, Family] = {family.model_type: family for family in (GPT2(), Llama())}
 """config.json model_type -> family."""
@@ -106,7 +106,7 @@ def load_hf(
         recipe: the recipe to build; it must agree with config.json. Default: derived from it.
         dtype: of the returned model; default: float32.
     """
-    registry = registry if registry is not None else get_registry()
+    registry = registry if registry is not None else default_registry()
     path = locate(source)
     derived = hf_recipe(path, registry=registry)
     if recipe is None:

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from gptzoo.errors import CheckpointError, GptzooError, did_you_mean
 from gptzoo.interfaces import TensorMap
-from gptzoo.model import GPT
+from gptzoo.model.gpt import GPT
 from gptzoo.recipe import Recipe
 
 

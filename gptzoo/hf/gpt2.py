@@ -15,7 +15,7 @@ from torch import Tensor
 from gptzoo.errors import GptzooError
 from gptzoo.hf.family import Family, NoEquivalentError, Part, lookup, refuse, required
 from gptzoo.interfaces import TensorMap
-from gptzoo.model import GPT
+from gptzoo.model.gpt import GPT
 from gptzoo.recipe import Recipe
 
 ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu", "silu": "silu", "swish": "silu"}

@@ -13,7 +13,7 @@ from typing import Any
 from gptzoo.errors import GptzooError
 from gptzoo.hf.family import Family, NoEquivalentError, Part, lookup, required
 from gptzoo.interfaces import TensorMap
-from gptzoo.model import GPT
+from gptzoo.model.gpt import GPT
 from gptzoo.recipe import Recipe
 
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh", "relu": "relu"}

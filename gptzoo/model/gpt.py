@@ -1,6 +1,6 @@
 """The model: token embedding, position encoding, N blocks, final norm, LM head.
 
-It is composed from component modules built elsewhere (gptzoo.build) and calls only their
+It is composed from component modules built elsewhere (gptzoo.model.build) and calls only their
 interfaces (gptzoo.interfaces): no component names, no flags. The one structural choice, norm
 placement, selects a block class:
 

@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from gptzoo.flops import FLOPS_CONVENTION, TRAIN_FORWARD_RATIO, forward_flops
-from gptzoo.model import GPT
+from gptzoo.model.gpt import GPT
 from gptzoo.recipe import Recipe
 from gptzoo.registry import Entry
 

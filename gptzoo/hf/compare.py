@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gptzoo.errors import GptzooError
-from gptzoo.generate import generate
+from gptzoo.inference.generate import generate
 from gptzoo.hf import load_hf, locate
 from gptzoo.recipe import Recipe
 from gptzoo.tokenizer import load_tokenizer

@@ -42,7 +42,7 @@ from gptzoo import fetch as fetch_mod
 from gptzoo.atomic import new_directory
 from gptzoo.errors import GptzooError, did_you_mean
 from gptzoo.fetch import FETCHABLE, Log, cache_root
-from gptzoo.plugins import gptzoo_version
+from gptzoo.plugin_manager import gptzoo_version
 from gptzoo.tokenizer import TOKENIZER_NAMES, HFTokenizer, TiktokenTokenizer, Tokenizer, load_tokenizer
 
 FORMAT_VERSION = 1

@@ -18,7 +18,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from gptzoo import hookimpl
+from gptzoo.hookspecs import hookimpl
 from gptzoo.interfaces import Position, TensorMap
 
 

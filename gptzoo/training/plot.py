@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gptzoo import run_dir
+from gptzoo.training import run_dir
 from gptzoo.errors import GptzooError
 
 

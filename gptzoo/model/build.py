@@ -11,9 +11,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from gptzoo.model import BLOCKS, GPT
+from gptzoo.model.gpt import BLOCKS, GPT
 from gptzoo.recipe import COMPONENT_KEYS, Component, Recipe, load_recipe, structural_args
-from gptzoo.registry import Entry, Registry, get_registry
+from gptzoo.registry import Entry, Registry, default_registry
 
 
 def resolve_components(recipe: Recipe, registry: Registry) -> dict[str, Entry]:
@@ -33,7 +33,7 @@ def build_model(
     On the meta device nothing is allocated or initialized (for summaries and for loading weights
     later); elsewhere the weights get GPT-2's initialization in float32, then are cast to ``dtype``.
     """
-    registry = registry if registry is not None else get_registry()
+    registry = registry if registry is not None else default_registry()
     if not isinstance(recipe, Recipe):
         recipe = load_recipe(recipe, registry=registry)
     spec = recipe.model

@@ -27,7 +27,15 @@ from gptzoo.errors import PluginError, describe_exception
 ENTRY_POINT_GROUP = "gptzoo"
 NO_PLUGINS_ENV = "GPTZOO_NO_PLUGINS"
 STRICT_ENV = "GPTZOO_STRICT_PLUGINS"
-BUILTIN_PLUGINS = tuple(f"gptzoo_plugins.{kind}s" for kind in hookspecs.KINDS)  # .norms, .mlps, ...
+DEFAULT_PLUGINS = (
+    "gptzoo.builtins.norms",
+    "gptzoo.builtins.activations",
+    "gptzoo.builtins.mlps",
+    "gptzoo.builtins.positions",
+    "gptzoo.builtins.attentions",
+    "gptzoo.builtins.samplers",
+)
+"""The built-in plugins, registered first and in this order (as pytest's ``default_plugins``)."""
 
 
 @dataclass(frozen=True)
@@ -80,7 +88,7 @@ def get_plugin_manager(*, third_party: bool | None = None, strict: bool | None =
         strict = env_flag(STRICT_ENV)
     pm = GptzooPluginManager(strict=strict)
     version = gptzoo_version()
-    for module_name in BUILTIN_PLUGINS:
+    for module_name in DEFAULT_PLUGINS:
         pm.register(importlib.import_module(module_name), name=module_name)
         pm.reports.append(PluginInfo(module_name, module_name, "gptzoo", version, builtin=True))
     pm.check_pending()

@@ -28,7 +28,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from gptzoo.atomic import new_directory
-from gptzoo.checkpoint import WEIGHTS, write_files
+from gptzoo.model.checkpoint import WEIGHTS, write_files
 from gptzoo.errors import CheckpointError
 from gptzoo.recipe import Recipe
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from gptzoo import hookimpl
+from gptzoo.hookspecs import hookimpl
 
 
 def gelu() -> nn.Module:

@@ -1,7 +1,7 @@
 """Training: a recipe's model on prepared token data, resumable, in one process or under torchrun.
 
 One optimizer step takes micro_batch_size x grad_accum sequences in each of the world_size
-processes: global window w of the data stream (gptzoo.data.Windows, a pure function of the seed)
+processes: global window w of the data stream (gptzoo.training.data.Windows, a pure function of the seed)
 goes to step w // G, where G is that global batch, and each process takes its contiguous slice of
 the step's windows. The data position is therefore the step itself, and 1 process with
 grad_accum 2 sees exactly the sequences that 2 processes with grad_accum 1 see.
@@ -25,15 +25,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gptzoo import distributed, run_dir
+from gptzoo.training import distributed, run_dir
 from gptzoo.atomic import holds_files
-from gptzoo.build import build_model
-from gptzoo.data import TokenData, Windows, eval_batches, n_windows, rank_slice
+from gptzoo.model.build import build_model
+from gptzoo.training.data import TokenData, Windows, eval_batches, n_windows, rank_slice
 from gptzoo.errors import CheckpointError, GptzooError, NonFiniteError
 from gptzoo.flops import TRAIN_FORWARD_RATIO, forward_flops
-from gptzoo.model import GPT
-from gptzoo.optim import lr_at, make_optimizer
-from gptzoo.checkpoint import RECIPE, read_recipe
+from gptzoo.model.gpt import GPT
+from gptzoo.training.optim import lr_at, make_optimizer
+from gptzoo.model.checkpoint import RECIPE, read_recipe
 from gptzoo.recipe import Recipe, TrainSpec
 
 RESUMABLE_CHANGES = ("max_steps", "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints", "log_every", "peak_tflops", "data", "compile", "on_nonfinite")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from gptzoo import hookimpl
+from gptzoo.hookspecs import hookimpl
 from gptzoo.flops import linear_flops
 from gptzoo.interfaces import TensorMap
 
@@ -25,8 +25,8 @@ class DenseMLP(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return self.c_proj(self.act(self.c_fc(x)))
 
-    def flops(self, n_tokens: int) -> dict[str, int]:
-        return {"mlp": linear_flops(n_tokens, self.c_fc, self.c_proj)}
+    def flops(self, batch: int, seq_len: int) -> dict[str, int]:
+        return {"mlp": linear_flops(batch * seq_len, self.c_fc, self.c_proj)}
 
     def hf_weights(self, family: str) -> list[TensorMap] | None:
         if family != "gpt2":
@@ -50,8 +50,8 @@ class GatedMLP(nn.Module):
         gate, up = self.c_fc(x).chunk(2, dim=-1)  # (B, T, d_ff) each
         return self.c_proj(self.act(gate) * up)
 
-    def flops(self, n_tokens: int) -> dict[str, int]:
-        return {"mlp": linear_flops(n_tokens, self.c_fc, self.c_proj)}
+    def flops(self, batch: int, seq_len: int) -> dict[str, int]:
+        return {"mlp": linear_flops(batch * seq_len, self.c_fc, self.c_proj)}
 
     def hf_weights(self, family: str) -> list[TensorMap] | None:
         if family != "llama":

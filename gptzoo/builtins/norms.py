@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gptzoo import hookimpl
+from gptzoo.hookspecs import hookimpl
 from gptzoo.interfaces import TensorMap
 
 

@@ -14,10 +14,10 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from gptzoo.atomic import new_directory
-from gptzoo.build import build_model
+from gptzoo.model.build import build_model
 from gptzoo.errors import CheckpointError
-from gptzoo.model import GPT
-from gptzoo.plugins import gptzoo_version
+from gptzoo.model.gpt import GPT
+from gptzoo.plugin_manager import gptzoo_version
 from gptzoo.recipe import Recipe, read_recipe_data, validate
 
 WEIGHTS = "model.safetensors"

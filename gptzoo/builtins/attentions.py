@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gptzoo import hookimpl
+from gptzoo.hookspecs import hookimpl
 from gptzoo.flops import linear_flops
 from gptzoo.interfaces import AttentionContext, LayerKVCache, TensorMap
 

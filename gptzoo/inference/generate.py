@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import torch
 
 from gptzoo.errors import GptzooError
-from gptzoo.matvec import blas_decoding
-from gptzoo.model import GPT
-from gptzoo.sampling import SamplerChain
+from gptzoo.inference.matvec import blas_decoding
+from gptzoo.model.gpt import GPT
+from gptzoo.inference.sampling import SamplerChain
 from gptzoo.tokenizer import Tokenizer
 
 CONTEXT_TOKENS = 4

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from gptzoo import hookimpl
+from gptzoo.hookspecs import hookimpl
 from gptzoo.interfaces import Sampler
 
 

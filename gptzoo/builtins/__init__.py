@@ -1,0 +1,1 @@
+"""gptzoo's built-in component plugins, one module per kind (installed as ``gptzoo.builtins``)."""

@@ -1,0 +1,35 @@
+"""Recipes, by job: ``schema`` (the frozen dataclasses and TOML writing), ``load`` (finding a recipe,
+``extends``, ``--set`` overrides) and ``validate`` (the one step that consults the registry)."""
+
+from gptzoo.recipe.load import apply_overrides, load_recipe, read_recipe_data, resolve_recipe_path, shipped_recipes
+from gptzoo.recipe.schema import (
+    COMPONENT_KEYS,
+    Component,
+    GenerateSpec,
+    ModelSpec,
+    Recipe,
+    TokenizerSpec,
+    TrainSpec,
+    WeightsSpec,
+    dump_toml,
+)
+from gptzoo.recipe.validate import structural_args, validate
+
+__all__ = [
+    "COMPONENT_KEYS",
+    "Component",
+    "GenerateSpec",
+    "ModelSpec",
+    "Recipe",
+    "TokenizerSpec",
+    "TrainSpec",
+    "WeightsSpec",
+    "apply_overrides",
+    "dump_toml",
+    "load_recipe",
+    "read_recipe_data",
+    "resolve_recipe_path",
+    "shipped_recipes",
+    "structural_args",
+    "validate",
+]

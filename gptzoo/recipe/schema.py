@@ -1,0 +1,212 @@
+"""The recipe's shape: frozen dataclasses for each section, and writing a resolved recipe as TOML.
+
+A recipe names components by registry key, either as a string (``norm = "rmsnorm"``) or as a table
+whose other keys are the component's parameters (``norm = { name = "layernorm", eps = 1e-5 }``).
+Nothing here reads files or consults the registry: see gptzoo.recipe.load and gptzoo.recipe.validate.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+MAX_DIM = 2**31 - 1
+"""The largest value of any [model] dimension (an int32 index)."""
+NORM_PLACEMENTS = ("pre", "post")
+"""pre: x + F(norm(x)) with a final norm (GPT-2); post: norm(x + F(x)), no final norm (Vaswani et al.)."""
+
+
+@dataclass(frozen=True)
+class Component:
+    """A registry key and the keyword parameters its factory gets from the recipe."""
+
+    name: str
+    params: tuple[tuple[str, Any], ...] = ()
+    """(parameter, value) pairs in recipe order: immutable, hashable and copyable."""
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        return dict(self.params)
+
+    def to_toml_value(self) -> str | dict[str, Any]:
+        return {"name": self.name, **self.kwargs} if self.params else self.name
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The [model] section. Names follow the GPT-2 checkpoints (n_embd, n_head, n_layer)."""
+
+    vocab_size: int
+    context_length: int
+    n_layer: int
+    n_head: int
+    n_embd: int
+    d_ff: int
+    bias: bool
+    tie_embeddings: bool
+    norm: Component
+    activation: Component
+    mlp: Component
+    position: Component
+    attention: Component
+    norm_placement: str = "pre"
+    n_kv_head: int = 0
+    """Key/value heads; 0 (the default) means n_head (MHA)."""
+    head_dim: int = 0
+    """Per-head dimension; 0 (the default) means n_embd // n_head."""
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        if not self.n_kv_head:
+            object.__setattr__(self, "n_kv_head", self.n_head)
+        if not self.head_dim and self.n_head:
+            object.__setattr__(self, "head_dim", self.n_embd // self.n_head)
+
+
+@dataclass(frozen=True)
+class TokenizerSpec:
+    """The [tokenizer] section: "gpt2" (tiktoken, offline), "bytes" (UTF-8 bytes) or "hf" (the checkpoint's own)."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class GenerateSpec:
+    """The [generate] section: the sampler chain, in order, and generation defaults."""
+
+    samplers: tuple[Component, ...] = ()
+    """e.g. ``[{ name = "temperature", temperature = 0.8 }, { name = "top_k", k = 50 }]``; empty: greedy."""
+    max_new_tokens: int = 128
+    stop: tuple[str, ...] = ()
+    """Strings that end a row's text (they are not part of it)."""
+
+
+@dataclass(frozen=True)
+class WeightsSpec:
+    """The [weights] section: where pretrained weights for exactly this recipe come from.
+    Never inherited through ``extends`` (a smaller child is not the parent's checkpoint)."""
+
+    hf: str
+    """A Hugging Face checkpoint: a directory, a name gptzoo fetches, or a hub name."""
+
+
+PRECISIONS = ("float32", "bfloat16", "float16")
+"""float32; bfloat16 autocast (CPU and CUDA); float16 autocast with a GradScaler (CUDA only)."""
+PARALLELISMS = ("ddp", "fsdp")
+"""Under torchrun: DDP (a replica per process) or FSDP2 (parameters sharded with fully_shard)."""
+ON_NONFINITE = ("stop", "skip")
+"""A non-finite loss or gradient norm: stop the run, or skip that optimizer step."""
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """The [train] section; names follow nanoGPT's train.py where it has one.
+
+    One optimizer step sees micro_batch_size x grad_accum x (number of processes) sequences of
+    seq_len tokens. The learning rate rises linearly to lr over warmup_steps, then follows a cosine
+    down to min_lr at max_steps. AdamW decays only matrices (weight_decay), never biases, norms or
+    embeddings."""
+
+    max_steps: int = 1000
+    micro_batch_size: int = 8
+    grad_accum: int = 1
+    seq_len: int = 0
+    """Tokens per training sequence; 0 (the default) means the model's context_length."""
+    lr: float = 6e-4
+    min_lr: float = 6e-5
+    warmup_steps: int = 100
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this; 0 turns clipping off."""
+    precision: str = "float32"
+    compile: bool = False
+    eval_every: int = 100
+    """Steps between evaluations of the validation loss (also at the last step); 0: only at the end."""
+    eval_batches: int = 20
+    checkpoint_every: int = 0
+    """Steps between checkpoints (also at the last step); 0: only at the end."""
+    keep_checkpoints: int = 2
+    log_every: int = 10
+    seed: int = 1337
+    on_nonfinite: str = "stop"
+    parallel: str = "ddp"
+    peak_tflops: float = 0.0
+    """The device's peak FLOP/s (in TFLOP/s) that MFU is measured against; 0: measure it with a matmul."""
+    data: str = ""
+    """The prepared data directory (`gptzoo prepare`), relative to the recipe file; --data overrides."""
+
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    source: str
+    model: ModelSpec
+    tokenizer: TokenizerSpec | None = None
+    weights: WeightsSpec | None = None
+    generate: GenerateSpec = GenerateSpec()
+    train: TrainSpec = TrainSpec()
+    description: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved recipe as TOML data (no extends; every default spelled out)."""
+        model = {f.name: getattr(self.model, f.name) for f in fields(ModelSpec)}
+        for key, value in model.items():
+            if isinstance(value, Component):
+                model[key] = value.to_toml_value()
+        # Defaults stay implicit, so that `--set model.n_embd=...` on a written recipe still derives them.
+        if model["n_kv_head"] == model["n_head"]:
+            del model["n_kv_head"]
+        if model["head_dim"] == model["n_embd"] // model["n_head"]:
+            del model["head_dim"]
+        data: dict[str, Any] = {"description": self.description, "model": model} if self.description else {"model": model}
+        if self.tokenizer is not None:
+            data["tokenizer"] = {"name": self.tokenizer.name}
+        if self.weights is not None:
+            data["weights"] = {"hf": self.weights.hf}
+        if self.generate != GenerateSpec():
+            g = self.generate
+            data["generate"] = {"samplers": [{"name": c.name, **c.kwargs} for c in g.samplers], "max_new_tokens": g.max_new_tokens, "stop": list(g.stop)}
+        if self.train != TrainSpec():
+            data["train"] = {f.name: getattr(self.train, f.name) for f in fields(TrainSpec) if getattr(self.train, f.name) != f.default}
+        return data
+
+    def to_toml(self) -> str:
+        return dump_toml(self.to_dict())
+
+
+SECTIONS: dict[str, type] = {"model": ModelSpec, "tokenizer": TokenizerSpec, "weights": WeightsSpec, "generate": GenerateSpec, "train": TrainSpec}
+TOP_LEVEL_KEYS = ("extends", "description")
+COMPONENT_KEYS = tuple(f.name for f in fields(ModelSpec) if f.type in ("Component", Component))
+"""[model] keys that name a component; each is the recipe_key of one kind in gptzoo.hookspecs.CONTRACTS."""
+
+
+# --- writing --------------------------------------------------------------------------------------
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a valid TOML basic string (escapes included)
+    if isinstance(value, Mapping):
+        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {value!r} as TOML")
+
+
+def dump_toml(data: Mapping[str, Any]) -> str:
+    """TOML for recipe data: top-level scalars, then one table per section."""
+    lines = [f"{k} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, Mapping)]
+    for section, table in data.items():
+        if isinstance(table, Mapping):
+            lines += ["", f"[{section}]", *(f"{k} = {_toml_value(v)}" for k, v in table.items())]
+    return "\n".join(lines).lstrip("\n") + "\n"

@@ -1,1 +1,0 @@
-"""gptzoo's built-in component plugins, one module per kind (installed as ``gptzoo_plugins``)."""

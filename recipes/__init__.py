@@ -1,1 +1,0 @@
-"""gptzoo's shipped recipes, one model per TOML file (installed as ``gptzoo_recipes``)."""
