@@ -23,8 +23,8 @@ import time
 import torch
 import transformers
 
-from gptzoo.inference.generate import generate
 from gptzoo.hf import load_hf
+from gptzoo.inference.generate import generate
 
 
 def copy_bandwidth(nbytes: int = 512 * 2**20, repeats: int = 5) -> float:
@@ -62,7 +62,15 @@ def main() -> None:
         n = args.new_tokens
 
         def run_hf() -> list[int]:
-            out = hf.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=n, min_new_tokens=n, eos_token_id=None, pad_token_id=0)
+            out = hf.generate(
+                prompt,
+                attention_mask=torch.ones_like(prompt),
+                do_sample=False,
+                max_new_tokens=n,
+                min_new_tokens=n,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
             return out[0, prompt.shape[1] :].tolist()
 
         def run_ours() -> list[int]:
@@ -77,27 +85,38 @@ def main() -> None:
                 times[name].append(time.perf_counter() - start)
         weight_bytes = sum(p.numel() * p.element_size() for p in ours.parameters())
         tps = {name: n / statistics.median(t) for name, t in times.items()}
-        rows.append({
-            "dtype": str(dtype).removeprefix("torch."),
-            "hf_tokens_per_s": tps["hf"],
-            "gptzoo_tokens_per_s": tps["gptzoo"],
-            "ratio": tps["gptzoo"] / tps["hf"],
-            "same_tokens": tokens["hf"] == tokens["gptzoo"],
-            "weight_bytes": weight_bytes,
-            "bandwidth_bound_tokens_per_s": bandwidth / weight_bytes,
-        })
-    result = {"threads": torch.get_num_threads(), "copy_bandwidth_GBps": bandwidth / 1e9, "new_tokens": args.new_tokens, "rows": rows}
+        rows.append(
+            {
+                "dtype": str(dtype).removeprefix("torch."),
+                "hf_tokens_per_s": tps["hf"],
+                "gptzoo_tokens_per_s": tps["gptzoo"],
+                "ratio": tps["gptzoo"] / tps["hf"],
+                "same_tokens": tokens["hf"] == tokens["gptzoo"],
+                "weight_bytes": weight_bytes,
+                "bandwidth_bound_tokens_per_s": bandwidth / weight_bytes,
+            }
+        )
+    result = {
+        "threads": torch.get_num_threads(),
+        "copy_bandwidth_GBps": bandwidth / 1e9,
+        "new_tokens": args.new_tokens,
+        "rows": rows,
+    }
     if args.json:
         print(json.dumps(result, indent=2))
         return
-    print(f"GPT-2 small shape, batch 1, {args.prompt_tokens}-token prompt, {args.new_tokens} new tokens, greedy; "
-          f"torch {torch.__version__}, transformers {transformers.__version__}, {torch.get_num_threads()} threads")
+    print(
+        f"GPT-2 small shape, batch 1, {args.prompt_tokens}-token prompt, {args.new_tokens} new tokens, greedy; "
+        f"torch {torch.__version__}, transformers {transformers.__version__}, {torch.get_num_threads()} threads"
+    )
     print(f"copy bandwidth (read + write): {bandwidth / 1e9:.1f} GB/s")
     print("| dtype | HF tokens/s | gptzoo tokens/s | gptzoo / HF | same greedy tokens | weights | bandwidth bound |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
-        print(f"| {r['dtype']} | {r['hf_tokens_per_s']:.1f} | {r['gptzoo_tokens_per_s']:.1f} | {r['ratio']:.2f}x | "
-              f"{r['same_tokens']} | {r['weight_bytes'] / 2**20:.0f} MiB | {r['bandwidth_bound_tokens_per_s']:.1f} tokens/s |")
+        print(
+            f"| {r['dtype']} | {r['hf_tokens_per_s']:.1f} | {r['gptzoo_tokens_per_s']:.1f} | {r['ratio']:.2f}x | "
+            f"{r['same_tokens']} | {r['weight_bytes'] / 2**20:.0f} MiB | {r['bandwidth_bound_tokens_per_s']:.1f} tokens/s |"
+        )
 
 
 if __name__ == "__main__":

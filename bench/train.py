@@ -30,7 +30,14 @@ from gptzoo.training.trainer import autocast, measure_peak_flops
 PRECISIONS = ("float32", "bfloat16")
 
 
-def step_fn(model: torch.nn.Module, logits_of: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, y: torch.Tensor, precision: str, device: torch.device) -> Callable[[], float]:
+def step_fn(
+    model: torch.nn.Module,
+    logits_of: Callable[[torch.Tensor], torch.Tensor],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    precision: str,
+    device: torch.device,
+) -> Callable[[], float]:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
 
     def step() -> float:
@@ -74,8 +81,10 @@ def main() -> None:
     x, y = x[:, :-1].contiguous(), x[:, 1:].contiguous()
     rows = []
     if not args.json:
-        print(f"GPT-2 small shape, batch {args.batch} x {args.seq_len} tokens, fused AdamW, {args.device}, compile={args.compile}; "
-              f"torch {torch.__version__}, transformers {transformers.__version__}, {torch.get_num_threads()} threads")
+        print(
+            f"GPT-2 small shape, batch {args.batch} x {args.seq_len} tokens, fused AdamW, {args.device}, compile={args.compile}; "
+            f"torch {torch.__version__}, transformers {transformers.__version__}, {torch.get_num_threads()} threads"
+        )
         print("| precision | HF tokens/s | gptzoo tokens/s | gptzoo / HF | HF MFU | gptzoo MFU | measured peak |")
         print("| --- | --- | --- | --- | --- | --- | --- |", flush=True)
     for precision in args.precision:
@@ -99,22 +108,34 @@ def main() -> None:
         flops_per_step = TRAIN_FORWARD_RATIO * sum(forward_flops(ours, args.batch, args.seq_len).values())
         peak = measure_peak_flops(device, precision)
         tps = {name: tokens / statistics.median(t) for name, t in times.items()}
-        rows.append({
-            "precision": precision,
-            "hf_tokens_per_s": tps["hf"],
-            "gptzoo_tokens_per_s": tps["gptzoo"],
-            "ratio": tps["gptzoo"] / tps["hf"],
-            "hf_mfu": tps["hf"] / tokens * flops_per_step / peak,
-            "gptzoo_mfu": tps["gptzoo"] / tokens * flops_per_step / peak,
-            "first_loss": first,
-            "peak_tflops": peak / 1e12,
-        })
+        rows.append(
+            {
+                "precision": precision,
+                "hf_tokens_per_s": tps["hf"],
+                "gptzoo_tokens_per_s": tps["gptzoo"],
+                "ratio": tps["gptzoo"] / tps["hf"],
+                "hf_mfu": tps["hf"] / tokens * flops_per_step / peak,
+                "gptzoo_mfu": tps["gptzoo"] / tokens * flops_per_step / peak,
+                "first_loss": first,
+                "peak_tflops": peak / 1e12,
+            }
+        )
         del hf, ours, hf_fwd, ours_fwd, steps
         if not args.json:
             r = rows[-1]
-            print(f"| {r['precision']} | {r['hf_tokens_per_s']:.3g} | {r['gptzoo_tokens_per_s']:.3g} | {r['ratio']:.2f}x | "
-                  f"{r['hf_mfu']:.1%} | {r['gptzoo_mfu']:.1%} | {r['peak_tflops'] * 1000:.3g} GFLOP/s |", flush=True)
-    result = {"device": str(device), "threads": torch.get_num_threads(), "batch": args.batch, "seq_len": args.seq_len, "compile": args.compile, "rows": rows}
+            print(
+                f"| {r['precision']} | {r['hf_tokens_per_s']:.3g} | {r['gptzoo_tokens_per_s']:.3g} | {r['ratio']:.2f}x | "
+                f"{r['hf_mfu']:.1%} | {r['gptzoo_mfu']:.1%} | {r['peak_tflops'] * 1000:.3g} GFLOP/s |",
+                flush=True,
+            )
+    result = {
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+        "batch": args.batch,
+        "seq_len": args.seq_len,
+        "compile": args.compile,
+        "rows": rows,
+    }
     if args.json:
         print(json.dumps(result, indent=2))
 

@@ -10,8 +10,6 @@ Public API::
 Plugins implement the hooks in gptzoo.hookspecs with ``@gptzoo.hookimpl``.
 """
 
-from gptzoo.model.build import build_model
-from gptzoo.model.checkpoint import load_checkpoint, save_checkpoint
 from gptzoo.errors import (
     CheckpointError,
     GptzooError,
@@ -21,6 +19,8 @@ from gptzoo.errors import (
     UnknownComponentError,
 )
 from gptzoo.hookspecs import hookimpl
+from gptzoo.model.build import build_model
+from gptzoo.model.checkpoint import load_checkpoint, save_checkpoint
 from gptzoo.model.gpt import GPT
 from gptzoo.plugin_manager import get_plugin_manager, gptzoo_version
 from gptzoo.recipe import Recipe, load_recipe

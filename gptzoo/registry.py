@@ -105,9 +105,7 @@ class Registry:
 
     @staticmethod
     def _stager(kind: str, provenance: Provenance, staged: list[tuple[Entry, bool]]) -> Callable[..., None]:
-        def register(
-            name: str, factory: Callable[..., Any], *, doc: str | None = None, override: bool = False
-        ) -> None:
+        def register(name: str, factory: Callable[..., Any], *, doc: str | None = None, override: bool = False) -> None:
             if not isinstance(name, str) or not name:
                 raise RegistryError(f"{provenance} registered a {kind} with name {name!r}; names are non-empty strings")
             if not callable(factory):

@@ -180,7 +180,9 @@ class ByteTokenizer:
         """
         bad = [i for i in ids if not 0 <= i < 256]
         if bad:
-            raise GptzooError(f"token id {bad[0]} is not a byte (0..255); the model's vocab_size is larger than the bytes tokenizer's")
+            raise GptzooError(
+                f"token id {bad[0]} is not a byte (0..255); the model's vocab_size is larger than the bytes tokenizer's"
+            )
         return bytes(ids).decode("utf-8", errors="replace")
 
     def chat(self, messages: list[dict[str, str]]) -> list[int]:
@@ -231,9 +233,7 @@ class HFTokenizer:
 
     def chat(self, messages: list[dict[str, str]]) -> list[int]:
         if not getattr(self.tokenizer, "chat_template", None):
-            raise GptzooError(
-                f"the tokenizer in {str(self.directory)!r} has no chat template; give a plain prompt"
-            )
+            raise GptzooError(f"the tokenizer in {str(self.directory)!r} has no chat template; give a plain prompt")
         import jinja2
 
         try:

@@ -10,21 +10,25 @@ from pathlib import Path
 
 import pytest
 import torch
-
-import gptzoo
-from gptzoo.model import checkpoint
-from gptzoo.cli import main
-
 from cli_run import run_error, run_json  # tests/ has no __init__.py: pytest puts it on sys.path
 
-
+import gptzoo
+from gptzoo.cli import main
+from gptzoo.model import checkpoint
 
 
 @pytest.mark.parametrize(
     ("name", "total"),
-    [("gpt2-small", 124_439_808), ("gpt2-medium", 354_823_168), ("gpt2-large", 774_030_080), ("gpt2-xl", 1_557_611_200)],
+    [
+        ("gpt2-small", 124_439_808),
+        ("gpt2-medium", 354_823_168),
+        ("gpt2-large", 774_030_080),
+        ("gpt2-xl", 1_557_611_200),
+    ],
 )
-def test_build_json_reports_official_gpt2_parameter_counts(capsys: pytest.CaptureFixture[str], name: str, total: int) -> None:
+def test_build_json_reports_official_gpt2_parameter_counts(
+    capsys: pytest.CaptureFixture[str], name: str, total: int
+) -> None:
     s = run_json(capsys, "build", name)
     assert s["params"]["total"] == total
     p = s["params"]
@@ -60,7 +64,16 @@ def test_build_llama_reports_gqa_cache_and_untied_head(capsys: pytest.CaptureFix
 def test_build_table_for_people(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["build", "gpt2-small-postln"]) == 0
     out = " ".join(capsys.readouterr().out.split())  # rich wraps titles at the console width
-    for text in ("Components", "layernorm", "gptzoo.builtins.norms", "124,438,272", "Forward FLOPs", "1 multiply-add = 2 FLOPs", "KV cache per token", "norm_placement=post"):
+    for text in (
+        "Components",
+        "layernorm",
+        "gptzoo.builtins.norms",
+        "124,438,272",
+        "Forward FLOPs",
+        "1 multiply-add = 2 FLOPs",
+        "KV cache per token",
+        "norm_placement=post",
+    ):
         assert text in out, text
 
 
@@ -103,7 +116,9 @@ def test_load_checkpoint_errors(tmp_path: Path) -> None:
     gptzoo.save_checkpoint(model, model.recipe, tmp_path / "c")
     recipe = tmp_path / "c" / "recipe.toml"
     recipe.write_text(recipe.read_text().replace("n_embd = 64", "n_embd = 32"))
-    with pytest.raises(gptzoo.CheckpointError, match=r"wte.weight has shape \(50257, 64\), the recipe needs \(50257, 32\)"):
+    with pytest.raises(
+        gptzoo.CheckpointError, match=r"wte.weight has shape \(50257, 64\), the recipe needs \(50257, 32\)"
+    ):
         gptzoo.load_checkpoint(tmp_path / "c")
     weights = tmp_path / "c" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])
@@ -115,7 +130,14 @@ def test_list_and_recipes(capsys: pytest.CaptureFixture[str]) -> None:
     rows = run_json(capsys, "list", "position")
     assert [r["name"] for r in rows] == ["alibi", "learned", "none", "rope", "sinusoidal"]
     assert all(r["kind"] == "position" and r["doc"] and r["distribution"] == "gptzoo" for r in rows)
-    assert {r["kind"] for r in run_json(capsys, "list")} >= {"norm", "activation", "mlp", "position", "attention", "sampler"}
+    assert {r["kind"] for r in run_json(capsys, "list")} >= {
+        "norm",
+        "activation",
+        "mlp",
+        "position",
+        "attention",
+        "sampler",
+    }
     recipes = {r["name"]: r for r in run_json(capsys, "recipes")}
     assert recipes["gpt2-xl"]["n_layer"] == 48 and recipes["gpt2-xl"]["description"].startswith("OpenAI GPT-2 XL")
     assert main(["recipes"]) == 0 and "tinyllama-1.1b" in capsys.readouterr().out
@@ -129,9 +151,14 @@ def test_user_errors_exit_2_with_every_problem(tmp_path: Path, capsys: pytest.Ca
     assert "- [model] unknown key 'width'" in message
     assert "- [model] norm: unknown norm 'rmsnrom'; did you mean 'rmsnorm'?" in message
     assert "- [model] n_embd=100 is not divisible by n_head=12" in message
-    assert run_error(capsys, "build", "gpt2-smal").startswith("error: gpt2-smal: unknown recipe 'gpt2-smal'; did you mean 'gpt2-small'?")
+    assert run_error(capsys, "build", "gpt2-smal").startswith(
+        "error: gpt2-smal: unknown recipe 'gpt2-smal'; did you mean 'gpt2-small'?"
+    )
     message = run_error(capsys, "build", "gpt2-small", "--set", "model.n_layer=x", "--set", "oops")
-    assert "- --set 'oops' is not SECTION.KEY=VALUE" in message and "- [model] n_layer must be an integer, got 'x' (str)" in message
+    assert (
+        "- --set 'oops' is not SECTION.KEY=VALUE" in message
+        and "- [model] n_layer must be an integer, got 'x' (str)" in message
+    )
     with pytest.raises(gptzoo.RecipeError):
         main(["build", "gpt2-smal", "--debug"])
     assert run_error(capsys, "build", "gpt2-small", "--seq-len", "4096") == (
@@ -147,13 +174,20 @@ def test_user_errors_exit_2_with_every_problem(tmp_path: Path, capsys: pytest.Ca
 
 def test_console_script_and_module_entry_points(tmp_path: Path) -> None:
     env = {**os.environ, "COLUMNS": "200"}
-    ok = subprocess.run([sys.executable, "-m", "gptzoo", "build", "gpt2-xl", "--json"], capture_output=True, text=True, env=env)
+    ok = subprocess.run(
+        [sys.executable, "-m", "gptzoo", "build", "gpt2-xl", "--json"], capture_output=True, text=True, env=env
+    )
     assert ok.returncode == 0 and json.loads(ok.stdout)["params"]["total"] == 1_557_611_200
-    bad = subprocess.run(["gptzoo", "build", "gpt2-small", "--set", "model.n_head=7"], capture_output=True, text=True, env=env)
+    bad = subprocess.run(
+        ["gptzoo", "build", "gpt2-small", "--set", "model.n_head=7"], capture_output=True, text=True, env=env
+    )
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr.endswith("[model] n_embd=768 is not divisible by n_head=7 (or set head_dim explicitly)\n")
     assert "Traceback" not in bad.stderr
     usage = subprocess.run(["gptzoo", "build"], capture_output=True, text=True, env=env)
-    assert usage.returncode == 2 and usage.stderr == "error: give a RECIPE, or --hf DIR|NAME to derive one from a Hugging Face checkpoint\n"
+    assert (
+        usage.returncode == 2
+        and usage.stderr == "error: give a RECIPE, or --hf DIR|NAME to derive one from a Hugging Face checkpoint\n"
+    )
     misplaced = subprocess.run(["gptzoo", "--json", "recipes"], capture_output=True, text=True, env=env)
     assert misplaced.returncode == 2 and "unrecognized arguments: --json" in misplaced.stderr

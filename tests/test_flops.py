@@ -23,7 +23,12 @@ def _sdpa_cpu_flops(query, key, value, *args, out_shape=None, **kwargs) -> int:
 
 
 def measured_flops(model: gptzoo.GPT, idx: torch.Tensor) -> int:
-    with torch.no_grad(), FlopCounterMode(display=False, custom_mapping={aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_cpu_flops}) as counter:
+    with (
+        torch.no_grad(),
+        FlopCounterMode(
+            display=False, custom_mapping={aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_cpu_flops}
+        ) as counter,
+    ):
         model(idx)
     return counter.get_total_flops()
 

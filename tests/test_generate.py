@@ -12,8 +12,8 @@ import transformers
 
 import gptzoo
 from gptzoo.cli import main
-from gptzoo.inference.generate import IncrementalDecoder, generate, generate_text
 from gptzoo.hf import load_hf
+from gptzoo.inference.generate import IncrementalDecoder, generate, generate_text
 from gptzoo.inference.sampling import SamplerChain, chain_spec
 from gptzoo.tokenizer import load_tokenizer
 
@@ -44,13 +44,29 @@ def test_greedy_equals_hf_generate(tmp_path: Path, family: str) -> None:
     config = (
         transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=1000, n_positions=256)
         if family == "gpt2"
-        else transformers.LlamaConfig(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=512, max_position_embeddings=256)
+        else transformers.LlamaConfig(
+            hidden_size=64,
+            intermediate_size=176,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=512,
+            max_position_embeddings=256,
+        )
     )
     hf = transformers.AutoModelForCausalLM.from_config(config).eval()
     hf.save_pretrained(tmp_path)
     ours = load_hf(tmp_path).eval()
     prompt = torch.randint(0, config.vocab_size, (1, 11))
-    expected = hf.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=48, min_new_tokens=48, eos_token_id=None, pad_token_id=0)
+    expected = hf.generate(
+        prompt,
+        attention_mask=torch.ones_like(prompt),
+        do_sample=False,
+        max_new_tokens=48,
+        min_new_tokens=48,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
     assert generate(ours, prompt.tolist(), 48)[0] == expected[0, 11:].tolist()
 
 
@@ -78,7 +94,9 @@ def test_stop_strings_and_streaming() -> None:
     (full,), _ = generate_text(model, tokenizer, prompt, 12)
     stop = full.text[5:8]
     pieces: list[str] = []
-    (cut,), speed = generate_text(model, tokenizer, prompt, 12, stop=[stop], stream=lambda row, text: pieces.append(text))
+    (cut,), speed = generate_text(
+        model, tokenizer, prompt, 12, stop=[stop], stream=lambda row, text: pieces.append(text)
+    )
     assert cut.finish_reason == "stop" and cut.text == full.text[: full.text.index(stop)]
     assert "".join(pieces) == cut.text and speed > 0
     assert full.finish_reason == "length" and len(full.tokens) == 12
@@ -98,7 +116,7 @@ def test_seeded_sampling_repeats() -> None:
     model = tiny_model("gpt2-tiny")
     registry = gptzoo.get_registry()
     chain = SamplerChain.from_registry(registry, chain_spec([], {"temperature": 1.5, "top_k": 100}))
-    draw = lambda seed: generate(model, [[1, 2, 3]], 16, sampler=chain, generator=torch.Generator().manual_seed(seed))  # noqa: E731
+    draw = lambda seed: generate(model, [[1, 2, 3]], 16, sampler=chain, generator=torch.Generator().manual_seed(seed))
     assert draw(7) == draw(7) and draw(7) != draw(8)
 
 
@@ -106,10 +124,16 @@ def test_chain_spec_from_recipe_and_flags() -> None:
     recipe = [("temperature", {"temperature": 0.7}), ("top_p", {"p": 0.9})]
     assert chain_spec([], {}) == [("greedy", {})]
     assert chain_spec(recipe, {"top_k": 20, "repetition_penalty": 1.2}) == [
-        ("repetition_penalty", {"penalty": 1.2}), ("temperature", {"temperature": 0.7}), ("top_k", {"k": 20}), ("top_p", {"p": 0.9}),
+        ("repetition_penalty", {"penalty": 1.2}),
+        ("temperature", {"temperature": 0.7}),
+        ("top_k", {"k": 20}),
+        ("top_p", {"p": 0.9}),
     ]
     assert chain_spec(recipe, {"temperature": 1.1}) == [("temperature", {"temperature": 1.1}), ("top_p", {"p": 0.9})]
-    assert chain_spec(recipe, {"temperature": 0, "repetition_penalty": 1.3}) == [("repetition_penalty", {"penalty": 1.3}), ("greedy", {})]
+    assert chain_spec(recipe, {"temperature": 0, "repetition_penalty": 1.3}) == [
+        ("repetition_penalty", {"penalty": 1.3}),
+        ("greedy", {}),
+    ]
     chain = SamplerChain.from_registry(gptzoo.get_registry(), chain_spec(recipe, {"top_k": 5}))
     assert chain.describe() == "temperature(temperature=0.7) -> top_k(k=5) -> top_p(p=0.9) -> sample"
 
@@ -118,7 +142,17 @@ def test_cli_generate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     (tmp_path / "r.toml").write_text(
         'extends = "gpt2-tiny"\n[generate]\nsamplers = [{ name = "temperature", temperature = 0.9 }, { name = "top_k", k = 40 }]\nmax_new_tokens = 6\n'
     )
-    argv = ["generate", str(tmp_path / "r.toml"), "--prompt", "Hello", "--prompt", "The longer second prompt", "--seed", "3", "--json"]
+    argv = [
+        "generate",
+        str(tmp_path / "r.toml"),
+        "--prompt",
+        "Hello",
+        "--prompt",
+        "The longer second prompt",
+        "--seed",
+        "3",
+        "--json",
+    ]
     assert main(argv) == 0
     first = json.loads(capsys.readouterr().out)
     assert first["sampler_chain"] == "temperature(temperature=0.9) -> top_k(k=40) -> sample"
@@ -128,7 +162,10 @@ def test_cli_generate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     greedy = json.loads(capsys.readouterr().out)
     assert greedy["sampler"] == [{"name": "greedy"}]
     gptzoo.save_checkpoint(tiny_model("gpt2-tiny"), gptzoo.load_recipe("gpt2-tiny"), tmp_path / "ck")
-    assert main(["generate", "--checkpoint", str(tmp_path / "ck"), "--prompt", "Hi", "--max-new-tokens", "3", "--json"]) == 0
+    assert (
+        main(["generate", "--checkpoint", str(tmp_path / "ck"), "--prompt", "Hi", "--max-new-tokens", "3", "--json"])
+        == 0
+    )
     assert len(json.loads(capsys.readouterr().out)["tokens"][0]) == 3
 
 
@@ -136,9 +173,15 @@ def test_cli_generate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     ("args", "message"),
     [
         (["--prompt", ""], "error: --prompt is empty; give some text"),
-        (["--prompt", "word " * 200], "error: a prompt of 201 tokens is longer than the context length 128; shorten it"),
+        (
+            ["--prompt", "word " * 200],
+            "error: a prompt of 201 tokens is longer than the context length 128; shorten it",
+        ),
         (["--prompt", "a", "--top-p", "1.5"], "error: sampler 'top_p': top_p p must be in (0, 1], got 1.5"),
-        (["--prompt", "a", "--temperature", "-1"], "error: sampler 'temperature': temperature must be > 0 (use the greedy sampler for 0), got -1.0"),
+        (
+            ["--prompt", "a", "--temperature", "-1"],
+            "error: sampler 'temperature': temperature must be > 0 (use the greedy sampler for 0), got -1.0",
+        ),
         (["--prompt", "a", "--top-k", "0"], "error: sampler 'top_k': top_k k must be an integer >= 1, got 0"),
         (["--prompt", "a", "--checkpoint", "x"], "error: give either --checkpoint DIR or RECIPE / --hf, not both"),
     ],
@@ -150,7 +193,9 @@ def test_cli_generate_bad_input(capsys: pytest.CaptureFixture[str], args: list[s
 
 
 def test_unknown_sampler_in_a_recipe(tmp_path: Path) -> None:
-    (tmp_path / "r.toml").write_text('extends = "gpt2-tiny"\n[generate]\nsamplers = ["top_kk", { name = "top_p", p = 1.5 }]\n')
+    (tmp_path / "r.toml").write_text(
+        'extends = "gpt2-tiny"\n[generate]\nsamplers = ["top_kk", { name = "top_p", p = 1.5 }]\n'
+    )
     with pytest.raises(gptzoo.RecipeError) as info:
         gptzoo.load_recipe(tmp_path / "r.toml")
     assert info.value.problems == [
@@ -169,7 +214,14 @@ def test_smollm2_greedy_equals_hf_generate() -> None:
     tokenizer = load_tokenizer("hf", hf_dir=path)
     prompt = tokenizer.encode("The three primary colours are")
     ids = torch.tensor([prompt])
-    expected = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=40, min_new_tokens=40, eos_token_id=None)
+    expected = hf.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        do_sample=False,
+        max_new_tokens=40,
+        min_new_tokens=40,
+        eos_token_id=None,
+    )
     assert generate(ours, [prompt], 40)[0] == expected[0, len(prompt) :].tolist()
 
 
@@ -194,7 +246,10 @@ def test_sentencepiece_style_continuations_keep_their_leading_space() -> None:
 
 def test_flags_override_a_recipe_that_ends_in_greedy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert chain_spec([("greedy", {})], {"temperature": 0.9}) == [("temperature", {"temperature": 0.9})]
-    assert chain_spec([("greedy", {})], {"repetition_penalty": 1.2}) == [("repetition_penalty", {"penalty": 1.2}), ("greedy", {})]
+    assert chain_spec([("greedy", {})], {"repetition_penalty": 1.2}) == [
+        ("repetition_penalty", {"penalty": 1.2}),
+        ("greedy", {}),
+    ]
     (tmp_path / "r.toml").write_text('extends = "gpt2-tiny"\n[generate]\nsamplers = ["greedy", "top_k"]\n')
     with pytest.raises(gptzoo.RecipeError, match=r"samplers\[0\] \(greedy\) chooses the token, so it must come last"):
         gptzoo.load_recipe(tmp_path / "r.toml")

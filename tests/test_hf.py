@@ -13,9 +13,9 @@ from safetensors.torch import load_file, save_file
 
 import gptzoo
 from gptzoo.cli import main
-from gptzoo.hf.compare import compare
 from gptzoo.errors import CheckpointError, GptzooError, RecipeError
 from gptzoo.hf import NoEquivalentError, export_hf, hf_recipe, load_hf
+from gptzoo.hf.compare import compare
 
 transformers.utils.logging.set_verbosity_error()
 transformers.utils.logging.disable_progress_bar()
@@ -44,11 +44,22 @@ def save_hf(tmp_path: Path, name: str, config: transformers.PretrainedConfig) ->
 
 
 def gpt2_config(**kw) -> transformers.GPT2Config:
-    return transformers.GPT2Config(**{"n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 1000, "n_positions": 128, **kw})
+    return transformers.GPT2Config(
+        **{"n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 1000, "n_positions": 128, **kw}
+    )
 
 
 def llama_config(**kw) -> transformers.LlamaConfig:
-    defaults = {"hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 256, "rope_theta": 500000.0}
+    defaults = {
+        "hidden_size": 64,
+        "intermediate_size": 176,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 512,
+        "max_position_embeddings": 256,
+        "rope_theta": 500000.0,
+    }
     return transformers.LlamaConfig(**{**defaults, **kw})
 
 
@@ -81,7 +92,14 @@ def test_full_size_gpt2_small_matches_hf_in_float32_and_bfloat16(tmp_path: Path)
     recipe = gptzoo.load_recipe("gpt2-small")
     assert hf_recipe(path).model == recipe.model  # config.json derives exactly the shipped recipe
     assert hf_recipe(path).weights is None and recipe.weights.hf == "gpt2"
-    assert_parity(compare(path, recipe, prompts=["The quick brown fox jumps over the lazy dog.", *random_prompts(50257, 1)], new_tokens=32))
+    assert_parity(
+        compare(
+            path,
+            recipe,
+            prompts=["The quick brown fox jumps over the lazy dog.", *random_prompts(50257, 1)],
+            new_tokens=32,
+        )
+    )
     assert_parity(compare(path, recipe, prompts=random_prompts(50257, 1), dtype=torch.bfloat16, new_tokens=32), BF16)
 
 
@@ -105,7 +123,9 @@ def test_gpt2_non_default_eps_and_untied_head(tmp_path: Path) -> None:
 
 
 def test_llama_variants_bias_mqa_head_dim_and_activation(tmp_path: Path) -> None:
-    config = llama_config(num_key_value_heads=1, head_dim=32, attention_bias=True, mlp_bias=True, hidden_act="gelu_pytorch_tanh")
+    config = llama_config(
+        num_key_value_heads=1, head_dim=32, attention_bias=True, mlp_bias=True, hidden_act="gelu_pytorch_tanh"
+    )
     path = save_hf(tmp_path, "variant", config)
     recipe = hf_recipe(path)
     m = recipe.model
@@ -151,14 +171,20 @@ def test_cli_build_export_compare(tmp_path: Path, capsys: pytest.CaptureFixture[
     hf = save_hf(tmp_path, "llama", llama_config())
     assert main(["build", "--hf", str(hf), "--out", str(tmp_path / "ck"), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
-    assert summary["hf"] == str(hf) and summary["params"]["total"] == sum(t.numel() for t in load_file(str(hf / "model.safetensors")).values())
+    assert summary["hf"] == str(hf) and summary["params"]["total"] == sum(
+        t.numel() for t in load_file(str(hf / "model.safetensors")).values()
+    )
     assert main(["export", str(tmp_path / "ck"), "--hf", str(tmp_path / "back")]) == 0
     capsys.readouterr()
     tensors, back = load_file(str(hf / "model.safetensors")), load_file(str(tmp_path / "back" / "model.safetensors"))
     assert tensors.keys() == back.keys() and all(torch.equal(tensors[k], back[k]) for k in tensors)
     # compare with a recipe given beside --hf (eager attention: the config does not pin the kernel)
-    (tmp_path / "r.toml").write_text('extends = "llama-tiny"\n[model]\nattention = "eager"\ncontext_length = 256\nnorm = { name = "rmsnorm", eps = 1e-6 }\nposition = { name = "rope", theta = 500000.0 }\n')
-    assert main(["compare", str(tmp_path / "r.toml"), "--hf", str(hf), "--new-tokens", "4", "--json"]) == 2  # no tokenizer
+    (tmp_path / "r.toml").write_text(
+        'extends = "llama-tiny"\n[model]\nattention = "eager"\ncontext_length = 256\nnorm = { name = "rmsnorm", eps = 1e-6 }\nposition = { name = "rope", theta = 500000.0 }\n'
+    )
+    assert (
+        main(["compare", str(tmp_path / "r.toml"), "--hf", str(hf), "--new-tokens", "4", "--json"]) == 2
+    )  # no tokenizer
     assert "no tokenizer files" in capsys.readouterr().err
 
 
@@ -182,7 +208,15 @@ def test_cli_compare_json_and_its_checks(tmp_path: Path, capsys: pytest.CaptureF
 
 def test_malformed_configs_and_files_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     good = json.loads(llama_config().to_json_string())
-    for i, change in enumerate([{"num_attention_heads": 0}, {"rms_norm_eps": "x"}, {"hidden_act": ["silu"]}, {"model_type": ["llama"]}, {"rope_theta": None, "rope_parameters": None}]):
+    for i, change in enumerate(
+        [
+            {"num_attention_heads": 0},
+            {"rms_norm_eps": "x"},
+            {"hidden_act": ["silu"]},
+            {"model_type": ["llama"]},
+            {"rope_theta": None, "rope_parameters": None},
+        ]
+    ):
         path = tmp_path / f"c{i}"
         path.mkdir()
         (path / "config.json").write_text(json.dumps({**good, **change}))
@@ -198,10 +232,15 @@ def test_malformed_configs_and_files_exit_2(tmp_path: Path, capsys: pytest.Captu
 
 def test_rope_scaling_is_refused_wherever_it_is_written(tmp_path: Path) -> None:
     good = json.loads(llama_config().to_json_string())
-    for i, change in enumerate([
-        {"rope_parameters": {"type": "linear", "factor": 2.0, "rope_theta": 10000.0}},
-        {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}, "rope_scaling": {"rope_type": "linear", "factor": 2.0}},
-    ]):
+    for i, change in enumerate(
+        [
+            {"rope_parameters": {"type": "linear", "factor": 2.0, "rope_theta": 10000.0}},
+            {
+                "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+                "rope_scaling": {"rope_type": "linear", "factor": 2.0},
+            },
+        ]
+    ):
         path = tmp_path / str(i)
         path.mkdir()
         (path / "config.json").write_text(json.dumps({**good, **change}))
@@ -216,17 +255,37 @@ def test_exports_without_an_hf_equivalent_are_refused(tmp_path: Path) -> None:
         (["model.position=sinusoidal"], "position 'sinusoidal'"),
     ]:
         model = gptzoo.build_model(gptzoo.load_recipe("gpt2-tiny", overrides), device="meta")
-        with pytest.raises(NoEquivalentError, match=r"has no Hugging Face GPT-2 equivalent: " + reason.replace("(", r"\(").replace(")", r"\)")):
+        with pytest.raises(
+            NoEquivalentError,
+            match=r"has no Hugging Face GPT-2 equivalent: " + reason.replace("(", r"\(").replace(")", r"\)"),
+        ):
             export_hf(model, tmp_path / "out")
         assert not (tmp_path / "out").exists()
 
 
 def test_unsupported_config_fields_are_refused_by_name(tmp_path: Path) -> None:
     cases = [
-        (gpt2_config(scale_attn_by_inverse_layer_idx=True), "config.json scale_attn_by_inverse_layer_idx=True is not supported"),
+        (
+            gpt2_config(scale_attn_by_inverse_layer_idx=True),
+            "config.json scale_attn_by_inverse_layer_idx=True is not supported",
+        ),
         (gpt2_config(reorder_and_upcast_attn=True), "config.json reorder_and_upcast_attn=True is not supported"),
-        (gpt2_config(activation_function="quick_gelu"), "config.json activation_function 'quick_gelu' is not supported"),
-        (llama_config(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 128}), "config.json rope scaling type 'llama3' is not supported"),
+        (
+            gpt2_config(activation_function="quick_gelu"),
+            "config.json activation_function 'quick_gelu' is not supported",
+        ),
+        (
+            llama_config(
+                rope_scaling={
+                    "rope_type": "llama3",
+                    "factor": 8.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 128,
+                }
+            ),
+            "config.json rope scaling type 'llama3' is not supported",
+        ),
         (llama_config(attention_bias=True, mlp_bias=False), "attention_bias=True with mlp_bias=False is not supported"),
     ]
     for i, (config, message) in enumerate(cases):
@@ -244,8 +303,13 @@ def test_recipe_beside_hf_must_agree(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert info.value.problems == [
         f"[model] vocab_size: the recipe says 50257, {path / 'config.json'} says 1000",
     ]
-    assert main(["compare", "gpt2-tiny", "--hf", str(path), "--set", "model.vocab_size=1000", "--set", "model.n_layer=3"]) == 2
-    assert f"[model] n_layer: the recipe says 3, {path / 'config.json'} says 2" in " ".join(capsys.readouterr().err.split())
+    assert (
+        main(["compare", "gpt2-tiny", "--hf", str(path), "--set", "model.vocab_size=1000", "--set", "model.n_layer=3"])
+        == 2
+    )
+    assert f"[model] n_layer: the recipe says 3, {path / 'config.json'} says 2" in " ".join(
+        capsys.readouterr().err.split()
+    )
 
 
 def test_bad_checkpoints_are_clear_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -268,7 +332,9 @@ def test_bad_checkpoints_are_clear_errors(tmp_path: Path, capsys: pytest.Capture
     with pytest.raises(CheckpointError, match=r"unexpected tensor transformer.h.2.attn.c_attn.weight"):
         load_hf(extra)
     shaped = variant("shaped", lambda t: t.update({"transformer.h.0.attn.c_attn.weight": torch.zeros(192, 64)}))
-    with pytest.raises(CheckpointError, match=r"transformer.h.0.attn.c_attn.weight has shape \(192, 64\), expected \(64, 192\)"):
+    with pytest.raises(
+        CheckpointError, match=r"transformer.h.0.attn.c_attn.weight has shape \(192, 64\), expected \(64, 192\)"
+    ):
         load_hf(shaped)
     truncated = variant("truncated", lambda t: None)
     data = (truncated / "model.safetensors").read_bytes()

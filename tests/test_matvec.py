@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny import tiny_model  # tests/ has no __init__.py: pytest puts it on sys.path
 from torch import nn
 
 from gptzoo.inference.matvec import blas_decoding
-
-from tiny import tiny_model  # tests/ has no __init__.py: pytest puts it on sys.path
 
 
 @pytest.mark.parametrize("base", ["gpt2-tiny", "llama-tiny"])
@@ -41,7 +40,7 @@ def test_restored_when_the_block_raises() -> None:
 
 
 def test_other_dtypes_and_linear_subclasses_are_left_alone() -> None:
-    assert_untouched = lambda model: not any("forward" in vars(m) for m in model.modules())  # noqa: E731
+    assert_untouched = lambda model: not any("forward" in vars(m) for m in model.modules())
     model = tiny_model("gpt2-tiny").to(torch.bfloat16)
     threads = torch.get_num_threads()
     with blas_decoding(model) as rerouted:

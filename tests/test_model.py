@@ -7,12 +7,11 @@ import math
 
 import pytest
 import torch
+from tiny import BASES, PAIRS, tiny_model  # tests/ has no __init__.py: pytest puts it on sys.path
 
 import gptzoo
 from gptzoo.errors import GptzooError
 from gptzoo.interfaces import AttentionContext
-
-from tiny import BASES, PAIRS, tiny_model  # tests/ has no __init__.py: pytest puts it on sys.path
 
 
 @pytest.mark.parametrize(("base", "attention", "position"), PAIRS)
@@ -61,7 +60,7 @@ def test_gqa_equals_mha_with_repeated_key_value_heads(registry: gptzoo.Registry)
     mha = factory(d, nh, n_kv_head=nh, head_dim=hs, bias=True)
     q, k, v = gqa.c_attn.weight.split((nh * hs, nkv * hs, nkv * hs))
     qb, kb, vb = gqa.c_attn.bias.split((nh * hs, nkv * hs, nkv * hs))
-    repeat = lambda w: w.view(nkv, hs, *w.shape[1:]).repeat_interleave(nh // nkv, dim=0).reshape(nh * hs, *w.shape[1:])  # noqa: E731
+    repeat = lambda w: w.view(nkv, hs, *w.shape[1:]).repeat_interleave(nh // nkv, dim=0).reshape(nh * hs, *w.shape[1:])
     with torch.no_grad():
         mha.c_attn.weight.copy_(torch.cat([q, repeat(k), repeat(v)]))
         mha.c_attn.bias.copy_(torch.cat([qb, repeat(kb), repeat(vb)]))
@@ -98,13 +97,13 @@ def test_pre_and_post_placement_follow_their_formulas() -> None:
         h = b.ln_1(x + b.attn(x, ctx))
         torch.testing.assert_close(b(x, ctx), b.ln_2(h + b.mlp(h)))
     assert isinstance(post.ln_f, torch.nn.Identity)
-    n_params = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    n_params = lambda m: sum(p.numel() for p in m.parameters())
     assert n_params(pre) - n_params(post) == 2 * 64  # the final LayerNorm's weight and bias
 
 
 def test_gpt2_initialization() -> None:
     model = tiny_model("gpt2-tiny", "model.n_embd=256", "model.d_ff=1024", "model.n_layer=8")
-    std = lambda t: t.float().std().item()  # noqa: E731
+    std = lambda t: t.float().std().item()
     assert std(model.wte.weight) == pytest.approx(0.02, rel=0.02)
     assert std(model.position.wpe.weight) == pytest.approx(0.02, rel=0.05)
     assert std(model.blocks[0].attn.c_attn.weight) == pytest.approx(0.02, rel=0.02)
@@ -135,7 +134,9 @@ def test_forward_shapes_dtypes_and_devices() -> None:
 
 def test_too_long_sequences_are_clear_errors() -> None:
     model = tiny_model("gpt2-tiny")  # learned positions, context 128
-    with pytest.raises(GptzooError, match="a sequence of 129 tokens is longer than the 128 positions that LearnedPosition encodes"):
+    with pytest.raises(
+        GptzooError, match="a sequence of 129 tokens is longer than the 128 positions that LearnedPosition encodes"
+    ):
         model(torch.zeros(1, 129, dtype=torch.long))
     cache = model.init_cache(1, 8)
     model(torch.zeros(1, 8, dtype=torch.long), cache)

@@ -10,9 +10,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import gptzoo
+from gptzoo.builtins.positions import alibi_slopes
 from gptzoo.errors import GptzooError
 from gptzoo.inference.sampling import SamplerChain
-from gptzoo.builtins.positions import alibi_slopes
 
 
 def _factory(registry: gptzoo.Registry, kind: str, name: str):
@@ -67,7 +67,7 @@ def test_rmsnorm_matches_hf_llama_rmsnorm_in_bfloat16(registry: gptzoo.Registry)
 
 def test_activations(registry: gptzoo.Registry) -> None:
     x = torch.linspace(-6, 6, 1001, dtype=torch.float64)
-    act = lambda name: _factory(registry, "activation", name)()  # noqa: E731
+    act = lambda name: _factory(registry, "activation", name)()
     assert torch.equal(act("gelu_tanh")(x), nn.GELU(approximate="tanh")(x))
     # GPT-2's formula (HF NewGELUActivation), written out
     gpt2 = 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
@@ -84,7 +84,11 @@ def test_activations(registry: gptzoo.Registry) -> None:
 def test_dense_and_gated_mlp_formulas(registry: gptzoo.Registry) -> None:
     x = torch.randn(2, 3, 8)
     dense = _factory(registry, "mlp", "dense")(8, 32, activation=nn.GELU(approximate="tanh"), bias=True)
-    expected = F.linear(F.gelu(F.linear(x, dense.c_fc.weight, dense.c_fc.bias), approximate="tanh"), dense.c_proj.weight, dense.c_proj.bias)
+    expected = F.linear(
+        F.gelu(F.linear(x, dense.c_fc.weight, dense.c_fc.bias), approximate="tanh"),
+        dense.c_proj.weight,
+        dense.c_proj.bias,
+    )
     torch.testing.assert_close(dense(x), expected)
 
     gated = _factory(registry, "mlp", "gated")(8, 24, activation=nn.SiLU(), bias=False)
@@ -103,9 +107,17 @@ def test_rope_equals_hf_llama_rotary_embedding(registry: gptzoo.Registry, theta:
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
     hs, nh, nkv = 16, 4, 2
-    config = LlamaConfig(hidden_size=hs * nh, num_attention_heads=nh, num_key_value_heads=nkv, rope_theta=theta, max_position_embeddings=4096)
+    config = LlamaConfig(
+        hidden_size=hs * nh,
+        num_attention_heads=nh,
+        num_key_value_heads=nkv,
+        rope_theta=theta,
+        max_position_embeddings=4096,
+    )
     hf = LlamaRotaryEmbedding(config=config)
-    rope = _factory(registry, "position", "rope")(n_embd=hs * nh, n_head=nh, head_dim=hs, context_length=4096, theta=theta)
+    rope = _factory(registry, "position", "rope")(
+        n_embd=hs * nh, n_head=nh, head_dim=hs, context_length=4096, theta=theta
+    )
     positions = torch.stack([torch.arange(1000, 1037), torch.arange(7, 44)])  # (B, T): per-row offsets
     q, k = torch.randn(2, nh, 37, hs), torch.randn(2, nkv, 37, hs)
     cos, sin = hf(q, positions)
@@ -160,7 +172,10 @@ def test_learned_positions_declare_their_limit(registry: gptzoo.Registry) -> Non
     learned = _factory(registry, "position", "learned")(n_embd=8, n_head=2, head_dim=4, context_length=10)
     assert learned.max_positions == 10
     for name in ("none", "sinusoidal", "rope", "alibi"):
-        assert _factory(registry, "position", name)(n_embd=8, n_head=2, head_dim=4, context_length=10).max_positions is None
+        assert (
+            _factory(registry, "position", name)(n_embd=8, n_head=2, head_dim=4, context_length=10).max_positions
+            is None
+        )
 
 
 # --- samplers --------------------------------------------------------------------------------------
@@ -205,7 +220,9 @@ def test_sampler_transforms(registry: gptzoo.Registry) -> None:
         ("repetition_penalty", {"penalty": 1.3}, "RepetitionPenaltyLogitsProcessor", (1.3,)),
     ],
 )
-def test_samplers_equal_hugging_face_processors(registry: gptzoo.Registry, name: str, params: dict, hf_name: str, hf_args: tuple) -> None:
+def test_samplers_equal_hugging_face_processors(
+    registry: gptzoo.Registry, name: str, params: dict, hf_name: str, hf_args: tuple
+) -> None:
     from transformers.generation import logits_process
 
     logits = torch.randn(8, 50257) * 3  # a GPT-2-sized vocabulary, peaked like real logits
@@ -224,7 +241,7 @@ def test_sampler_chain_order_matters_and_seeds_repeat(registry: gptzoo.Registry)
     assert torch.isfinite(before).sum() == 3 and torch.isfinite(after).sum() == 2
 
     chain = _chain(registry, ("temperature", {"temperature": 1.0}))
-    draw = lambda seed: chain(logits.expand(64, 4), ids.expand(64, 1), torch.Generator().manual_seed(seed))  # noqa: E731
+    draw = lambda seed: chain(logits.expand(64, 4), ids.expand(64, 1), torch.Generator().manual_seed(seed))
     assert torch.equal(draw(3), draw(3)) and not torch.equal(draw(3), draw(4))
     greedy = _chain(registry, ("top_k", {"k": 3}), ("greedy", {}))
     assert greedy(logits, ids).tolist() == [0]

@@ -17,12 +17,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
-
-import gptzoo
-from gptzoo.plugin_manager import DEFAULT_PLUGINS, PluginInfo, gptzoo_version
-from gptzoo.registry import Provenance
-
 from fakedist import (  # tests/ has no __init__.py: pytest puts it on sys.path
     BAD_SIGNATURE,
     BROKEN,
@@ -32,6 +26,11 @@ from fakedist import (  # tests/ has no __init__.py: pytest puts it on sys.path
     FakeSite,
     rmsnorm_replacement,
 )
+from torch import nn
+
+import gptzoo
+from gptzoo.plugin_manager import DEFAULT_PLUGINS, PluginInfo, gptzoo_version
+from gptzoo.registry import Provenance
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE_DIR = REPO / "examples" / "gptzoo-sqrelu"
@@ -172,8 +171,13 @@ def test_plugin_failing_on_import_is_reported_and_others_keep_working(fake_site:
     fake_site.add("good", "gptzoo_fake_good", SCALENORM)
     registry = gptzoo.get_registry()
     assert report(registry, "broken") == PluginInfo(
-        "broken", "gptzoo_fake_broken", "gptzoo-fake-broken", "1.0",
-        builtin=False, status="failed", error=f"RuntimeError: {BROKEN_MESSAGE}",
+        "broken",
+        "gptzoo_fake_broken",
+        "gptzoo-fake-broken",
+        "1.0",
+        builtin=False,
+        status="failed",
+        error=f"RuntimeError: {BROKEN_MESSAGE}",
     )
     assert [p.name for p in registry.failed] == ["broken"]
     assert report(registry, "good").status == "ok"
@@ -199,7 +203,9 @@ def test_strict_argument_makes_an_import_failure_fatal(fake_site: FakeSite) -> N
 
 
 @pytest.mark.parametrize("value", ["1", "true", "yes"])
-def test_strict_env_makes_an_import_failure_fatal(fake_site: FakeSite, monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+def test_strict_env_makes_an_import_failure_fatal(
+    fake_site: FakeSite, monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
     fake_site.add("broken", "gptzoo_fake_broken", BROKEN)
     monkeypatch.setenv("GPTZOO_STRICT_PLUGINS", value)
     with pytest.raises(gptzoo.PluginError) as excinfo:
@@ -237,7 +243,12 @@ def test_misspelled_hook_is_reported_with_pluggys_message(fake_site: FakeSite) -
     registry = gptzoo.registry.registry_from(pm)
     module = sys.modules["gptzoo_fake_typo"]
     assert report(registry, "typo") == PluginInfo(
-        "typo", "gptzoo_fake_typo", "gptzoo-fake-typo", "1.0", builtin=False, status="failed",
+        "typo",
+        "gptzoo_fake_typo",
+        "gptzoo-fake-typo",
+        "1.0",
+        builtin=False,
+        status="failed",
         error=f"PluginValidationError: unknown hook 'register_norm' in plugin {module!r}",
     )
     assert not pm.has_plugin("typo") and not pm.is_registered(module)  # unregistered again
@@ -261,7 +272,10 @@ def test_hook_with_wrong_argument_name_is_reported(fake_site: FakeSite) -> None:
 
 
 def test_plugin_rejected_by_register_is_not_left_in_the_manager(fake_site: FakeSite) -> None:
-    fake_site.add("halfsig", "gptzoo_fake_halfsig", '''
+    fake_site.add(
+        "halfsig",
+        "gptzoo_fake_halfsig",
+        """
         @gptzoo.hookimpl
         def register_activations(register):  # valid, and registered first (dir() order)
             register("half", object)
@@ -269,7 +283,8 @@ def test_plugin_rejected_by_register_is_not_left_in_the_manager(fake_site: FakeS
         @gptzoo.hookimpl
         def register_norms(reg):  # invalid argument name
             reg("halfnorm", object)
-    ''')
+    """,
+    )
     pm = gptzoo.get_plugin_manager()
     assert [r.status for r in pm.reports if r.name == "halfsig"] == ["failed"]
     module = sys.modules["gptzoo_fake_halfsig"]
@@ -278,17 +293,24 @@ def test_plugin_rejected_by_register_is_not_left_in_the_manager(fake_site: FakeS
 
 
 def test_plugin_raising_in_its_hook_is_reported(fake_site: FakeSite) -> None:
-    fake_site.add("raiser", "gptzoo_fake_raiser", '''
+    fake_site.add(
+        "raiser",
+        "gptzoo_fake_raiser",
+        """
         @gptzoo.hookimpl
         def register_norms(register):
             register("raisernorm", object)
             raise ValueError("no GPU found")
-    ''')
+    """,
+    )
     registry = gptzoo.get_registry()
     info = report(registry, "raiser")
     assert info.status == "failed" and "ValueError" in info.error and "no GPU found" in info.error
     assert "raisernorm" not in registry.names("norm")  # all of a plugin's registrations, or none
-    with pytest.raises(gptzoo.PluginError, match=r"^plugin 'raiser' \(gptzoo-fake-raiser 1\.0\) failed while registering: ValueError: no GPU found; "):
+    with pytest.raises(
+        gptzoo.PluginError,
+        match=r"^plugin 'raiser' \(gptzoo-fake-raiser 1\.0\) failed while registering: ValueError: no GPU found; ",
+    ):
         gptzoo.get_registry(strict=True)
 
 
@@ -304,7 +326,10 @@ def test_duplicate_name_fails_the_later_plugin_naming_both(fake_site: FakeSite) 
     entry = registry.get("norm", "rmsnorm")
     assert entry.provenance == BUILTIN_NORMS and entry.overrides is None
     assert entry.factory.__module__ == "gptzoo.builtins.norms"
-    with pytest.raises(gptzoo.PluginError, match=r"^plugin 'dup' \(gptzoo-fake-dup 1\.0\) failed while registering: norm 'rmsnorm' is registered by both"):
+    with pytest.raises(
+        gptzoo.PluginError,
+        match=r"^plugin 'dup' \(gptzoo-fake-dup 1\.0\) failed while registering: norm 'rmsnorm' is registered by both",
+    ):
         gptzoo.get_registry(strict=True)
 
 
@@ -328,7 +353,11 @@ def test_unknown_component_suggests_the_closest_name(fake_site: FakeSite) -> Non
     with pytest.raises(gptzoo.UnknownComponentError) as excinfo:
         builtin_only.get("norm", "rmsnrom")
     assert str(excinfo.value) == "unknown norm 'rmsnrom'; did you mean 'rmsnorm'? (available: layernorm, rmsnorm)"
-    assert (excinfo.value.kind, excinfo.value.name, excinfo.value.available) == ("norm", "rmsnrom", ["layernorm", "rmsnorm"])
+    assert (excinfo.value.kind, excinfo.value.name, excinfo.value.available) == (
+        "norm",
+        "rmsnrom",
+        ["layernorm", "rmsnorm"],
+    )
     with pytest.raises(gptzoo.UnknownComponentError, match=r"^unknown norm 'RMSNorm'"):
         builtin_only.get("norm", "RMSNorm")  # names match exactly
     with pytest.raises(gptzoo.UnknownComponentError, match=r"^unknown norm 'zzz' \(available: layernorm, rmsnorm\)$"):
@@ -353,8 +382,12 @@ def test_import_loads_no_plugins(cli_site: FakeSite) -> None:
         "print(any(m.startswith(('gptzoo_sqrelu', 'gptzoo_fake')) for m in sys.modules))"
     )
     proc = subprocess.run(
-        [sys.executable, "-c", code], env=cli_site.env(GPTZOO_STRICT_PLUGINS="1"),
-        capture_output=True, text=True, timeout=120, cwd=REPO,
+        [sys.executable, "-c", code],
+        env=cli_site.env(GPTZOO_STRICT_PLUGINS="1"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
     )
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "False\nFalse\n", "")
 
@@ -372,8 +405,14 @@ def _rows(proc: subprocess.CompletedProcess[str]) -> dict[str, dict]:
 def test_cli_plugins_lists_the_example_plugin(plugins_json: subprocess.CompletedProcess[str]) -> None:
     require_example()
     assert _rows(plugins_json)["sqrelu"] == {
-        "name": "sqrelu", "module": "gptzoo_sqrelu", "distribution": "gptzoo-sqrelu", "version": "0.1.0",
-        "builtin": False, "status": "ok", "error": None, "registered": ["activation:squared_relu"],
+        "name": "sqrelu",
+        "module": "gptzoo_sqrelu",
+        "distribution": "gptzoo-sqrelu",
+        "version": "0.1.0",
+        "builtin": False,
+        "status": "ok",
+        "error": None,
+        "registered": ["activation:squared_relu"],
     }
 
 
@@ -381,8 +420,14 @@ def test_cli_plugins_lists_a_failed_plugin_and_exits_0(plugins_json: subprocess.
     rows = _rows(plugins_json)
     assert plugins_json.stderr == ""
     assert rows["broken"] == {
-        "name": "broken", "module": "gptzoo_fake_cli_broken", "distribution": "gptzoo-fake-broken", "version": "1.0",
-        "builtin": False, "status": "failed", "error": f"RuntimeError: {BROKEN_MESSAGE}", "registered": [],
+        "name": "broken",
+        "module": "gptzoo_fake_cli_broken",
+        "distribution": "gptzoo-fake-broken",
+        "version": "1.0",
+        "builtin": False,
+        "status": "failed",
+        "error": f"RuntimeError: {BROKEN_MESSAGE}",
+        "registered": [],
     }
     assert rows["good"]["status"] == "ok" and rows["good"]["registered"] == ["norm:scalenorm"]
     assert rows["gptzoo.builtins.norms"]["registered"] == ["norm:layernorm", "norm:rmsnorm"]
@@ -394,8 +439,14 @@ def test_cli_build_with_a_plugin_component(cli_site: FakeSite) -> None:
     assert proc.returncode == 0, proc.stderr
     norm = next(c for c in json.loads(proc.stdout)["components"] if c["key"] == "norm")
     assert norm == {
-        "key": "norm", "kind": "norm", "name": "scalenorm", "params": {},
-        "plugin": "gptzoo_fake_cli_good", "distribution": "gptzoo-fake-good", "version": "1.0", "overrides": None,
+        "key": "norm",
+        "kind": "norm",
+        "name": "scalenorm",
+        "params": {},
+        "plugin": "gptzoo_fake_cli_good",
+        "distribution": "gptzoo-fake-good",
+        "version": "1.0",
+        "overrides": None,
     }
     # the broken plugin is a warning, not an error (rich may wrap it: compare words)
     assert " ".join(proc.stderr.split()) == (
@@ -406,7 +457,9 @@ def test_cli_build_with_a_plugin_component(cli_site: FakeSite) -> None:
 
 @pytest.fixture(scope="module")
 def strict_build(cli_site: FakeSite) -> subprocess.CompletedProcess[str]:
-    return run_gptzoo("build", "gpt2-tiny", "--set", "model.norm=scalenorm", env=cli_site.env(GPTZOO_STRICT_PLUGINS="1"))
+    return run_gptzoo(
+        "build", "gpt2-tiny", "--set", "model.norm=scalenorm", env=cli_site.env(GPTZOO_STRICT_PLUGINS="1")
+    )
 
 
 def test_cli_strict_plugin_failure_exits_2_without_traceback(strict_build: subprocess.CompletedProcess[str]) -> None:

@@ -11,18 +11,32 @@ import torch
 import gptzoo
 from gptzoo.errors import RecipeError
 from gptzoo.model.gpt import BLOCKS
+from gptzoo.model.summary import parameter_counts
 from gptzoo.recipe import load_recipe, shipped_recipes
 from gptzoo.recipe.schema import NORM_PLACEMENTS
-from gptzoo.model.summary import parameter_counts
 
 SHIPPED = sorted(shipped_recipes())
 
 # Hugging Face's parameter counts of GPT2LMHeadModel (tied head counted once).
-GPT2_PARAMS = {"gpt2-small": 124_439_808, "gpt2-medium": 354_823_168, "gpt2-large": 774_030_080, "gpt2-xl": 1_557_611_200}
+GPT2_PARAMS = {
+    "gpt2-small": 124_439_808,
+    "gpt2-medium": 354_823_168,
+    "gpt2-large": 774_030_080,
+    "gpt2-xl": 1_557_611_200,
+}
 
 
 def test_shipped_recipes_are_the_promised_ones() -> None:
-    assert {"gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl", "gpt2-small-postln", "tinyllama-1.1b", "gpt2-tiny", "llama-tiny"} <= set(SHIPPED)
+    assert {
+        "gpt2-small",
+        "gpt2-medium",
+        "gpt2-large",
+        "gpt2-xl",
+        "gpt2-small-postln",
+        "tinyllama-1.1b",
+        "gpt2-tiny",
+        "llama-tiny",
+    } <= set(SHIPPED)
 
 
 @pytest.mark.parametrize("name", SHIPPED)
@@ -47,8 +61,13 @@ def test_llama_recipe_matches_hf_llama_parameter_count() -> None:
 
     spec = load_recipe("tinyllama-1.1b").model
     config = LlamaConfig(
-        vocab_size=spec.vocab_size, hidden_size=spec.n_embd, intermediate_size=spec.d_ff, num_hidden_layers=spec.n_layer,
-        num_attention_heads=spec.n_head, num_key_value_heads=spec.n_kv_head, max_position_embeddings=spec.context_length,
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.n_embd,
+        intermediate_size=spec.d_ff,
+        num_hidden_layers=spec.n_layer,
+        num_attention_heads=spec.n_head,
+        num_key_value_heads=spec.n_kv_head,
+        max_position_embeddings=spec.context_length,
         tie_word_embeddings=False,
     )
     with torch.device("meta"):
@@ -81,7 +100,13 @@ def test_recipe_files_from_any_directory(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.chdir("/")
     assert load_recipe("gpt2-medium").model.n_layer == 24  # shipped names resolve from anywhere
     r = load_recipe(tmp_path / "sub" / "mine.toml")
-    assert (r.name, r.model.n_layer, r.model.position.name, r.model.n_embd, r.description) == ("mine", 3, "rope", 64, "mine")
+    assert (r.name, r.model.n_layer, r.model.position.name, r.model.n_embd, r.description) == (
+        "mine",
+        3,
+        "rope",
+        64,
+        "mine",
+    )
 
 
 def test_resolved_recipe_round_trips_through_toml(tmp_path: Path) -> None:
@@ -142,8 +167,12 @@ def test_component_parameter_problems(tmp_path: Path) -> None:
         "[model] attention.dropout: attention 'causal' has no parameter 'dropout' (it takes none)",
     ]
     problems = _problems(tmp_path, 'extends = "gpt2-tiny"\n[model]\nnorm = { name = "layernorm", epsilon = 1e-6 }\n')
-    assert problems == ["[model] norm.epsilon: norm 'layernorm' has no parameter 'epsilon'; did you mean 'eps'? (available: eps, bias)"]
-    problems = _problems(tmp_path, 'extends = "llama-tiny"\n[model]\nn_embd = 60\nposition = { name = "rope", theta = -1.0 }\n')
+    assert problems == [
+        "[model] norm.epsilon: norm 'layernorm' has no parameter 'epsilon'; did you mean 'eps'? (available: eps, bias)"
+    ]
+    problems = _problems(
+        tmp_path, 'extends = "llama-tiny"\n[model]\nn_embd = 60\nposition = { name = "rope", theta = -1.0 }\n'
+    )
     assert problems == [
         "[model] position (rope): rope needs an even head_dim, got 15",
         "[model] position (rope): rope theta must be a positive number, got -1.0",
@@ -195,7 +224,15 @@ def test_bad_overrides() -> None:
 
 def test_component_parameter_values_are_checked_before_building(tmp_path: Path) -> None:
     with pytest.raises(RecipeError) as info:
-        load_recipe("gpt2-tiny", ["model.norm.eps=-1.0", "model.position=sinusoidal", "model.position.base=0.5", "model.activation.approximate=foo"])
+        load_recipe(
+            "gpt2-tiny",
+            [
+                "model.norm.eps=-1.0",
+                "model.position=sinusoidal",
+                "model.position.base=0.5",
+                "model.activation.approximate=foo",
+            ],
+        )
     assert info.value.problems == [
         "[model] activation.approximate: activation 'gelu_tanh' has no parameter 'approximate' (it takes none)",
     ]
@@ -212,7 +249,9 @@ def test_component_parameter_values_are_checked_before_building(tmp_path: Path) 
 
 
 def test_oversized_and_unreadable_recipes(tmp_path: Path) -> None:
-    with pytest.raises(RecipeError, match=r"\[model\] vocab_size=99999999999999999999 must be between 1 and 2147483647"):
+    with pytest.raises(
+        RecipeError, match=r"\[model\] vocab_size=99999999999999999999 must be between 1 and 2147483647"
+    ):
         load_recipe("gpt2-tiny", ["model.vocab_size=99999999999999999999"])
     (tmp_path / "latin1.toml").write_bytes(b"\xff[model]\n")
     with pytest.raises(RecipeError, match=r"latin1.toml: invalid TOML: 'utf-8' codec can't decode"):
@@ -227,7 +266,9 @@ def test_oversized_and_unreadable_recipes(tmp_path: Path) -> None:
 
 
 def test_descriptions_with_any_characters_survive_a_checkpoint(tmp_path: Path) -> None:
-    (tmp_path / "r.toml").write_text('extends = "gpt2-tiny"\ndescription = """two\nlines, "quotes", \\\\ and \u00e9\ttab"""\n')
+    (tmp_path / "r.toml").write_text(
+        'extends = "gpt2-tiny"\ndescription = """two\nlines, "quotes", \\\\ and \u00e9\ttab"""\n'
+    )
     recipe = load_recipe(tmp_path / "r.toml")
     gptzoo.save_checkpoint(gptzoo.build_model(recipe), recipe, tmp_path / "ck")
     assert gptzoo.load_checkpoint(tmp_path / "ck").recipe.description == 'two\nlines, "quotes", \\ and \u00e9\ttab'

@@ -4,10 +4,10 @@ import hashlib
 import shutil
 from importlib import metadata
 from pathlib import Path
+from pydoc_data.topics import topics
 from typing import Any
 
 import pytest
-from pydoc_data.topics import topics
 
 from gptzoo import tokenizer as tokmod
 from gptzoo.errors import GptzooError

@@ -15,16 +15,27 @@ import pytest
 import torch
 
 import gptzoo
-from gptzoo.training import run_dir
-from gptzoo.model.checkpoint import load_checkpoint
 from gptzoo.cli import main
+from gptzoo.errors import NonFiniteError
+from gptzoo.model.checkpoint import load_checkpoint
+from gptzoo.recipe import TrainSpec
+from gptzoo.training import run_dir
 from gptzoo.training.data import prepare
 from gptzoo.training.optim import lr_at, param_groups
-from gptzoo.recipe import TrainSpec
-from gptzoo.errors import NonFiniteError
 from gptzoo.training.trainer import train
 
-TINY = ["model.vocab_size=256", "tokenizer.name=bytes", "train.seq_len=64", "train.micro_batch_size=8", "train.warmup_steps=4", "train.lr=3e-3", "train.min_lr=3e-4", "train.eval_batches=4", "train.log_every=1", "train.peak_tflops=1.0"]
+TINY = [
+    "model.vocab_size=256",
+    "tokenizer.name=bytes",
+    "train.seq_len=64",
+    "train.micro_batch_size=8",
+    "train.warmup_steps=4",
+    "train.lr=3e-3",
+    "train.min_lr=3e-4",
+    "train.eval_batches=4",
+    "train.log_every=1",
+    "train.peak_tflops=1.0",
+]
 """gpt2-tiny over UTF-8 bytes: a 2-layer, width-64 model that trains in a few seconds."""
 
 
@@ -56,7 +67,13 @@ def test_loss_drops_on_stdlib_docs(docs: Path, tmp_path: Path) -> None:
 
 
 def test_resume_continues_bit_for_bit(docs: Path, tmp_path: Path) -> None:
-    spec = recipe("train.max_steps=8", "train.grad_accum=2", "train.micro_batch_size=4", "train.checkpoint_every=4", "train.eval_every=4")
+    spec = recipe(
+        "train.max_steps=8",
+        "train.grad_accum=2",
+        "train.micro_batch_size=4",
+        "train.checkpoint_every=4",
+        "train.eval_every=4",
+    )
     train(spec, out=tmp_path / "whole", data=docs)
     shutil.copytree(tmp_path / "whole", tmp_path / "resumed")
     shutil.rmtree(tmp_path / "resumed" / "checkpoints" / "step-000008")  # as if stopped after step 4's checkpoint
@@ -69,7 +86,9 @@ def test_resume_continues_bit_for_bit(docs: Path, tmp_path: Path) -> None:
     assert a[1]["optimizer"]["state"].keys() == b[1]["optimizer"]["state"].keys()
 
 
-def test_an_interrupted_save_leaves_the_previous_checkpoint(docs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_interrupted_save_leaves_the_previous_checkpoint(
+    docs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     saves = []
     real_save = torch.save
 
@@ -87,7 +106,10 @@ def test_an_interrupted_save_leaves_the_previous_checkpoint(docs: Path, tmp_path
     left = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
     assert left == ["step-000002"]  # no step-000004, and no half-written temporary directory
     tensors, state = run_dir.load(tmp_path / "run" / "checkpoints" / "step-000002")
-    assert state["step"] == 2 and load_checkpoint(tmp_path / "run" / "checkpoints" / "step-000002").recipe.train.max_steps == 4
+    assert (
+        state["step"] == 2
+        and load_checkpoint(tmp_path / "run" / "checkpoints" / "step-000002").recipe.train.max_steps == 4
+    )
     monkeypatch.setattr(run_dir.torch, "save", real_save)
     assert train(spec, out=tmp_path / "run", data=docs, resume=True).steps == 4
 
@@ -111,20 +133,36 @@ def _poison_step(monkeypatch: pytest.MonkeyPatch, step: int) -> None:
     monkeypatch.setattr(train_mod.Trainer, "train_step", poisoned)
 
 
-def test_a_non_finite_loss_stops_the_run_naming_the_step(docs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_non_finite_loss_stops_the_run_naming_the_step(
+    docs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _poison_step(monkeypatch, 3)
-    with pytest.raises(NonFiniteError, match=r"step 3: the loss is nan; nothing was saved for this step. Resume with --set train.on_nonfinite=skip"):
-        train(recipe("train.max_steps=6", "train.checkpoint_every=2", "train.eval_every=0"), out=tmp_path / "run", data=docs)
+    with pytest.raises(
+        NonFiniteError,
+        match=r"step 3: the loss is nan; nothing was saved for this step. Resume with --set train.on_nonfinite=skip",
+    ):
+        train(
+            recipe("train.max_steps=6", "train.checkpoint_every=2", "train.eval_every=0"),
+            out=tmp_path / "run",
+            data=docs,
+        )
     assert [s for s, _ in run_dir.checkpoint_dirs(tmp_path / "run")] == [2]
     (tmp_path / "run" / "checkpoints" / ".step-000004.abc").mkdir()  # what a killed save leaves
-    result = train(recipe("train.max_steps=6", "train.checkpoint_every=2", "train.eval_every=0", "train.on_nonfinite=skip"), out=tmp_path / "run", data=docs, resume=True)
+    result = train(
+        recipe("train.max_steps=6", "train.checkpoint_every=2", "train.eval_every=0", "train.on_nonfinite=skip"),
+        out=tmp_path / "run",
+        data=docs,
+        resume=True,
+    )
     assert result.steps == 6 and result.skipped == 1  # the advice works: step 3 is skipped this time
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step-000004", "step-000006"]
 
 
 def test_a_non_finite_step_can_be_skipped(docs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _poison_step(monkeypatch, 3)
-    result = train(recipe("train.max_steps=4", "train.on_nonfinite=skip", "train.eval_every=0"), out=tmp_path / "run", data=docs)
+    result = train(
+        recipe("train.max_steps=4", "train.on_nonfinite=skip", "train.eval_every=0"), out=tmp_path / "run", data=docs
+    )
     records = {r["step"]: r for r in run_dir.read_metrics(tmp_path / "run") if "loss" in r}
     assert result.skipped == 1 and records[3]["skipped"] and records[3]["loss"] is None  # JSON has no NaN
     assert all(math.isfinite(records[s]["loss"]) for s in (1, 2, 4))
@@ -137,7 +175,10 @@ def _torchrun(script: Path, *args: str) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script), *args],
-        capture_output=True, text=True, timeout=300, env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
 
@@ -210,13 +251,18 @@ def test_cli_train_and_plot(docs: Path, tmp_path: Path, capsys: pytest.CaptureFi
     ("args", "message"),
     [
         (["--data", "{tmp}/nowhere"], "no prepared data at {tmp}/nowhere; run `gptzoo prepare"),
-        (["--set", "tokenizer.name=gpt2", "--set", "model.vocab_size=50257"], "was prepared with the 'bytes' tokenizer, but recipe 'gpt2-tiny' uses 'gpt2'"),
+        (
+            ["--set", "tokenizer.name=gpt2", "--set", "model.vocab_size=50257"],
+            "was prepared with the 'bytes' tokenizer, but recipe 'gpt2-tiny' uses 'gpt2'",
+        ),
         (["--set", "train.seq_len=4096"], "[train] seq_len=4096 is above the model's context_length=128"),
         (["--resume"], "has no checkpoints to resume"),
         (["--set", "train.precision=float16"], "needs a CUDA GPU"),
     ],
 )
-def test_cli_train_bad_input(docs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:
+def test_cli_train_bad_input(
+    docs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
     args = [a.format(tmp=tmp_path) for a in args]
     if "--data" not in args:
         args += ["--data", str(docs)]
@@ -226,7 +272,9 @@ def test_cli_train_bad_input(docs: Path, tmp_path: Path, capsys: pytest.CaptureF
     assert not (tmp_path / "run").exists()  # nothing written
 
 
-def test_cli_refuses_to_overwrite_or_to_resume_another_recipe(docs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_refuses_to_overwrite_or_to_resume_another_recipe(
+    docs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     run = tmp_path / "run"
     sets = [a for o in [*TINY, "train.max_steps=2"] for a in ("--set", o)]
     assert main(["train", "gpt2-tiny", *sets, "--data", str(docs), "--out", str(run)]) == 0
@@ -234,28 +282,84 @@ def test_cli_refuses_to_overwrite_or_to_resume_another_recipe(docs: Path, tmp_pa
     capsys.readouterr()
     assert main(["train", "gpt2-tiny", *sets, "--data", str(docs), "--out", str(run)]) == 2
     assert "already holds files; pass --resume" in capsys.readouterr().err
-    assert main(["train", "gpt2-tiny", *sets, "--set", "model.n_layer=3", "--data", str(docs), "--out", str(run), "--resume"]) == 2
+    assert (
+        main(
+            [
+                "train",
+                "gpt2-tiny",
+                *sets,
+                "--set",
+                "model.n_layer=3",
+                "--data",
+                str(docs),
+                "--out",
+                str(run),
+                "--resume",
+            ]
+        )
+        == 2
+    )
     assert "is a checkpoint of a different recipe: [model] differs" in capsys.readouterr().err.replace("\n", " ")
-    assert main(["train", "gpt2-tiny", *sets, "--set", "train.lr=0.1", "--data", str(docs), "--out", str(run), "--resume"]) == 2
+    assert (
+        main(["train", "gpt2-tiny", *sets, "--set", "train.lr=0.1", "--data", str(docs), "--out", str(run), "--resume"])
+        == 2
+    )
     assert "[train] lr is 0.003 there, 0.1 here" in capsys.readouterr().err.replace("\n", " ")
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before  # nothing overwritten
 
 
-def test_fine_tuning_starts_from_hugging_face_weights(docs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_fine_tuning_starts_from_hugging_face_weights(
+    docs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     import transformers
 
     from gptzoo.training.data import TokenData, Windows
 
     torch.manual_seed(3)
-    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=256, n_positions=128)).eval()
+    hf = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=256, n_positions=128)
+    ).eval()
     hf.save_pretrained(tmp_path / "hf")
     x, y = Windows(TokenData.open(docs).train, 64, 1337).batch(0, 8)  # the first step's batch (default seed)
     with torch.no_grad():
         expected = torch.nn.functional.cross_entropy(hf(x).logits.view(-1, 256), y.view(-1)).item()
     sets = [a for o in [*TINY, "train.max_steps=1", "train.eval_every=0"] for a in ("--set", o)]
-    assert main(["train", "gpt2-tiny", *sets, "--data", str(docs), "--out", str(tmp_path / "run"), "--init-from-hf", str(tmp_path / "hf"), "--json"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "gpt2-tiny",
+                *sets,
+                "--data",
+                str(docs),
+                "--out",
+                str(tmp_path / "run"),
+                "--init-from-hf",
+                str(tmp_path / "hf"),
+                "--json",
+            ]
+        )
+        == 0
+    )
     assert losses(tmp_path / "run")[1] == pytest.approx(expected, rel=1e-5)
-    assert main(["train", "gpt2-tiny", *sets, "--set", "model.n_layer=3", "--data", str(docs), "--out", str(tmp_path / "run3"), "--init-from-hf", str(tmp_path / "hf")]) == 2
+    assert (
+        main(
+            [
+                "train",
+                "gpt2-tiny",
+                *sets,
+                "--set",
+                "model.n_layer=3",
+                "--data",
+                str(docs),
+                "--out",
+                str(tmp_path / "run3"),
+                "--init-from-hf",
+                str(tmp_path / "hf"),
+            ]
+        )
+        == 2
+    )
     assert "n_layer" in capsys.readouterr().err and not (tmp_path / "run3").exists()
 
 
@@ -271,7 +375,9 @@ def test_checkpoints_are_pruned_to_the_newest_and_a_finished_run_is_not_resumed(
     assert sorted(losses(tmp_path / "run")) == list(range(1, 9))
 
 
-@pytest.mark.parametrize("overrides", [["train.precision=bfloat16"], ["train.compile=true"]], ids=["bfloat16", "compile"])
+@pytest.mark.parametrize(
+    "overrides", [["train.precision=bfloat16"], ["train.compile=true"]], ids=["bfloat16", "compile"]
+)
 def test_bfloat16_autocast_and_compile_train(docs: Path, tmp_path: Path, overrides: list[str]) -> None:
     baseline = train(recipe("train.max_steps=12", "train.eval_every=0"), out=tmp_path / "f32", data=docs)
     result = train(recipe("train.max_steps=12", "train.eval_every=0", *overrides), out=tmp_path / "run", data=docs)

@@ -9,7 +9,9 @@ import torch
 import gptzoo
 
 BASES = ("gpt2-tiny", "llama-tiny")  # MHA + LayerNorm + dense GELU; GQA + RMSNorm + SwiGLU + untied
-PAIRS = list(itertools.product(BASES, gptzoo.get_registry().names("attention"), gptzoo.get_registry().names("position")))
+PAIRS = list(
+    itertools.product(BASES, gptzoo.get_registry().names("attention"), gptzoo.get_registry().names("position"))
+)
 """(base recipe, attention, position) for every registered attention and position."""
 
 

@@ -11,13 +11,15 @@ then v), as in nanoGPT and GPT-2. Two registered variants differ only in how sco
 from __future__ import annotations
 
 import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gptzoo.hookspecs import hookimpl
 from gptzoo.flops import linear_flops
+from gptzoo.hookspecs import hookimpl
 from gptzoo.interfaces import AttentionContext, LayerKVCache, TensorMap
+
 
 class CausalSelfAttention(nn.Module):
     """Causal self-attention with n_kv_head key/value heads and a per-layer KV cache."""
@@ -49,7 +51,12 @@ class CausalSelfAttention(nn.Module):
         )
 
     def init_cache(
-        self, batch_size: int, max_len: int, *, device: torch.device | str | None = None, dtype: torch.dtype | None = None
+        self,
+        batch_size: int,
+        max_len: int,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> LayerKVCache:
         return LayerKVCache(batch_size, self.n_kv_head, max_len, self.head_dim, device=device, dtype=dtype)
 
@@ -59,11 +66,14 @@ class CausalSelfAttention(nn.Module):
         scores = 2 * 2 * batch * self.n_head * seq_len * seq_len * self.head_dim
         return {"attention projections": linear_flops(n_tokens, self.c_attn, self.c_proj), "attention scores": scores}
 
-
     def hf_weights(self, family: str) -> list[TensorMap] | None:
         kinds = ("weight", "bias") if self.c_attn.bias is not None else ("weight",)
         if family == "gpt2":  # Conv1D: [in, out]
-            return [TensorMap(f"{name}.{k}", (f"{name}.{k}",), transpose=k == "weight") for name in ("c_attn", "c_proj") for k in kinds]
+            return [
+                TensorMap(f"{name}.{k}", (f"{name}.{k}",), transpose=k == "weight")
+                for name in ("c_attn", "c_proj")
+                for k in kinds
+            ]
         if family == "llama":
             sizes = (self.n_head * self.head_dim, self.n_kv_head * self.head_dim, self.n_kv_head * self.head_dim)
             return [

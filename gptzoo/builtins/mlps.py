@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from gptzoo.hookspecs import hookimpl
 from gptzoo.flops import linear_flops
+from gptzoo.hookspecs import hookimpl
 from gptzoo.interfaces import TensorMap
 
 
@@ -31,7 +31,9 @@ class DenseMLP(nn.Module):
     def hf_weights(self, family: str) -> list[TensorMap] | None:
         if family != "gpt2":
             return None
-        maps = [TensorMap(f"{name}.weight", (f"{name}.weight",), transpose=True) for name in ("c_fc", "c_proj")]  # Conv1D
+        maps = [
+            TensorMap(f"{name}.weight", (f"{name}.weight",), transpose=True) for name in ("c_fc", "c_proj")
+        ]  # Conv1D
         if self.c_fc.bias is not None:
             maps += [TensorMap(f"{name}.bias", (f"{name}.bias",)) for name in ("c_fc", "c_proj")]
         return maps

@@ -35,7 +35,9 @@ class LearnedPosition(Position):
     def __init__(self, *, n_embd: int, n_head: int, head_dim: int, context_length: int) -> None:
         super().__init__()
         self.max_positions = context_length
-        self.wpe = nn.Embedding(context_length, n_embd, _weight=torch.empty(context_length, n_embd))  # init: GPT.init_weights
+        self.wpe = nn.Embedding(
+            context_length, n_embd, _weight=torch.empty(context_length, n_embd)
+        )  # init: GPT.init_weights
 
     def embed(self, positions: Tensor) -> Tensor:
         return self.wpe(positions)
@@ -83,9 +85,7 @@ def _rotate_half(x: Tensor) -> Tensor:
 class RoPE(Position):
     """Rotary position embeddings (Su et al., 2021), rotate-half convention as in HF Llama."""
 
-    def __init__(
-        self, *, n_embd: int, n_head: int, head_dim: int, context_length: int, theta: float = 10000.0
-    ) -> None:
+    def __init__(self, *, n_embd: int, n_head: int, head_dim: int, context_length: int, theta: float = 10000.0) -> None:
         super().__init__()
         self.head_dim, self.theta = head_dim, theta
 

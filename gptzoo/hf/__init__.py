@@ -13,12 +13,12 @@ from typing import Any
 
 import torch
 
-from gptzoo.model.build import build_model
 from gptzoo.errors import CheckpointError, GptzooError, RecipeError, did_you_mean
 from gptzoo.hf.family import Family, NoEquivalentError
 from gptzoo.hf.files import locate, read_config, read_tensors, write_checkpoint
 from gptzoo.hf.gpt2 import GPT2
 from gptzoo.hf.llama import Llama
+from gptzoo.model.build import build_model
 from gptzoo.model.gpt import GPT
 from gptzoo.recipe import COMPONENT_KEYS, ModelSpec, Recipe, apply_overrides, validate
 from gptzoo.registry import Registry, default_registry
@@ -26,13 +26,24 @@ from gptzoo.registry import Registry, default_registry
 FAMILIES: dict[str, Family] = {family.model_type: family for family in (GPT2(), Llama())}
 """config.json model_type -> family."""
 
-__all__ = ["FAMILIES", "NoEquivalentError", "check_recipe_matches", "export_hf", "family_for", "hf_recipe", "load_hf", "locate"]
+__all__ = [
+    "FAMILIES",
+    "NoEquivalentError",
+    "check_recipe_matches",
+    "export_hf",
+    "family_for",
+    "hf_recipe",
+    "load_hf",
+    "locate",
+]
 
 
 def family_for(config: dict[str, Any], source: Path) -> Family:
     model_type = config.get("model_type")
     if not isinstance(model_type, str) or model_type not in FAMILIES:
-        raise CheckpointError(f"{source}/config.json: model_type {model_type!r} is not supported{did_you_mean(str(model_type), list(FAMILIES))}")
+        raise CheckpointError(
+            f"{source}/config.json: model_type {model_type!r} is not supported{did_you_mean(str(model_type), list(FAMILIES))}"
+        )
     return FAMILIES[model_type]
 
 
@@ -47,7 +58,9 @@ def hf_recipe(source: str | Path, overrides: Iterable[str] = (), *, registry: Re
     except GptzooError as exc:
         raise RecipeError(str(path / "config.json"), [str(exc)]) from None
     except (TypeError, ValueError, ZeroDivisionError, KeyError, IndexError, AttributeError) as exc:
-        raise RecipeError(str(path / "config.json"), [f"a malformed value ({type(exc).__name__}: {exc}); fix config.json"]) from None
+        raise RecipeError(
+            str(path / "config.json"), [f"a malformed value ({type(exc).__name__}: {exc}); fix config.json"]
+        ) from None
     data["description"] = f"{family.architecture} from {source}"
     data, problems = apply_overrides(data, overrides)
     name = Path(str(source)).name or str(source)
@@ -71,7 +84,11 @@ def check_recipe_matches(recipe: Recipe, derived: Recipe, registry: Registry) ->
 
 def _effective(kind: str, component: Any, registry: Registry) -> tuple[str, dict[str, Any]]:
     """A component with its factory's defaults filled in, so `rmsnorm` equals `{rmsnorm, eps=1e-6}`."""
-    params = {p.name: p.default for p in inspect.signature(registry.get(kind, component.name).factory).parameters.values() if p.default is not inspect.Parameter.empty}
+    params = {
+        p.name: p.default
+        for p in inspect.signature(registry.get(kind, component.name).factory).parameters.values()
+        if p.default is not inspect.Parameter.empty
+    }
     return component.name, {**params, **component.kwargs}
 
 
@@ -126,7 +143,11 @@ def load_hf(
             problems += [f"missing tensor {key}" for key in missing]
             continue
         expected = [tuple(t.shape) for t in tmap.save(torch.empty(reference[ours].shape, device="meta"))]
-        wrong = [f"{key} has shape {tuple(tensors[key].shape)}, expected {shape}" for key, shape in zip(theirs, expected) if tuple(tensors[key].shape) != shape]
+        wrong = [
+            f"{key} has shape {tuple(tensors[key].shape)}, expected {shape}"
+            for key, shape in zip(theirs, expected)
+            if tuple(tensors[key].shape) != shape
+        ]
         if wrong:
             problems += wrong
             continue
@@ -161,6 +182,10 @@ def export_hf(model: GPT, out: str | Path) -> Path:
         config = transformers.AutoConfig.for_model(
             family.model_type, **config_fields, architectures=[family.architecture], dtype=model.wte.weight.dtype
         )
-        tensors = {key: t.detach().cpu().contiguous() for ours, theirs, tmap in rows for key, t in zip(theirs, tmap.save(state[ours]))}
+        tensors = {
+            key: t.detach().cpu().contiguous()
+            for ours, theirs, tmap in rows
+            for key, t in zip(theirs, tmap.save(state[ours]))
+        }
         return write_checkpoint(Path(out), config, tensors)
     raise NoEquivalentError("; ".join(reasons))

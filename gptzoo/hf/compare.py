@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gptzoo.errors import GptzooError
-from gptzoo.inference.generate import generate
 from gptzoo.hf import load_hf, locate
+from gptzoo.inference.generate import generate
 from gptzoo.recipe import Recipe
 from gptzoo.tokenizer import load_tokenizer
 
@@ -86,7 +86,14 @@ def compare(
         stats = logit_stats(ours(input_ids)[0], theirs(input_ids).logits[0])
         ours_new = generate(ours, [ids], new_tokens)[0]
         theirs_new = hf_greedy(theirs, input_ids, new_tokens)[0].tolist()
-        row = {"prompt": prompt, "n_tokens": len(ids), **stats, "greedy_match": ours_new == theirs_new, "gptzoo_tokens": ours_new, "hf_tokens": theirs_new}
+        row = {
+            "prompt": prompt,
+            "n_tokens": len(ids),
+            **stats,
+            "greedy_match": ours_new == theirs_new,
+            "gptzoo_tokens": ours_new,
+            "hf_tokens": theirs_new,
+        }
         if tokenizer is not None:
             row["gptzoo_text"], row["hf_text"] = tokenizer.decode(ours_new), tokenizer.decode(theirs_new)
         rows.append(row)

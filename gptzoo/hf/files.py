@@ -93,7 +93,16 @@ def read_tensors(path: Path) -> dict[str, Tensor]:
             return tensors
         if (path / PYTORCH_BIN).is_file():
             return _state_dict(_torch_load(path / PYTORCH_BIN), path / PYTORCH_BIN)
-    except (SafetensorError, OSError, RuntimeError, KeyError, TypeError, AttributeError, json.JSONDecodeError, pickle.UnpicklingError) as exc:
+    except (
+        SafetensorError,
+        OSError,
+        RuntimeError,
+        KeyError,
+        TypeError,
+        AttributeError,
+        json.JSONDecodeError,
+        pickle.UnpicklingError,
+    ) as exc:
         raise CheckpointError(f"cannot read the weights in {path}: {type(exc).__name__}: {exc}") from None
     raise CheckpointError(f"{path} has no weights: none of {SAFETENSORS}, {SAFETENSORS_INDEX}, {PYTORCH_BIN}")
 

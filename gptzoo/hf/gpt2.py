@@ -18,7 +18,14 @@ from gptzoo.interfaces import TensorMap
 from gptzoo.model.gpt import GPT
 from gptzoo.recipe import Recipe
 
-ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu", "silu": "silu", "swish": "silu"}
+ACTIVATIONS = {
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu": "gelu",
+    "relu": "relu",
+    "silu": "silu",
+    "swish": "silu",
+}
 """config.json activation_function -> gptzoo activation (HF ACT2FN semantics)."""
 TO_HF_ACTIVATION = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu", "silu": "silu"}
 PREFIX = "transformer."
@@ -41,8 +48,18 @@ class GPT2(Family):
 
     def recipe_data(self, config: Mapping[str, Any]) -> dict[str, Any]:
         problems = required(config, "vocab_size", "n_positions", "n_embd", "n_layer", "n_head")
-        problems += refuse(config, {"scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False, "add_cross_attention": False})
-        activation, more = lookup(ACTIVATIONS, config.get("activation_function", "gelu_new"), "config.json activation_function")
+        problems += refuse(
+            config,
+            {
+                "scale_attn_weights": True,
+                "scale_attn_by_inverse_layer_idx": False,
+                "reorder_and_upcast_attn": False,
+                "add_cross_attention": False,
+            },
+        )
+        activation, more = lookup(
+            ACTIVATIONS, config.get("activation_function", "gelu_new"), "config.json activation_function"
+        )
         if problems + more:
             raise GptzooError("; ".join(problems + more))
         n_embd = config["n_embd"]
@@ -78,7 +95,9 @@ class GPT2(Family):
         if not m.bias:
             reasons.append("bias=false (GPT-2 has biases everywhere)")
         if reasons:
-            raise NoEquivalentError(f"recipe {recipe.name!r} has no Hugging Face GPT-2 equivalent: {'; '.join(reasons)}")
+            raise NoEquivalentError(
+                f"recipe {recipe.name!r} has no Hugging Face GPT-2 equivalent: {'; '.join(reasons)}"
+            )
         return {
             "vocab_size": m.vocab_size,
             "n_positions": m.context_length,
@@ -97,7 +116,10 @@ class GPT2(Family):
         same = [TensorMap("weight", ("weight",))]
         parts = [Part(model.wte, "wte.", PREFIX + "wte.", same), Part(model.position, "position.", PREFIX)]
         for i, block in enumerate(model.blocks):
-            parts += [Part(getattr(block, name), f"blocks.{i}.{name}.", f"{PREFIX}h.{i}.{name}.") for name in ("ln_1", "attn", "ln_2", "mlp")]
+            parts += [
+                Part(getattr(block, name), f"blocks.{i}.{name}.", f"{PREFIX}h.{i}.{name}.")
+                for name in ("ln_1", "attn", "ln_2", "mlp")
+            ]
         parts.append(Part(model.ln_f, "ln_f.", PREFIX + "ln_f."))
         if not model.tied:
             parts.append(Part(model.lm_head, "lm_head.", "lm_head.", same))

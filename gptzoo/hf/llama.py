@@ -16,7 +16,14 @@ from gptzoo.interfaces import TensorMap
 from gptzoo.model.gpt import GPT
 from gptzoo.recipe import Recipe
 
-ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh", "relu": "relu"}
+ACTIVATIONS = {
+    "silu": "silu",
+    "swish": "silu",
+    "gelu": "gelu",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu_new": "gelu_tanh",
+    "relu": "relu",
+}
 """config.json hidden_act -> gptzoo activation (HF ACT2FN semantics)."""
 TO_HF_ACTIVATION = {"silu": "silu", "gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "relu": "relu"}
 PREFIX = "model."
@@ -28,7 +35,11 @@ def rope_settings(config: Mapping[str, Any]) -> tuple[float, list[str]]:
     scaling = dict(config.get("rope_scaling") or parameters)  # as in transformers, rope_scaling wins
     theta = parameters.get("rope_theta", config.get("rope_theta", 10000.0))
     kind = scaling.get("rope_type") or scaling.get("type") or "default"
-    problems = [] if kind == "default" else [f"config.json rope scaling type {kind!r} is not supported (gptzoo implements plain RoPE)"]
+    problems = (
+        []
+        if kind == "default"
+        else [f"config.json rope scaling type {kind!r} is not supported (gptzoo implements plain RoPE)"]
+    )
     return float(theta), problems
 
 
@@ -48,13 +59,17 @@ class Llama(Family):
     }
 
     def recipe_data(self, config: Mapping[str, Any]) -> dict[str, Any]:
-        problems = required(config, "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+        problems = required(
+            config, "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"
+        )
         activation, more = lookup(ACTIVATIONS, config.get("hidden_act", "silu"), "config.json hidden_act")
         theta, rope_problems = rope_settings(config)
         problems += more + rope_problems
         attention_bias, mlp_bias = bool(config.get("attention_bias", False)), bool(config.get("mlp_bias", False))
         if attention_bias != mlp_bias:
-            problems.append(f"config.json attention_bias={attention_bias} with mlp_bias={mlp_bias} is not supported (gptzoo's bias covers both)")
+            problems.append(
+                f"config.json attention_bias={attention_bias} with mlp_bias={mlp_bias} is not supported (gptzoo's bias covers both)"
+            )
         if problems:
             raise GptzooError("; ".join(problems))
         n_embd, n_head = config["hidden_size"], config["num_attention_heads"]
@@ -86,7 +101,9 @@ class Llama(Family):
         m = recipe.model
         reasons = self.reasons(recipe)
         if reasons:
-            raise NoEquivalentError(f"recipe {recipe.name!r} has no Hugging Face Llama equivalent: {'; '.join(reasons)}")
+            raise NoEquivalentError(
+                f"recipe {recipe.name!r} has no Hugging Face Llama equivalent: {'; '.join(reasons)}"
+            )
         return {
             "vocab_size": m.vocab_size,
             "hidden_size": m.n_embd,
@@ -110,7 +127,10 @@ class Llama(Family):
         parts = [Part(model.wte, "wte.", PREFIX + "embed_tokens.", same), Part(model.position, "position.", PREFIX)]
         names = {"ln_1": "input_layernorm", "attn": "self_attn", "ln_2": "post_attention_layernorm", "mlp": "mlp"}
         for i, block in enumerate(model.blocks):
-            parts += [Part(getattr(block, ours), f"blocks.{i}.{ours}.", f"{PREFIX}layers.{i}.{theirs}.") for ours, theirs in names.items()]
+            parts += [
+                Part(getattr(block, ours), f"blocks.{i}.{ours}.", f"{PREFIX}layers.{i}.{theirs}.")
+                for ours, theirs in names.items()
+            ]
         parts.append(Part(model.ln_f, "ln_f.", PREFIX + "norm."))
         if not model.tied:
             parts.append(Part(model.lm_head, "lm_head.", "lm_head.", same))

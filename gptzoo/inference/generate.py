@@ -17,8 +17,8 @@ import torch
 
 from gptzoo.errors import GptzooError
 from gptzoo.inference.matvec import blas_decoding
-from gptzoo.model.gpt import GPT
 from gptzoo.inference.sampling import SamplerChain
+from gptzoo.model.gpt import GPT
 from gptzoo.tokenizer import Tokenizer
 
 CONTEXT_TOKENS = 4
@@ -40,7 +40,9 @@ def check_lengths(model: GPT, prompts: Sequence[Sequence[int]], max_new_tokens: 
     if longest > context:
         raise GptzooError(f"a prompt of {longest} tokens is longer than the context length {context}; shorten it")
     if longest + max_new_tokens > context:
-        raise GptzooError(f"{longest} prompt tokens + {max_new_tokens} new tokens exceed the context length {context}; ask for fewer")
+        raise GptzooError(
+            f"{longest} prompt tokens + {max_new_tokens} new tokens exceed the context length {context}; ask for fewer"
+        )
 
 
 @torch.no_grad()
@@ -161,7 +163,9 @@ def generate_text(
         return rows
 
     start = time.perf_counter()
-    tokens = generate(model, prompts, max_new_tokens, sampler=sampler, generator=generator, eos_token_id=eos, on_step=on_step)
+    tokens = generate(
+        model, prompts, max_new_tokens, sampler=sampler, generator=generator, eos_token_id=eos, on_step=on_step
+    )
     seconds = time.perf_counter() - start
     results = []
     for row, toks in enumerate(tokens):

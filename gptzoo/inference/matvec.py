@@ -31,7 +31,12 @@ class _MatVec:
         self.bias = None if linear.bias is None else linear.bias.detach().numpy()
 
     def __call__(self, x: Tensor) -> Tensor:
-        if x.numel() != x.shape[-1] or x.dtype != torch.float32 or torch.is_grad_enabled() or torch.is_autocast_enabled("cpu"):
+        if (
+            x.numel() != x.shape[-1]
+            or x.dtype != torch.float32
+            or torch.is_grad_enabled()
+            or torch.is_autocast_enabled("cpu")
+        ):
             return type(self.linear).forward(self.linear, x)
         y = x.reshape(1, -1).numpy() @ self.weight_t  # (1, out)
         if self.bias is not None:
@@ -51,7 +56,9 @@ def blas_decoding(model: nn.Module) -> Iterator[int]:
     """Within the block, the model's float32 CPU Linear layers compute single rows through numpy's
     BLAS and torch runs on one thread; both are restored on exit. Yields how many layers were
     rerouted (0 for a model on a GPU or in another dtype, which is left as it is)."""
-    linears = [m for m in model.modules() if _eligible(m) and "forward" not in vars(m)]  # not one already rerouted or hooked
+    linears = [
+        m for m in model.modules() if _eligible(m) and "forward" not in vars(m)
+    ]  # not one already rerouted or hooked
     if not linears:
         yield 0
         return

@@ -17,7 +17,6 @@ from gptzoo.errors import GptzooError
 from gptzoo.interfaces import Sampler
 from gptzoo.registry import Registry
 
-
 Spec = list[tuple[str, dict[str, Any]]]
 """A chain as (sampler name, parameters) pairs, in order."""
 
@@ -30,7 +29,9 @@ class SamplerChain:
     def __init__(self, steps: Sequence[Sampler], spec: Spec | None = None) -> None:
         for i, step in enumerate(steps[:-1]):
             if step.picks:
-                raise GptzooError(f"sampler step {i + 1} ({type(step).__name__}) chooses the token, so it must come last")
+                raise GptzooError(
+                    f"sampler step {i + 1} ({type(step).__name__}) chooses the token, so it must come last"
+                )
         self.steps = list(steps)
         self.spec = spec or []
 
@@ -47,7 +48,10 @@ class SamplerChain:
 
     def describe(self) -> str:
         """e.g. ``temperature(temperature=0.8) -> top_k(k=50) -> sample``."""
-        parts = [f"{name}({', '.join(f'{k}={v}' for k, v in params.items())})" if params else name for name, params in self.spec]
+        parts = [
+            f"{name}({', '.join(f'{k}={v}' for k, v in params.items())})" if params else name
+            for name, params in self.spec
+        ]
         if not (self.steps and self.steps[-1].picks):
             parts.append("sample")
         return " -> ".join(parts)
@@ -85,7 +89,10 @@ def chain_spec(recipe_steps: Spec, flags: Mapping[str, float | int | None]) -> S
             steps[found[0]] = (name, {params[name]: value})
             continue
         rank = FLAG_ORDER.index(name)
-        at = next((i for i, (step, _) in enumerate(steps) if step not in FLAG_ORDER or FLAG_ORDER.index(step) > rank), len(steps))
+        at = next(
+            (i for i, (step, _) in enumerate(steps) if step not in FLAG_ORDER or FLAG_ORDER.index(step) > rank),
+            len(steps),
+        )
         steps.insert(at, (name, {params[name]: value}))
     if flags.get("temperature") == 0:
         steps = [(name, p) for name, p in steps if name not in SAMPLING_STEPS and name != "greedy"] + [("greedy", {})]

@@ -47,7 +47,12 @@ def build_model(
     device = torch.device(device) if device is not None else torch.get_default_device()
     with device:
         blocks = [
-            block_cls(ln_1=make("norm"), attn=make("attention"), ln_2=make("norm"), mlp=make("mlp", activation=make("activation")))
+            block_cls(
+                ln_1=make("norm"),
+                attn=make("attention"),
+                ln_2=make("norm"),
+                mlp=make("mlp", activation=make("activation")),
+            )
             for _ in range(spec.n_layer)
         ]
         model = GPT(

@@ -14,8 +14,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from gptzoo.atomic import new_directory
-from gptzoo.model.build import build_model
 from gptzoo.errors import CheckpointError
+from gptzoo.model.build import build_model
 from gptzoo.model.gpt import GPT
 from gptzoo.plugin_manager import gptzoo_version
 from gptzoo.recipe import Recipe, read_recipe_data, validate
@@ -39,11 +39,15 @@ def read_recipe(path: Path) -> Recipe:
 def save_checkpoint(model: GPT, recipe: Recipe, out_dir: str | Path) -> Path:
     """Write model weights and recipe to a new directory ``out_dir`` (which must not hold files)."""
     with new_directory(out_dir) as tmp:
-        write_files(tmp, {k: v for k, v in model.state_dict().items() if not (model.tied and k == "lm_head.weight")}, recipe)
+        write_files(
+            tmp, {k: v for k, v in model.state_dict().items() if not (model.tied and k == "lm_head.weight")}, recipe
+        )
     return Path(out_dir)
 
 
-def load_checkpoint(path: str | Path, *, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> GPT:
+def load_checkpoint(
+    path: str | Path, *, device: torch.device | str | None = None, dtype: torch.dtype | None = None
+) -> GPT:
     """Build the checkpoint's recipe and load its weights; every tensor must be present and fit."""
     path = Path(path)
     for name in (WEIGHTS, RECIPE):
@@ -61,7 +65,9 @@ def load_checkpoint(path: str | Path, *, device: torch.device | str | None = Non
         raise CheckpointError(f"{path / WEIGHTS} does not match its recipe: missing {missing}, unexpected {unexpected}")
     for key, param in model.state_dict().items():
         if key in tensors and tensors[key].shape != param.shape:
-            raise CheckpointError(f"{path / WEIGHTS}: {key} has shape {tuple(tensors[key].shape)}, the recipe needs {tuple(param.shape)}")
+            raise CheckpointError(
+                f"{path / WEIGHTS}: {key} has shape {tuple(tensors[key].shape)}, the recipe needs {tuple(param.shape)}"
+            )
     model.load_weights(tensors, source=str(path))
     if dtype is not None:
         model.to(dtype)

@@ -79,7 +79,12 @@ class GPT(nn.Module):
         return self.lm_head.weight is self.wte.weight
 
     def forward(
-        self, idx: Tensor, cache: KVCache | None = None, *, attention_mask: Tensor | None = None, logits_to_keep: int = 0
+        self,
+        idx: Tensor,
+        cache: KVCache | None = None,
+        *,
+        attention_mask: Tensor | None = None,
+        logits_to_keep: int = 0,
     ) -> Tensor:
         """idx (B, T) long -> logits (B, T, V). With a cache, idx continues the cached sequence.
 
@@ -100,7 +105,9 @@ class GPT(nn.Module):
                 f"{type(self.position).__name__} encodes; shorten the input"
             )
         if cache is not None and end > cache.max_len:
-            raise GptzooError(f"the KV cache holds {cache.max_len} positions, {end} were asked for; make a larger cache")
+            raise GptzooError(
+                f"the KV cache holds {cache.max_len} positions, {end} were asked for; make a larger cache"
+            )
         positions, k_positions, key_mask = self._positions(idx, start, cache, attention_mask)
         x = self.wte(idx)  # (B, T, d)
         emb = self.position.embed(positions)
@@ -124,9 +131,13 @@ class GPT(nn.Module):
         end = start + T
         if attention_mask is not None:
             if start:
-                raise GptzooError("attention_mask is for the first call on a cache (left-padded prompts), not for later ones")
+                raise GptzooError(
+                    "attention_mask is for the first call on a cache (left-padded prompts), not for later ones"
+                )
             if attention_mask.shape != idx.shape:
-                raise GptzooError(f"attention_mask has shape {tuple(attention_mask.shape)}, the tokens {tuple(idx.shape)}")
+                raise GptzooError(
+                    f"attention_mask has shape {tuple(attention_mask.shape)}, the tokens {tuple(idx.shape)}"
+                )
             key_mask = attention_mask.bool()
             positions = (key_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, T): each row counts from its first token
             if cache is not None:
@@ -194,7 +205,12 @@ class GPT(nn.Module):
             nn.init.normal_(block.mlp.c_proj.weight, mean=0.0, std=residual_std)
 
     def init_cache(
-        self, batch_size: int, max_len: int, *, device: torch.device | str | None = None, dtype: torch.dtype | None = None
+        self,
+        batch_size: int,
+        max_len: int,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> KVCache:
         """A KV cache for ``batch_size`` sequences of up to ``max_len`` tokens (prompt + new)."""
         ref = self.wte.weight

@@ -19,7 +19,19 @@ from gptzoo.recipe import Recipe
 from gptzoo.registry import Entry
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-SHAPE_KEYS = ("n_layer", "n_embd", "n_head", "n_kv_head", "head_dim", "d_ff", "vocab_size", "context_length", "norm_placement", "bias", "tie_embeddings")
+SHAPE_KEYS = (
+    "n_layer",
+    "n_embd",
+    "n_head",
+    "n_kv_head",
+    "head_dim",
+    "d_ff",
+    "vocab_size",
+    "context_length",
+    "norm_placement",
+    "bias",
+    "tie_embeddings",
+)
 
 
 def _numel(module: torch.nn.Module) -> int:
@@ -71,7 +83,12 @@ def summarize(model: GPT, recipe: Recipe, entries: dict[str, Entry], *, batch: i
         for key, entry in entries.items()
     ]
     return {
-        "recipe": {"name": recipe.name, "source": recipe.source, "description": recipe.description, "resolved": recipe.to_dict()},
+        "recipe": {
+            "name": recipe.name,
+            "source": recipe.source,
+            "description": recipe.description,
+            "resolved": recipe.to_dict(),
+        },
         "shape": {k: getattr(recipe.model, k) for k in SHAPE_KEYS},
         "components": components,
         "params": params,
@@ -130,14 +147,19 @@ def render_summary(s: dict[str, Any], console: Console) -> None:
     table.add_column("share", justify="right")
     rows = [("token embedding", p["token_embedding"]), ("position", p["position"])]
     rows += [(f"blocks: {k}", v) for k, v in p["blocks_by_part"].items()]
-    rows += [("final norm", p["final_norm"]), ("lm head" + (" (tied to token embedding)" if p["tied"] else ""), p["head"])]
+    rows += [
+        ("final norm", p["final_norm"]),
+        ("lm head" + (" (tied to token embedding)" if p["tied"] else ""), p["head"]),
+    ]
     for name, n in rows:
         table.add_row(name, f"{n:,}", f"{100 * n / p['total']:.1f}%")
     table.add_row("[bold]total[/bold]", f"[bold]{p['total']:,}[/bold]", "100.0%")
     console.print(table)
 
     f = s["flops"]
-    table = Table(title=f"Forward FLOPs at batch {f['batch']} x {f['seq_len']} tokens ({f['convention']})", title_justify="left")
+    table = Table(
+        title=f"Forward FLOPs at batch {f['batch']} x {f['seq_len']} tokens ({f['convention']})", title_justify="left"
+    )
     table.add_column("component")
     table.add_column("FLOPs", justify="right")
     table.add_column("share", justify="right")

@@ -18,6 +18,7 @@ from gptzoo.recipe.schema import SECTIONS, Recipe
 from gptzoo.recipe.validate import validate
 from gptzoo.registry import Registry
 
+
 def recipes_dir() -> Path:
     """The directory of shipped recipes, gptzoo/zoo/."""
     return Path(__file__).resolve().parent.parent / "zoo"
@@ -120,11 +121,8 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> tuple[dic
     return data, problems
 
 
-def load_recipe(
-    name_or_path: str | Path, overrides: Iterable[str] = (), *, registry: Registry | None = None
-) -> Recipe:
+def load_recipe(name_or_path: str | Path, overrides: Iterable[str] = (), *, registry: Registry | None = None) -> Recipe:
     """Load, merge (extends), override and validate a recipe by shipped name or file path."""
     path = resolve_recipe_path(name_or_path)
     data, problems = apply_overrides(read_recipe_data(path), overrides)
     return validate(data, str(path), name=path.stem, registry=registry, problems=problems)
-

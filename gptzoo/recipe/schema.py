@@ -141,7 +141,6 @@ class TrainSpec:
     """The prepared data directory (`gptzoo prepare`), relative to the recipe file; --data overrides."""
 
 
-
 @dataclass(frozen=True)
 class Recipe:
     name: str
@@ -164,23 +163,39 @@ class Recipe:
             del model["n_kv_head"]
         if model["head_dim"] == model["n_embd"] // model["n_head"]:
             del model["head_dim"]
-        data: dict[str, Any] = {"description": self.description, "model": model} if self.description else {"model": model}
+        data: dict[str, Any] = (
+            {"description": self.description, "model": model} if self.description else {"model": model}
+        )
         if self.tokenizer is not None:
             data["tokenizer"] = {"name": self.tokenizer.name}
         if self.weights is not None:
             data["weights"] = {"hf": self.weights.hf}
         if self.generate != GenerateSpec():
             g = self.generate
-            data["generate"] = {"samplers": [{"name": c.name, **c.kwargs} for c in g.samplers], "max_new_tokens": g.max_new_tokens, "stop": list(g.stop)}
+            data["generate"] = {
+                "samplers": [{"name": c.name, **c.kwargs} for c in g.samplers],
+                "max_new_tokens": g.max_new_tokens,
+                "stop": list(g.stop),
+            }
         if self.train != TrainSpec():
-            data["train"] = {f.name: getattr(self.train, f.name) for f in fields(TrainSpec) if getattr(self.train, f.name) != f.default}
+            data["train"] = {
+                f.name: getattr(self.train, f.name)
+                for f in fields(TrainSpec)
+                if getattr(self.train, f.name) != f.default
+            }
         return data
 
     def to_toml(self) -> str:
         return dump_toml(self.to_dict())
 
 
-SECTIONS: dict[str, type] = {"model": ModelSpec, "tokenizer": TokenizerSpec, "weights": WeightsSpec, "generate": GenerateSpec, "train": TrainSpec}
+SECTIONS: dict[str, type] = {
+    "model": ModelSpec,
+    "tokenizer": TokenizerSpec,
+    "weights": WeightsSpec,
+    "generate": GenerateSpec,
+    "train": TrainSpec,
+}
 TOP_LEVEL_KEYS = ("extends", "description")
 COMPONENT_KEYS = tuple(f.name for f in fields(ModelSpec) if f.type in ("Component", Component))
 """[model] keys that name a component; each is the recipe_key of one kind in gptzoo.hookspecs.CONTRACTS."""

@@ -11,11 +11,22 @@ from collections.abc import Iterable
 from dataclasses import MISSING, fields
 from typing import Any, get_type_hints
 
-from gptzoo.hookspecs import CONTRACTS
 from gptzoo.errors import RecipeError, UnknownComponentError, did_you_mean
+from gptzoo.hookspecs import CONTRACTS
 from gptzoo.recipe.schema import (
-    COMPONENT_KEYS, NORM_PLACEMENTS, MAX_DIM, ON_NONFINITE, PARALLELISMS, PRECISIONS, SECTIONS, TOP_LEVEL_KEYS,
-    Component, GenerateSpec, ModelSpec, Recipe, TrainSpec,
+    COMPONENT_KEYS,
+    MAX_DIM,
+    NORM_PLACEMENTS,
+    ON_NONFINITE,
+    PARALLELISMS,
+    PRECISIONS,
+    SECTIONS,
+    TOP_LEVEL_KEYS,
+    Component,
+    GenerateSpec,
+    ModelSpec,
+    Recipe,
+    TrainSpec,
 )
 from gptzoo.registry import Registry, default_registry
 
@@ -78,7 +89,7 @@ class _Validator:
             name = value["name"]
         else:
             self.problems.append(
-                f"{where} must be a component name or a table {{ name = \"...\", ... }}, got {_describe(value)}"
+                f'{where} must be a component name or a table {{ name = "...", ... }}, got {_describe(value)}'
             )
             return None
         try:
@@ -93,10 +104,16 @@ class _Validator:
     def model(self, values: dict[str, Any]) -> ModelSpec | None:
         """Check dimensions; with a complete, consistent [model], check component parameters."""
         before = len(self.problems)
-        for key, low in (*((k, 1) for k in ("vocab_size", "context_length", "n_layer", "n_head", "n_embd", "d_ff")), ("n_kv_head", 0), ("head_dim", 0)):
+        for key, low in (
+            *((k, 1) for k in ("vocab_size", "context_length", "n_layer", "n_head", "n_embd", "d_ff")),
+            ("n_kv_head", 0),
+            ("head_dim", 0),
+        ):
             if key in values and not low <= values[key] <= MAX_DIM:
                 default = " (or 0 for the default)" if low == 0 else ""
-                self.problems.append(f"[model] {key}={values[key]} must be between {max(low, 1)} and {MAX_DIM}{default}")
+                self.problems.append(
+                    f"[model] {key}={values[key]} must be between {max(low, 1)} and {MAX_DIM}{default}"
+                )
                 del values[key]
         if "init_std" in values and not (values["init_std"] > 0 and math.isfinite(values["init_std"])):
             self.problems.append(f"[model] init_std={values['init_std']} must be a positive number")
@@ -149,13 +166,19 @@ class _Validator:
         before = len(self.problems)
         for key in data:
             if key not in ("samplers", "max_new_tokens", "stop"):
-                self.problems.append(f"[generate] unknown key {key!r}{did_you_mean(key, ['samplers', 'max_new_tokens', 'stop'])}")
+                self.problems.append(
+                    f"[generate] unknown key {key!r}{did_you_mean(key, ['samplers', 'max_new_tokens', 'stop'])}"
+                )
         samplers, stop = data.get("samplers", []), data.get("stop", [])
         max_new_tokens = data.get("max_new_tokens", 128)
         if not isinstance(samplers, list):
-            self.problems.append(f"[generate] samplers must be a list of sampler names or tables, got {_describe(samplers)}")
+            self.problems.append(
+                f"[generate] samplers must be a list of sampler names or tables, got {_describe(samplers)}"
+            )
             samplers = []
-        steps = [self.component("generate", f"samplers[{i}]", value, kind="sampler") for i, value in enumerate(samplers)]
+        steps = [
+            self.component("generate", f"samplers[{i}]", value, kind="sampler") for i, value in enumerate(samplers)
+        ]
         if not _type_ok(max_new_tokens, int) or max_new_tokens < 1:
             self.problems.append(f"[generate] max_new_tokens must be an integer >= 1, got {_describe(max_new_tokens)}")
         if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
@@ -168,7 +191,9 @@ class _Validator:
                     self.problems.append(f"[generate] samplers[{i}] ({step.name}): {exc}")
                     continue
                 if getattr(sampler, "picks", False) and i != len(steps) - 1:
-                    self.problems.append(f"[generate] samplers[{i}] ({step.name}) chooses the token, so it must come last")
+                    self.problems.append(
+                        f"[generate] samplers[{i}] ({step.name}) chooses the token, so it must come last"
+                    )
         if len(self.problems) > before:
             return None
         return GenerateSpec(tuple(s for s in steps if s is not None), max_new_tokens, tuple(stop))
@@ -193,10 +218,14 @@ class _Validator:
             self.problems.append(f"[train] min_lr={min_lr} is above lr={lr}")
         for key, choices in (("precision", PRECISIONS), ("on_nonfinite", ON_NONFINITE), ("parallel", PARALLELISMS)):
             if key in values and values[key] not in choices:
-                self.problems.append(f"[train] {key}={values[key]!r} must be one of {', '.join(map(repr, choices))}{did_you_mean(values[key], list(choices))}")
+                self.problems.append(
+                    f"[train] {key}={values[key]!r} must be one of {', '.join(map(repr, choices))}{did_you_mean(values[key], list(choices))}"
+                )
         context = model.get("context_length") if model else None
         if isinstance(context, int) and values.get("seq_len", 0) > context:
-            self.problems.append(f"[train] seq_len={values['seq_len']} is above the model's context_length={context}; lower seq_len")
+            self.problems.append(
+                f"[train] seq_len={values['seq_len']} is above the model's context_length={context}; lower seq_len"
+            )
         return TrainSpec(**values) if len(self.problems) == before else None
 
     def component_checks(self, spec: ModelSpec) -> None:
@@ -250,4 +279,3 @@ def validate(
     if v.problems or model is None:
         raise RecipeError(source, v.problems)
     return Recipe(name=name, source=source, model=model, description=description, **optional)
-

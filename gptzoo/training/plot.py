@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gptzoo.training import run_dir
 from gptzoo.errors import GptzooError
+from gptzoo.training import run_dir
 
 
 def plot_run(run: str | Path, out: str | Path | None = None) -> Path:

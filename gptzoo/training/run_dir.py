@@ -28,8 +28,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from gptzoo.atomic import new_directory
-from gptzoo.model.checkpoint import WEIGHTS, write_files
 from gptzoo.errors import CheckpointError
+from gptzoo.model.checkpoint import WEIGHTS, write_files
 from gptzoo.recipe import Recipe
 
 METRICS = "metrics.jsonl"
@@ -49,7 +49,9 @@ def checkpoint_dirs(run: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def save(run: Path, step: int, recipe: Recipe, model_state: dict[str, torch.Tensor], state: dict[str, Any], *, keep: int) -> Path:
+def save(
+    run: Path, step: int, recipe: Recipe, model_state: dict[str, torch.Tensor], state: dict[str, Any], *, keep: int
+) -> Path:
     """Write checkpoint ``step`` atomically, then remove all but the newest ``keep``."""
     out = run / CHECKPOINTS / f"step-{step:06d}"
     with new_directory(out) as tmp:
@@ -74,7 +76,9 @@ def load(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         state = torch.load(path / STATE, map_location="cpu", weights_only=True)
     except (SafetensorError, OSError, RuntimeError, EOFError, pickle.UnpicklingError) as exc:
         raise CheckpointError(f"cannot read the checkpoint {path}: {exc}") from None
-    missing = [key for key in ("step", "optimizer", "rng", "world_size") if not isinstance(state, dict) or key not in state]
+    missing = [
+        key for key in ("step", "optimizer", "rng", "world_size") if not isinstance(state, dict) or key not in state
+    ]
     if missing:
         raise CheckpointError(f"{path / STATE} is not a gptzoo training state: {', '.join(missing)} missing")
     return tensors, state

@@ -25,18 +25,29 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gptzoo.training import distributed, run_dir
 from gptzoo.atomic import holds_files
-from gptzoo.model.build import build_model
-from gptzoo.training.data import TokenData, Windows, eval_batches, n_windows, rank_slice
 from gptzoo.errors import CheckpointError, GptzooError, NonFiniteError
 from gptzoo.flops import TRAIN_FORWARD_RATIO, forward_flops
-from gptzoo.model.gpt import GPT
-from gptzoo.training.optim import lr_at, make_optimizer
+from gptzoo.model.build import build_model
 from gptzoo.model.checkpoint import RECIPE, read_recipe
+from gptzoo.model.gpt import GPT
 from gptzoo.recipe import Recipe, TrainSpec
+from gptzoo.training import distributed, run_dir
+from gptzoo.training.data import TokenData, Windows, eval_batches, n_windows, rank_slice
+from gptzoo.training.optim import lr_at, make_optimizer
 
-RESUMABLE_CHANGES = ("max_steps", "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints", "log_every", "peak_tflops", "data", "compile", "on_nonfinite")
+RESUMABLE_CHANGES = (
+    "max_steps",
+    "eval_every",
+    "eval_batches",
+    "checkpoint_every",
+    "keep_checkpoints",
+    "log_every",
+    "peak_tflops",
+    "data",
+    "compile",
+    "on_nonfinite",
+)
 """[train] keys a resumed run may change; any other difference from the checkpoint's recipe is refused."""
 
 
@@ -94,7 +105,9 @@ def check_resumable(recipe: Recipe, saved: Recipe, where: Path) -> None:
         if f.name not in RESUMABLE_CHANGES and ours != theirs:
             problems.append(f"[train] {f.name} is {theirs!r} there, {ours!r} here")
     if problems:
-        raise CheckpointError(f"{where} is a checkpoint of a different recipe: {'; '.join(problems)}; resume with the run's own recipe ({where.parent.parent / RECIPE}) or start a new --out")
+        raise CheckpointError(
+            f"{where} is a checkpoint of a different recipe: {'; '.join(problems)}; resume with the run's own recipe ({where.parent.parent / RECIPE}) or start a new --out"
+        )
 
 
 PRECISION_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -140,7 +153,17 @@ def loss_of(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 class Trainer:
     """The state of one run in this process; :meth:`run` trains to max_steps."""
 
-    def __init__(self, recipe: Recipe, data: TokenData, out: Path, procs: distributed.Processes, *, resume: bool, init: GPT | None, log: Log) -> None:
+    def __init__(
+        self,
+        recipe: Recipe,
+        data: TokenData,
+        out: Path,
+        procs: distributed.Processes,
+        *,
+        resume: bool,
+        init: GPT | None,
+        log: Log,
+    ) -> None:
         self.recipe, self.spec, self.out, self.procs, self.log = recipe, recipe.train, out, procs, log
         self.seq_len = seq_len_of(recipe)
         spec = self.spec
@@ -168,7 +191,9 @@ class Trainer:
         if self.scaler is not None and state is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.forward = torch.compile(self.shared) if spec.compile else self.shared
-        self.flops_per_token = TRAIN_FORWARD_RATIO * sum(forward_flops(self.model, 1, self.seq_len).values()) / self.seq_len
+        self.flops_per_token = (
+            TRAIN_FORWARD_RATIO * sum(forward_flops(self.model, 1, self.seq_len).values()) / self.seq_len
+        )
 
     # --- checkpoints -------------------------------------------------------------------------
 
@@ -186,7 +211,9 @@ class Trainer:
                 f"(micro_batch_size x grad_accum x processes) would change; resume with {state['world_size']}, or adjust train.grad_accum in a new run"
             )
         if state["step"] >= self.spec.max_steps:
-            raise CheckpointError(f"{path} has already trained {state['step']} of max_steps={self.spec.max_steps}; raise train.max_steps (--set train.max_steps=N) to train further")
+            raise CheckpointError(
+                f"{path} has already trained {state['step']} of max_steps={self.spec.max_steps}; raise train.max_steps (--set train.max_steps=N) to train further"
+            )
         if self.model.tied:
             tensors.pop("lm_head.weight", None)
         self.model.load_weights({k: v.to(self.procs.device) for k, v in tensors.items()}, source=str(path))
@@ -198,7 +225,11 @@ class Trainer:
 
     def _full_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         """Model and optimizer state as one process would hold them (gathered under FSDP)."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         model_state = get_model_state_dict(self.shared, options=options)
@@ -211,7 +242,9 @@ class Trainer:
     def _set_optimizer_state(self, optim_state: dict[str, Any]) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-        set_optimizer_state_dict(self.shared, self.optimizer, optim_state, options=StateDictOptions(full_state_dict=True))
+        set_optimizer_state_dict(
+            self.shared, self.optimizer, optim_state, options=StateDictOptions(full_state_dict=True)
+        )
 
     def save(self) -> Path | None:
         model_state, optim_state = self._full_state()  # a collective under FSDP: every process takes part
@@ -219,7 +252,9 @@ class Trainer:
             return None
         broken = [k for k, v in model_state.items() if v.is_floating_point() and not torch.isfinite(v).all()]
         if broken:
-            raise NonFiniteError(f"after step {self.step} the weights {broken[:3]} hold non-finite values; nothing was saved. Lower train.lr, or use float32")
+            raise NonFiniteError(
+                f"after step {self.step} the weights {broken[:3]} hold non-finite values; nothing was saved. Lower train.lr, or use float32"
+            )
         rng: dict[str, Any] = {"cpu": torch.get_rng_state()}
         if self.procs.device.type == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state(self.procs.device)
@@ -249,7 +284,10 @@ class Trainer:
             x, y = self.windows.batch(first + micro * mb, mb)
             x, y = x.to(self.procs.device, non_blocking=True), y.to(self.procs.device, non_blocking=True)
             last = micro == spec.grad_accum - 1
-            with (self.shared.no_sync() if ddp and not last else nullcontext()), autocast(spec.precision, self.procs.device):
+            with (
+                self.shared.no_sync() if ddp and not last else nullcontext(),
+                autocast(spec.precision, self.procs.device),
+            ):
                 loss = loss_of(self.forward, x, y) / spec.grad_accum
             (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
             total += loss.detach()
@@ -287,7 +325,11 @@ class Trainer:
         self.shared.eval()
         batches = list(eval_batches(self.val, self.seq_len, self.spec.micro_batch_size, self.spec.eval_batches))
         per_process = max(1, len(batches) // self.procs.world_size)
-        mine = batches[self.procs.rank * per_process : (self.procs.rank + 1) * per_process] if len(batches) >= self.procs.world_size else batches
+        mine = (
+            batches[self.procs.rank * per_process : (self.procs.rank + 1) * per_process]
+            if len(batches) >= self.procs.world_size
+            else batches
+        )
         total = torch.zeros((), device=self.procs.device)
         for x, y in mine:
             with autocast(self.spec.precision, self.procs.device):
@@ -311,13 +353,26 @@ class Trainer:
             if step % spec.log_every == 0 or last or not applied:
                 tokens_per_s = window_steps * tokens_per_step / window_time
                 mfu = tokens_per_s * self.flops_per_token / self.procs.world_size / self.peak
-                self.log({"step": step, "loss": loss, "lr": lr_at(step - 1, spec), "grad_norm": norm, "tokens_per_s": tokens_per_s, "mfu": mfu, "skipped": not applied, "time": time.time()})
+                self.log(
+                    {
+                        "step": step,
+                        "loss": loss,
+                        "lr": lr_at(step - 1, spec),
+                        "grad_norm": norm,
+                        "tokens_per_s": tokens_per_s,
+                        "mfu": mfu,
+                        "skipped": not applied,
+                        "time": time.time(),
+                    }
+                )
                 window_steps, window_time = 0, 0.0
             if (spec.checkpoint_every and step % spec.checkpoint_every == 0) or last:
                 checkpoint = self.save() or checkpoint
             if (spec.eval_every and step % spec.eval_every == 0) or last:
                 val_loss = self.evaluate()
-                self.log({"step": step, "val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 700)), "time": time.time()})
+                self.log(
+                    {"step": step, "val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 700)), "time": time.time()}
+                )
         return TrainResult(self.step, loss, val_loss, tokens_per_s, mfu, self.skipped, checkpoint)
 
 
@@ -325,7 +380,9 @@ def check_out(out: Path, *, resume: bool) -> None:
     """--out is a run with checkpoints to resume, or (without --resume) new or empty."""
     if resume:
         if not run_dir.checkpoint_dirs(out):
-            raise GptzooError(f"{out} has no checkpoints to resume; check --out, or remove {out} and train without --resume")
+            raise GptzooError(
+                f"{out} has no checkpoints to resume; check --out, or remove {out} and train without --resume"
+            )
     elif holds_files(out):
         raise GptzooError(f"{out} already holds files; pass --resume to continue that run, or choose another --out")
 
@@ -335,7 +392,9 @@ def data_dir_of(recipe: Recipe, data: str | Path | None) -> Path:
         return Path(data)
     if recipe.train.data:
         return (Path(recipe.source).parent / recipe.train.data).resolve()
-    raise GptzooError(f"no training data: pass --data DIR (made by `gptzoo prepare`), or set train.data in {recipe.source}")
+    raise GptzooError(
+        f"no training data: pass --data DIR (made by `gptzoo prepare`), or set train.data in {recipe.source}"
+    )
 
 
 def train(
@@ -353,7 +412,9 @@ def train(
     procs = distributed.start()
     try:
         if recipe.train.precision == "float16" and procs.device.type != "cuda":
-            raise GptzooError("train.precision = 'float16' needs a CUDA GPU (its loss scaling is for GPUs); use 'bfloat16' or 'float32'")
+            raise GptzooError(
+                "train.precision = 'float16' needs a CUDA GPU (its loss scaling is for GPUs); use 'bfloat16' or 'float32'"
+            )
         data_dir = data_dir_of(recipe, data).resolve()
         tokens = TokenData.open(data_dir)
         check_data(recipe, tokens)
@@ -362,7 +423,9 @@ def train(
 
         def record(entry: dict[str, Any]) -> None:
             if procs.is_main:
-                entry = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in entry.items()}  # JSON has no NaN
+                entry = {
+                    k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in entry.items()
+                }  # JSON has no NaN
                 with (out / run_dir.METRICS).open("a", encoding="utf-8") as f:
                     f.write(json.dumps(entry) + "\n")
                 if log is not None:
