@@ -61,7 +61,7 @@ def main() -> None:
         hf, ours = hf32.to(dtype), ours32.to(dtype)
         n = args.new_tokens
 
-        def run_hf() -> list[int]:
+        def run_hf(hf: torch.nn.Module = hf, n: int = n) -> list[int]:
             out = hf.generate(
                 prompt,
                 attention_mask=torch.ones_like(prompt),
@@ -73,7 +73,7 @@ def main() -> None:
             )
             return out[0, prompt.shape[1] :].tolist()
 
-        def run_ours() -> list[int]:
+        def run_ours(ours: torch.nn.Module = ours, n: int = n) -> list[int]:
             return generate(ours, prompt.tolist(), n)[0]
 
         times: dict[str, list[float]] = {"hf": [], "gptzoo": []}
@@ -115,7 +115,8 @@ def main() -> None:
     for r in rows:
         print(
             f"| {r['dtype']} | {r['hf_tokens_per_s']:.1f} | {r['gptzoo_tokens_per_s']:.1f} | {r['ratio']:.2f}x | "
-            f"{r['same_tokens']} | {r['weight_bytes'] / 2**20:.0f} MiB | {r['bandwidth_bound_tokens_per_s']:.1f} tokens/s |"
+            f"{r['same_tokens']} | {r['weight_bytes'] / 2**20:.0f} MiB | "
+            f"{r['bandwidth_bound_tokens_per_s']:.1f} tokens/s |"
         )
 
 

@@ -82,7 +82,8 @@ def main() -> None:
     rows = []
     if not args.json:
         print(
-            f"GPT-2 small shape, batch {args.batch} x {args.seq_len} tokens, fused AdamW, {args.device}, compile={args.compile}; "
+            f"GPT-2 small shape, batch {args.batch} x {args.seq_len} tokens, fused AdamW, {args.device}, "
+            f"compile={args.compile}; "
             f"torch {torch.__version__}, transformers {transformers.__version__}, {torch.get_num_threads()} threads"
         )
         print("| precision | HF tokens/s | gptzoo tokens/s | gptzoo / HF | HF MFU | gptzoo MFU | measured peak |")
@@ -124,7 +125,8 @@ def main() -> None:
         if not args.json:
             r = rows[-1]
             print(
-                f"| {r['precision']} | {r['hf_tokens_per_s']:.3g} | {r['gptzoo_tokens_per_s']:.3g} | {r['ratio']:.2f}x | "
+                f"| {r['precision']} | {r['hf_tokens_per_s']:.3g} | {r['gptzoo_tokens_per_s']:.3g} | "
+                f"{r['ratio']:.2f}x | "
                 f"{r['hf_mfu']:.1%} | {r['gptzoo_mfu']:.1%} | {r['peak_tflops'] * 1000:.3g} GFLOP/s |",
                 flush=True,
             )

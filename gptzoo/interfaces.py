@@ -1,8 +1,10 @@
 """The interfaces that components implement and the model calls.
 
-`hookspecs.py` documents what each kind's factory takes and returns; this module holds the few
-shared types those contracts name:
+`hookspecs.py` holds each kind's contract (what its factory takes, what its product must expose:
+``CONTRACTS``); this module holds the typed shape of each kind's product, named by
+``Contract.interface``, and the few shared types those contracts mention:
 
+- :class:`Norm`, :class:`Activation`, :class:`MLP`, :class:`Attention`: Protocols of built modules.
 - :class:`Position`: base class of position encodings, with three optional capabilities.
 - :class:`Rotary`: what a rotary position encoding hands to attention once per forward pass.
 - :class:`AttentionContext`: everything position-dependent that attention needs, computed once per
@@ -16,10 +18,66 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
+
+from gptzoo.errors import GptzooError
+
+
+@runtime_checkable
+class Norm(Protocol):
+    """A normalization layer: x (B, T, dim) -> (B, T, dim), same dtype."""
+
+    def __call__(self, x: Tensor) -> Tensor: ...
+
+
+@runtime_checkable
+class Activation(Protocol):
+    """An elementwise activation: any shape -> same shape and dtype."""
+
+    def __call__(self, x: Tensor) -> Tensor: ...
+
+
+@runtime_checkable
+class MLP(Protocol):
+    """The feed-forward part of a block: x (B, T, d_model) -> (B, T, d_model)."""
+
+    c_proj: nn.Linear
+    """The projection that writes into the residual stream (its init is scaled by 1/sqrt(2 n_layer))."""
+
+    def __call__(self, x: Tensor) -> Tensor: ...
+
+    def flops(self, batch: int, seq_len: int) -> dict[str, int]:
+        """Matmul FLOPs of a forward over (batch, seq_len) tokens, by part name (1 multiply-add = 2)."""
+        ...
+
+
+@runtime_checkable
+class Attention(Protocol):
+    """Causal self-attention: x (B, T, d_model), an AttentionContext and an optional per-layer cache
+    -> (B, T, d_model)."""
+
+    c_proj: nn.Linear
+    """The output projection (its init is scaled by 1/sqrt(2 n_layer))."""
+
+    def __call__(self, x: Tensor, ctx: AttentionContext, cache: LayerKVCache | None = None) -> Tensor: ...
+
+    def init_cache(
+        self,
+        batch_size: int,
+        max_len: int,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> LayerKVCache:
+        """Preallocated key/value storage for batch_size sequences of up to max_len tokens."""
+        ...
+
+    def flops(self, batch: int, seq_len: int) -> dict[str, int]:
+        """Matmul FLOPs of a cache-less forward over (batch, seq_len) tokens, by part name."""
+        ...
 
 
 class Rotary(Protocol):
@@ -111,7 +169,7 @@ class LayerKVCache:
 
 
 class KVCache:
-    """The caches of all layers and how many positions they hold.
+    """The caches of all layers, how many positions they hold, and the positions of what comes next.
 
     When the first call was left-padded (rows of different lengths), the cache also remembers which
     keys are padding and the next position of each row; otherwise both stay None (the fast path).
@@ -132,6 +190,58 @@ class KVCache:
     @property
     def nbytes(self) -> int:
         return sum(layer.nbytes for layer in self.layers)
+
+    def advance(self, n_tokens: int, attention_mask: Tensor | None, device: torch.device) -> Positions:
+        """The positions of ``n_tokens`` new tokens after the cached ones; the cache now counts them.
+
+        attention_mask (B, T) is for the first call only (left-padded prompts): the cache remembers
+        which keys are padding and where each row goes on.
+        """
+        start, end = self.length, self.length + n_tokens
+        if attention_mask is not None:
+            if start:
+                raise GptzooError(
+                    "attention_mask is for the first call on a cache (left-padded prompts), not for later ones"
+                )
+            pos = Positions.padded(attention_mask)
+            self.key_mask = torch.zeros(attention_mask.shape[0], self.max_len, dtype=torch.bool, device=device)
+            self.key_mask[:, :n_tokens] = pos.key_mask
+            self.next_position = pos.queries[:, -1:] + 1
+        elif self.key_mask is not None:
+            queries = self.next_position + torch.arange(n_tokens, device=device)  # (B, T)
+            self.key_mask[:, start:end] = True
+            self.next_position = queries[:, -1:] + 1
+            key_mask = self.key_mask[:, :end]
+            pos = Positions(start, queries, (key_mask.long().cumsum(-1) - 1).clamp(min=0), key_mask)
+        else:
+            pos = Positions.plain(start, n_tokens, device)
+        self.length = end
+        return pos
+
+
+@dataclass(frozen=True)
+class Positions:
+    """Where the tokens of one forward pass sit: query positions (B or 1, T), key positions
+    (B or 1, S) for all keys so far, and which keys are real tokens (B, S), None when all are."""
+
+    start: int
+    """The absolute index of the first query token (the cache write offset)."""
+    queries: Tensor
+    keys: Tensor
+    key_mask: Tensor | None
+
+    @classmethod
+    def plain(cls, start: int, n_tokens: int, device: torch.device) -> Positions:
+        """Tokens start..start+T of unpadded rows, after ``start`` cached ones."""
+        queries = torch.arange(start, start + n_tokens, device=device)[None]  # (1, T)
+        return cls(start, queries, torch.arange(0, start + n_tokens, device=device)[None], None)
+
+    @classmethod
+    def padded(cls, attention_mask: Tensor) -> Positions:
+        """Left-padded rows (mask 1 for tokens, 0 for padding): each row counts from its first token."""
+        key_mask = attention_mask.bool()
+        positions = (key_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, T)
+        return cls(0, positions, positions, key_mask)
 
 
 class Sampler:

@@ -144,21 +144,3 @@ def _check_hf_weights(module: nn.Module) -> None:
         assert sorted(m.ours for m in maps) == sorted(state), family.name
         for m in maps:  # export then import gives the tensor back
             assert torch.equal(m.load(m.save(state[m.ours])), state[m.ours])
-
-
-def test_every_kind_has_components(registry: gptzoo.Registry) -> None:
-    expected = {
-        "norm": {"layernorm", "rmsnorm"},
-        "activation": {"gelu", "gelu_tanh", "relu", "silu"},
-        "mlp": {"dense", "gated"},
-        "position": {"none", "learned", "sinusoidal", "rope", "alibi"},
-        "attention": {"causal", "eager"},
-        "sampler": {"greedy", "temperature", "top_k", "top_p", "min_p", "repetition_penalty"},
-    }
-    for kind, names in expected.items():
-        assert names <= set(registry.names(kind)), kind
-        for name in names:
-            entry = registry.get(kind, name)
-            assert entry.provenance.distribution == "gptzoo"
-            assert entry.provenance.plugin == f"gptzoo.builtins.{kind}s"
-            assert entry.doc, f"{kind} {name} has no one-line doc"

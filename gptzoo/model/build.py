@@ -6,13 +6,15 @@ This is the only place that turns component names into modules; the model never 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
 
+from gptzoo.errors import GptzooError, PluginError
+from gptzoo.hookspecs import CONTRACTS
+from gptzoo.memory import available_bytes, format_bytes
 from gptzoo.model.gpt import BLOCKS, GPT
-from gptzoo.recipe import COMPONENT_KEYS, Component, Recipe, load_recipe, structural_args
+from gptzoo.recipe import COMPONENT_KEYS, Recipe, load_recipe, structural_args
 from gptzoo.registry import Entry, Registry, default_registry
 
 
@@ -32,30 +34,55 @@ def build_model(
 
     On the meta device nothing is allocated or initialized (for summaries and for loading weights
     later); elsewhere the weights get GPT-2's initialization in float32, then are cast to ``dtype``.
+    A model that does not fit in the device's free memory is refused before anything is allocated.
+    Every component is checked against its kind's contract (gptzoo.hookspecs.CONTRACTS): a factory
+    that raises or builds something without the required members is a PluginError naming its plugin.
     """
     registry = registry if registry is not None else default_registry()
     if not isinstance(recipe, Recipe):
         recipe = load_recipe(recipe, registry=registry)
+    device = torch.device(device) if device is not None else torch.get_default_device()
+    if device.type != "meta":
+        check_fits(assemble(recipe, registry, torch.device("meta")), recipe, device)
+    model = assemble(recipe, registry, device)
+    if device.type != "meta":
+        model.init_weights(recipe.model.init_std)
+    if dtype is not None:
+        model.to(dtype)
+    model.recipe = recipe
+    return model
+
+
+def assemble(recipe: Recipe, registry: Registry, device: torch.device) -> GPT:
+    """The modules of the recipe on ``device``, uninitialized."""
     spec = recipe.model
     entries = resolve_components(recipe, registry)
+    checked: set[str] = set()
 
-    def make(kind: str, **extra: Any) -> nn.Module:
-        component: Component = getattr(spec, kind)
-        return entries[kind].factory(**structural_args(spec, kind), **extra, **component.kwargs)
+    def make(kind: str) -> nn.Module:
+        entry = entries[kind]
+        components = {arg: make(arg) for arg in CONTRACTS[kind].components}
+        try:
+            module = entry.factory(**structural_args(spec, kind), **components, **getattr(spec, kind).kwargs)
+        except GptzooError:
+            raise
+        except Exception as exc:  # a plugin's factory may raise anything: name the plugin
+            raise PluginError(
+                f"{kind} {entry.name!r} from {entry.provenance} failed to build: {type(exc).__name__}: {exc}; "
+                f"fix the plugin, or choose another {kind}"
+            ) from exc
+        if kind not in checked:
+            check_contract(entry, module)
+            checked.add(kind)
+        return module
 
     block_cls = BLOCKS[spec.norm_placement]
-    device = torch.device(device) if device is not None else torch.get_default_device()
     with device:
         blocks = [
-            block_cls(
-                ln_1=make("norm"),
-                attn=make("attention"),
-                ln_2=make("norm"),
-                mlp=make("mlp", activation=make("activation")),
-            )
+            block_cls(ln_1=make("norm"), attn=make("attention"), ln_2=make("norm"), mlp=make("mlp"))
             for _ in range(spec.n_layer)
         ]
-        model = GPT(
+        return GPT(
             vocab_size=spec.vocab_size,
             n_embd=spec.n_embd,
             position=make("position"),
@@ -63,9 +90,28 @@ def build_model(
             ln_f=make("norm") if block_cls.has_final_norm else nn.Identity(),
             tie_embeddings=spec.tie_embeddings,
         )
-    if device.type != "meta":
-        model.init_weights(spec.init_std)
-    if dtype is not None:
-        model.to(dtype)
-    model.recipe = recipe
-    return model
+
+
+def check_contract(entry: Entry, module: object) -> None:
+    """The built component is a module and has every member its kind's contract requires."""
+    contract = CONTRACTS[entry.kind]
+    missing = [member for member in contract.members if not hasattr(module, member)]
+    if not isinstance(module, nn.Module) or missing:
+        what = ", ".join(missing) if missing else "nn.Module"
+        raise PluginError(
+            f"{entry.kind} {entry.name!r} from {entry.provenance} built a {type(module).__name__} without {what}, "
+            f"which the {entry.kind} contract requires (gptzoo.hookspecs.CONTRACTS, interface "
+            f"gptzoo.interfaces.{contract.interface}); fix the plugin, or choose another {entry.kind}"
+        )
+
+
+def check_fits(model: GPT, recipe: Recipe, device: torch.device) -> None:
+    """Refuse a model whose float32 weights exceed the device's free memory."""
+    need = sum(t.numel() * 4 for t in (*model.parameters(), *model.buffers()))
+    free = available_bytes(device)
+    if free is not None and need > free:
+        raise GptzooError(
+            f"recipe {recipe.name!r} needs {format_bytes(need)} for its float32 weights on {device}, and "
+            f"{format_bytes(free)} is free; make the model smaller (n_layer, n_embd, d_ff, vocab_size) or "
+            f"summarize it without --out (gptzoo build works on the meta device)"
+        )

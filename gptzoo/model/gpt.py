@@ -1,11 +1,19 @@
-"""The model: token embedding, position encoding, N blocks, final norm, LM head.
+r"""The model: token embedding, position encoding, N blocks, final norm, LM head.
 
 It is composed from component modules built elsewhere (gptzoo.model.build) and calls only their
 interfaces (gptzoo.interfaces): no component names, no flags. The one structural choice, norm
-placement, selects a block class:
+placement, selects a block class.
 
-- pre (GPT-2, Radford et al., 2019): x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)); final ln_f.
-- post (Vaswani et al., 2017): x = ln_1(x + attn(x)); x = ln_2(x + mlp(x)); no final norm.
+Dimensions: B batch, T new tokens, S all keys so far (cached + new), V vocab_size, d n_embd,
+nh n_head, nkv n_kv_head, hs head_dim.
+
+    idx (B, T) -> wte -> x (B, T, d) [+ position.embed]
+      -> blocks x n_layer -> ln_f -> lm_head -> logits (B, T, V)
+
+    pre (GPT-2, Radford et al., 2019)         post (Vaswani et al., 2017)
+      x ----------+--> (+) ---+--> (+) -->      x --+--> (+) -> ln_1 --+--> (+) -> ln_2 -->
+       \ ln_1 > attn /  \ ln_2 > mlp /            \  attn  /          \  mlp  /
+      then a final ln_f                         no final norm
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from gptzoo.errors import CheckpointError, GptzooError
-from gptzoo.interfaces import AttentionContext, KVCache, LayerKVCache, Position
+from gptzoo.interfaces import AttentionContext, KVCache, LayerKVCache, Position, Positions
 
 if TYPE_CHECKING:
     from gptzoo.recipe import Recipe
@@ -108,71 +116,43 @@ class GPT(nn.Module):
             raise GptzooError(
                 f"the KV cache holds {cache.max_len} positions, {end} were asked for; make a larger cache"
             )
-        positions, k_positions, key_mask = self._positions(idx, start, cache, attention_mask)
+        if attention_mask is not None and attention_mask.shape != idx.shape:
+            raise GptzooError(f"attention_mask has shape {tuple(attention_mask.shape)}, the tokens {tuple(idx.shape)}")
+        if cache is not None:
+            pos = cache.advance(T, attention_mask, idx.device)
+        elif attention_mask is not None:
+            pos = Positions.padded(attention_mask)
+        else:
+            pos = Positions.plain(0, T, idx.device)
         x = self.wte(idx)  # (B, T, d)
-        emb = self.position.embed(positions)
+        emb = self.position.embed(pos.queries)
         if emb is not None:
             x = x + emb.to(x.dtype)
-        ctx = self.attention_context(positions, k_positions, start, key_mask, x.dtype)
+        ctx = self.attention_context(pos, x.dtype)
         for i, block in enumerate(self.blocks):
             x = block(x, ctx, cache.layers[i] if cache is not None else None)
         if logits_to_keep:
             x = x[:, -logits_to_keep:]
-        logits = self.lm_head(self.ln_f(x))
-        if cache is not None:
-            cache.length = end
-        return logits
+        return self.lm_head(self.ln_f(x))
 
-    def _positions(
-        self, idx: Tensor, start: int, cache: KVCache | None, attention_mask: Tensor | None
-    ) -> tuple[Tensor, Tensor, Tensor | None]:
-        """Query positions (B or 1, T), key positions (B or 1, S) and the key mask (B, S) or None."""
-        B, T = idx.shape
-        end = start + T
-        if attention_mask is not None:
-            if start:
-                raise GptzooError(
-                    "attention_mask is for the first call on a cache (left-padded prompts), not for later ones"
-                )
-            if attention_mask.shape != idx.shape:
-                raise GptzooError(
-                    f"attention_mask has shape {tuple(attention_mask.shape)}, the tokens {tuple(idx.shape)}"
-                )
-            key_mask = attention_mask.bool()
-            positions = (key_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, T): each row counts from its first token
-            if cache is not None:
-                cache.key_mask = torch.zeros(B, cache.max_len, dtype=torch.bool, device=idx.device)
-                cache.key_mask[:, :T] = key_mask
-                cache.next_position = positions[:, -1:] + 1
-            return positions, positions, key_mask
-        if cache is not None and cache.key_mask is not None:
-            positions = cache.next_position + torch.arange(T, device=idx.device)  # (B, T)
-            cache.key_mask[:, start:end] = True
-            cache.next_position = positions[:, -1:] + 1
-            key_mask = cache.key_mask[:, :end]
-            return positions, (key_mask.long().cumsum(-1) - 1).clamp(min=0), key_mask
-        positions = torch.arange(start, end, device=idx.device)[None]  # (1, T)
-        return positions, torch.arange(0, end, device=idx.device)[None], None
-
-    def attention_context(
-        self, positions: Tensor, k_positions: Tensor, start: int, key_mask: Tensor | None, dtype: torch.dtype
-    ) -> AttentionContext:
-        """Rotary tables and masks for the queries at start..start+T, computed once for all layers."""
-        T = positions.shape[1]
-        rotary = self.position.rotary(positions)
-        bias = self.position.attn_bias(positions, k_positions)
-        if bias is None and key_mask is None and start == 0:
+    def attention_context(self, pos: Positions, dtype: torch.dtype) -> AttentionContext:
+        """Rotary tables and masks for these queries, computed once for all layers."""
+        start, T = pos.start, pos.queries.shape[1]
+        device = pos.queries.device
+        rotary = self.position.rotary(pos.queries)
+        bias = self.position.attn_bias(pos.queries, pos.keys)
+        if bias is None and pos.key_mask is None and start == 0:
             return AttentionContext(start, rotary, None, is_causal=True)
-        if bias is None and key_mask is None and T == 1:  # one new token sees every cached key
+        if bias is None and pos.key_mask is None and T == 1:  # one new token sees every cached key
             return AttentionContext(start, rotary, None, is_causal=False)
-        q_index = torch.arange(start, start + T, device=positions.device)[:, None]
-        k_index = torch.arange(0, start + T, device=positions.device)[None, :]
+        q_index = torch.arange(start, start + T, device=device)[:, None]
+        k_index = torch.arange(0, start + T, device=device)[None, :]
         allowed = k_index <= q_index  # (T, S): causal
-        if key_mask is not None:
+        if pos.key_mask is not None:
             # never a padding key; a padding query sees itself, so that no row is all -inf (NaN)
-            allowed = (allowed & key_mask[:, None, :]) | (k_index == q_index)  # (B, T, S)
+            allowed = (allowed & pos.key_mask[:, None, :]) | (k_index == q_index)  # (B, T, S)
             allowed = allowed[:, None]  # (B, 1, T, S)
-        mask = torch.zeros(allowed.shape, device=positions.device).masked_fill(~allowed, float("-inf"))
+        mask = torch.zeros(allowed.shape, device=device).masked_fill(~allowed, float("-inf"))
         if bias is not None:
             mask = mask + bias  # (B or 1, nh, T, S)
         return AttentionContext(start, rotary, mask.to(dtype), is_causal=False)

@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from gptzoo.flops import FLOPS_CONVENTION, TRAIN_FORWARD_RATIO, forward_flops
+from gptzoo.memory import format_bytes
 from gptzoo.model.gpt import GPT
 from gptzoo.recipe import Recipe
 from gptzoo.registry import Entry
@@ -117,13 +118,6 @@ def _si(n: float, unit: str = "") -> str:
     return f"{n:g} {unit}".strip()
 
 
-def _bytes(n: int) -> str:
-    for factor, prefix in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
-        if n >= factor:
-            return f"{n / factor:.2f} {prefix}"
-    return f"{n} B"
-
-
 def render_summary(s: dict[str, Any], console: Console) -> None:
     r = s["recipe"]
     console.print(f"[bold]{escape(r['name'])}[/bold]  {escape(r['description'])}\n[dim]{escape(r['source'])}[/dim]")
@@ -175,6 +169,6 @@ def render_summary(s: dict[str, Any], console: Console) -> None:
     table.add_column("")
     for name in DTYPES:
         table.add_column(name, justify="right")
-    table.add_row("weights", *(_bytes(mem["weights_bytes"][n]) for n in DTYPES))
-    table.add_row("KV cache per token", *(_bytes(mem["kv_cache_bytes_per_token"][n]) for n in DTYPES))
+    table.add_row("weights", *(format_bytes(mem["weights_bytes"][n]) for n in DTYPES))
+    table.add_row("KV cache per token", *(format_bytes(mem["kv_cache_bytes_per_token"][n]) for n in DTYPES))
     console.print(table)
