@@ -6,6 +6,7 @@ Public API::
     recipe = gptzoo.load_recipe("gpt2-small", overrides=["model.n_layer=6"])
     model = gptzoo.build_model(recipe, device="cpu")
     logits = model(idx)  # (B, T) -> (B, T, vocab)
+    loaded = gptzoo.load_model(checkpoint="runs/x/step-100", overrides=["generate.max_new_tokens=20"])
 
 Plugins implement the hooks in gptzoo.hookspecs with ``@gptzoo.hookimpl``.
 """
@@ -19,6 +20,7 @@ from gptzoo.errors import (
     UnknownComponentError,
 )
 from gptzoo.hookspecs import hookimpl
+from gptzoo.loader import Loaded, load_model
 from gptzoo.model.build import build_model
 from gptzoo.model.checkpoint import load_checkpoint, save_checkpoint
 from gptzoo.model.gpt import GPT
@@ -32,6 +34,7 @@ __all__ = [
     "GPT",
     "CheckpointError",
     "GptzooError",
+    "Loaded",
     "PluginError",
     "Recipe",
     "RecipeError",
@@ -43,6 +46,7 @@ __all__ = [
     "get_registry",
     "hookimpl",
     "load_checkpoint",
+    "load_model",
     "load_recipe",
     "save_checkpoint",
 ]

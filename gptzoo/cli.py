@@ -1,6 +1,10 @@
 """The ``gptzoo`` command: rich tables for people, ``--json`` for machines.
 
-User errors print one message on stderr and exit with status 2 (``--debug`` shows the traceback).
+Each command parses its flags, calls the library and renders the result. User errors (and usage
+errors) print one message on stderr and exit with status 2; Ctrl-C prints ``interrupted`` (and what
+was kept) and exits with status 130; ``--debug`` shows the traceback instead. With ``--json``, such
+an error is also printed on stdout as ``{"error": MESSAGE, "exit": STATUS}``. Anything else is a bug
+and keeps its traceback (status 1).
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from rich.console import Console
@@ -22,49 +26,82 @@ from rich.table import Table
 
 from gptzoo.errors import GptzooError
 from gptzoo.fetch import FETCHABLE, fetch
-from gptzoo.hf import check_recipe_matches, export_hf, hf_recipe, load_hf, locate
+from gptzoo.hf import export_hf
 from gptzoo.hf.compare import DEFAULT_PROMPT, compare
 from gptzoo.hookspecs import KINDS
 from gptzoo.inference.generate import check_lengths, generate_text
 from gptzoo.inference.sampling import SamplerChain, chain_spec
-from gptzoo.model.build import build_model, resolve_components
+from gptzoo.loader import load_model, resolve_recipe
+from gptzoo.model.build import resolve_components
 from gptzoo.model.checkpoint import load_checkpoint, save_checkpoint
-from gptzoo.model.gpt import GPT
 from gptzoo.model.summary import DTYPES, render_summary, summarize
 from gptzoo.plugin_manager import gptzoo_version
-from gptzoo.recipe import Recipe, load_recipe, read_recipe_data, shipped_recipes
+from gptzoo.recipe import load_recipe, read_recipe_data, shipped_recipes
 from gptzoo.registry import Registry, get_registry
-from gptzoo.tokenizer import load_tokenizer
 from gptzoo.training.data import CORPORA, DEFAULT_VAL_FRACTION, NAMED_TOKENIZERS, prepare
 from gptzoo.training.display import TrainDisplay
 from gptzoo.training.plot import plot_run
 from gptzoo.training.trainer import train
 
 EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 130
+MAX_SEED = 2**64 - 1
+
+
+class UsageError(Exception):
+    """A command line argparse refuses (raised instead of argparse's exit, so --json can report it)."""
+
+    def __init__(self, parser: argparse.ArgumentParser, message: str) -> None:
+        super().__init__(f"{parser.prog}: {message}")
+        self.parser, self.message = parser, message
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(self, message)
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
 
 
 def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    value = _int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} must be >= 1")
     return value
 
 
+def _seed(text: str) -> int:
+    value = _int(text)
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"{value} is not between 0 and {MAX_SEED} (2**64 - 1)")
+    return value
+
+
+def _finite_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number")
+    return value
+
+
 def make_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+    common = Parser(add_help=False)
     common.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
     common.add_argument("--json", action="store_true", help="print JSON for machines instead of tables")
 
-    parser = argparse.ArgumentParser(
-        prog="gptzoo", description="Build, inspect and run GPT-style models assembled from plugins."
-    )
+    parser = Parser(prog="gptzoo", description="Build, inspect and run GPT-style models assembled from plugins.")
     parser.add_argument("--version", action="version", version=f"gptzoo {gptzoo_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    recipe = argparse.ArgumentParser(add_help=False)
+    recipe = Parser(add_help=False)
     recipe.add_argument(
         "recipe", nargs="?", help="a shipped recipe name (see `gptzoo recipes`) or a .toml file; optional with --hf"
     )
@@ -130,16 +167,19 @@ def make_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="default: the recipe's [generate] max_new_tokens (128)",
     )
-    p.add_argument("--temperature", type=float, metavar="T", help="0 means greedy")
-    p.add_argument("--top-k", type=int, metavar="K")
-    p.add_argument("--top-p", type=float, metavar="P")
-    p.add_argument("--min-p", type=float, metavar="P")
-    p.add_argument("--repetition-penalty", type=float, metavar="R")
+    p.add_argument("--temperature", type=_finite_float, metavar="T", help="0 means greedy")
+    p.add_argument("--top-k", type=_int, metavar="K")
+    p.add_argument("--top-p", type=_finite_float, metavar="P")
+    p.add_argument("--min-p", type=_finite_float, metavar="P")
+    p.add_argument("--repetition-penalty", type=_finite_float, metavar="R")
     p.add_argument(
         "--stop", action="append", default=[], metavar="TEXT", help="end a row's text at this string (repeatable)"
     )
     p.add_argument(
-        "--seed", type=int, metavar="S", help="make sampling (and random weights, when a recipe has none) reproducible"
+        "--seed",
+        type=_seed,
+        metavar="S",
+        help=f"0..{MAX_SEED}: make sampling (and random weights, when a recipe has none) reproducible",
     )
     p.add_argument("--dtype", choices=DTYPES, default="float32")
     p.add_argument("--chat", action="store_true", help="wrap each prompt in the tokenizer's chat template")
@@ -172,11 +212,12 @@ def make_parser() -> argparse.ArgumentParser:
         "--tokenizer",
         default="gpt2",
         metavar="NAME|DIR",
-        help=f"{', '.join(NAMED_TOKENIZERS)} (default: gpt2), a Hugging Face tokenizer directory, or a name `gptzoo fetch` knows ({', '.join(FETCHABLE)})",
+        help=f"{', '.join(NAMED_TOKENIZERS)} (default: gpt2), a Hugging Face tokenizer directory, "
+        f"or a name `gptzoo fetch` knows ({', '.join(FETCHABLE)})",
     )
     p.add_argument(
         "--val-fraction",
-        type=float,
+        type=_finite_float,
         default=DEFAULT_VAL_FRACTION,
         metavar="F",
         help=f"the last F of the tokens become val.bin, 0 < F <= 0.5 (default: {DEFAULT_VAL_FRACTION})",
@@ -228,61 +269,41 @@ def _print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=2) + "\n")
 
 
-def _warn_failed(registry: Registry, err: Console) -> None:
+def _registry(err: Console) -> Registry:
+    """The one registry a command validates, builds and loads with; failed plugins are warnings."""
+    registry = get_registry()
     for info in registry.failed:
-        err.print(
-            f"[yellow]warning:[/yellow] {escape(f'plugin {info.name!r} ({info.distribution} {info.version}) failed: {info.error}')}; see `gptzoo plugins`"
-        )
-
-
-def resolve(args: argparse.Namespace, registry: Registry) -> tuple[Recipe, str | None]:
-    """The recipe (given, or derived from --hf) and the Hugging Face source of its weights, if any."""
-    if args.recipe is None and args.hf is None:
-        raise GptzooError("give a RECIPE, or --hf DIR|NAME to derive one from a Hugging Face checkpoint")
-    if args.recipe is None:
-        return hf_recipe(args.hf, args.overrides, registry=registry), args.hf
-    recipe = load_recipe(args.recipe, args.overrides, registry=registry)
-    return recipe, args.hf or (recipe.weights.hf if recipe.weights is not None else None)
+        message = f"plugin {info.name!r} ({info.distribution} {info.version}) failed: {info.error}"
+        err.print(f"[yellow]warning:[/yellow] {escape(message)}; see `gptzoo plugins`")
+    return registry
 
 
 def cmd_build(args: argparse.Namespace, out: Console, err: Console) -> None:
-    registry = get_registry()
-    _warn_failed(registry, err)
-    recipe, _ = resolve(args, registry)
-    source = args.hf  # build loads weights only when asked to: a recipe's own [weights] stay unread
-    if source is not None and args.recipe is not None:
-        check_recipe_matches(recipe, hf_recipe(source, registry=registry), registry)
-    seq_len = args.seq_len or recipe.model.context_length
-    model = build_model(recipe, device="meta", registry=registry)
-    limit = model.position.max_positions
-    if limit is not None and seq_len > limit:
-        raise GptzooError(
-            f"--seq-len {seq_len} is longer than the {limit} positions {recipe.name}'s {recipe.model.position.name} positions encode"
-        )
-    summary = summarize(model, recipe, resolve_components(recipe, registry), batch=args.batch, seq_len=seq_len)
-    if source is not None:
-        summary["hf"] = source
+    registry = _registry(err)
+    # the summary needs no weights; build reads weights only from --hf: a recipe's own [weights] stay unread
+    loaded = load_model(args.recipe, hf=args.hf, overrides=args.overrides, registry=registry, device="meta")
+    recipe = loaded.recipe
+    summary = summarize(
+        loaded.model, recipe, resolve_components(recipe, registry), batch=args.batch, seq_len=args.seq_len
+    )
+    if args.hf is not None:
+        summary["hf"] = args.hf
     if args.out is not None:
-        real = (
-            load_hf(source, recipe, registry=registry)
-            if source is not None
-            else build_model(recipe, device="cpu", registry=registry)
-        )
-        summary["checkpoint"] = str(save_checkpoint(real, recipe, args.out))
+        real = load_model(recipe, hf=args.hf, registry=registry, recipe_weights=False)
+        summary["checkpoint"] = str(save_checkpoint(real.model, recipe, args.out))
     if args.json:
         _print_json(summary)
         return
     render_summary(summary, out)
     if args.out is not None:
-        out.print(f"checkpoint written to {summary['checkpoint']}")
+        out.print(f"checkpoint written to {escape(summary['checkpoint'])}")
 
 
 def cmd_compare(args: argparse.Namespace, out: Console, err: Console) -> None:
-    registry = get_registry()
-    _warn_failed(registry, err)
-    recipe, source = resolve(args, registry)
-    if source is None:
-        raise GptzooError(f"recipe {recipe.name!r} has no [weights] hf; give --hf DIR|NAME")
+    registry = _registry(err)
+    recipe, source = resolve_recipe(
+        args.recipe, hf=args.hf, overrides=args.overrides, registry=registry, need_weights=True
+    )
     result = compare(
         source,
         recipe,
@@ -294,10 +315,8 @@ def cmd_compare(args: argparse.Namespace, out: Console, err: Console) -> None:
     if args.json:
         _print_json(result)
         return
-    table = Table(
-        title=f"{escape(result['recipe'])}: gptzoo vs Hugging Face, {result['dtype']}, {result['new_tokens']} greedy tokens",
-        title_justify="left",
-    )
+    title = f"{result['recipe']}: gptzoo vs Hugging Face, {result['dtype']}, {result['new_tokens']} greedy tokens"
+    table = Table(title=escape(title), title_justify="left")
     for col in ("prompt", "tokens", "max |dlogit|", "mean |dlogit|", "top-1", "KL(HF||gptzoo)", "greedy"):
         table.add_column(col, overflow="fold")
     for row in result["prompts"]:
@@ -319,34 +338,21 @@ def cmd_compare(args: argparse.Namespace, out: Console, err: Console) -> None:
                 out.print(f"[bold]HF:[/bold]     {escape(row['hf_text'])}")
 
 
-def load_for_generation(args: argparse.Namespace, registry: Registry, err: Console) -> tuple[GPT, Path | None]:
-    """The model to generate with and the Hugging Face directory its tokenizer may come from."""
-    dtype = DTYPES[args.dtype]
-    if args.checkpoint is not None:
-        if args.recipe is not None or args.hf is not None:
-            raise GptzooError("give either --checkpoint DIR or RECIPE / --hf, not both")
-        if not Path(args.checkpoint).is_dir():
-            raise GptzooError(f"no such checkpoint directory: {args.checkpoint}")
-        return load_checkpoint(args.checkpoint, dtype=dtype), None
-    recipe, source = resolve(args, registry)
-    if source is None:
-        err.print(
-            f"[yellow]warning:[/yellow] {escape(f'recipe {recipe.name!r} has no [weights]: generating from random weights')}"
-        )
-        if args.seed is not None:  # the random weights repeat too
-            torch.manual_seed(args.seed)
-        return build_model(recipe, registry=registry, dtype=dtype), None
-    path = locate(source)
-    return load_hf(path, recipe, dtype=dtype, registry=registry), path
-
-
 def cmd_generate(args: argparse.Namespace, out: Console, err: Console) -> None:
-    registry = get_registry()
-    _warn_failed(registry, err)
-    model, hf_dir = load_for_generation(args, registry, err)
-    recipe = model.recipe
-    spec = recipe.tokenizer
-    tokenizer = load_tokenizer(spec.name if spec is not None else "hf", hf_dir=hf_dir)
+    registry = _registry(err)
+    loaded = load_model(
+        args.recipe,
+        hf=args.hf,
+        checkpoint=args.checkpoint,
+        overrides=args.overrides,
+        registry=registry,
+        dtype=DTYPES[args.dtype],
+        seed=args.seed,
+    )
+    for warning in loaded.warnings:
+        err.print(f"[yellow]warning:[/yellow] {escape(warning)}")
+    model, recipe = loaded.model, loaded.recipe
+    tokenizer = loaded.tokenizer()
     if any(not p for p in args.prompt):
         raise GptzooError("--prompt is empty; give some text")
     if any(not s for s in args.stop):
@@ -373,18 +379,26 @@ def cmd_generate(args: argparse.Namespace, out: Console, err: Console) -> None:
     if not args.json and len(prompts) == 1:
         err.print(f"[dim]sampler: {escape(chain.describe())}[/dim]")
         out.print(escape(args.prompt[0]), end="\n" if args.chat else "", style="bold")
-        stream = lambda row, text: out.print(escape(text), end="", soft_wrap=True)
+
+        def stream(row: int, text: str) -> None:
+            out.print(escape(text), end="", soft_wrap=True)
+
     model.eval()
-    results, tokens_per_s = generate_text(
-        model,
-        tokenizer,
-        prompts,
-        max_new,
-        sampler=chain,
-        generator=generator,
-        stop=[*recipe.generate.stop, *args.stop],
-        stream=stream,
-    )
+    try:
+        results, tokens_per_s = generate_text(
+            model,
+            tokenizer,
+            prompts,
+            max_new,
+            sampler=chain,
+            generator=generator,
+            stop=[*recipe.generate.stop, *args.stop],
+            stream=stream,
+        )
+    except KeyboardInterrupt:
+        if stream is not None:
+            out.print()  # end the streamed line before the message
+        raise
     if args.json:
         _print_json(
             {
@@ -403,14 +417,14 @@ def cmd_generate(args: argparse.Namespace, out: Console, err: Console) -> None:
         err.print(f"[dim]({results[0].finish_reason}, {len(results[0].tokens)} tokens)[/dim]")
     else:
         err.print(f"[dim]sampler: {escape(chain.describe())}[/dim]")
-        for prompt, r in zip(args.prompt, results):
+        for prompt, r in zip(args.prompt, results, strict=True):
             out.print(f"[bold]{escape(prompt)}[/bold]{escape(r.text)}")
             out.print(f"[dim]({r.finish_reason}, {len(r.tokens)} tokens)[/dim]")
     err.print(f"[dim]{tokens_per_s:.1f} tokens/s[/dim]")
 
 
 def cmd_export(args: argparse.Namespace, out: Console, err: Console) -> None:
-    model = load_checkpoint(args.checkpoint)
+    model = load_checkpoint(args.checkpoint, registry=_registry(err))
     path = export_hf(model, args.hf)
     if args.json:
         _print_json({"hf": str(path)})
@@ -462,14 +476,13 @@ def cmd_prepare(args: argparse.Namespace, out: Console, err: Console) -> None:
 
 
 def cmd_train(args: argparse.Namespace, out: Console, err: Console) -> None:
-    registry = get_registry()
-    _warn_failed(registry, err)
+    registry = _registry(err)
     recipe = load_recipe(args.recipe, args.overrides, registry=registry)
     if args.resume and args.init_from_hf:
         raise GptzooError(
             "--resume continues a run from its checkpoint; --init-from-hf starts a new one: give one of them"
         )
-    init = load_hf(locate(args.init_from_hf), recipe, registry=registry) if args.init_from_hf else None
+    init = load_model(recipe, hf=args.init_from_hf, registry=registry).model if args.init_from_hf else None
     run = Path(args.out) if args.out else Path("runs") / recipe.name
     main_process = int(os.environ.get("RANK", "0")) == 0  # under torchrun, only rank 0 reports
     if args.json or not main_process:
@@ -556,8 +569,7 @@ def cmd_plugins(args: argparse.Namespace, out: Console, err: Console) -> None:
 
 
 def cmd_list(args: argparse.Namespace, out: Console, err: Console) -> None:
-    registry = get_registry()
-    _warn_failed(registry, err)
+    registry = _registry(err)
     rows = [
         {
             "kind": e.kind,
@@ -610,19 +622,38 @@ def cmd_recipes(args: argparse.Namespace, out: Console, err: Console) -> None:
     )
 
 
+def _fail(args_json: bool, err: Console, line: str, message: str, code: int) -> int:
+    """Report an error on one stderr line (and as a JSON object on stdout with --json); its exit status."""
+    err.print(line, highlight=False)
+    if args_json:
+        _print_json({"error": message, "exit": code})
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = make_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
     # Model text must reach the terminal as it is: no emoji codes, no highlighting, no hard wraps.
     out = Console(emoji=False, highlight=False, soft_wrap=True)
     err = Console(stderr=True, emoji=False, highlight=False, soft_wrap=True)  # one message, one line
+    try:
+        args = make_parser().parse_args(argv)
+    except UsageError as exc:
+        exc.parser.print_usage(sys.stderr)
+        return _fail(
+            "--json" in argv, err, escape(f"{exc.parser.prog}: error: {exc.message}"), str(exc), EXIT_USER_ERROR
+        )
     code = 0
     try:
         args.func(args, out, err)
     except GptzooError as exc:
         if args.debug:
             raise
-        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
-        code = EXIT_USER_ERROR
+        code = _fail(args.json, err, f"[red]error:[/red] {escape(str(exc))}", str(exc), EXIT_USER_ERROR)
+    except KeyboardInterrupt as exc:  # gptzoo.errors.Interrupted says what was kept
+        if args.debug:
+            raise
+        message = f"interrupted: {exc}" if str(exc) else "interrupted"
+        code = _fail(args.json, err, f"[yellow]{escape(message)}[/yellow]", message, EXIT_INTERRUPTED)
     if args.command == "train" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         # torch 2.13 with gloo can abort at interpreter exit after DDP although the work is done
         # (DESIGN.md): leave right away, with the run's own status.

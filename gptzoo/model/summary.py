@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from gptzoo.errors import GptzooError
 from gptzoo.flops import FLOPS_CONVENTION, TRAIN_FORWARD_RATIO, forward_flops
 from gptzoo.memory import format_bytes
 from gptzoo.model.gpt import GPT
@@ -65,8 +66,17 @@ def parameter_counts(model: GPT) -> dict[str, Any]:
     }
 
 
-def summarize(model: GPT, recipe: Recipe, entries: dict[str, Entry], *, batch: int, seq_len: int) -> dict[str, Any]:
-    """A JSON-ready description of the model at (batch, seq_len)."""
+def summarize(
+    model: GPT, recipe: Recipe, entries: dict[str, Entry], *, batch: int, seq_len: int | None = None
+) -> dict[str, Any]:
+    """A JSON-ready description of the model at (batch, seq_len); seq_len defaults to the context length."""
+    seq_len = seq_len or recipe.model.context_length
+    limit = model.position.max_positions
+    if limit is not None and seq_len > limit:
+        raise GptzooError(
+            f"--seq-len {seq_len} is longer than the {limit} positions "
+            f"{recipe.name}'s {recipe.model.position.name} positions encode"
+        )
     flops = forward_flops(model, batch, seq_len)
     forward = sum(flops.values())
     params = parameter_counts(model)

@@ -1,0 +1,130 @@
+"""One way to get a model: from a recipe, a Hugging Face checkpoint or a gptzoo checkpoint, with
+``--set`` overrides, validated and built against one registry.
+
+Example::
+
+    import gptzoo, torch
+    loaded = gptzoo.load_model("gpt2-tiny", overrides=["model.n_layer=1"], seed=0)
+    loaded.warnings  # ("recipe 'gpt2-tiny' has no [weights]: the model has random weights",)
+    ids = loaded.tokenizer().encode("Hello")
+    logits = loaded.model(torch.tensor([ids]))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from gptzoo.errors import GptzooError
+from gptzoo.hf import check_recipe_matches, hf_recipe, load_hf, locate
+from gptzoo.model.build import build_model
+from gptzoo.model.checkpoint import load_checkpoint, with_overrides
+from gptzoo.model.gpt import GPT
+from gptzoo.recipe import Recipe, load_recipe
+from gptzoo.registry import Registry, default_registry
+from gptzoo.tokenizer import Tokenizer, load_tokenizer
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A model and what came with it."""
+
+    model: GPT
+    recipe: Recipe
+    source: str
+    """Where the weights come from, in words: a checkpoint, a Hugging Face directory, random, none (meta)."""
+    hf_dir: Path | None = None
+    """The Hugging Face checkpoint directory the weights came from (its tokenizer files live there)."""
+    warnings: tuple[str, ...] = ()
+    """What a person should know, e.g. that the weights are random."""
+
+    def tokenizer(self) -> Tokenizer:
+        """The recipe's tokenizer; without a [tokenizer] section, the Hugging Face checkpoint's own."""
+        spec = self.recipe.tokenizer
+        return load_tokenizer(spec.name if spec is not None else "hf", hf_dir=self.hf_dir)
+
+
+def resolve_recipe(
+    recipe: str | Path | Recipe | None = None,
+    *,
+    hf: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    registry: Registry | None = None,
+    need_weights: bool = False,
+) -> tuple[Recipe, str | Path | None]:
+    """The recipe (given, or derived from the Hugging Face checkpoint ``hf``) with ``overrides``,
+    and where its weights come from: ``hf``, else the recipe's [weights] hf, else None.
+
+    A given recipe must agree with ``hf``'s config.json where it decides the model (checked when the
+    weights load; see gptzoo.hf.check_recipe_matches). With ``need_weights``, no source is an error.
+    """
+    registry = registry if registry is not None else default_registry()
+    if recipe is None and hf is None:
+        raise GptzooError("give a RECIPE, or --hf DIR|NAME to derive one from a Hugging Face checkpoint")
+    if recipe is None:
+        resolved = hf_recipe(hf, overrides, registry=registry)
+        return resolved, hf
+    if isinstance(recipe, Recipe):
+        resolved = with_overrides(recipe, overrides, registry=registry) if overrides else recipe
+    else:
+        resolved = load_recipe(recipe, overrides, registry=registry)
+    source = hf if hf is not None else (resolved.weights.hf if resolved.weights is not None else None)
+    if source is None and need_weights:
+        raise GptzooError(f"recipe {resolved.name!r} has no [weights] hf; give --hf DIR|NAME")
+    return resolved, source
+
+
+def load_model(
+    recipe: str | Path | Recipe | None = None,
+    *,
+    hf: str | Path | None = None,
+    checkpoint: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    registry: Registry | None = None,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+    seed: int | None = None,
+    recipe_weights: bool = True,
+) -> Loaded:
+    """A model from exactly one of: a recipe (a shipped name, a .toml file or a Recipe), a Hugging Face
+    checkpoint ``hf`` (a directory or a name; with a recipe, the recipe must fit it) or a gptzoo
+    ``checkpoint`` directory, with ``overrides`` (``--set`` style) validated against ``registry``.
+
+    Args:
+        device: where the weights go; ``"meta"`` builds the structure only and reads no weights
+            (not for a checkpoint, which is read whole).
+        dtype: of the returned model; default: float32 (or the checkpoint's own).
+        seed: makes random weights reproducible (the global RNG is left as it was).
+        recipe_weights: read a recipe's own [weights] hf; False gives it freshly initialized weights.
+
+    Raises:
+        GptzooError: conflicting or missing sources, a recipe or checkpoint problem, overrides that
+            do not fit a checkpoint.
+    """
+    registry = registry if registry is not None else default_registry()
+    if checkpoint is not None:
+        if recipe is not None or hf is not None:
+            raise GptzooError("give either --checkpoint DIR or RECIPE / --hf, not both")
+        model = load_checkpoint(checkpoint, overrides=overrides, device=device, dtype=dtype, registry=registry)
+        return Loaded(model, model.recipe, f"checkpoint {checkpoint}")
+    resolved, source = resolve_recipe(recipe, hf=hf, overrides=overrides, registry=registry)
+    if str(device) == "meta":
+        if hf is not None and recipe is not None:  # the recipe must fit, even when no weights are read
+            check_recipe_matches(resolved, hf_recipe(hf, registry=registry), registry)
+        return Loaded(build_model(resolved, device="meta", registry=registry), resolved, "none (meta device)")
+    if source is not None and (recipe_weights or hf is not None):
+        path = locate(source)
+        model = load_hf(path, resolved, device=device, dtype=dtype, registry=registry)
+        return Loaded(model, resolved, f"Hugging Face checkpoint {path}", hf_dir=path)
+    dev = torch.device(device) if device is not None else torch.get_default_device()
+    if seed is None:
+        model = build_model(resolved, device=dev, dtype=dtype, registry=registry)
+    else:
+        with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+            torch.manual_seed(seed)
+            model = build_model(resolved, device=dev, dtype=dtype, registry=registry)
+    warnings = (f"recipe {resolved.name!r} has no [weights]: the model has random weights",) if recipe_weights else ()
+    return Loaded(model, resolved, "random initialization", warnings=warnings)
