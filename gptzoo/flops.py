@@ -10,12 +10,8 @@ head 2 T V d. Training costs about 3x the forward pass (backward = 2x forward).
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import TYPE_CHECKING
 
 from torch import nn
-
-if TYPE_CHECKING:
-    from gptzoo.model.gpt import GPT
 
 FLOPS_CONVENTION = "1 multiply-add = 2 FLOPs; matmuls only"
 TRAIN_FORWARD_RATIO = 3
@@ -27,8 +23,9 @@ def linear_flops(n_tokens: int, *layers: nn.Linear) -> int:
     return 2 * n_tokens * sum(layer.in_features * layer.out_features for layer in layers)
 
 
-def forward_flops(model: GPT, batch: int, seq_len: int) -> dict[str, int]:
-    """Matmul FLOPs of one cache-less forward pass over (batch, seq_len) tokens, by part."""
+def forward_flops(model: nn.Module, batch: int, seq_len: int) -> dict[str, int]:
+    """Matmul FLOPs of one cache-less forward pass of a gptzoo.GPT over (batch, seq_len) tokens, by part:
+    each block's attention and mlp report their own (their contracts' ``flops``), plus the LM head."""
     parts: dict[str, int] = defaultdict(int)
     for block in model.blocks:
         for name, flops in (*block.attn.flops(batch, seq_len).items(), *block.mlp.flops(batch, seq_len).items()):
