@@ -206,6 +206,8 @@ def test_ids_the_tokenizer_cannot_decode_are_never_chosen(capsys: pytest.Capture
         capsys,
         "generate",
         "llama-tiny",
+        "--set",
+        "tokenizer.name=bytes",
         "--prompt",
         "hi",
         "--max-new-tokens",
@@ -245,7 +247,17 @@ def test_hf_tokenizer_rejects_invalid_utf8() -> None:
 
 
 def test_cli_prompt_that_is_not_utf8(capsys: pytest.CaptureFixture[str]) -> None:
-    message = cli_error(capsys, "generate", "llama-tiny", "--prompt", "a\udcffb", "--max-new-tokens", "3")
+    message = cli_error(
+        capsys,
+        "generate",
+        "llama-tiny",
+        "--set",
+        "tokenizer.name=bytes",
+        "--prompt",
+        "a\udcffb",
+        "--max-new-tokens",
+        "3",
+    )
     # "text" until the CLI encodes through encode_prompts, which names --prompt
     assert re.fullmatch(
         rf"error: (text|--prompt) 'a\\udcffb' is not valid UTF-8 \(byte 0xff at character 1\); {re.escape(UTF8_FIX)}",
@@ -279,30 +291,42 @@ def test_the_default_number_of_new_tokens_is_capped_to_the_context() -> None:
     with pytest.raises(GptzooError) as exc:
         generate(model, [[1]], 0)
     assert str(exc.value) == "the number of new tokens must be an integer >= 1, got 0"
+    for prompts in ([], [[1], []]):
+        with pytest.raises(GptzooError) as exc:
+            generate_text(model, load_tokenizer("bytes"), prompts, 2)
+        assert str(exc.value) == "every prompt needs at least one token"
 
 
 # --- 8, 9. recipes and their tokenizers --------------------------------------------------------
 
 
-def test_a_llama_tiny_checkpoint_generates_with_bytes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    run_json(capsys, "build", "llama-tiny", "--out", str(tmp_path / "ck"))
-    out = run_json(capsys, "generate", "--checkpoint", str(tmp_path / "ck"), "--prompt", "hé", "--max-new-tokens", "9")
-    assert len(out["tokens"][0]) == 9 and max(out["tokens"][0]) < 256
-
-
-def test_a_recipe_whose_tokenizer_comes_with_hf_weights() -> None:
-    with pytest.raises(GptzooError) as exc:
-        recipe_tokenizer(gptzoo.load_recipe("tinyllama-1.1b"))
-    fix = (
-        "the tokenizer that comes with Hugging Face weights, and this model has none; generate from the Hugging Face "
-        'checkpoint (--hf DIR), or give the recipe an offline tokenizer ([tokenizer] name = "bytes" or "gpt2", which '
-        "its vocab_size {} must cover)"
+def test_a_recipe_whose_tokenizer_comes_with_hf_weights(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    head = (
+        "the tokenizer that comes with Hugging Face weights, and this model has none; "
+        "generate from the Hugging Face checkpoint (--hf DIR) "
     )
-    assert str(exc.value) == "recipe 'tinyllama-1.1b' has no [tokenizer] (so \"hf\"), " + fix.format(32000)
+    bytes_fix = (
+        "or choose an offline tokenizer that its vocab_size {} covers: --set tokenizer.name=bytes, or "
+        '[tokenizer] name = "bytes" in a checkpoint\'s recipe.toml'
+    )
+    run_json(capsys, "build", "llama-tiny", "--out", str(tmp_path / "ck"))
     with pytest.raises(GptzooError) as exc:
-        recipe_tokenizer(gptzoo.load_recipe("llama-tiny", ["tokenizer.name=hf"]))
-    assert str(exc.value) == "recipe 'llama-tiny' has [tokenizer] name = \"hf\", " + fix.format(512)
-    assert recipe_tokenizer(gptzoo.load_recipe("llama-tiny")).name == "bytes"
+        recipe_tokenizer(gptzoo.load_checkpoint(tmp_path / "ck").recipe)
+    assert str(exc.value) == f"recipe 'ck' has no [tokenizer] (so \"hf\"), {head}{bytes_fix.format(512)}"
+    with (tmp_path / "ck" / "recipe.toml").open("a") as f:
+        f.write('[tokenizer]\nname = "bytes"\n')
+    argv = ["generate", "--checkpoint", str(tmp_path / "ck"), "--prompt", "hé", "--max-new-tokens", "9"]
+    out = run_json(capsys, *argv)
+    assert len(out["tokens"][0]) == 9 and max(out["tokens"][0]) < 256  # 512 ids, the bytes' 256 chosen from
+    with pytest.raises(GptzooError) as exc:
+        recipe_tokenizer(gptzoo.load_recipe("tinyllama-1.1b", ["tokenizer.name=hf"]))
+    assert str(exc.value) == f"recipe 'tinyllama-1.1b' has [tokenizer] name = \"hf\", {head}{bytes_fix.format(32000)}"
+    with pytest.raises(GptzooError) as exc:
+        recipe_tokenizer(gptzoo.load_recipe("llama-tiny", ["model.vocab_size=200"]))
+    assert str(exc.value) == (
+        f"recipe 'llama-tiny' has no [tokenizer] (so \"hf\"), {head}(no offline tokenizer fits its vocab_size 200)"
+    )
+    assert recipe_tokenizer(gptzoo.load_recipe("llama-tiny", ["tokenizer.name=bytes"])).name == "bytes"
 
 
 def test_unknown_tokenizer_name_suggests_one() -> None:
@@ -338,9 +362,18 @@ def test_prompts_without_tokens() -> None:
 
 
 def test_chat_without_a_template(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli_error(capsys, "generate", "llama-tiny", "--prompt", "hi", "--chat", "--max-new-tokens", "3") == (
-        "error: the bytes tokenizer has no chat template; give a plain prompt"
-    )
+    assert cli_error(
+        capsys,
+        "generate",
+        "llama-tiny",
+        "--set",
+        "tokenizer.name=bytes",
+        "--prompt",
+        "hi",
+        "--chat",
+        "--max-new-tokens",
+        "3",
+    ) == ("error: the bytes tokenizer has no chat template; give a plain prompt")
     assert cli_error(capsys, "generate", "gpt2-tiny", "--prompt", "hi", "--chat", "--max-new-tokens", "3") == (
         "error: the gpt2 tokenizer has no chat template (gpt2 is not an instruction-tuned model); give a plain "
         "prompt, or use an instruct checkpoint with --hf DIR"

@@ -4,6 +4,10 @@ Prompts of different lengths are left-padded into one batch (the model gives eve
 positions and hides the padding), the batch is prefilled once, then decoded one token per step,
 each chosen by a sampler chain (greedy when none is given). A row stops at the EOS token or when
 the caller says so (stop strings, see :func:`generate_text`); the batch stops when all rows have.
+
+Whatever a user can get wrong is checked before or while generating, each a GptzooError naming it:
+seeds (:func:`check_seed`), prompt texts (:func:`encode_prompts`), lengths (:func:`fit_new_tokens`),
+token ids (:func:`check_prompts`) and non-finite logits (:func:`check_finite`).
 """
 
 from __future__ import annotations
@@ -69,13 +73,11 @@ def context_length(model: GPT) -> int | None:
 
 
 def check_prompts(model: GPT, prompts: Sequence[Sequence[int]], tokenizer: Tokenizer | None = None) -> None:
-    """There are prompts, each of at least one token, every token an id of the model (and tokenizer).
+    """Every prompt token is an id of the model (and of the tokenizer).
 
     Raises:
         GptzooError: naming the prompt, the id and the vocabularies.
     """
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise GptzooError("every prompt needs at least one token")
     vocab = model.wte.num_embeddings
     for row, prompt in enumerate(prompts, start=1):
         bad = next((t for t in prompt if not 0 <= t < vocab), None)
