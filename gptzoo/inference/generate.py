@@ -4,6 +4,10 @@ Prompts of different lengths are left-padded into one batch (the model gives eve
 positions and hides the padding), the batch is prefilled once, then decoded one token per step,
 each chosen by a sampler chain (greedy when none is given). A row stops at the EOS token or when
 the caller says so (stop strings, see :func:`generate_text`); the batch stops when all rows have.
+
+Whatever a user can get wrong is checked before or while generating, each a GptzooError naming it:
+seeds (:func:`check_seed`), prompt texts (:func:`encode_prompts`), lengths (:func:`fit_new_tokens`),
+token ids (:func:`check_prompts`) and non-finite logits (:func:`check_finite`).
 """
 
 from __future__ import annotations
@@ -14,34 +18,150 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 
 from gptzoo.errors import GptzooError
 from gptzoo.inference.matvec import blas_decoding
-from gptzoo.inference.sampling import SamplerChain
+from gptzoo.inference.sampling import SamplerChain, prompts_of
 from gptzoo.model.gpt import GPT
-from gptzoo.tokenizer import Tokenizer
+from gptzoo.tokenizer import Tokenizer, shorten, utf8
 
 CONTEXT_TOKENS = 4
 """Prompt tokens decoded before the new ones, so that their text reads as it does after the prompt."""
 
+SEED_LIMIT = 2**64
+"""Seeds run from 0 to SEED_LIMIT - 1: what ``torch.Generator.manual_seed`` takes."""
 StepCallback = Callable[[list[int | None]], Sequence[int]]
 """Called after each step with each row's new token (None for a finished row); returns the rows to
 stop now (e.g. because a stop string appeared)."""
+
+
+def check_seed(seed: int | None) -> int | None:
+    """``seed`` (``--seed``) when torch can take it: None or 0 <= seed < 2**64."""
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < SEED_LIMIT):
+        raise GptzooError(f"--seed {seed!r} is out of range; give an integer from 0 to {SEED_LIMIT - 1} (2**64 - 1)")
+    return seed
+
+
+def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator | None:
+    """A generator on ``device`` seeded with ``seed`` (checked by :func:`check_seed`); None for None."""
+    return None if check_seed(seed) is None else torch.Generator(device=device).manual_seed(seed)
+
+
+def encode_prompts(tokenizer: Tokenizer, texts: Sequence[str], *, chat: bool = False) -> list[list[int]]:
+    """The token ids of each ``--prompt`` text, wrapped in the chat template when ``chat``.
+
+    Raises:
+        GptzooError: an empty text, one that is not valid UTF-8 or encodes to no tokens, or ``chat``
+            with a tokenizer that has no chat template.
+    """
+    prompts = []
+    for text in texts:
+        if not text:
+            raise GptzooError("--prompt is empty; give some text")
+        utf8(text, "--prompt")
+        ids = tokenizer.chat([{"role": "user", "content": text}]) if chat else tokenizer.encode(text)
+        if not ids:
+            raise GptzooError(f"--prompt {shorten(text)} encodes to no tokens with the {tokenizer.name} tokenizer")
+        prompts.append(ids)
+    return prompts
+
+
+def context_length(model: GPT) -> int | None:
+    """The most positions the model takes (None: no limit)."""
+    return model.recipe.model.context_length if model.recipe is not None else model.position.max_positions
+
+
+def check_prompts(model: GPT, prompts: Sequence[Sequence[int]], tokenizer: Tokenizer | None = None) -> None:
+    """Every prompt token is an id of the model (and of the tokenizer).
+
+    Raises:
+        GptzooError: naming the prompt, the id and the vocabularies.
+    """
+    vocab = model.wte.num_embeddings
+    for row, prompt in enumerate(prompts, start=1):
+        bad = next((t for t in prompt if not 0 <= t < vocab), None)
+        if bad is not None and tokenizer is not None:
+            raise GptzooError(
+                f"prompt {row} has token id {bad}, outside the model's vocabulary (vocab_size {vocab}), while the "
+                f"{tokenizer.name} tokenizer has {tokenizer.vocab_size} ids; give the model a vocab_size of at least "
+                f"{tokenizer.vocab_size} or use the tokenizer it was trained with"
+            )
+        if bad is not None:
+            raise GptzooError(f"prompt {row} has token id {bad}, outside the model's vocabulary (0..{vocab - 1})")
+        bad = next((t for t in prompt if tokenizer is not None and t >= tokenizer.vocab_size), None)
+        if bad is not None and tokenizer is not None:
+            raise GptzooError(
+                f"prompt {row} has token id {bad}, outside the {tokenizer.name} tokenizer's vocabulary "
+                f"(0..{tokenizer.vocab_size - 1})"
+            )
 
 
 def check_lengths(model: GPT, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> None:
     """Every prompt has tokens, and prompt + new tokens fit the model's context."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise GptzooError("every prompt needs at least one token")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise GptzooError(f"the number of new tokens must be an integer >= 1, got {max_new_tokens!r}")
     longest = max(len(p) for p in prompts)
-    context = model.recipe.model.context_length if model.recipe is not None else model.position.max_positions
+    context = context_length(model)
     if context is None:
         return
     if longest > context:
         raise GptzooError(f"a prompt of {longest} tokens is longer than the context length {context}; shorten it")
+    if longest == context:
+        raise GptzooError(
+            f"a prompt of {longest} tokens fills the context length {context}, leaving no room for new tokens; "
+            "shorten it"
+        )
     if longest + max_new_tokens > context:
         raise GptzooError(
-            f"{longest} prompt tokens + {max_new_tokens} new tokens exceed the context length {context}; ask for fewer"
+            f"{longest} prompt tokens + {max_new_tokens} new tokens exceed the context length {context}; "
+            f"ask for at most {context - longest}"
+        )
+
+
+def fit_new_tokens(
+    model: GPT, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, explicit: bool
+) -> tuple[int, str | None]:
+    """How many tokens to generate, and a note when that is fewer than asked.
+
+    explicit: ``max_new_tokens`` is what the user gave (``--max-new-tokens``), which must fit the
+        context; otherwise it is the recipe's default, cut to what the context leaves after the
+        longest prompt.
+
+    Raises:
+        GptzooError: a prompt that leaves no room, or an explicit number that does not fit.
+    """
+    longest, context = max((len(p) for p in prompts), default=0), context_length(model)
+    if context is not None and 0 < longest < context < longest + max_new_tokens:
+        fitted = context - longest
+        if explicit:
+            raise GptzooError(
+                f"{longest} prompt tokens + {max_new_tokens} new tokens (--max-new-tokens) exceed the context "
+                f"length {context}; ask for at most {fitted}"
+            )
+        return fitted, (
+            f"generating at most {fitted} new tokens, not the recipe's max_new_tokens {max_new_tokens}: the "
+            f"context length {context} holds {longest} prompt tokens; --max-new-tokens N sets it"
+        )
+    check_lengths(model, prompts, max_new_tokens)
+    return max_new_tokens, None
+
+
+def check_finite(logits: Tensor, step: int) -> None:
+    """The model's next-token logits (B, V) are finite numbers.
+
+    Raises:
+        GptzooError: naming the new token (from 1) and the prompts whose logits are NaN or infinite.
+    """
+    broken = ~logits.isfinite().all(dim=-1)
+    if broken.any():
+        dtype = str(logits.dtype).removeprefix("torch.")
+        hint = "" if logits.dtype == torch.float32 else f", or its activations overflow {dtype} (try float32)"
+        raise GptzooError(
+            f"new token {step + 1}: the model's logits for {prompts_of(broken)} are not finite (NaN or infinity): "
+            f"its weights hold NaN or infinity (e.g. from a diverged training run){hint}; check the weights"
         )
 
 
@@ -55,9 +175,19 @@ def generate(
     generator: torch.Generator | None = None,
     eos_token_id: int | None = None,
     on_step: StepCallback | None = None,
+    vocab_size: int | None = None,
 ) -> list[list[int]]:
-    """The new tokens of each prompt (an EOS token ends its row and is included)."""
+    """The new tokens of each prompt (an EOS token ends its row and is included).
+
+    vocab_size: only ids below it are chosen (the tokenizer's, when the model's vocabulary is
+        larger: padded, or trained on fewer ids); None: every id of the model.
+
+    Raises:
+        GptzooError: a prompt that is empty, too long or holds an id the model lacks, or logits
+            that are not finite (:func:`check_finite`).
+    """
     check_lengths(model, prompts, max_new_tokens)
+    check_prompts(model, prompts)
     B, longest = len(prompts), max(len(p) for p in prompts)
     device = model.wte.weight.device
     # Left padding repeats each row's first token: harmless under the mask, and already in the row
@@ -67,12 +197,17 @@ def generate(
     mask = torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in prompts], device=device) if padded else None
     cache = model.init_cache(B, longest + max_new_tokens)
     logits = model(tokens, cache, attention_mask=mask, logits_to_keep=1)[:, -1]  # (B, V)
+    limit = vocab_size if vocab_size is not None and vocab_size < logits.shape[-1] else None
     out: list[list[int]] = [[] for _ in range(B)]
     done = [False] * B
     with blas_decoding(model) if B == 1 else nullcontext():  # batch-1 CPU float32: numpy's faster GEMV
         for step in range(max_new_tokens):
+            check_finite(logits[:, :limit], step)
+            if limit is not None:  # ids the tokenizer cannot decode are never chosen
+                logits = logits.float()
+                logits[:, limit:] = float("-inf")
             nxt = logits.float().argmax(dim=-1) if sampler is None else sampler(logits, tokens, generator)  # (B,)
-            new: list[int | None] = [None if d else t for d, t in zip(done, nxt.tolist())]
+            new: list[int | None] = [None if d else t for d, t in zip(done, nxt.tolist(), strict=True)]
             for row, token in enumerate(new):
                 if token is not None:
                     out[row].append(token)
@@ -139,6 +274,7 @@ def generate_text(
     results and the decoding speed in new tokens per second (prefill included)."""
     if any(not s for s in stop):
         raise GptzooError("a stop string is empty; give some text")
+    check_prompts(model, prompts, tokenizer)
     eos = tokenizer.eos_token_id
     decoders = [IncrementalDecoder(tokenizer, prompt[-CONTEXT_TOKENS:]) for prompt in prompts]
     shown = [0] * len(prompts)  # characters streamed so far
@@ -164,7 +300,14 @@ def generate_text(
 
     start = time.perf_counter()
     tokens = generate(
-        model, prompts, max_new_tokens, sampler=sampler, generator=generator, eos_token_id=eos, on_step=on_step
+        model,
+        prompts,
+        max_new_tokens,
+        sampler=sampler,
+        generator=generator,
+        eos_token_id=eos,
+        on_step=on_step,
+        vocab_size=tokenizer.vocab_size,
     )
     seconds = time.perf_counter() - start
     results = []

@@ -63,12 +63,28 @@ class SamplerChain:
         return logits
 
     def __call__(self, logits: Tensor, input_ids: Tensor, generator: torch.Generator | None = None) -> Tensor:
-        """The next token of each row, (B,)."""
+        """The next token of each row, (B,).
+
+        Raises:
+            GptzooError: the steps turned a row's logits into NaN or +inf, or masked all of them.
+        """
         logits = self.transform(logits.float(), input_ids)
+        broken = (logits.isnan() | logits.isposinf()).any(dim=-1) | logits.isneginf().all(dim=-1)
+        if broken.any():
+            raise GptzooError(
+                f"the sampler chain {self.describe()} turned the logits of {prompts_of(broken)} into NaN or "
+                "infinity (or masked every token): a parameter is too extreme for them (e.g. a penalty near 0)"
+            )
         if self.steps and self.steps[-1].picks:
             return self.steps[-1].pick(logits, generator)
         probs = torch.softmax(logits, dim=-1)
         return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+
+
+def prompts_of(rows: Tensor) -> str:
+    """``"prompt 2"`` or ``"prompts 1, 3"``: the rows set in a (B,) bool mask, counted from 1."""
+    picked = [str(i + 1) for i in rows.nonzero().flatten().tolist()]
+    return f"prompt{'s' if len(picked) > 1 else ''} {', '.join(picked)}"
 
 
 def chain_spec(recipe_steps: Spec, flags: Mapping[str, float | int | None]) -> Spec:
