@@ -19,7 +19,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, NoReturn
 
-import torch
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -29,8 +28,7 @@ from gptzoo.fetch import FETCHABLE, fetch
 from gptzoo.hf import export_hf
 from gptzoo.hf.compare import DEFAULT_PROMPT, compare
 from gptzoo.hookspecs import KINDS
-from gptzoo.inference.generate import check_lengths, generate_text
-from gptzoo.inference.sampling import SamplerChain, chain_spec
+from gptzoo.inference.generate import SEED_LIMIT, plan_generation
 from gptzoo.loader import load_model, resolve_recipe
 from gptzoo.model.build import resolve_components
 from gptzoo.model.checkpoint import load_checkpoint, save_checkpoint
@@ -45,7 +43,7 @@ from gptzoo.training.trainer import train
 
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
-MAX_SEED = 2**64 - 1
+MAX_SEED = SEED_LIMIT - 1
 
 
 class UsageError(Exception):
@@ -349,52 +347,36 @@ def cmd_generate(args: argparse.Namespace, out: Console, err: Console) -> None:
         dtype=DTYPES[args.dtype],
         seed=args.seed,
     )
-    for warning in loaded.warnings:
-        err.print(f"[yellow]warning:[/yellow] {escape(warning)}")
-    model, recipe = loaded.model, loaded.recipe
-    tokenizer = loaded.tokenizer()
-    if any(not p for p in args.prompt):
-        raise GptzooError("--prompt is empty; give some text")
-    if any(not s for s in args.stop):
-        raise GptzooError("--stop is empty; give some text")
-    prompts = [
-        tokenizer.chat([{"role": "user", "content": p}]) if args.chat else tokenizer.encode(p) for p in args.prompt
-    ]
-    flags = {
+    sampling = {
         "temperature": args.temperature,
         "top_k": args.top_k,
         "top_p": args.top_p,
         "min_p": args.min_p,
         "repetition_penalty": args.repetition_penalty,
     }
-    chain = SamplerChain.from_registry(
-        registry, chain_spec([(c.name, c.kwargs) for c in recipe.generate.samplers], flags)
+    plan = plan_generation(
+        loaded.model,
+        loaded.tokenizer(),
+        args.prompt,
+        registry=registry,
+        chat=args.chat,
+        max_new_tokens=args.max_new_tokens,
+        sampling=sampling,
+        seed=args.seed,
+        stop=args.stop,
     )
-    generator = (
-        torch.Generator(device=model.wte.weight.device).manual_seed(args.seed) if args.seed is not None else None
-    )
-    max_new = args.max_new_tokens or recipe.generate.max_new_tokens
-    check_lengths(model, prompts, max_new)
+    for warning in (*loaded.warnings, *([plan.note] if plan.note else [])):
+        err.print(f"[yellow]warning:[/yellow] {escape(warning)}")
     stream = None
-    if not args.json and len(prompts) == 1:
-        err.print(f"[dim]sampler: {escape(chain.describe())}[/dim]")
+    if not args.json and len(plan.prompts) == 1:
+        err.print(f"[dim]sampler: {escape(plan.sampler.describe())}[/dim]")
         out.print(escape(args.prompt[0]), end="\n" if args.chat else "", style="bold")
 
         def stream(row: int, text: str) -> None:
             out.print(escape(text), end="", soft_wrap=True)
 
-    model.eval()
     try:
-        results, tokens_per_s = generate_text(
-            model,
-            tokenizer,
-            prompts,
-            max_new,
-            sampler=chain,
-            generator=generator,
-            stop=[*recipe.generate.stop, *args.stop],
-            stream=stream,
-        )
+        results, tokens_per_s = plan.run(stream)
     except KeyboardInterrupt:
         if stream is not None:
             out.print()  # end the streamed line before the message
@@ -406,9 +388,11 @@ def cmd_generate(args: argparse.Namespace, out: Console, err: Console) -> None:
                 "tokens": [r.tokens for r in results],
                 "finish_reasons": [r.finish_reason for r in results],
                 "tokens_per_s": tokens_per_s,
-                "sampler": [{"name": name, **params} for name, params in chain.spec],
-                "sampler_chain": chain.describe(),
-                "recipe": recipe.name,
+                "max_new_tokens": plan.max_new_tokens,
+                "note": plan.note,
+                "sampler": [{"name": name, **params} for name, params in plan.sampler.spec],
+                "sampler_chain": plan.sampler.describe(),
+                "recipe": loaded.recipe.name,
             }
         )
         return
@@ -416,7 +400,7 @@ def cmd_generate(args: argparse.Namespace, out: Console, err: Console) -> None:
         out.print()
         err.print(f"[dim]({results[0].finish_reason}, {len(results[0].tokens)} tokens)[/dim]")
     else:
-        err.print(f"[dim]sampler: {escape(chain.describe())}[/dim]")
+        err.print(f"[dim]sampler: {escape(plan.sampler.describe())}[/dim]")
         for prompt, r in zip(args.prompt, results, strict=True):
             out.print(f"[bold]{escape(prompt)}[/bold]{escape(r.text)}")
             out.print(f"[dim]({r.finish_reason}, {len(r.tokens)} tokens)[/dim]")

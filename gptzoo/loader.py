@@ -25,7 +25,7 @@ from gptzoo.model.checkpoint import load_checkpoint, with_overrides
 from gptzoo.model.gpt import GPT
 from gptzoo.recipe import Recipe, load_recipe
 from gptzoo.registry import Registry, default_registry
-from gptzoo.tokenizer import Tokenizer, load_tokenizer
+from gptzoo.tokenizer import Tokenizer, recipe_tokenizer
 
 
 @dataclass(frozen=True)
@@ -42,9 +42,9 @@ class Loaded:
     """What a person should know, e.g. that the weights are random."""
 
     def tokenizer(self) -> Tokenizer:
-        """The recipe's tokenizer; without a [tokenizer] section, the Hugging Face checkpoint's own."""
-        spec = self.recipe.tokenizer
-        return load_tokenizer(spec.name if spec is not None else "hf", hf_dir=self.hf_dir)
+        """The recipe's tokenizer; without a [tokenizer] section, the Hugging Face checkpoint's own
+        (a clear error when the weights came from elsewhere: see gptzoo.tokenizer.recipe_tokenizer)."""
+        return recipe_tokenizer(self.recipe, self.hf_dir)
 
 
 def resolve_recipe(

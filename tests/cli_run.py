@@ -17,8 +17,15 @@ def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
 
 
 def run_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
-    """The one-line message of a command that must fail with exit status 2 and no traceback."""
+    """The one-line message of a command that must fail with exit status 2 and no traceback; with
+    --json, stdout holds the same error as a JSON object, otherwise nothing."""
     assert main(list(argv)) == 2
     captured = capsys.readouterr()
-    assert captured.out == "" and "Traceback" not in captured.err
-    return " ".join(captured.err.split())
+    assert "Traceback" not in captured.err
+    message = " ".join(captured.err.split())
+    if "--json" in argv:
+        error = json.loads(captured.out)
+        assert error["exit"] == 2 and message.endswith(" ".join(error["error"].split()))
+    else:
+        assert captured.out == ""
+    return message

@@ -10,10 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from cli_run import run_error, run_json
 
 import gptzoo
 import gptzoo.cli
+import gptzoo.inference.generate
 import gptzoo.registry
 from gptzoo.cli import main
 from gptzoo.errors import Interrupted
@@ -82,7 +84,7 @@ def test_hostile_checkpoints_are_user_errors(ck: Path, capsys: pytest.CaptureFix
     from safetensors.torch import load_file, save_file
 
     weights = ck / "model.safetensors"
-    save_file({k: v.to(gptzoo.cli.torch.int32) for k, v in load_file(weights).items()}, weights)
+    save_file({k: v.to(torch.int32) for k, v in load_file(weights).items()}, weights)
     assert run_error(capsys, "generate", "--checkpoint", str(ck), *GENERATE) == (
         f"error: {weights}: wte.weight holds int32 values; a checkpoint's weights are floating point "
         "(float32, bfloat16 or float16)"
@@ -171,7 +173,7 @@ def test_ctrl_c_while_training(
 
 
 def test_bugs_keep_their_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(gptzoo.cli, "generate_text", raiser(RuntimeError("a bug")))
+    monkeypatch.setattr(gptzoo.inference.generate, "generate_text", raiser(RuntimeError("a bug")))
     with pytest.raises(RuntimeError, match="^a bug$"):
         main(["generate", "gpt2-tiny", *GENERATE, "--json"])
 
@@ -187,6 +189,7 @@ def test_torchrun_leaves_with_the_exit_status(tmp_path: Path, exc: str, code: in
     script = f"""
 import atexit, sys
 import gptzoo.cli
+import gptzoo.inference.generate
 from gptzoo.errors import GptzooError, Interrupted
 atexit.register(lambda: print("atexit ran"))
 def train(*args, **kwargs):

@@ -13,7 +13,7 @@ token ids (:func:`check_prompts`) and non-finite logits (:func:`check_finite`).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -22,8 +22,10 @@ from torch import Tensor
 
 from gptzoo.errors import GptzooError
 from gptzoo.inference.matvec import blas_decoding
-from gptzoo.inference.sampling import SamplerChain, prompts_of
+from gptzoo.inference.sampling import SamplerChain, chain_spec, prompts_of
 from gptzoo.model.gpt import GPT
+from gptzoo.recipe import GenerateSpec
+from gptzoo.registry import Registry
 from gptzoo.tokenizer import Tokenizer, shorten, utf8
 
 CONTEXT_TOKENS = 4
@@ -321,3 +323,62 @@ def generate_text(
             stream(row, text[shown[row] :])
         results.append(Generated(text, toks, reason))
     return results, sum(len(t) for t in tokens) / seconds if seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class GenerationPlan:
+    """Everything one ``gptzoo generate`` needs, checked before the first token: run it with :meth:`run`."""
+
+    model: GPT
+    tokenizer: Tokenizer
+    prompts: list[list[int]]
+    sampler: SamplerChain
+    generator: torch.Generator | None
+    max_new_tokens: int
+    stop: tuple[str, ...]
+    note: str | None
+    """Why fewer new tokens than the recipe's default are generated (the context is full), if so."""
+
+    def run(self, stream: Callable[[int, str], None] | None = None) -> tuple[list[Generated], float]:
+        """The decoded rows and new tokens per second (see :func:`generate_text`)."""
+        self.model.eval()
+        return generate_text(
+            self.model,
+            self.tokenizer,
+            self.prompts,
+            self.max_new_tokens,
+            sampler=self.sampler,
+            generator=self.generator,
+            stop=self.stop,
+            stream=stream,
+        )
+
+
+def plan_generation(
+    model: GPT,
+    tokenizer: Tokenizer,
+    texts: Sequence[str],
+    *,
+    registry: Registry,
+    chat: bool = False,
+    max_new_tokens: int | None = None,
+    sampling: Mapping[str, float | int | None] | None = None,
+    seed: int | None = None,
+    stop: Sequence[str] = (),
+) -> GenerationPlan:
+    """Prompts encoded, the sampler chain resolved (the recipe's [generate] samplers with the
+    ``sampling`` flags of :func:`gptzoo.inference.sampling.chain_spec`), the seed checked and the number
+    of new tokens fitted to the context: the recipe's ``max_new_tokens`` is cut to what the context
+    leaves, an explicit ``max_new_tokens`` must fit. Every problem is a GptzooError before any decoding.
+    """
+    recipe = model.recipe
+    steps = [(c.name, c.kwargs) for c in recipe.generate.samplers] if recipe is not None else []
+    chain = SamplerChain.from_registry(registry, chain_spec(steps, sampling or {}))
+    generator = make_generator(seed, model.wte.weight.device)
+    if any(not s for s in stop):
+        raise GptzooError("--stop is empty; give some text")
+    prompts = encode_prompts(tokenizer, texts, chat=chat)
+    default = recipe.generate.max_new_tokens if recipe is not None else GenerateSpec.max_new_tokens
+    fitted, note = fit_new_tokens(model, prompts, max_new_tokens or default, explicit=max_new_tokens is not None)
+    stops = (*(recipe.generate.stop if recipe is not None else ()), *stop)
+    return GenerationPlan(model, tokenizer, prompts, chain, generator, fitted, stops, note)
