@@ -20,6 +20,7 @@ from gptzoo.errors import (
     UnknownComponentError,
 )
 from gptzoo.hookspecs import hookimpl
+from gptzoo.inference.generate import generate, generate_text, plan_generation
 from gptzoo.loader import Loaded, load_model
 from gptzoo.model.build import build_model
 from gptzoo.model.checkpoint import load_checkpoint, save_checkpoint
@@ -27,12 +28,14 @@ from gptzoo.model.gpt import GPT
 from gptzoo.plugin_manager import get_plugin_manager, gptzoo_version
 from gptzoo.recipe import Recipe, load_recipe
 from gptzoo.registry import Registry, get_registry
+from gptzoo.training.data import prepare
+from gptzoo.training.trainer import train
 
 __version__ = gptzoo_version()
 
 __all__ = [
-    "GPT",
     "CheckpointError",
+    "GPT",
     "GptzooError",
     "Loaded",
     "PluginError",
@@ -42,11 +45,16 @@ __all__ = [
     "RegistryError",
     "UnknownComponentError",
     "build_model",
+    "generate",
+    "generate_text",
     "get_plugin_manager",
     "get_registry",
     "hookimpl",
     "load_checkpoint",
     "load_model",
     "load_recipe",
+    "plan_generation",
+    "prepare",
     "save_checkpoint",
+    "train",
 ]

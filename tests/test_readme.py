@@ -1,0 +1,38 @@
+"""README.md tells the truth: its Python example runs as written, and its layout table lists the
+package's folders and modules as they are."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+README = (REPO / "README.md").read_text(encoding="utf-8")
+
+
+def test_the_python_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    section = README[README.index("## Python") :]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    monkeypatch.chdir(tmp_path)  # data/ and runs/ go to a fresh directory
+    exec(compile(code, "README.md", "exec"), {})
+    steps, text = capsys.readouterr().out.splitlines()[-2:]
+    assert re.fullmatch(r"20 steps, val loss \d\.\d\d", steps), steps
+    assert re.fullmatch(r"'.*' (length|eos)", text), text
+    assert (tmp_path / "runs/docs/checkpoints/step-000020/model.safetensors").is_file()
+
+
+def _layout_paths() -> list[str]:
+    table = README[README.index("## Where things live") :]
+    return [p for row in re.findall(r"^\| (.*?) \|", table, re.M) for p in re.findall(r"`([^`]+)`", row)]
+
+
+def test_the_layout_table_matches_the_package() -> None:
+    listed = set(_layout_paths())
+    for path in listed:
+        assert (REPO / path).exists(), f"README lists {path}, which does not exist"
+    package = REPO / "gptzoo"
+    expected = {f"gptzoo/{p.name}/" for p in package.iterdir() if p.is_dir() and not p.name.startswith("__")}
+    expected |= {f"gptzoo/{p.name}" for p in package.glob("*.py") if p.name != "__main__.py"}
+    assert sorted(expected - listed) == [], "README's layout table misses these"
