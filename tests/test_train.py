@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import BinaryIO
 
 import pytest
 import torch
@@ -92,12 +93,12 @@ def test_an_interrupted_save_leaves_the_previous_checkpoint(
     saves = []
     real_save = torch.save
 
-    def dying_save(obj: object, path: Path) -> None:
-        saves.append(path)
+    def dying_save(obj: object, f: BinaryIO) -> None:
+        saves.append(f)
         if len(saves) == 2:  # the second checkpoint: half a file, then the process dies
-            Path(path).write_bytes(b"\x80\x02half")
+            f.write(b"\x80\x02half")
             raise KeyboardInterrupt
-        real_save(obj, path)
+        real_save(obj, f)
 
     monkeypatch.setattr(run_dir.torch, "save", dying_save)
     spec = recipe("train.max_steps=4", "train.checkpoint_every=2", "train.eval_every=0")
