@@ -3,6 +3,7 @@ are caught, DDP and FSDP2 across processes match one process, and bad input is r
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -222,7 +223,7 @@ def test_lr_schedule_warms_up_then_follows_a_cosine_to_min_lr() -> None:
     assert lr_at(60, spec) == pytest.approx(1e-4 + 0.5 * 9e-4)  # halfway through the cosine
     assert lr_at(110, spec) == pytest.approx(1e-4) and lr_at(500, spec) == pytest.approx(1e-4)
     values = [lr_at(s, spec) for s in range(10, 111)]
-    assert all(a >= b for a, b in zip(values, values[1:]))
+    assert all(a >= b for a, b in itertools.pairwise(values))
 
 
 def test_weight_decay_applies_to_matrices_only() -> None:

@@ -166,19 +166,19 @@ def save(
     out = run / CHECKPOINTS / f"step-{step:06d}"
     if out.is_dir() and not ((out / STATE).is_file() and (out / WEIGHTS).is_file()):
         shutil.rmtree(out, ignore_errors=True)  # a half-deleted checkpoint where this one goes
-    target = out / STATE
-    try:
-        with new_directory(out) as tmp:
-            target = tmp / WEIGHTS
+    with new_directory(out) as tmp:
+        name = WEIGHTS
+        try:
             write_files(tmp, model_state, recipe)
-            target = tmp / STATE
+            name = STATE
             with (tmp / STATE).open("wb") as f:  # a file object: a full disk is an OSError, not a torch RuntimeError
                 torch.save(state, f)
-    except (OSError, SafetensorError) as exc:
-        name = Path(exc.filename).name if isinstance(exc, OSError) and exc.filename else target.name
-        raise CheckpointError(
-            f"cannot write {out / name}: {write_problem(exc)}; nothing of step {step} was saved, {intact(run)}"
-        ) from None
+        except (OSError, SafetensorError) as exc:  # new_directory removes tmp
+            if isinstance(exc, OSError) and exc.filename:
+                name = Path(exc.filename).name
+            raise CheckpointError(
+                f"cannot write {out / name}: {write_problem(exc)}; nothing of step {step} was saved, {intact(run)}"
+            ) from None
     found = _step_dirs(run)
     newest = max(s for s, _, complete in found if complete)
     complete = [p for _, p, c in found if c]

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gptzoo.errors import CheckpointError, GptzooError, Interrupted, NonFiniteError
+from gptzoo.errors import CheckpointError, GptzooError, Interrupted, NonFiniteError, RecipeError
 from gptzoo.flops import TRAIN_FORWARD_RATIO, forward_flops
 from gptzoo.model.build import build_model
 from gptzoo.model.checkpoint import RECIPE, WEIGHTS, read_recipe
@@ -267,7 +267,11 @@ class Trainer:
         if path is None:
             raise CheckpointError(f"{self.out} has no checkpoint to resume from; train without --resume to start it")
         self.resumed_from = path
-        check_resumable(self.recipe, read_recipe(path), path)
+        try:
+            saved = read_recipe(path)
+        except RecipeError as exc:
+            raise self._corrupt(str(exc)) from None
+        check_resumable(self.recipe, saved, path)
         tensors, state = run_dir.load(path)
         if state["world_size"] != self.procs.world_size:
             raise CheckpointError(
@@ -291,8 +295,8 @@ class Trainer:
     def _corrupt(self, problem: str) -> CheckpointError:
         path = self.resumed_from
         return CheckpointError(
-            f"{path} does not fit the model: {problem}; move {path} away to resume from an earlier checkpoint, "
-            "or start a new --out"
+            f"the checkpoint {path} cannot be resumed: {problem}; "
+            f"move {path} away to resume from an earlier checkpoint, or start a new --out"
         )
 
     def _check_tensors(self, tensors: dict[str, torch.Tensor], path: Path) -> None:
