@@ -151,6 +151,18 @@ def test_a_lock_left_by_a_killed_run_is_stale(
     assert leftovers(run) == []  # the lock file went with the run that held it
 
 
+def test_a_lock_without_a_pid(run: Path, docs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fd = os.open(run / ".lock", os.O_RDWR | os.O_CREAT)  # held as a run on a full disk holds it: no pid written
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        assert run_error(capsys, *argv(run, docs, "train.max_steps=6", resume=True)) == (
+            f"error: {run} is in use by another `gptzoo train` (it holds {run / '.lock'}); wait for it to finish or "
+            "stop it, or choose another --out"
+        )
+    finally:
+        os.close(fd)
+
+
 def test_the_lock_is_held_for_the_whole_run_with_its_pid(
     docs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -665,6 +677,7 @@ def test_resume_when_metrics_jsonl_is_a_directory(run: Path, docs: Path, capsys:
     (run / "metrics.jsonl").unlink()
     (run / "metrics.jsonl").mkdir()
     assert run_error(capsys, *argv(run, docs, "train.max_steps=6", resume=True)) == (
-        f"error: cannot write {run / 'metrics.jsonl'}: Is a directory"
+        f"error: cannot write {run / 'metrics.jsonl'}: Is a directory; the previous checkpoint "
+        f"{run / 'checkpoints' / 'step-000004'} is intact (resume with --resume once this is fixed)"
     )
     assert leftovers(run) == []

@@ -28,7 +28,7 @@ import re
 import shutil
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,10 @@ LOCK = ".lock"
 _STEP_DIR = re.compile(r"step-(\d+)")
 _LOSSES = ("loss", "val_loss")
 """Metrics keys plot reads: a record whose value there is not a number (or null) is skipped."""
+
+
+class WriteError(GptzooError):
+    """A file of the run (its recipe, its metrics) could not be written."""
 
 
 def write_problem(exc: OSError | SafetensorError) -> str:
@@ -86,10 +90,8 @@ def locked(run: Path) -> Iterator[None]:
         path.unlink(missing_ok=True)  # still locked: a run that opened this file meanwhile sees it replaced
         os.close(fd)
         if created:
-            try:
+            with suppress(OSError):
                 run.rmdir()  # only if empty: the run failed before writing anything
-            except OSError:
-                pass
 
 
 def _acquire(path: Path, run: Path) -> int:
@@ -102,11 +104,12 @@ def _acquire(path: Path, run: Path) -> int:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
             os.close(fd)
+            who, stop = (f"pid {holder}", f"stop it (kill {holder})") if holder.isdigit() else ("it", "stop it")
             raise GptzooError(
-                f"{run} is in use by another `gptzoo train` (pid {holder} holds {path}); "
-                f"wait for it to finish or stop it (kill {holder}), or choose another --out"
+                f"{run} is in use by another `gptzoo train` ({who} holds {path}); "
+                f"wait for it to finish or {stop}, or choose another --out"
             ) from None
         try:
             current = os.stat(path).st_ino == os.fstat(fd).st_ino
@@ -115,12 +118,9 @@ def _acquire(path: Path, run: Path) -> int:
         if current:
             break
         os.close(fd)  # the holder removed this file as it finished: lock the one there now
-    try:
+    with suppress(OSError):  # a full disk: the lock holds without the pid, and the run's own writes say what is wrong
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
-    except OSError as exc:
-        os.close(fd)
-        raise GptzooError(f"cannot write {path}: {write_problem(exc)}; choose another --out") from None
     return fd
 
 
@@ -173,7 +173,11 @@ def save(
             name = STATE
             with (tmp / STATE).open("wb") as f:  # a file object: a full disk is an OSError, not a torch RuntimeError
                 torch.save(state, f)
-        except (OSError, SafetensorError) as exc:  # new_directory removes tmp
+        except (OSError, SafetensorError, RuntimeError) as exc:  # new_directory removes tmp
+            if isinstance(exc, RuntimeError):  # torch.save's zip writer hides a failed write behind its own error
+                if not isinstance(exc.__context__, OSError):
+                    raise
+                exc = exc.__context__
             if isinstance(exc, OSError) and exc.filename:
                 name = Path(exc.filename).name
             raise CheckpointError(
@@ -285,8 +289,7 @@ def state_problem(state: Any, step: int) -> str | None:
     ]
     for field, ok, expected in checks:
         if not ok:
-            shown = _shown(scaler if field == "scaler" else value(field))
-            return f"{field} {'is missing' if shown == 'missing' else 'is ' + shown}, expected {expected}"
+            return f"{field} is {_shown(scaler if field == 'scaler' else value(field))}, expected {expected}"
     return None
 
 
@@ -321,7 +324,7 @@ def write_text_atomically(path: Path, text: str) -> None:
     """Replace ``path`` with ``text`` in one rename.
 
     Raises:
-        GptzooError: the write failed (full disk, no permission...); ``path`` is as it was and no temp file is left.
+        WriteError: the write failed (full disk, no permission...); ``path`` is as it was and no temp file is left.
     """
     tmp: str | None = None
     try:
@@ -332,7 +335,7 @@ def write_text_atomically(path: Path, text: str) -> None:
     except OSError as exc:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
-        raise GptzooError(f"cannot write {path}: {write_problem(exc)}") from None
+        raise WriteError(f"cannot write {path}: {write_problem(exc)}") from None
     except BaseException:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
@@ -343,7 +346,7 @@ def append_metrics(run: Path, entry: dict[str, Any]) -> None:
     """Add one record to RUN/metrics.jsonl, in one write.
 
     Raises:
-        GptzooError: the write failed (a full disk says so), naming the file.
+        WriteError: the write failed (a full disk says so), naming the file.
     """
     path = run / METRICS
     try:
@@ -353,7 +356,7 @@ def append_metrics(run: Path, entry: dict[str, Any]) -> None:
         finally:
             os.close(fd)
     except OSError as exc:
-        raise GptzooError(f"cannot append to {path}: {write_problem(exc)}") from None
+        raise WriteError(f"cannot append to {path}: {write_problem(exc)}") from None
 
 
 def _usable(record: Any) -> bool:
@@ -385,5 +388,5 @@ def read_metrics(run: Path) -> list[dict[str, Any]]:
 
 def truncate_metrics(run: Path, step: int) -> None:
     """Forget the records after ``step`` (a resumed run logs them again), and the lines that are not records."""
-    kept = [r for r in read_metrics(run) if r["step"] <= step]
-    write_text_atomically(run / METRICS, "".join(json.dumps(r) + "\n" for r in kept))
+    records = [r for r in read_metrics(run) if r["step"] <= step]
+    write_text_atomically(run / METRICS, "".join(json.dumps(r) + "\n" for r in records))

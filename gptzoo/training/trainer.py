@@ -284,7 +284,7 @@ class Trainer:
                 f"{path} has already trained {state['step']} of max_steps={self.spec.max_steps}; raise train.max_steps "
                 "(--set train.max_steps=N) to train further"
             )
-        self._check_tensors(tensors, path)
+        self._check_tensors(tensors)
         self.model.load_weights({k: v.to(self.procs.device) for k, v in tensors.items()}, source=str(path))
         self.step, self.skipped = state["step"], state.get("skipped", 0)
         if self.procs.is_main:
@@ -299,7 +299,7 @@ class Trainer:
             f"move {path} away to resume from an earlier checkpoint, or start a new --out"
         )
 
-    def _check_tensors(self, tensors: dict[str, torch.Tensor], path: Path) -> None:
+    def _check_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
         """The checkpoint's weights are the model's: the same names, shapes and dtypes."""
         ours = {k: v for k, v in self.model.state_dict().items() if not (self.model.tied and k == "lm_head.weight")}
         if self.model.tied:
@@ -558,10 +558,7 @@ def train(
                 entry = {
                     k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in entry.items()
                 }  # JSON has no NaN
-                try:
-                    run_dir.append_metrics(out, entry)
-                except GptzooError as exc:
-                    raise GptzooError(f"{exc}; {run_dir.intact(out)}") from None
+                run_dir.append_metrics(out, entry)
                 if log is not None:
                     log(entry)
 
@@ -571,9 +568,9 @@ def train(
             if procs.is_main:
                 run_dir.write_text_atomically(out / RECIPE, recipe.to_toml())
             result = trainer.run()
-    except Interrupted:
+    except run_dir.WriteError as exc:
         distributed.stop(procs, wait=False)
-        raise
+        raise run_dir.WriteError(f"{exc}; {run_dir.intact(out)}") from None
     except KeyboardInterrupt:
         distributed.stop(procs, wait=False)
         reached = f"at step {trainer.step}" if trainer is not None else "before the first step"
