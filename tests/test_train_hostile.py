@@ -1,0 +1,683 @@
+"""`gptzoo train`, `gptzoo plot` and `gptzoo prepare` against hostile input: a second run into the same
+directory, batches too large for memory, token ids beyond the vocabulary, corrupted checkpoints and
+metrics, a full disk, read-only places, half-deleted checkpoints and Ctrl-C. Each ends in one message
+and exit status 2 (130 for Ctrl-C), with nothing half-written."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+import pytest
+import torch
+from cli_run import run_error  # tests/ has no __init__.py: pytest puts it on sys.path
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from test_train import TINY
+
+import gptzoo
+from gptzoo.cli import main
+from gptzoo.errors import GptzooError, Interrupted
+from gptzoo.training import data as data_mod
+from gptzoo.training import run_dir
+from gptzoo.training import trainer as train_mod
+from gptzoo.training.data import prepare
+from gptzoo.training.trainer import check_memory, memory_needed, train
+
+STEPS = ["train.max_steps=4", "train.checkpoint_every=2", "train.eval_every=0"]
+"""A run of 4 steps with checkpoints at steps 2 and 4."""
+
+
+@pytest.fixture(scope="module")
+def docs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("data") / "stdlib-docs"
+    prepare("stdlib-docs", out, tokenizer="bytes")
+    return out
+
+
+@pytest.fixture(scope="module")
+def trained(docs: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished run of :data:`STEPS`; tests work on copies (see ``run``)."""
+    out = tmp_path_factory.mktemp("trained") / "run"
+    train(recipe(*STEPS), out=out, data=docs)
+    return out
+
+
+@pytest.fixture
+def run(trained: Path, tmp_path: Path) -> Path:
+    """A copy of the finished run, to resume or to damage."""
+    return Path(shutil.copytree(trained, tmp_path / "run"))
+
+
+def recipe(*overrides: str) -> gptzoo.Recipe:
+    return gptzoo.load_recipe("gpt2-tiny", [*TINY, *overrides])
+
+
+def argv(out: Path, data: Path, *overrides: str, resume: bool = False) -> list[str]:
+    """`gptzoo train gpt2-tiny` with TINY and ``overrides``, with --json (no progress bar on stderr)."""
+    sets = [a for o in [*TINY, *overrides] for a in ("--set", o)]
+    return [
+        "train",
+        "gpt2-tiny",
+        *sets,
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        *(["--resume"] if resume else []),
+        "--json",
+    ]
+
+
+def snapshot(run: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+
+
+def leftovers(run: Path) -> list[str]:
+    """Temporary files and directories (and a lock) anywhere under ``run``."""
+    return sorted(str(p.relative_to(run)) for p in run.rglob(".*"))
+
+
+def stop_at(monkeypatch: pytest.MonkeyPatch, step: int, exc: BaseException) -> None:
+    """Optimizer step ``step + 1`` raises ``exc`` before doing anything."""
+    real = train_mod.Trainer.train_step
+
+    def stopping(self: train_mod.Trainer) -> tuple[float, float, bool]:
+        if self.step == step:
+            raise exc
+        return real(self)
+
+    monkeypatch.setattr(train_mod.Trainer, "train_step", stopping)
+
+
+# --- 1. one run per directory -----------------------------------------------------------------
+
+HOLDER = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.write(fd, f"{os.getpid()}\\n".encode())
+print("locked", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.fixture
+def holder(run: Path) -> Iterator[subprocess.Popen[str]]:
+    """Another process holding ``run``'s lock, as a running `gptzoo train` does."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(run / run_dir.LOCK)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "locked\n"
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def in_use(run: Path, pid: int) -> str:
+    return (
+        f"error: {run} is in use by another `gptzoo train` (pid {pid} holds {run / '.lock'}); "
+        f"wait for it to finish or stop it (kill {pid}), or choose another --out"
+    )
+
+
+def test_a_second_run_into_a_locked_directory_is_refused_naming_the_holder(
+    run: Path, docs: Path, holder: subprocess.Popen[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = snapshot(run)
+    assert run_error(capsys, *argv(run, docs, *STEPS)) == in_use(run, holder.pid)
+    assert run_error(capsys, *argv(run, docs, "train.max_steps=6", resume=True)) == in_use(run, holder.pid)
+    assert snapshot(run) == before  # the holder's pid is still in the lock file, nothing else changed
+
+
+def test_a_lock_left_by_a_killed_run_is_stale(
+    run: Path, docs: Path, holder: subprocess.Popen[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    assert (run / ".lock").read_text() == f"{holder.pid}\n"  # the file stays; the kernel dropped the lock
+    assert main(argv(run, docs, "train.max_steps=6", resume=True)) == 0
+    assert json.loads(capsys.readouterr().out)["steps"] == 6
+    assert leftovers(run) == []  # the lock file went with the run that held it
+
+
+def test_a_lock_without_a_pid(run: Path, docs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fd = os.open(run / ".lock", os.O_RDWR | os.O_CREAT)  # held as a run on a full disk holds it: no pid written
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        assert run_error(capsys, *argv(run, docs, "train.max_steps=6", resume=True)) == (
+            f"error: {run} is in use by another `gptzoo train` (it holds {run / '.lock'}); wait for it to finish or "
+            "stop it, or choose another --out"
+        )
+    finally:
+        os.close(fd)
+
+
+def test_the_lock_is_held_for_the_whole_run_with_its_pid(
+    docs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out, seen = tmp_path / "run", []
+    real = train_mod.Trainer.train_step
+
+    def probing(self: train_mod.Trainer) -> tuple[float, float, bool]:
+        fd = os.open(out / ".lock", os.O_RDONLY)  # another open file description, as another process has
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            seen.append(os.pread(fd, 32, 0).decode())
+        finally:
+            os.close(fd)
+        with pytest.raises(GptzooError, match=f"^{out} is in use by another `gptzoo train` \\(pid {os.getpid()} "):
+            train(recipe(*STEPS), out=out, data=docs, resume=True)
+        return real(self)
+
+    monkeypatch.setattr(train_mod.Trainer, "train_step", probing)
+    train(recipe(*STEPS), out=out, data=docs)
+    assert seen == [f"{os.getpid()}\n"] * 4 and leftovers(out) == []
+
+
+# --- 2. memory ----------------------------------------------------------------------------------
+
+
+def test_a_micro_batch_too_large_for_memory_is_refused_before_allocating(
+    docs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(train_mod, "available_memory", lambda device: 8 * 2**30)
+    n_params = sum(p.numel() for p in gptzoo.build_model(recipe()).parameters())
+    tokens = 10**9 * 64
+    logits = tokens * 256 * 4
+    need = 16 * n_params + 3 * logits + tokens * 2 * 17 * 64 * 4  # 2 layers of width 64, float32
+    assert run_error(capsys, *argv(tmp_path / "run", docs, "train.micro_batch_size=1000000000")) == (
+        f"error: train.micro_batch_size=1000000000 x seq_len=64 needs about {need / 2**30:,.1f} GiB of memory to "
+        f"train (the float32 logits alone take {logits / 2**30:,.1f} GiB), but 8.0 GiB is available; lower "
+        "train.micro_batch_size (raising train.grad_accum keeps the batch) or train.seq_len"
+    )
+    wide = ["model.n_embd=32768", "model.n_head=4"]
+    n_params = sum(p.numel() for p in gptzoo.build_model(recipe(*wide), device="meta").parameters())
+    assert n_params == 8_636_727_808
+    assert run_error(capsys, *argv(tmp_path / "run", docs, *wide)) == (
+        "error: the model's 8,636,727,808 parameters need 128.7 GiB for their weights, gradients and AdamW state, "
+        "but 8.0 GiB of memory is available; train a smaller model (model.n_layer, model.n_embd)"
+    )
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_memory_estimate_passes_the_quickstart_and_the_tests() -> None:
+    quickstart = gptzoo.load_recipe("shakespeare-bytes")
+    n_params = sum(p.numel() for p in gptzoo.build_model(quickstart).parameters())
+    need, logits = memory_needed(quickstart, n_params)
+    assert logits == 8 * 256 * 256 * 4 and need == 16 * n_params + 3 * logits + 8 * 256 * 4 * 17 * 128 * 4
+    assert need < 100 * 2**20  # about 0.1 GiB
+    for spec in (quickstart, recipe(), recipe("train.micro_batch_size=64", "train.seq_len=128")):
+        check_memory(spec, torch.device("cpu"))  # on this machine's real available memory
+
+
+# --- 3. token ids beyond the vocabulary -----------------------------------------------------------
+
+
+def damaged_copy(docs: Path, tmp_path: Path, **meta: Any) -> Path:
+    out = Path(shutil.copytree(docs, tmp_path / "data"))
+    if meta:
+        (out / "meta.json").write_text(json.dumps({**json.loads((out / "meta.json").read_text()), **meta}))
+    return out
+
+
+def test_token_ids_beyond_the_vocabulary_are_refused_before_the_first_step(
+    docs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = damaged_copy(docs, tmp_path)
+    tokens = np.fromfile(data / "train.bin", dtype="<u2")
+    tokens[1234] = 300
+    tokens.tofile(data / "train.bin")
+    out = tmp_path / "run"
+    assert run_error(capsys, *argv(out, data, *STEPS)) == (
+        f"error: {data}: train.bin holds token id 300, but the model's vocab_size is 256 (ids 0..255); "
+        "the data is damaged or made for another tokenizer: prepare it again"
+    )
+    assert run_error(capsys, *argv(out, data, *STEPS, "model.vocab_size=512")) == (
+        f"error: {data}: train.bin holds token id 300, beyond meta.json's vocab_size 256; "
+        "the data is damaged: prepare it again"
+    )
+    data = damaged_copy(docs, tmp_path / "b", vocab_size=1000)
+    assert run_error(capsys, *argv(out, data, *STEPS)) == (
+        f"error: {data} was prepared for a vocabulary of 1000 tokens (meta.json vocab_size), but the model's "
+        "vocab_size is 256; use a recipe with vocab_size >= 1000 or prepare the data with the recipe's tokenizer"
+    )
+    assert not out.exists()
+
+
+# --- 4. a corrupted train_state.pt --------------------------------------------------------------
+
+
+def corrupt(path: Path, change: Callable[[dict[str, Any]], Any]) -> None:
+    """Replace the training state at ``path`` with ``change(state)``."""
+    torch.save(change(torch.load(path, weights_only=True)), path)
+
+
+def without(state: dict[str, Any], key: str) -> dict[str, Any]:
+    return {k: v for k, v in state.items() if k != key}
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        (lambda s: {**s, "step": "4"}, "step is '4', expected 4, the step in its directory's name"),
+        (lambda s: {**s, "step": -1}, "step is -1, expected 4, the step in its directory's name"),
+        (lambda s: without(s, "step"), "step is missing, expected 4, the step in its directory's name"),
+        (lambda s: {**s, "skipped": 9}, "skipped is 9, expected 0 to 4"),
+        (lambda s: {**s, "windows_seen": 1.5}, "windows_seen is 1.5, expected a whole number >= 0"),
+        (
+            lambda s: {**s, "world_size": "1"},
+            "world_size is '1', expected a whole number >= 1 (the processes that trained it)",
+        ),
+        (
+            lambda s: {**s, "world_size": True},
+            "world_size is True, expected a whole number >= 1 (the processes that trained it)",
+        ),
+        (
+            lambda s: {**s, "optimizer": {}},
+            "optimizer.state is missing, expected a dict of each parameter's AdamW moments",
+        ),
+        (
+            lambda s: {**s, "optimizer": []},
+            "optimizer is [], expected AdamW's state (a dict of 'state' and 'param_groups')",
+        ),
+        (
+            lambda s: {**s, "optimizer": {**s["optimizer"], "param_groups": []}},
+            "optimizer.param_groups is [], expected a non-empty list of parameter groups",
+        ),
+        (
+            lambda s: {**s, "rng": {"cpu": torch.zeros(12, dtype=torch.uint8)}},
+            "rng.cpu is a uint8 tensor of shape (12,), expected a uint8 tensor of shape (5056,)",
+        ),
+        (
+            lambda s: {**s, "rng": {"cpu": torch.zeros(5056)}},
+            "rng.cpu is a float32 tensor of shape (5056,), expected a uint8 tensor of shape (5056,)",
+        ),
+        (lambda s: {**s, "rng": None}, "rng is None, expected a dict of random number generator states"),
+        (
+            lambda s: {**s, "scaler": {"scale": "big"}},
+            "scaler is a dict with keys ['scale'], expected the float16 loss scaler's state "
+            "(a dict of numbers; empty in other precisions)",
+        ),
+        (lambda s: [1, 2], "it holds [1, 2], expected a dict of training state"),
+    ],
+)
+def test_a_corrupted_train_state_names_the_file_and_the_field(
+    run: Path, docs: Path, capsys: pytest.CaptureFixture[str], change: Callable[[dict[str, Any]], Any], problem: str
+) -> None:
+    checkpoint = run / "checkpoints" / "step-000004"
+    corrupt(checkpoint / "train_state.pt", change)
+    assert run_error(capsys, *argv(run, docs, "train.max_steps=6", "train.checkpoint_every=2", resume=True)) == (
+        f"error: {checkpoint / 'train_state.pt'} is corrupt: {problem}; move {checkpoint} away to resume from an "
+        "earlier checkpoint, or start a new --out"
+    )
+    assert leftovers(run) == []
+
+
+def test_the_advice_for_a_corrupted_checkpoint_works(run: Path, docs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    checkpoint = run / "checkpoints" / "step-000004"
+    (checkpoint / "train_state.pt").write_bytes(b"\x80\x02half")  # torn
+    assert run_error(capsys, *argv(run, docs, "train.max_steps=6", resume=True)).startswith(
+        f"error: cannot read the checkpoint {checkpoint / 'train_state.pt'}: "
+    )
+    shutil.move(checkpoint, run.parent / "step-000004.bad")
+    assert main(argv(run, docs, "train.max_steps=6", "train.checkpoint_every=2", resume=True)) == 0
+    assert [s for s, _ in run_dir.checkpoint_dirs(run)] == [4, 6]
+
+
+def test_optimizer_state_and_weights_that_do_not_fit_the_model(
+    trained: Path, run: Path, docs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    checkpoint = run / "checkpoints" / "step-000004"
+    advice = f"move {checkpoint} away to resume from an earlier checkpoint, or start a new --out"
+    resume = argv(run, docs, "train.max_steps=6", resume=True)
+    state = torch.load(checkpoint / "train_state.pt", weights_only=True)
+    state["optimizer"]["state"]["wte.weight"]["exp_avg"] = torch.zeros(3)
+    torch.save(state, checkpoint / "train_state.pt")
+    assert run_error(capsys, *resume) == (
+        f"error: the checkpoint {checkpoint} cannot be resumed: optimizer state wte.weight.exp_avg is not a tensor of "
+        f"shape (256, 64); {advice}"
+    )
+    state = torch.load(checkpoint / "train_state.pt", weights_only=True)
+    state["optimizer"]["param_groups"].pop()
+    torch.save(state, checkpoint / "train_state.pt")
+    assert run_error(capsys, *resume) == (
+        f"error: the checkpoint {checkpoint} cannot be resumed: the optimizer's param_groups hold [8] parameters, "
+        f"not this model's [8, 20]; {advice}"
+    )
+    shutil.copy(trained / "checkpoints" / "step-000004" / "train_state.pt", checkpoint)
+    tensors = load_file(checkpoint / "model.safetensors")
+    save_file({**tensors, "wte.weight": torch.zeros(7, 64)}, checkpoint / "model.safetensors")
+    assert run_error(capsys, *resume) == (
+        f"error: the checkpoint {checkpoint} cannot be resumed: model.safetensors: wte.weight is torch.float32 "
+        f"(7, 64), the model's is torch.float32 (256, 64); {advice}"
+    )
+    save_file({k: v for k, v in tensors.items() if k != "wte.weight"}, checkpoint / "model.safetensors")
+    assert run_error(capsys, *resume) == (
+        f"error: the checkpoint {checkpoint} cannot be resumed: model.safetensors lacks ['wte.weight'] and has "
+        f"unexpected []; {advice}"
+    )
+    (checkpoint / "recipe.toml").unlink()
+    assert run_error(capsys, *resume) == (
+        f"error: the checkpoint {checkpoint} cannot be resumed: {checkpoint / 'recipe.toml'}: cannot read: "
+        f"No such file or directory; {advice}"
+    )
+
+
+# --- 5. metrics lines that are JSON but not records ---------------------------------------------
+
+JUNK = [b"[1, 2]", b"3", b'"text"', b"null", b'{"step": "x", "loss": 1.0}', b'{"step": 3, "loss": "low"}', b"\xff\xfe"]
+
+
+def test_metrics_lines_that_are_not_records_are_skipped_by_plot_and_resume(
+    run: Path, docs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    metrics = run / "metrics.jsonl"
+    good = [json.loads(line) for line in metrics.read_text().splitlines()]
+    metrics.write_bytes(metrics.read_bytes() + b"\n".join(JUNK) + b"\n")
+    assert run_dir.read_metrics(run) == good
+    assert main(["plot", str(run), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"png": str(run / "loss.png")}
+    assert main(argv(run, docs, "train.max_steps=6", resume=True)) == 0
+    assert json.loads(capsys.readouterr().out)["steps"] == 6
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]  # the junk is gone: every line parses
+    assert [r["step"] for r in records if "loss" in r] == [1, 2, 3, 4, 5, 6]
+    assert [r["step"] for r in records if "val_loss" in r] == [4, 6]
+    (run / "metrics.jsonl").write_bytes(b"\n".join(JUNK))
+    assert run_error(capsys, "plot", str(run)) == (
+        f"error: {run / 'metrics.jsonl'} has no losses to plot; is {run} a `gptzoo train --out` directory?"
+    )
+
+
+# --- 6. a full disk -----------------------------------------------------------------------------
+
+
+def test_a_full_disk_while_saving_keeps_the_previous_checkpoint(
+    docs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out, real_save, saves = tmp_path / "run", torch.save, []
+
+    def full(obj: object, f: BinaryIO) -> None:
+        saves.append(f)
+        if len(saves) == 2:
+            f.write(b"\x80\x02half")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_save(obj, f)
+
+    monkeypatch.setattr(run_dir.torch, "save", full)
+    assert run_error(capsys, *argv(out, docs, *STEPS)) == (
+        f"error: cannot write {out / 'checkpoints' / 'step-000004' / 'train_state.pt'}: the disk is full (No space "
+        f"left on device); nothing of step 4 was saved, the previous checkpoint {out / 'checkpoints' / 'step-000002'} "
+        "is intact (resume with --resume once this is fixed)"
+    )
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["step-000002"] and leftovers(out) == []
+    monkeypatch.setattr(run_dir.torch, "save", real_save)
+    assert main(argv(out, docs, *STEPS, resume=True)) == 0
+
+
+def test_a_full_disk_while_writing_the_weights_or_the_first_checkpoint(
+    docs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full(*args: Any) -> None:
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(run_dir, "write_files", full)
+    out = tmp_path / "run"
+    assert run_error(capsys, *argv(out, docs, *STEPS)) == (
+        f"error: cannot write {out / 'checkpoints' / 'step-000002' / 'model.safetensors'}: the disk is full (No space "
+        f"left on device); nothing of step 2 was saved, and no checkpoint was written (remove {out} to start over)"
+    )
+    assert list((out / "checkpoints").iterdir()) == [] and leftovers(out) == []
+
+
+def test_a_full_disk_while_appending_metrics(
+    run: Path, docs: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_write = os.write
+
+    def full(fd: int, data: bytes) -> int:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("metrics.jsonl"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", full)
+    assert run_error(capsys, *argv(run, docs, "train.max_steps=6", resume=True)) == (
+        f"error: cannot append to {run / 'metrics.jsonl'}: the disk is full (No space left on device); the previous "
+        f"checkpoint {run / 'checkpoints' / 'step-000004'} is intact (resume with --resume once this is fixed)"
+    )
+    assert leftovers(run) == []
+
+
+# --- 7. read-only places ------------------------------------------------------------------------
+
+
+def test_a_run_directory_that_cannot_be_written(
+    run: Path, docs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_open, real_mkdir = os.open, Path.mkdir
+
+    def denied_open(path: Any, *args: Any, **kwargs: Any) -> int:
+        if str(path).startswith(str(run)):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
+
+    def denied_mkdir(self: Path, *args: Any, **kwargs: Any) -> None:
+        if self == tmp_path / "new":
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+        real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", denied_open)
+    monkeypatch.setattr(Path, "mkdir", denied_mkdir)
+    assert run_error(capsys, *argv(run, docs, "train.max_steps=6", resume=True)) == (
+        f"error: cannot write {run / '.lock'}: Permission denied; choose another --out"
+    )
+    assert run_error(capsys, *argv(tmp_path / "new", docs, *STEPS)) == (
+        f"error: cannot create the run directory {tmp_path / 'new'}: Permission denied; choose another --out"
+    )
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
+def test_a_read_only_run_directory(run: Path, docs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run.chmod(0o555)
+    try:
+        assert run_error(capsys, *argv(run, docs, "train.max_steps=6", resume=True)) == (
+            f"error: cannot write {run / '.lock'}: Permission denied; choose another --out"
+        )
+        assert run_error(capsys, "plot", str(run)) == (
+            f"error: cannot write {run / 'loss.png'}: Permission denied; give --out FILE in a writable place"
+        )
+    finally:
+        run.chmod(0o755)
+
+
+def test_plot_into_a_place_that_cannot_be_written(
+    run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from matplotlib.figure import Figure
+
+    def denied(self: Figure, fname: Any, **kwargs: Any) -> None:
+        raise PermissionError(errno.EACCES, "Permission denied", str(fname))
+
+    monkeypatch.setattr(Figure, "savefig", denied)
+    assert run_error(capsys, "plot", str(run)) == (
+        f"error: cannot write {run / 'loss.png'}: Permission denied; give --out FILE in a writable place"
+    )
+    monkeypatch.undo()
+    assert run_error(capsys, "plot", str(run), "--out", str(tmp_path / "nowhere" / "x.png")) == (
+        f"error: cannot write {tmp_path / 'nowhere' / 'x.png'}: No such file or directory; give another --out FILE"
+    )
+    assert run_error(capsys, "plot", str(run), "--out", str(tmp_path)) == (
+        f"error: --out {tmp_path} is a directory; give a file name such as {tmp_path / 'loss.png'}"
+    )
+    assert run_error(capsys, "plot", str(tmp_path / "nope")) == (
+        f"error: no run directory at {tmp_path / 'nope'}; give a `gptzoo train --out` directory"
+    )
+    assert leftovers(run) == [] and not (run / "loss.png").exists()
+
+
+# --- 8. half-deleted checkpoints ----------------------------------------------------------------
+
+
+def test_incomplete_checkpoints_older_than_the_newest_complete_one_are_pruned(docs: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    keep = ["train.checkpoint_every=1", "train.eval_every=0"]
+    train(recipe("train.max_steps=2", "train.keep_checkpoints=5", *keep), out=out, data=docs)
+    root = out / "checkpoints"
+    (root / "step-000001" / "model.safetensors").unlink()  # half-deleted by hand
+    (root / "step-000004").mkdir()  # where a later checkpoint goes: replaced when that step is saved
+    (root / "step-000004" / "train_state.pt").write_bytes(b"junk")
+    (root / "step-000009").mkdir()  # newer than anything complete: left alone
+    train(recipe("train.max_steps=4", "train.keep_checkpoints=2", *keep), out=out, data=docs, resume=True)
+    assert sorted(p.name for p in root.iterdir()) == ["step-000003", "step-000004", "step-000009"]
+    assert [s for s, _ in run_dir.checkpoint_dirs(out)] == [3, 4]
+
+
+# --- 9. Ctrl-C ----------------------------------------------------------------------------------
+
+
+def test_ctrl_c_in_a_step_says_what_was_kept_and_releases_the_lock(
+    docs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "run"
+    spec = recipe("train.max_steps=10", "train.checkpoint_every=4", "train.eval_every=0")
+    stop_at(monkeypatch, 7, KeyboardInterrupt())
+    with pytest.raises(Interrupted) as exc:
+        train(spec, out=out, data=docs)
+    assert str(exc.value) == (
+        f"interrupted at step 7; the last complete checkpoint is {out / 'checkpoints' / 'step-000004'} "
+        "(resume with --resume)"
+    )
+    assert leftovers(out) == []  # no temp files, and the lock is gone
+    monkeypatch.undo()
+    assert train(spec, out=out, data=docs, resume=True).steps == 10
+
+
+def test_ctrl_c_during_a_save_or_before_any_checkpoint(
+    docs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out, real_save, saves = tmp_path / "run", torch.save, []
+
+    def interrupted(obj: object, f: BinaryIO) -> None:
+        saves.append(f)
+        if len(saves) == 2:
+            f.write(b"\x80\x02half")
+            raise KeyboardInterrupt
+        real_save(obj, f)
+
+    monkeypatch.setattr(run_dir.torch, "save", interrupted)
+    with pytest.raises(Interrupted) as exc:
+        train(recipe(*STEPS), out=out, data=docs)
+    assert str(exc.value) == (
+        f"interrupted at step 4; the last complete checkpoint is {out / 'checkpoints' / 'step-000002'} "
+        "(resume with --resume)"
+    )
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["step-000002"] and leftovers(out) == []
+    stop_at(monkeypatch, 1, KeyboardInterrupt())
+    with pytest.raises(Interrupted) as exc:
+        train(recipe(*STEPS), out=tmp_path / "fresh", data=docs)
+    assert (
+        str(exc.value)
+        == f"interrupted at step 1; no checkpoint was written (remove {tmp_path / 'fresh'} to start over)"
+    )
+    assert leftovers(tmp_path / "fresh") == []
+
+
+def test_ctrl_c_exits_130_from_the_command_line(
+    docs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "run"
+    stop_at(monkeypatch, 3, KeyboardInterrupt())
+    try:
+        code = main(argv(out, docs, *STEPS))
+    except KeyboardInterrupt:  # escaping, it would end the whole pytest session
+        pytest.fail("gptzoo.cli.main let Interrupted escape; it must print the message and return 130")
+    assert code == 130
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    assert (
+        f"interrupted at step 3; the last complete checkpoint is {out / 'checkpoints' / 'step-000002'} "
+        "(resume with --resume)"
+    ) in " ".join(captured.err.split())
+
+
+def test_ctrl_c_during_prepare_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def interrupted(*args: Any) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(data_mod.Corpus, "describe", interrupted)
+    with pytest.raises(Interrupted) as exc:
+        prepare("stdlib-docs", tmp_path / "out", tokenizer="bytes")
+    assert str(exc.value) == f"interrupted; nothing was written to {tmp_path / 'out'}"
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- everything else ----------------------------------------------------------------------------
+
+
+def test_out_or_data_that_is_a_file(docs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    file = tmp_path / "file"
+    file.write_text("mine")
+    assert run_error(capsys, *argv(file, docs, *STEPS)) == (
+        f"error: --out {file} is a file, not a run directory; choose another --out"
+    )
+    assert run_error(capsys, *argv(tmp_path / "run", file, *STEPS)) == (
+        f"error: {file} is a file, not prepared data; give the directory `gptzoo prepare --out DIR` wrote "
+        "(train.bin, val.bin, meta.json)"
+    )
+    assert file.read_text() == "mine" and sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+@pytest.mark.parametrize(
+    ("meta", "problem"),
+    [
+        (
+            {"tokenizer": "bytes"},
+            'tokenizer is \'bytes\', expected an object with the tokenizer\'s name, e.g. {"name": "gpt2"}',
+        ),
+        (
+            {"tokenizer": None},
+            'tokenizer is None, expected an object with the tokenizer\'s name, e.g. {"name": "gpt2"}',
+        ),
+        ({"train_tokens": 0}, "train_tokens is 0, expected a positive integer"),
+        ({"vocab_size": True}, "vocab_size is True, expected a positive integer"),
+        ({"dtype": None}, "dtype is None, expected 'uint16' or 'uint32'"),
+    ],
+)
+def test_odd_meta_json_fields(
+    docs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], meta: dict[str, Any], problem: str
+) -> None:
+    data = damaged_copy(docs, tmp_path, **meta)
+    assert run_error(capsys, *argv(tmp_path / "run", data, *STEPS)) == (
+        f"error: {data / 'meta.json'} is corrupt: {problem}; run `gptzoo prepare SOURCE --out DIR` again into a new DIR"
+    )
+
+
+def test_an_empty_train_bin(docs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = damaged_copy(docs, tmp_path)
+    (data / "train.bin").write_bytes(b"")
+    n = json.loads((data / "meta.json").read_text())["train_tokens"]
+    assert run_error(capsys, *argv(tmp_path / "run", data, *STEPS)) == (
+        f"error: {data / 'train.bin'} has 0 bytes, but meta.json says {n} uint16 tokens ({2 * n} bytes); "
+        "the data is damaged, prepare it again"
+    )
+
+
+def test_resume_when_metrics_jsonl_is_a_directory(run: Path, docs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (run / "metrics.jsonl").unlink()
+    (run / "metrics.jsonl").mkdir()
+    assert run_error(capsys, *argv(run, docs, "train.max_steps=6", resume=True)) == (
+        f"error: cannot write {run / 'metrics.jsonl'}: Is a directory; the previous checkpoint "
+        f"{run / 'checkpoints' / 'step-000004'} is intact (resume with --resume once this is fixed)"
+    )
+    assert leftovers(run) == []
