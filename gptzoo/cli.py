@@ -470,23 +470,15 @@ def cmd_train(args: argparse.Namespace, out: Console, err: Console) -> None:
     run = Path(args.out) if args.out else Path("runs") / recipe.name
     main_process = int(os.environ.get("RANK", "0")) == 0  # under torchrun, only rank 0 reports
     if args.json or not main_process:
-        result = train(recipe, out=run, data=args.data, resume=args.resume, init=init)
+        result = train(recipe, out=run, data=args.data, resume=args.resume, init=init, registry=registry)
     else:
         with TrainDisplay(err, total_steps=recipe.train.max_steps, title=recipe.name) as display:
-            result = train(recipe, out=run, data=args.data, resume=args.resume, init=init, log=display)
+            result = train(
+                recipe, out=run, data=args.data, resume=args.resume, init=init, log=display, registry=registry
+            )
     if not main_process:
         return
-    loss = result.loss if math.isfinite(result.loss) else None
-    summary = {
-        "run": str(run),
-        "steps": result.steps,
-        "loss": loss,
-        "val_loss": result.val_loss,
-        "tokens_per_s": result.tokens_per_s,
-        "mfu": result.mfu,
-        "skipped_steps": result.skipped,
-        "checkpoint": str(result.checkpoint) if result.checkpoint else None,
-    }
+    summary = result.summary(run)
     if args.json:
         _print_json(summary)
         return

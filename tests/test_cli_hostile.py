@@ -46,8 +46,15 @@ def test_each_command_builds_one_registry(
     builds = []
     fill = gptzoo.registry.registry_from
     monkeypatch.setattr(gptzoo.registry, "registry_from", lambda pm: builds.append(pm) or fill(pm))
+    text = tmp_path / "text.txt"
+    text.write_text("To be, or not to be, that is the question. " * 200, encoding="utf-8")
+    assert gptzoo.cli.main(["prepare", str(text), "--tokenizer", "bytes", "--out", str(tmp_path / "data")]) == 0
+    capsys.readouterr()
+    tiny_run = [f"train.{k}" for k in ("max_steps=1", "micro_batch_size=1", "seq_len=16", "eval_batches=1")]
     commands = [
         ["build", "gpt2-tiny", "--set", "model.n_layer=1", "--out", str(tmp_path / "built")],
+        ["train", "shakespeare-bytes", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "run")]
+        + [arg for kv in tiny_run for arg in ("--set", kv)],
         ["generate", "gpt2-tiny", *GENERATE],
         ["generate", "--checkpoint", str(ck), "--set", "model.attention=eager", *GENERATE],
         ["export", str(ck), "--hf", str(tmp_path / "hf")],

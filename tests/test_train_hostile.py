@@ -192,22 +192,22 @@ def test_the_lock_is_held_for_the_whole_run_with_its_pid(
 def test_a_micro_batch_too_large_for_memory_is_refused_before_allocating(
     docs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(train_mod, "available_memory", lambda device: 8 * 2**30)
+    monkeypatch.setattr(train_mod, "available_bytes", lambda device: 8 * 2**30)
     n_params = sum(p.numel() for p in gptzoo.build_model(recipe()).parameters())
     tokens = 10**9 * 64
     logits = tokens * 256 * 4
     need = 16 * n_params + 3 * logits + tokens * 2 * 17 * 64 * 4  # 2 layers of width 64, float32
     assert run_error(capsys, *argv(tmp_path / "run", docs, "train.micro_batch_size=1000000000")) == (
-        f"error: train.micro_batch_size=1000000000 x seq_len=64 needs about {need / 2**30:,.1f} GiB of memory to "
-        f"train (the float32 logits alone take {logits / 2**30:,.1f} GiB), but 8.0 GiB is available; lower "
+        f"error: train.micro_batch_size=1000000000 x seq_len=64 needs about {need / 2**40:.2f} TiB of memory to "
+        f"train (the float32 logits alone take {logits / 2**40:.2f} TiB), but 8.00 GiB is available; lower "
         "train.micro_batch_size (raising train.grad_accum keeps the batch) or train.seq_len"
     )
     wide = ["model.n_embd=32768", "model.n_head=4"]
     n_params = sum(p.numel() for p in gptzoo.build_model(recipe(*wide), device="meta").parameters())
     assert n_params == 8_636_727_808
     assert run_error(capsys, *argv(tmp_path / "run", docs, *wide)) == (
-        "error: the model's 8,636,727,808 parameters need 128.7 GiB for their weights, gradients and AdamW state, "
-        "but 8.0 GiB of memory is available; train a smaller model (model.n_layer, model.n_embd)"
+        "error: the model's 8,636,727,808 parameters need 128.70 GiB for their weights, gradients and AdamW state, "
+        "but 8.00 GiB of memory is available; train a smaller model (model.n_layer, model.n_embd)"
     )
     assert not (tmp_path / "run").exists()
 

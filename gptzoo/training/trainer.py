@@ -33,10 +33,12 @@ from torch import nn
 
 from gptzoo.errors import CheckpointError, GptzooError, Interrupted, NonFiniteError, RecipeError
 from gptzoo.flops import TRAIN_FORWARD_RATIO, forward_flops
+from gptzoo.memory import available_bytes, format_bytes
 from gptzoo.model.build import build_model
 from gptzoo.model.checkpoint import RECIPE, WEIGHTS, read_recipe
 from gptzoo.model.gpt import GPT
 from gptzoo.recipe import Recipe, TrainSpec
+from gptzoo.registry import Registry
 from gptzoo.training import distributed, run_dir
 from gptzoo.training.data import TokenData, Windows, eval_batches, n_windows, rank_slice
 from gptzoo.training.optim import lr_at, make_optimizer, param_groups
@@ -70,6 +72,19 @@ class TrainResult:
     mfu: float | None
     skipped: int
     checkpoint: Path | None
+
+    def summary(self, run: Path) -> dict[str, Any]:
+        """The result as JSON data (a non-finite loss as null)."""
+        return {
+            "run": str(run),
+            "steps": self.steps,
+            "loss": self.loss if math.isfinite(self.loss) else None,
+            "val_loss": self.val_loss,
+            "tokens_per_s": self.tokens_per_s,
+            "mfu": self.mfu,
+            "skipped_steps": self.skipped,
+            "checkpoint": str(self.checkpoint) if self.checkpoint else None,
+        }
 
 
 Log = Callable[[dict[str, Any]], None]
@@ -124,38 +139,26 @@ def memory_needed(recipe: Recipe, n_params: int) -> tuple[int, int]:
     return 16 * n_params + 3 * logits + tokens * m.n_layer * 17 * m.n_embd * activation_bytes, logits
 
 
-def available_memory(device: torch.device) -> int:
-    """Free bytes: the GPU's, else MemAvailable of /proc/meminfo (else free pages by os.sysconf)."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
-    except (OSError, ValueError, IndexError, StopIteration):
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-def _gib(n: int) -> str:
-    return f"{n / 2**30:,.1f} GiB"
-
-
-def check_memory(recipe: Recipe, device: torch.device) -> None:
+def check_memory(recipe: Recipe, device: torch.device, registry: Registry | None = None) -> None:
     """Refuse a model or micro-batch that cannot fit in the memory available (to each process on this machine)."""
-    n_params = sum(p.numel() for p in build_model(recipe, device="meta").parameters())
+    n_params = sum(p.numel() for p in build_model(recipe, device="meta", registry=registry).parameters())
     need, logits = memory_needed(recipe, n_params)
     sharing = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if device.type == "cpu" else 1
-    have = available_memory(device) // max(1, sharing)
-    if need <= have:
+    free = available_bytes(device)
+    have = free // max(1, sharing) if free is not None else None
+    if have is None or need <= have:
         return
     if 16 * n_params > have:
         raise GptzooError(
-            f"the model's {n_params:,} parameters need {_gib(16 * n_params)} for their weights, gradients and AdamW "
-            f"state, but {_gib(have)} of memory is available; train a smaller model (model.n_layer, model.n_embd)"
+            f"the model's {n_params:,} parameters need {format_bytes(16 * n_params)} for their weights, gradients "
+            f"and AdamW state, but {format_bytes(have)} of memory is available; train a smaller model "
+            "(model.n_layer, model.n_embd)"
         )
     raise GptzooError(
         f"train.micro_batch_size={recipe.train.micro_batch_size} x seq_len={seq_len_of(recipe)} needs about "
-        f"{_gib(need)} of memory to train (the float32 logits alone take {_gib(logits)}), but {_gib(have)} is "
-        "available; lower train.micro_batch_size (raising train.grad_accum keeps the batch) or train.seq_len"
+        f"{format_bytes(need)} of memory to train (the float32 logits alone take {format_bytes(logits)}), but "
+        f"{format_bytes(have)} is available; lower train.micro_batch_size (raising train.grad_accum keeps the "
+        "batch) or train.seq_len"
     )
 
 
@@ -232,8 +235,10 @@ class Trainer:
         resume: bool,
         init: GPT | None,
         log: Log,
+        registry: Registry | None = None,
     ) -> None:
         self.recipe, self.spec, self.out, self.procs, self.log = recipe, recipe.train, out, procs, log
+        self.registry = registry
         self.seq_len = seq_len_of(recipe)
         spec = self.spec
         self.global_batch = spec.micro_batch_size * spec.grad_accum * procs.world_size
@@ -242,7 +247,7 @@ class Trainer:
         n_windows(self.val, self.seq_len)  # val.bin must hold a window: say so now, not at the first evaluation
         self.peak = spec.peak_tflops * 1e12 or measure_peak_flops(procs.device, spec.precision)
         torch.manual_seed(spec.seed)
-        model = init if init is not None else build_model(recipe)
+        model = init if init is not None else build_model(recipe, registry=registry)
         self.model = model.to(procs.device)
         self.step = 0
         self.skipped = 0
@@ -268,7 +273,7 @@ class Trainer:
             raise CheckpointError(f"{self.out} has no checkpoint to resume from; train without --resume to start it")
         self.resumed_from = path
         try:
-            saved = read_recipe(path)
+            saved = read_recipe(path, registry=self.registry)
         except RecipeError as exc:
             raise self._corrupt(str(exc)) from None
         check_resumable(self.recipe, saved, path)
@@ -530,9 +535,11 @@ def train(
     resume: bool = False,
     init: GPT | None = None,
     log: Log | None = None,
+    registry: Registry | None = None,
 ) -> TrainResult:
     """Train ``recipe`` (from ``init``'s weights when given) into the run directory ``out``; every
     record also goes to ``log``. Under torchrun, call it in every process (the first one holds the lock).
+    ``registry`` builds the model (default: gptzoo.registry.default_registry()).
 
     Raises:
         GptzooError: bad input, found before the first step; or a write that failed (the message says what was kept).
@@ -550,7 +557,7 @@ def train(
         data_dir = data_dir_of(recipe, data).resolve()
         tokens = TokenData.open(data_dir)
         check_data(recipe, tokens)
-        check_memory(recipe, procs.device)
+        check_memory(recipe, procs.device, registry)
         recipe = replace(recipe, train=replace(recipe.train, data=str(data_dir)))  # RUN/recipe.toml works from anywhere
 
         def record(entry: dict[str, Any]) -> None:
@@ -564,7 +571,7 @@ def train(
 
         with run_dir.locked(out) if procs.is_main else nullcontext():  # the run directory appears here
             check_out(out, resume=resume)
-            trainer = Trainer(recipe, tokens, out, procs, resume=resume, init=init, log=record)
+            trainer = Trainer(recipe, tokens, out, procs, resume=resume, init=init, log=record, registry=registry)
             if procs.is_main:
                 run_dir.write_text_atomically(out / RECIPE, recipe.to_toml())
             result = trainer.run()
