@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import tomllib
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import gptzoo
 from gptzoo.errors import RecipeError
 from gptzoo.model.gpt import BLOCKS
 from gptzoo.model.summary import parameter_counts
-from gptzoo.recipe import load_recipe, shipped_recipes
+from gptzoo.recipe import load_recipe, read_recipe_data, resolve_recipe_path, shipped_recipes, validate
 from gptzoo.recipe.schema import NORM_PLACEMENTS
 
 SHIPPED = sorted(shipped_recipes())
@@ -146,8 +147,11 @@ name = "gpt2"
 """,
     )
     assert problems == [
-        "unknown section or key 'tokeniser'; did you mean 'tokenizer'? (available: model, tokenizer, weights, generate, train, extends, description)",
-        "[model] unknown key 'n_layers'; did you mean 'n_layer'? (available: vocab_size, context_length, n_layer, n_head, n_embd, d_ff, bias, tie_embeddings, norm, activation, mlp, position, attention, norm_placement, n_kv_head, head_dim, init_std)",
+        "unknown section or key 'tokeniser'; did you mean 'tokenizer'?"
+        " (available: model, tokenizer, weights, generate, train, extends, description)",
+        "[model] unknown key 'n_layers'; did you mean 'n_layer'? (available: vocab_size, context_length, n_layer,"
+        " n_head, n_embd, d_ff, bias, tie_embeddings, norm, activation, mlp, position, attention, norm_placement,"
+        " n_kv_head, head_dim, init_std)",
         "[model] bias must be true or false, got 'yes' (str)",
         "[model] norm: unknown norm 'rmsnrom'; did you mean 'rmsnorm'? (available: layernorm, rmsnorm)",
         "[model] position.theta must be a number, got 'big' (str)",
@@ -160,7 +164,8 @@ name = "gpt2"
 def test_component_parameter_problems(tmp_path: Path) -> None:
     problems = _problems(
         tmp_path,
-        'extends = "llama-tiny"\n[model]\nattention = { name = "causal", dropout = 0.1 }\nposition = { name = "rope", theta = "big" }\n',
+        'extends = "llama-tiny"\n[model]\nattention = { name = "causal", dropout = 0.1 }\n'
+        'position = { name = "rope", theta = "big" }\n',
     )
     assert problems == [
         "[model] position.theta must be a number, got 'big' (str)",
@@ -237,13 +242,11 @@ def test_component_parameter_values_are_checked_before_building(tmp_path: Path) 
         "[model] activation.approximate: activation 'gelu_tanh' has no parameter 'approximate' (it takes none)",
     ]
     with pytest.raises(RecipeError) as info:
-        load_recipe("gpt2-tiny", ["model.norm.eps=nan", "model.position=sinusoidal", "model.position.base=0.5"])
+        load_recipe("gpt2-tiny", ["model.norm.eps=-1e-5", "model.position=sinusoidal", "model.position.base=0.5"])
     assert info.value.problems == [
-        "[model] norm (layernorm): eps must be a positive number, got nan",
+        "[model] norm (layernorm): eps must be a positive number, got -1e-05",
         "[model] position (sinusoidal): base must be a number > 1, got 0.5",
     ]
-    with pytest.raises(RecipeError, match=r"rope theta must be a positive number, got nan"):
-        load_recipe("llama-tiny", ["model.position.theta=nan"])
     with pytest.raises(RecipeError, match=r"eps must be a positive number, got 0.0"):
         load_recipe("llama-tiny", ["model.norm.eps=0.0"])
 
@@ -266,9 +269,186 @@ def test_oversized_and_unreadable_recipes(tmp_path: Path) -> None:
 
 
 def test_descriptions_with_any_characters_survive_a_checkpoint(tmp_path: Path) -> None:
-    (tmp_path / "r.toml").write_text(
-        'extends = "gpt2-tiny"\ndescription = """two\nlines, "quotes", \\\\ and \u00e9\ttab"""\n'
+    text = (
+        'two\nlines, "quotes", \\ and \u00e9\ttab, NUL \x00 DEL \x7f RTL \u200f\u202e BOM \ufeff LS \u2028 \U0001f600'
     )
+    escaped = "".join(f"\\U{ord(c):08x}" for c in text)
+    (tmp_path / "r.toml").write_text(f'extends = "gpt2-tiny"\ndescription = "{escaped}"\n')
     recipe = load_recipe(tmp_path / "r.toml")
+    assert recipe.description == text
     gptzoo.save_checkpoint(gptzoo.build_model(recipe), recipe, tmp_path / "ck")
-    assert gptzoo.load_checkpoint(tmp_path / "ck").recipe.description == 'two\nlines, "quotes", \\ and \u00e9\ttab'
+    written = (tmp_path / "ck" / "recipe.toml").read_text(encoding="utf-8").splitlines()[0]
+    assert written == (
+        'description = "two\\nlines, \\"quotes\\", \\\\ and \u00e9\\ttab, NUL \\u0000 DEL \\u007f'
+        ' RTL \\u200f\\u202e BOM \\ufeff LS \\u2028 \U0001f600"'
+    )
+    assert gptzoo.load_checkpoint(tmp_path / "ck").recipe.description == text
+
+
+def _override_problems(*overrides: str) -> list[str]:
+    with pytest.raises(RecipeError) as info:
+        load_recipe("gpt2-tiny", list(overrides))
+    return info.value.problems
+
+
+def test_text_that_is_not_unicode_is_refused_with_its_key_path() -> None:
+    """A lone surrogate (e.g. from a command line that was not UTF-8) could never be written to a
+    checkpoint's recipe.toml and read back: refused wherever it is, key or value."""
+    lone = "is not valid Unicode text (a lone surrogate '\\{}' at index {}); write it as UTF-8"
+    cases = {
+        "model.norm=x\udcffy": "[model] norm: 'x\\udcffy' " + lone.format("udcff", 1),
+        'model.norm={ name = "\ud800" }': "[model] norm.name: '\\ud800' " + lone.format("ud800", 0),
+        "model.n\udcffx=1": "[model] key 'n\\udcffx' " + lone.format("udcff", 1),
+        "model.norm.e\ud800=1": "[model] norm: key 'e\\ud800' " + lone.format("ud800", 1),
+        'generate.samplers=["top_k", "t\udcff"]': "[generate] samplers[1]: 't\\udcff' " + lone.format("udcff", 1),
+        "\udcff.x=1": "key '\\udcff' " + lone.format("udcff", 0),
+    }
+    for override, problem in cases.items():
+        assert _override_problems(override) == [problem], override[:40]
+    data = read_recipe_data(resolve_recipe_path("gpt2-tiny")) | {"description": "caf\udce9", 1: 2}
+    with pytest.raises(RecipeError) as info:
+        validate(data, "api", name="api")
+    assert info.value.problems == [
+        "key 1 must be a string",
+        "description: 'caf\\udce9' " + lone.format("udce9", 3),
+    ]
+
+
+def test_numbers_out_of_range_are_refused_with_a_range() -> None:
+    """Integers beyond int64 and non-finite floats, wherever a number goes (no OverflowError)."""
+    big = str(10**400)
+    cases = {
+        f"model.vocab_size={big}": "[model] vocab_size=~1e400 must be between 1 and 2147483647",
+        f"model.init_std={big}": "[model] init_std=~1e400 must be a finite number",
+        "model.init_std=1e400": "[model] init_std=inf must be a finite number > 0",
+        f"train.lr={big}": "[train] lr=~1e400 must be a finite number",
+        "train.lr=-inf": "[train] lr=-inf must be a finite number >= 0",
+        "train.beta1=nan": "[train] beta1=nan must be in [0, 1)",
+        f"train.seed={2**64}": "[train] seed=18446744073709551616 must be at most 9223372036854775807",
+        "train.max_steps=-5": "[train] max_steps=-5 must be at least 1",
+        f"generate.max_new_tokens={2**63}": "[generate] max_new_tokens must be an integer between 1 and 2147483647,"
+        " got 9223372036854775808 (int)",
+        f'generate.samplers=[{{ name = "top_k", k = {10**30} }}]': "[generate] samplers[0].k must be an integer"
+        " within int64, got 1000000000000000000000000000000",
+        'generate.samplers=[{ name = "temperature", temperature = inf }]': "[generate] samplers[0].temperature"
+        " must be a finite number, got inf",
+        "model.norm.eps=nan": "[model] norm.eps must be a finite number, got nan",
+        "model.norm.eps=-inf": "[model] norm.eps must be a finite number, got -inf",
+        f"model.norm.eps={big}": "[model] norm.eps must be a finite number, got ~1e400",
+        "model.norm.eps=1979-05-27": "[model] norm.eps must be a number, got datetime.date(1979, 5, 27) (date)",
+        f"model.n_layer={'9' * 5000}": f"--set 'model.n_layer={'9' * 45}... (5016 characters): cannot read the value:"
+        f" an integer of more than {sys.get_int_max_str_digits()} digits",
+        f"model.n_layer={'[' * 3000}": f"--set 'model.n_layer={'[' * 45}... (3016 characters): cannot read the value:"
+        " arrays or tables nested too deeply",
+    }
+    for override, problem in cases.items():
+        assert _override_problems(override) == [problem], override[:40]
+    # A float parameter written as an integer is a float in the recipe (and in its TOML).
+    assert load_recipe("gpt2-tiny", ["model.norm.eps=1"]).model.norm.params == (("eps", 1.0),)
+
+
+def test_nested_and_malformed_overrides() -> None:
+    usage = "is not SECTION.KEY=VALUE or SECTION.KEY.PARAM=VALUE (e.g. model.n_layer=6)"
+    only_components = (
+        "only a [model] component takes a parameter"
+        " (model.COMPONENT.PARAM=VALUE, COMPONENT one of norm, activation, mlp, position, attention)"
+    )
+    assert _override_problems("a.b.c.d=1", "=", "model.=1", "train.x.y=1", "model.n_layer.x=1") == [
+        f"--set 'a.b.c.d=1' {usage}",
+        f"--set '=' {usage}",
+        f"--set 'model.=1' {usage}",
+        f"--set 'train.x.y=1': {only_components}",
+        f"--set 'model.n_layer.x=1': {only_components}",
+    ]
+    assert _override_problems("extends.x=1", "description.x=1") == [
+        "--set 'extends.x=1': 'extends' is not a section",
+        "--set 'description.x=1': 'description' is not a section",
+    ]
+    assert _override_problems('model.norm={ name = "x" }') == [
+        "[model] norm: unknown norm 'x' (available: layernorm, rmsnorm)"
+    ]
+    # One TOML value per --set: what follows a newline does not set other keys.
+    assert _override_problems("model.n_layer=6\n[train]\nlr = 1") == [
+        "[model] n_layer must be an integer, got '6\\n[train]\\nlr = 1' (str)"
+    ]
+
+
+def test_tokenizer_and_weights_are_checked() -> None:
+    assert _override_problems("tokenizer.name=gtp2") == [
+        "[tokenizer] name: unknown tokenizer 'gtp2'; did you mean 'gpt2'? (available: gpt2, hf, bytes)"
+    ]
+    assert _override_problems("weights.hf=", 'train.data="a\\u0000b"') == [
+        "[train] data must be a directory path, without NUL, got 'a\\x00b'",
+        "[weights] hf must not be empty, got ''",
+    ]
+    assert load_recipe("gpt2-tiny", ["tokenizer.name=bytes"]).tokenizer.name == "bytes"
+
+
+def test_recipe_data_that_is_not_a_recipe() -> None:
+    with pytest.raises(RecipeError) as info:
+        validate([1], "api", name="api")  # type: ignore[arg-type]
+    assert info.value.problems == ["a recipe must be a table of sections, got [1] (list)"]
+    data = read_recipe_data(resolve_recipe_path("gpt2-tiny"))
+    with pytest.raises(RecipeError) as info:
+        validate(data | {"extends": "gpt2-small"}, "api", name="api")
+    assert info.value.problems == ["extends = 'gpt2-small' is followed when a recipe file is read, not here"]
+    deep: dict = {}
+    data["model"]["norm"] = {"name": "layernorm", "eps": deep}
+    for _ in range(40):
+        deep["a"] = deep = {}
+    with pytest.raises(RecipeError) as info:
+        validate(data, "api", name="api")
+    assert info.value.problems == [f"[model] norm.eps{'.a' * 30}: nested more than 32 tables or arrays deep"]
+
+
+def test_unreadable_toml(tmp_path: Path) -> None:
+    for text, problem in [
+        ("v = " + "[" * 3000 + "]" * 3000, "invalid TOML: arrays or tables nested too deeply"),
+        ("v = " + "1" * 5000, f"invalid TOML: an integer of more than {sys.get_int_max_str_digits()} digits"),
+        (
+            'description = "\\ud800"',
+            "invalid TOML: Escaped character is not a Unicode scalar value (at line 1, column 22)",
+        ),
+    ]:
+        (tmp_path / "r.toml").write_text(text)
+        with pytest.raises(RecipeError) as info:
+            load_recipe(tmp_path / "r.toml")
+        assert info.value.problems == [problem]
+
+
+def test_extends_edge_cases(tmp_path: Path) -> None:
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "latin1.toml").write_bytes(b'description = "caf\xe9"\n')
+    (tmp_path / "loop-link.toml").symlink_to("loop-link.toml")
+    (tmp_path / "self-link.toml").symlink_to("self.toml")
+    cases = {
+        '"dir"': f"extends = 'dir': '{tmp_path / 'dir'}' is a directory, not a recipe file",
+        '"/dev/null"': "extends = '/dev/null': '/dev/null' is not a regular file",
+        '"loop-link.toml"': f"extends = 'loop-link.toml': '{tmp_path / 'loop-link.toml'}'"
+        " is a symbolic link to nothing (broken, or a loop)",
+        '"self-link.toml"': "extends cycle: self.toml -> self.toml",
+        '["gpt2-tiny"]': "extends must be a recipe name or path (a non-empty string), got ['gpt2-tiny'] (list)",
+        "1": "extends must be a recipe name or path (a non-empty string), got 1 (int)",
+        '""': "extends must be a recipe name or path (a non-empty string), got '' (str)",
+    }
+    for value, problem in cases.items():
+        (tmp_path / "self.toml").write_text(f"extends = {value}\n")
+        with pytest.raises(RecipeError) as info:
+            load_recipe(tmp_path / "self.toml")
+        assert (info.value.source, info.value.problems) == (str(tmp_path / "self.toml"), [problem]), value
+    (tmp_path / "self.toml").write_text('extends = "latin1.toml"\n')
+    with pytest.raises(RecipeError) as info:
+        load_recipe(tmp_path / "self.toml")
+    assert info.value.source == str(tmp_path / "latin1.toml")
+    assert info.value.problems == [
+        "invalid TOML: 'utf-8' codec can't decode byte 0xe9 in position 18: invalid continuation byte; save it as UTF-8"
+    ]
+
+
+def test_a_long_extends_chain(tmp_path: Path) -> None:
+    parent = "gpt2-tiny"
+    for i in range(150):
+        (tmp_path / f"r{i}.toml").write_text(f'extends = "{parent}"\n[model]\nn_layer = {i % 3 + 1}\n')
+        parent = f"r{i}.toml"
+    r = load_recipe(tmp_path / "r149.toml")
+    assert (r.model.n_layer, r.model.n_embd, r.weights) == (149 % 3 + 1, 64, None)

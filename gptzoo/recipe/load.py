@@ -2,21 +2,26 @@
 ``--set`` overrides applied; then gptzoo.recipe.validate makes it a Recipe.
 
 ``extends = "NAME_OR_PATH"`` inherits from another recipe: each section's keys override the
-parent's (a component value is replaced whole). Overrides ``model.n_layer=6`` apply last; their
-values are parsed as TOML, falling back to a bare string (``model.norm=rmsnorm``).
+parent's (a component value is replaced whole). Overrides ``model.n_layer=6`` apply last; a value
+is one TOML value, falling back to a bare string (``model.norm=rmsnorm``); a third part sets a
+[model] component's parameter (``model.norm.eps=1e-6``).
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import tomllib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from gptzoo.errors import RecipeError, did_you_mean
-from gptzoo.recipe.schema import SECTIONS, Recipe
-from gptzoo.recipe.validate import validate
+from gptzoo.recipe.schema import COMPONENT_KEYS, SECTIONS, TOP_LEVEL_KEYS, Recipe
+from gptzoo.recipe.validate import describe, show, validate
 from gptzoo.registry import Registry
+
+_TOO_LONG = f"an integer of more than {sys.get_int_max_str_digits()} digits"
 
 
 def recipes_dir() -> Path:
@@ -31,44 +36,78 @@ def shipped_recipes() -> dict[str, Path]:
 def resolve_recipe_path(name_or_path: str | Path, *, relative_to: Path | None = None) -> Path:
     """A recipe file: an existing path (relative to ``relative_to`` if given), or a shipped name."""
     text = str(name_or_path)
-    candidate = Path(text).expanduser()
+    candidate = Path(text)
+    try:
+        candidate = candidate.expanduser()
+    except RuntimeError:  # ~user of no such user: the path as written
+        pass
     if relative_to is not None and not candidate.is_absolute():
         candidate = relative_to / candidate
     if candidate.is_file():
         return candidate.resolve()
     if candidate.is_dir():
         raise RecipeError(text, [f"{str(candidate)!r} is a directory, not a recipe file"])
+    if candidate.is_symlink() and not candidate.exists():
+        raise RecipeError(text, [f"{str(candidate)!r} is a symbolic link to nothing (broken, or a loop)"])
+    if candidate.exists():
+        raise RecipeError(text, [f"{str(candidate)!r} is not a regular file"])
     shipped = shipped_recipes()
     if text in shipped:
         return shipped[text]
     if text.endswith(".toml") or "/" in text or "\\" in text:
-        raise RecipeError(text, [f"no such recipe file {str(candidate)!r}"])
-    raise RecipeError(text, [f"unknown recipe {text!r}{did_you_mean(text, list(shipped))}"])
+        raise RecipeError(text, [f"no such recipe file {show(str(candidate))}"])
+    raise RecipeError(text, [f"unknown recipe {show(text)}{did_you_mean(text, list(shipped))}"])
 
 
-def read_recipe_data(path: Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """The TOML of ``path`` merged over everything it extends (without the ``extends`` key)."""
-    if path in _chain:
-        cycle = " -> ".join(p.name for p in (*_chain, path))
-        raise RecipeError(str(_chain[0]), [f"extends cycle: {cycle}"])
+def _read_toml(path: Path) -> dict[str, Any]:
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise RecipeError(str(path), [f"invalid TOML: {exc}"]) from None
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise RecipeError(str(path), [f"invalid TOML: {exc}; save it as UTF-8"]) from None
     except OSError as exc:
         raise RecipeError(str(path), [f"cannot read: {exc.strerror}"]) from None
-    parent = data.pop("extends", None)
-    if parent is None:
-        return data
-    if not isinstance(parent, str):
-        raise RecipeError(str(path), [f"extends must be a recipe name or path, got {parent!r}"])
+    except ValueError as exc:  # a NUL in the path
+        raise RecipeError(str(path), [f"cannot read: {exc}"]) from None
     try:
-        parent_path = resolve_recipe_path(parent, relative_to=path.parent)
-    except RecipeError as exc:
-        raise RecipeError(str(path), [f"extends = {parent!r}: {problem}" for problem in exc.problems]) from None
-    base = read_recipe_data(parent_path, (*_chain, path))
-    base.pop("weights", None)
-    return merge(base, data)
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise RecipeError(str(path), [f"invalid TOML: {exc}"]) from None
+    except ValueError:  # tomllib wraps every other ValueError in TOMLDecodeError
+        raise RecipeError(str(path), [f"invalid TOML: {_TOO_LONG}"]) from None
+    except RecursionError:
+        raise RecipeError(str(path), ["invalid TOML: arrays or tables nested too deeply"]) from None
+
+
+def read_recipe_data(path: Path) -> dict[str, Any]:
+    """The TOML of ``path`` merged over everything it extends (without the ``extends`` key).
+
+    The chain is followed without recursion, so its length has no limit; a file met twice (by any
+    path, symbolic links included) is a cycle."""
+    chain: list[Path] = []
+    layers: list[dict[str, Any]] = []
+    while True:
+        chain.append(path)
+        data = _read_toml(path)
+        parent = data.pop("extends", None)
+        layers.append(data)
+        if parent is None:
+            break
+        if not isinstance(parent, str) or not parent:
+            raise RecipeError(
+                str(path), [f"extends must be a recipe name or path (a non-empty string), got {describe(parent)}"]
+            )
+        try:
+            path = resolve_recipe_path(parent, relative_to=path.parent)
+        except RecipeError as exc:
+            raise RecipeError(str(path), [f"extends = {show(parent)}: {problem}" for problem in exc.problems]) from None
+        if os.path.realpath(path) in map(os.path.realpath, chain):
+            cycle = " -> ".join(p.name for p in (*chain, path))
+            raise RecipeError(str(chain[0]), [f"extends cycle: {cycle}"])
+    merged = layers.pop()
+    for layer in reversed(layers):
+        merged.pop("weights", None)
+        merged = merge(merged, layer)
+    return merged
 
 
 def merge(base: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
@@ -83,19 +122,30 @@ def merge(base: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
-    """'model.n_layer=6' -> (['model', 'n_layer'], 6); values are TOML, else a bare string.
+    """'model.n_layer=6' -> (['model', 'n_layer'], 6); a value is one TOML value, else a bare string.
 
     Raises ValueError with the problem for anything that is not SECTION.KEY[.PARAM]=VALUE.
     """
     key, sep, value = text.partition("=")
     path = [part.strip() for part in key.split(".")]
     if not sep or not 2 <= len(path) <= 3 or not all(path):
-        raise ValueError(f"--set {text!r} is not SECTION.KEY=VALUE or SECTION.KEY.PARAM=VALUE (e.g. model.n_layer=6)")
+        raise ValueError(
+            f"--set {show(text)} is not SECTION.KEY=VALUE or SECTION.KEY.PARAM=VALUE (e.g. model.n_layer=6)"
+        )
+    if len(path) == 3 and (path[0] != "model" or path[1] not in COMPONENT_KEYS):
+        raise ValueError(
+            f"--set {show(text)}: only a [model] component takes a parameter"
+            f" (model.COMPONENT.PARAM=VALUE, COMPONENT one of {', '.join(COMPONENT_KEYS)})"
+        )
     try:
-        parsed = tomllib.loads(f"v = {value.strip()}")["v"]
+        document = tomllib.loads(f"v = {value.strip()}")
     except tomllib.TOMLDecodeError:
-        parsed = value.strip()
-    return path, parsed
+        return path, value.strip()
+    except ValueError:  # tomllib wraps every other ValueError in TOMLDecodeError
+        raise ValueError(f"--set {show(text)}: cannot read the value: {_TOO_LONG}") from None
+    except RecursionError:
+        raise ValueError(f"--set {show(text)}: cannot read the value: arrays or tables nested too deeply") from None
+    return path, document["v"] if len(document) == 1 else value.strip()
 
 
 def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> tuple[dict[str, Any], list[str]]:
@@ -108,14 +158,14 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> tuple[dic
         except ValueError as exc:
             problems.append(str(exc))
             continue
-        section = data.setdefault(path[0], {})
+        section = data.setdefault(path[0], {}) if path[0] not in TOP_LEVEL_KEYS else None
         if not isinstance(section, dict):
-            problems.append(f"--set {text!r}: {path[0]!r} is not a section")
+            problems.append(f"--set {show(text)}: {show(path[0])} is not a section")
         elif len(path) == 2:
             section[path[1]] = value
         else:  # a component parameter: model.norm.eps=1e-6
             current = section.get(path[1])
-            component = dict(current) if isinstance(current, dict) else {"name": current}
+            component = dict(current) if isinstance(current, dict) else {} if current is None else {"name": current}
             component[path[2]] = value
             section[path[1]] = component
     return data, problems

@@ -7,13 +7,15 @@ Nothing here reads files or consults the registry: see gptzoo.recipe.load and gp
 
 from __future__ import annotations
 
-import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
 MAX_DIM = 2**31 - 1
-"""The largest value of any [model] dimension (an int32 index)."""
+"""The largest value of any [model] dimension (an int32 index), and of [generate] max_new_tokens."""
+MAX_INT = 2**63 - 1
+"""The largest value of any other integer in a recipe ([train] counts and seed, component parameters): int64."""
 NORM_PLACEMENTS = ("pre", "post")
 """pre: x + F(norm(x)) with a final norm (GPT-2); post: norm(x + F(x)), no final norm (Vaswani et al.)."""
 
@@ -161,7 +163,7 @@ class Recipe:
         # Defaults stay implicit, so that `--set model.n_embd=...` on a written recipe still derives them.
         if model["n_kv_head"] == model["n_head"]:
             del model["n_kv_head"]
-        if model["head_dim"] == model["n_embd"] // model["n_head"]:
+        if model["head_dim"] * model["n_head"] == model["n_embd"]:  # only an exact split derives it back
             del model["head_dim"]
         data: dict[str, Any] = (
             {"description": self.description, "model": model} if self.description else {"model": model}
@@ -204,15 +206,38 @@ COMPONENT_KEYS = tuple(f.name for f in fields(ModelSpec) if f.type in ("Componen
 # --- writing --------------------------------------------------------------------------------------
 
 
+BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def _toml_string(text: str) -> str:
+    """A TOML basic string that reads back as ``text``: quotes, backslashes and control, format and
+    separator characters (NUL, DEL, RTL marks, U+2028...) escaped, everything else as it is.
+    A lone surrogate is left raw, so that writing it fails rather than leaving unreadable TOML."""
+    out = []
+    for ch in text:
+        if ch in _ESCAPES:
+            out.append(_ESCAPES[ch])
+        elif ch.isprintable() or "\ud800" <= ch <= "\udfff":
+            out.append(ch)
+        else:
+            out.append(f"\\u{ord(ch):04x}" if ord(ch) <= 0xFFFF else f"\\U{ord(ch):08x}")
+    return '"' + "".join(out) + '"'
+
+
+def _toml_key(key: str) -> str:
+    return key if BARE_KEY.fullmatch(key) else _toml_string(key)
+
+
 def _toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return repr(value)
     if isinstance(value, str):
-        return json.dumps(value)  # a JSON string is a valid TOML basic string (escapes included)
+        return _toml_string(value)
     if isinstance(value, Mapping):
-        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
+        return "{ " + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items()) + " }"
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     raise TypeError(f"cannot write {value!r} as TOML")
@@ -220,8 +245,8 @@ def _toml_value(value: Any) -> str:
 
 def dump_toml(data: Mapping[str, Any]) -> str:
     """TOML for recipe data: top-level scalars, then one table per section."""
-    lines = [f"{k} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, Mapping)]
+    lines = [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, Mapping)]
     for section, table in data.items():
         if isinstance(table, Mapping):
-            lines += ["", f"[{section}]", *(f"{k} = {_toml_value(v)}" for k, v in table.items())]
+            lines += ["", f"[{_toml_key(section)}]", *(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in table.items())]
     return "\n".join(lines).lstrip("\n") + "\n"

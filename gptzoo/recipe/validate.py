@@ -14,8 +14,10 @@ from typing import Any, get_type_hints
 from gptzoo.errors import RecipeError, UnknownComponentError, did_you_mean
 from gptzoo.hookspecs import CONTRACTS
 from gptzoo.recipe.schema import (
+    BARE_KEY,
     COMPONENT_KEYS,
     MAX_DIM,
+    MAX_INT,
     NORM_PLACEMENTS,
     ON_NONFINITE,
     PARALLELISMS,
@@ -29,8 +31,11 @@ from gptzoo.recipe.schema import (
     TrainSpec,
 )
 from gptzoo.registry import Registry, default_registry
+from gptzoo.tokenizer import TOKENIZER_NAMES
 
 _TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+MAX_DEPTH = 32
+"""The deepest nesting of tables and arrays a recipe may have (a component parameter's value included)."""
 
 
 def _type_ok(value: Any, expected: type) -> bool:
@@ -41,8 +46,93 @@ def _type_ok(value: Any, expected: type) -> bool:
     return isinstance(value, expected)
 
 
-def _describe(value: Any) -> str:
-    return f"{value!r} ({type(value).__name__})"
+def show(value: Any) -> str:
+    """A value for a one-line message: its repr, an integer beyond 128 bits by magnitude, long text cut."""
+    if isinstance(value, int) and value.bit_length() > 128:
+        return f"{'-' if value < 0 else ''}~1e{int(math.log10(abs(value)))}"
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):  # holds an integer of more digits than repr writes
+        return f"a {type(value).__name__} too large to show"
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
+
+
+def describe(value: Any) -> str:
+    return f"{show(value)} ({type(value).__name__})"
+
+
+def key_text(key: str) -> str:
+    """A key as a key path writes it: bare when it is a TOML bare key, else quoted (one line, always)."""
+    return key if BARE_KEY.fullmatch(key) else show(key)
+
+
+def _where(path: tuple[str | int, ...]) -> str:
+    """'description', '[model] norm.name', '[generate] samplers[0]': the place of a value."""
+    if len(path) == 1:
+        return key_text(str(path[0]))
+    rest = "".join(f"[{p}]" if isinstance(p, int) else f".{key_text(p)}" for p in path[1:])
+    return f"[{key_text(str(path[0]))}] {rest.removeprefix('.')}"
+
+
+def _not_unicode(text: str) -> str | None:
+    """Why ``text`` cannot be written as UTF-8 (a lone surrogate, e.g. from bytes that were not UTF-8), or None."""
+    for i, ch in enumerate(text):
+        if "\ud800" <= ch <= "\udfff":
+            return f"is not valid Unicode text (a lone surrogate {ch!r} at index {i}); write it as UTF-8"
+    return None
+
+
+def text_problems(data: dict[str, Any]) -> list[str]:
+    """Keys that are not strings, text that is not valid Unicode (it could never be written to a
+    checkpoint's recipe.toml and read back) and nesting deeper than MAX_DEPTH, with their key paths."""
+    problems = []
+    stack: list[tuple[tuple[str | int, ...], Any]] = [((), data)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            reason = _not_unicode(value)
+            if reason:
+                problems.append(f"{_where(path)}: {show(value)} {reason}")
+        elif isinstance(value, (dict, list)) and len(path) > MAX_DEPTH:
+            problems.append(f"{_where(path)}: nested more than {MAX_DEPTH} tables or arrays deep")
+        elif isinstance(value, dict):
+            prefix = f"[{key_text(str(path[0]))}] " if len(path) == 1 else f"{_where(path)}: " if path else ""
+            for key, item in reversed(value.items()):
+                reason = _not_unicode(key) if isinstance(key, str) else "must be a string"
+                if reason:
+                    problems.append(f"{prefix}key {show(key)} {reason}")
+                else:
+                    stack.append(((*path, key), item))
+        elif isinstance(value, list):
+            stack.extend(((*path, i), item) for i, item in reversed(list(enumerate(value))))
+    return problems
+
+
+def _value_problem(value: Any, expected: type | None) -> str | None:
+    """Why a component parameter's value is not a plain recipe value, given the type of its default
+    (None: untyped): floats finite, integers within int64 (or a float's range where a float is
+    expected), and nothing but text, numbers, booleans, and arrays and tables of those."""
+    if isinstance(value, (bool, str)):
+        return None
+    if isinstance(value, int) and expected is float:
+        return None if _float(value) is not None else f"must be a finite number, got {show(value)}"
+    if isinstance(value, int):
+        return None if -MAX_INT - 1 <= value <= MAX_INT else f"must be an integer within int64, got {show(value)}"
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"must be a finite number, got {show(value)}"
+    if isinstance(value, (list, dict)):
+        items = value.values() if isinstance(value, dict) else value
+        return next(filter(None, (_value_problem(v, None) for v in items)), None)
+    return f"must be text, a finite number, true or false, or an array or table of those, got {describe(value)}"
+
+
+def _float(value: int | float) -> float | None:
+    """``value`` as a finite float, or None."""
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 class _Validator:
@@ -54,14 +144,14 @@ class _Validator:
 
     def section(self, name: str, cls: type, data: Any) -> dict[str, Any] | None:
         if not isinstance(data, dict):
-            self.problems.append(f"[{name}] must be a table, got {_describe(data)}")
+            self.problems.append(f"[{name}] must be a table, got {describe(data)}")
             return None
         hints = get_type_hints(cls)
         known = {f.name: f for f in fields(cls)}
         values: dict[str, Any] = {}
         for key in data:
             if key not in known:
-                self.problems.append(f"[{name}] unknown key {key!r}{did_you_mean(key, list(known))}")
+                self.problems.append(f"[{name}] unknown key {show(key)}{did_you_mean(key, list(known))}")
         for key, f in known.items():
             if key not in data:
                 if f.default is MISSING and f.default_factory is MISSING:
@@ -74,7 +164,9 @@ class _Validator:
                 if component is not None:
                     values[key] = component
             elif not _type_ok(value, expected):
-                self.problems.append(f"[{name}] {key} must be {_TYPE_NAMES[expected]}, got {_describe(value)}")
+                self.problems.append(f"[{name}] {key} must be {_TYPE_NAMES[expected]}, got {describe(value)}")
+            elif expected is float and isinstance(value, int) and _float(value) is None:
+                self.problems.append(f"[{name}] {key}={show(value)} must be a finite number")
             else:
                 values[key] = float(value) if expected is float else value
         return values
@@ -89,7 +181,7 @@ class _Validator:
             name = value["name"]
         else:
             self.problems.append(
-                f'{where} must be a component name or a table {{ name = "...", ... }}, got {_describe(value)}'
+                f'{where} must be a component name or a table {{ name = "...", ... }}, got {describe(value)}'
             )
             return None
         try:
@@ -112,15 +204,15 @@ class _Validator:
             if key in values and not low <= values[key] <= MAX_DIM:
                 default = " (or 0 for the default)" if low == 0 else ""
                 self.problems.append(
-                    f"[model] {key}={values[key]} must be between {max(low, 1)} and {MAX_DIM}{default}"
+                    f"[model] {key}={show(values[key])} must be between {max(low, 1)} and {MAX_DIM}{default}"
                 )
                 del values[key]
         if "init_std" in values and not (values["init_std"] > 0 and math.isfinite(values["init_std"])):
-            self.problems.append(f"[model] init_std={values['init_std']} must be a positive number")
+            self.problems.append(f"[model] init_std={values['init_std']} must be a finite number > 0")
         placement = values.get("norm_placement")
         if placement is not None and placement not in NORM_PLACEMENTS:
             self.problems.append(
-                f"[model] norm_placement={placement!r} must be one of {', '.join(map(repr, NORM_PLACEMENTS))}"
+                f"[model] norm_placement={show(placement)} must be one of {', '.join(map(repr, NORM_PLACEMENTS))}"
             )
         n_embd, n_head = values.get("n_embd"), values.get("n_head")
         if n_embd and n_head and not values.get("head_dim") and n_embd % n_head:
@@ -152,37 +244,47 @@ class _Validator:
         for param, value in params.items():
             if param not in accepted:
                 hint = did_you_mean(param, list(accepted)) if accepted else " (it takes none)"
-                self.problems.append(f"{where}.{param}: {kind} {name!r} has no parameter {param!r}{hint}")
+                self.problems.append(
+                    f"{where}.{key_text(param)}: {kind} {show(name)} has no parameter {show(param)}{hint}"
+                )
                 continue
             default = accepted[param].default
-            if default is not inspect.Parameter.empty and default is not None and not _type_ok(value, type(default)):
-                expected = _TYPE_NAMES.get(type(default), type(default).__name__)
-                self.problems.append(f"{where}.{param} must be {expected}, got {_describe(value)}")
+            expected = None if default is inspect.Parameter.empty or default is None else type(default)
+            if expected is not None and not _type_ok(value, expected):
+                self.problems.append(
+                    f"{where}.{param} must be {_TYPE_NAMES.get(expected, expected.__name__)}, got {describe(value)}"
+                )
+            elif problem := _value_problem(value, expected):
+                self.problems.append(f"{where}.{param} {problem}")
+            elif expected is float:
+                params[param] = float(value)
 
     def generate(self, data: Any) -> GenerateSpec | None:
         if not isinstance(data, dict):
-            self.problems.append(f"[generate] must be a table, got {_describe(data)}")
+            self.problems.append(f"[generate] must be a table, got {describe(data)}")
             return None
         before = len(self.problems)
         for key in data:
             if key not in ("samplers", "max_new_tokens", "stop"):
                 self.problems.append(
-                    f"[generate] unknown key {key!r}{did_you_mean(key, ['samplers', 'max_new_tokens', 'stop'])}"
+                    f"[generate] unknown key {show(key)}{did_you_mean(key, ['samplers', 'max_new_tokens', 'stop'])}"
                 )
         samplers, stop = data.get("samplers", []), data.get("stop", [])
         max_new_tokens = data.get("max_new_tokens", 128)
         if not isinstance(samplers, list):
             self.problems.append(
-                f"[generate] samplers must be a list of sampler names or tables, got {_describe(samplers)}"
+                f"[generate] samplers must be a list of sampler names or tables, got {describe(samplers)}"
             )
             samplers = []
         steps = [
             self.component("generate", f"samplers[{i}]", value, kind="sampler") for i, value in enumerate(samplers)
         ]
-        if not _type_ok(max_new_tokens, int) or max_new_tokens < 1:
-            self.problems.append(f"[generate] max_new_tokens must be an integer >= 1, got {_describe(max_new_tokens)}")
+        if not _type_ok(max_new_tokens, int) or not 1 <= max_new_tokens <= MAX_DIM:
+            self.problems.append(
+                f"[generate] max_new_tokens must be an integer between 1 and {MAX_DIM}, got {describe(max_new_tokens)}"
+            )
         if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
-            self.problems.append(f"[generate] stop must be a list of non-empty strings, got {_describe(stop)}")
+            self.problems.append(f"[generate] stop must be a list of non-empty strings, got {describe(stop)}")
         for i, step in enumerate(steps):
             if step is not None:  # samplers are cheap to build: let each judge its parameter values
                 try:
@@ -201,12 +303,18 @@ class _Validator:
     def train(self, values: dict[str, Any], model: dict[str, Any] | None) -> TrainSpec | None:
         """Ranges and choices of [train]; seq_len against the model's context."""
         before = len(self.problems)
-        for key in ("max_steps", "micro_batch_size", "grad_accum", "eval_batches", "keep_checkpoints", "log_every"):
-            if key in values and values[key] < 1:
-                self.problems.append(f"[train] {key}={values[key]} must be at least 1")
-        for key in ("seq_len", "warmup_steps", "eval_every", "checkpoint_every", "seed"):
-            if key in values and values[key] < 0:
-                self.problems.append(f"[train] {key}={values[key]} must be 0 or more")
+        for keys, low, bound in (
+            (
+                ("max_steps", "micro_batch_size", "grad_accum", "eval_batches", "keep_checkpoints", "log_every"),
+                1,
+                "at least 1",
+            ),
+            (("seq_len", "warmup_steps", "eval_every", "checkpoint_every", "seed"), 0, "0 or more"),
+        ):
+            for key in (k for k in keys if k in values):
+                if not low <= values[key] <= MAX_INT:
+                    limit = f"must be {bound}" if values[key] < low else f"must be at most {MAX_INT}"
+                    self.problems.append(f"[train] {key}={show(values[key])} {limit}")
         for key in ("lr", "min_lr", "eps", "weight_decay", "grad_clip", "peak_tflops"):
             if key in values and not (values[key] >= 0 and math.isfinite(values[key])):
                 self.problems.append(f"[train] {key}={values[key]} must be a finite number >= 0")
@@ -214,19 +322,38 @@ class _Validator:
             if key in values and not 0 <= values[key] < 1:
                 self.problems.append(f"[train] {key}={values[key]} must be in [0, 1)")
         lr, min_lr = values.get("lr", TrainSpec.lr), values.get("min_lr", TrainSpec.min_lr)
-        if isinstance(lr, float) and isinstance(min_lr, float) and min_lr > lr:
+        if all(math.isfinite(x) and x >= 0 for x in (lr, min_lr)) and min_lr > lr:
             self.problems.append(f"[train] min_lr={min_lr} is above lr={lr}")
         for key, choices in (("precision", PRECISIONS), ("on_nonfinite", ON_NONFINITE), ("parallel", PARALLELISMS)):
             if key in values and values[key] not in choices:
+                hint = did_you_mean(values[key], list(choices))
                 self.problems.append(
-                    f"[train] {key}={values[key]!r} must be one of {', '.join(map(repr, choices))}{did_you_mean(values[key], list(choices))}"
+                    f"[train] {key}={show(values[key])} must be one of {', '.join(map(repr, choices))}{hint}"
                 )
+        if "\0" in values.get("data", ""):
+            self.problems.append(f"[train] data must be a directory path, without NUL, got {show(values['data'])}")
         context = model.get("context_length") if model else None
-        if isinstance(context, int) and values.get("seq_len", 0) > context:
+        if _type_ok(context, int) and 1 <= context <= MAX_DIM and values.get("seq_len", 0) > context:
             self.problems.append(
                 f"[train] seq_len={values['seq_len']} is above the model's context_length={context}; lower seq_len"
             )
         return TrainSpec(**values) if len(self.problems) == before else None
+
+    def tokenizer(self, values: dict[str, Any]) -> bool:
+        """Whether [tokenizer] name is one gptzoo.tokenizer knows."""
+        name = values["name"]
+        if name not in TOKENIZER_NAMES:
+            self.problems.append(
+                f"[tokenizer] name: unknown tokenizer {show(name)}{did_you_mean(name, TOKENIZER_NAMES)}"
+            )
+        return name in TOKENIZER_NAMES
+
+    def weights(self, values: dict[str, Any]) -> bool:
+        """Whether [weights] hf can name a checkpoint (a directory or a hub name)."""
+        problem = "must not be empty" if not values["hf"] else "must not contain NUL" if "\0" in values["hf"] else ""
+        if problem:
+            self.problems.append(f"[weights] hf {problem}, got {show(values['hf'])}")
+        return not problem
 
     def component_checks(self, spec: ModelSpec) -> None:
         """Run each factory's optional ``check`` on the complete model (e.g. rope's even head_dim)."""
@@ -248,15 +375,22 @@ def validate(
     data: dict[str, Any], source: str, *, name: str, registry: Registry | None = None, problems: Iterable[str] = ()
 ) -> Recipe:
     """A Recipe from resolved data, or a RecipeError listing every problem (after ``problems``
-    found earlier, e.g. in overrides)."""
+    found earlier, e.g. in overrides). Data whose keys or text are not valid Unicode strings, or
+    that nests too deeply, is refused with those problems alone."""
     v = _Validator(registry if registry is not None else default_registry())
     v.problems.extend(problems)
+    if not isinstance(data, dict):
+        raise RecipeError(source, [*v.problems, f"a recipe must be a table of sections, got {describe(data)}"])
+    if unreadable := text_problems(data):
+        raise RecipeError(source, [*v.problems, *unreadable])
     for key in data:
         if key not in SECTIONS and key not in TOP_LEVEL_KEYS:
-            v.problems.append(f"unknown section or key {key!r}{did_you_mean(key, [*SECTIONS, *TOP_LEVEL_KEYS])}")
+            v.problems.append(f"unknown section or key {show(key)}{did_you_mean(key, [*SECTIONS, *TOP_LEVEL_KEYS])}")
+    if "extends" in data:
+        v.problems.append(f"extends = {show(data['extends'])} is followed when a recipe file is read, not here")
     description = data.get("description", "")
     if not isinstance(description, str):
-        v.problems.append(f"description must be a string, got {_describe(description)}")
+        v.problems.append(f"description must be a string, got {describe(description)}")
     model_values = v.section("model", ModelSpec, data["model"]) if "model" in data else None
     if model_values is None and "model" not in data:
         v.problems.append("[model] section is missing")
@@ -270,10 +404,10 @@ def validate(
         train = v.train(values, model_values) if values is not None else None
         if train is not None:
             optional["train"] = train
-    for key in ("tokenizer", "weights"):
+    for key, check in (("tokenizer", v.tokenizer), ("weights", v.weights)):
         if key in data:
             values = v.section(key, SECTIONS[key], data[key])
-            if values is not None and len(values) == len(fields(SECTIONS[key])):
+            if values is not None and len(values) == len(fields(SECTIONS[key])) and check(values):
                 optional[key] = SECTIONS[key](**values)
     model = v.model(model_values) if model_values is not None else None
     if v.problems or model is None:
