@@ -21,9 +21,9 @@ import torch
 from gptzoo.errors import GptzooError
 from gptzoo.hf import check_recipe_matches, hf_recipe, load_hf, locate
 from gptzoo.model.build import build_model
-from gptzoo.model.checkpoint import load_checkpoint, with_overrides
+from gptzoo.model.checkpoint import load_checkpoint
 from gptzoo.model.gpt import GPT
-from gptzoo.recipe import Recipe, load_recipe
+from gptzoo.recipe import Recipe, load_recipe, override_recipe
 from gptzoo.registry import Registry, default_registry
 from gptzoo.tokenizer import Tokenizer, recipe_tokenizer
 
@@ -68,7 +68,7 @@ def resolve_recipe(
         resolved = hf_recipe(hf, overrides, registry=registry)
         return resolved, hf
     if isinstance(recipe, Recipe):
-        resolved = with_overrides(recipe, overrides, registry=registry) if overrides else recipe
+        resolved = override_recipe(recipe, overrides, registry=registry) if overrides else recipe
     else:
         resolved = load_recipe(recipe, overrides, registry=registry)
     source = hf if hf is not None else (resolved.weights.hf if resolved.weights is not None else None)

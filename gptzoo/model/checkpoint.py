@@ -22,7 +22,7 @@ from gptzoo.errors import CheckpointError, Interrupted
 from gptzoo.model.build import build_model
 from gptzoo.model.gpt import GPT
 from gptzoo.plugin_manager import gptzoo_version
-from gptzoo.recipe import Recipe, apply_overrides, read_recipe_data, validate
+from gptzoo.recipe import Recipe, override_recipe, read_recipe_data, validate
 from gptzoo.registry import Registry, default_registry
 
 WEIGHTS = "model.safetensors"
@@ -66,12 +66,6 @@ def write_files(directory: Path, tensors: dict[str, torch.Tensor], recipe: Recip
 def read_recipe(path: Path, *, registry: Registry | None = None) -> Recipe:
     """The resolved recipe a checkpoint directory holds (a RecipeError names its recipe.toml)."""
     return validate(read_recipe_data(path / RECIPE), str(path / RECIPE), name=path.name, registry=registry)
-
-
-def with_overrides(recipe: Recipe, overrides: Iterable[str], *, registry: Registry | None = None) -> Recipe:
-    """A resolved recipe with ``--set`` style overrides applied and validated again."""
-    data, problems = apply_overrides(recipe.to_dict(), overrides)
-    return validate(data, recipe.source, name=recipe.name, registry=registry, problems=problems)
 
 
 def stored_shapes(model: GPT) -> dict[str, tuple[int, ...]]:
@@ -149,7 +143,7 @@ def load_checkpoint(
     model = build_model(saved, device="meta", registry=registry)
     expected = stored_shapes(model)
     if overrides:
-        recipe = with_overrides(saved, overrides, registry=registry)
+        recipe = override_recipe(saved, overrides, registry=registry)
         model = build_model(recipe, device="meta", registry=registry)
         difference = first_difference(expected, stored_shapes(model))
         if difference is not None:

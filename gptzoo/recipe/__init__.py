@@ -1,7 +1,14 @@
 """Recipes, by job: ``schema`` (the frozen dataclasses and TOML writing), ``load`` (finding a recipe,
 ``extends``, ``--set`` overrides) and ``validate`` (the one step that consults the registry)."""
 
-from gptzoo.recipe.load import apply_overrides, load_recipe, read_recipe_data, resolve_recipe_path, shipped_recipes
+from gptzoo.recipe.load import (
+    apply_overrides,
+    load_recipe,
+    override_recipe,
+    read_recipe_data,
+    resolve_recipe_path,
+    shipped_recipes,
+)
 from gptzoo.recipe.schema import (
     COMPONENT_KEYS,
     Component,
@@ -27,6 +34,7 @@ __all__ = [
     "apply_overrides",
     "dump_toml",
     "load_recipe",
+    "override_recipe",
     "read_recipe_data",
     "resolve_recipe_path",
     "shipped_recipes",

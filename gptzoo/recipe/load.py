@@ -176,3 +176,9 @@ def load_recipe(name_or_path: str | Path, overrides: Iterable[str] = (), *, regi
     path = resolve_recipe_path(name_or_path)
     data, problems = apply_overrides(read_recipe_data(path), overrides)
     return validate(data, str(path), name=path.stem, registry=registry, problems=problems)
+
+
+def override_recipe(recipe: Recipe, overrides: Iterable[str], *, registry: Registry | None = None) -> Recipe:
+    """A resolved recipe with ``--set`` style overrides applied and validated again."""
+    data, problems = apply_overrides(recipe.to_dict(), overrides)
+    return validate(data, recipe.source, name=recipe.name, registry=registry, problems=problems)
