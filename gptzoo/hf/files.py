@@ -79,7 +79,7 @@ def _read_json(file: Path, what: str) -> dict[str, Any]:
     """A JSON object from a checkpoint file (NaN and Infinity are not JSON and are refused)."""
     try:
         data = json.loads(file.read_text(encoding="utf-8"), parse_constant=_refuse_constant)
-    except (json.JSONDecodeError, UnicodeDecodeError, ValueError, RecursionError, OSError) as exc:
+    except (ValueError, RecursionError, OSError) as exc:  # ValueError: JSON and UTF-8 decoding errors
         raise CheckpointError(f"{file} is not valid JSON: {_one_line(exc)}; fix or replace the {what}") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{file} is not a JSON object; fix or replace the {what}")
@@ -142,7 +142,7 @@ def _read_sharded(path: Path, index: Path) -> dict[str, Tensor]:
             )
         if not file.is_file():
             raise CheckpointError(f"{entry} names a shard that is missing (or not a file)")
-        held = _load_safetensors(path / shard)
+        held = _load_safetensors(file)  # the file checked, not the name again (which could be relinked)
         stray = sorted(set(held) - set(names))
         if stray:
             owner = weight_map.get(stray[0])
