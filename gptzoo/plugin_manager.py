@@ -5,19 +5,36 @@ Third-party plugins are distributions that declare an entry point in the group `
     [project.entry-points.gptzoo]
     sqrelu = "gptzoo_sqrelu"
 
-They are loaded one at a time: a plugin that fails to import, implements a misspelled hook or has
-a bad hook signature is reported as failed (name, distribution, error) and the others keep working.
-``GPTZOO_NO_PLUGINS=1`` skips third-party plugins; ``GPTZOO_STRICT_PLUGINS=1`` (or strict=True)
-makes any failure fatal. Nothing is loaded at import time: each call builds a fresh manager.
+They are loaded one at a time: a plugin that fails to import (whatever it raises, KeyboardInterrupt
+and SystemExit included), implements a misspelled hook or has a bad hook signature is reported as
+failed (name, distribution, error) and the others keep working; so is a distribution whose
+``entry_points.txt`` declares the group but cannot be parsed. ``GPTZOO_NO_PLUGINS=1`` skips
+third-party plugins; ``GPTZOO_STRICT_PLUGINS=1`` (or strict=True) makes any failure fatal. Nothing
+is loaded at import time: each call builds a fresh manager.
+
+While a third-party plugin's code runs (its import, its registration, its register hooks: see
+:func:`guarded`), ``os._exit`` raises :class:`PluginExit` instead of ending the process, so the
+plugin is reported failed; the real ``os._exit`` is put back afterwards. A plugin that takes longer
+than ``$GPTZOO_PLUGIN_WARN_S`` seconds (default 5; 0: never) gets one line on stderr naming it and
+how to skip it. There is no hard timeout: Python cannot abort an import from outside, so the line is
+all that happens and the plugin goes on; Ctrl-C then interrupts its import, which fails that plugin
+(fatal in strict mode) while the command goes on. This guards against accidents, not malice: a
+plugin runs in the gptzoo process with all its rights.
 """
 
 from __future__ import annotations
 
 import importlib
+import math
 import os
+import re
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from importlib import metadata
-from typing import Literal
+from typing import Literal, NoReturn
 
 import pluggy
 
@@ -27,6 +44,8 @@ from gptzoo.errors import PluginError, describe_exception
 ENTRY_POINT_GROUP = "gptzoo"
 NO_PLUGINS_ENV = "GPTZOO_NO_PLUGINS"
 STRICT_ENV = "GPTZOO_STRICT_PLUGINS"
+WARN_ENV = "GPTZOO_PLUGIN_WARN_S"
+DEFAULT_WARN_S = 5.0
 DEFAULT_PLUGINS = (
     "gptzoo.builtins.norms",
     "gptzoo.builtins.activations",
@@ -54,15 +73,38 @@ class PluginInfo:
 class GptzooPluginManager(pluggy.PluginManager):
     """A pluggy manager that remembers each plugin's load report."""
 
-    def __init__(self, *, strict: bool) -> None:
+    def __init__(self, *, strict: bool, warn_s: float = DEFAULT_WARN_S) -> None:
         super().__init__(hookspecs.PROJECT)
         self.strict = strict
+        self.warn_s = warn_s
         self.reports: list[PluginInfo] = []
         self.add_hookspecs(hookspecs)
 
 
+class PluginExit(BaseException):
+    """Raised in place of ``os._exit(code)`` while a third-party plugin's code runs."""
+
+    def __init__(self, code: object) -> None:
+        super().__init__(code)
+        self.code = code
+
+
 def env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def warn_seconds() -> float:
+    """$GPTZOO_PLUGIN_WARN_S: seconds a plugin may take before a line on stderr names it (0: never)."""
+    raw = os.environ.get(WARN_ENV, "").strip()
+    if not raw:
+        return DEFAULT_WARN_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise PluginError(f"{WARN_ENV}={raw!r} is not a number of seconds; set it to e.g. 5, or 0 for no warning")
+    return value
 
 
 def gptzoo_version() -> str:
@@ -80,46 +122,140 @@ def strict_failure(info: PluginInfo, what: str) -> str:
     )
 
 
+def describe_failure(exc: BaseException, doing: str) -> str:
+    """One line for what a plugin's code raised while ``doing`` ("at import", "while registering")."""
+    if isinstance(exc, PluginExit):
+        return f"called os._exit({exc.code!r}) {doing}"
+    if isinstance(exc, SystemExit):
+        return f"called sys.exit({exc.code!r}) {doing}"
+    text = describe_exception(exc) if str(exc) else type(exc).__name__
+    return " ".join(text.split())
+
+
+_real_exit = os._exit
+_guards = 0
+"""How many :func:`guarded` blocks are running; outside them a kept reference to the stand-in exits for real."""
+
+
+def _exit_stand_in(code: int) -> NoReturn:
+    if _guards:
+        raise PluginExit(code)
+    _real_exit(code)
+
+
+def _warn_slow(info: PluginInfo, doing: str, seconds: float) -> None:
+    line = (
+        f"warning: plugin {info.name!r} (module {info.module}, distribution {info.distribution} {info.version}) "
+        f"is still {doing} after {seconds:g} s; set {NO_PLUGINS_ENV}=1 or uninstall {info.distribution} to skip it"
+    )
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):  # stderr closed or replaced by something broken: nothing to tell
+        pass
+
+
+@contextmanager
+def guarded(info: PluginInfo, doing: str, warn_s: float) -> Iterator[None]:
+    """Run a third-party plugin's code: ``os._exit`` raises :class:`PluginExit`, and if it takes
+    longer than ``warn_s`` seconds (0: never) one line on stderr names the plugin and how to skip it."""
+    global _guards
+    timer = threading.Timer(warn_s, _warn_slow, (info, doing, warn_s)) if warn_s > 0 else None
+    saved = os._exit
+    os._exit = _exit_stand_in
+    _guards += 1
+    try:
+        if timer is not None:
+            timer.daemon = True
+            timer.start()
+        yield
+    finally:
+        if timer is not None:
+            timer.cancel()
+        _guards -= 1
+        os._exit = saved
+
+
 def get_plugin_manager(*, third_party: bool | None = None, strict: bool | None = None) -> GptzooPluginManager:
     """A fresh plugin manager with the built-in plugins and (unless disabled) third-party ones."""
     if third_party is None:
         third_party = not env_flag(NO_PLUGINS_ENV)
     if strict is None:
         strict = env_flag(STRICT_ENV)
-    pm = GptzooPluginManager(strict=strict)
+    pm = GptzooPluginManager(strict=strict, warn_s=warn_seconds() if third_party else DEFAULT_WARN_S)
     version = gptzoo_version()
     for module_name in DEFAULT_PLUGINS:
         pm.register(importlib.import_module(module_name), name=module_name)
         pm.reports.append(PluginInfo(module_name, module_name, "gptzoo", version, builtin=True))
     pm.check_pending()
     if third_party:
-        for ep in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        entry_points, broken = _entry_points()
+        for info, message in broken:
+            _failed(pm, info, message, None)
+        for ep in sorted(entry_points, key=lambda e: e.name):
             _load_entry_point(pm, ep)
     return pm
 
 
+def _dist_name(dist: metadata.Distribution) -> str:
+    return dist.metadata["Name"] or "unknown"
+
+
+def _entry_points() -> tuple[list[metadata.EntryPoint], list[tuple[PluginInfo, str]]]:
+    """The group's entry points, one distribution of each name (the first on sys.path, as
+    importlib.metadata does), and a failure for each distribution whose entry_points.txt declares
+    the group but cannot be parsed (importlib.metadata.entry_points() would raise for all)."""
+    seen: set[str] = set()
+    found: list[metadata.EntryPoint] = []
+    broken: list[tuple[PluginInfo, str]] = []
+    for dist in metadata.distributions():
+        name = _dist_name(dist)
+        key = re.sub(r"[-_.]+", "-", name).lower()
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            found += [ep for ep in dist.entry_points if ep.group == ENTRY_POINT_GROUP]
+        except Exception as exc:  # a malformed entry_points.txt
+            if f"[{ENTRY_POINT_GROUP}]" in (dist.read_text("entry_points.txt") or ""):
+                info = PluginInfo(name, "unknown", name, dist.version or "unknown", builtin=False)
+                broken.append((info, f"its entry_points.txt cannot be parsed ({describe_failure(exc, 'reading it')})"))
+    return found, broken
+
+
+def _failed(pm: GptzooPluginManager, info: PluginInfo, message: str, cause: BaseException | None) -> None:
+    if pm.strict:
+        raise PluginError(strict_failure(info, f"failed to load: {message}")) from cause
+    pm.reports.append(replace(info, status="failed", error=message))
+
+
 def _load_entry_point(pm: GptzooPluginManager, ep: metadata.EntryPoint) -> None:
     dist = ep.dist
+    try:
+        module = ep.module
+    except AttributeError:  # importlib.metadata's pattern did not match: not "module" or "module:attr"
+        module = None
     info = PluginInfo(
         name=ep.name,
-        module=ep.module,
-        distribution=dist.metadata["Name"] if dist is not None else "unknown",
-        version=dist.version if dist is not None else "unknown",
+        module=module or ep.value,
+        distribution=_dist_name(dist) if dist is not None else "unknown",
+        version=(dist.version or "unknown") if dist is not None else "unknown",
         builtin=False,
     )
+    if module is None:
+        _failed(pm, info, f"its entry point {ep.name} = {ep.value!r} is not 'module' or 'module:attribute'", None)
+        return
+    if pm.has_plugin(ep.name):
+        _failed(pm, info, f"another plugin is already registered under the entry-point name {ep.name!r}", None)
+        return
     plugin = None
     try:
-        if pm.has_plugin(ep.name):
-            raise PluginError(f"another plugin is already registered under the entry-point name {ep.name!r}")
-        plugin = ep.load()
-        pm.register(plugin, name=ep.name)
-        pm.check_pending()
-    except (Exception, SystemExit) as exc:  # a plugin's import may raise anything; report it and go on
+        with guarded(info, "importing", pm.warn_s):
+            plugin = ep.load()
+            pm.register(plugin, name=ep.name)
+            pm.check_pending()
+    except BaseException as exc:  # a plugin's import may raise anything, even KeyboardInterrupt: report it and go on
         if plugin is not None and pm.get_plugin(ep.name) is plugin:
             pm.unregister(name=ep.name)  # register() can fail half-way (a bad hook signature)
-        message = describe_exception(exc)
-        if pm.strict:
-            raise PluginError(strict_failure(info, f"failed to load: {message}")) from exc
-        pm.reports.append(replace(info, status="failed", error=message))
+        _failed(pm, info, describe_failure(exc, "at import"), exc)
         return
     pm.reports.append(info)

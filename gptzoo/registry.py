@@ -3,28 +3,37 @@
 It is filled by calling each plugin's ``register_<kind>s`` hook with a ``register`` function bound
 to that plugin, so every entry knows which plugin, distribution and version it came from. A plugin's
 registrations are accepted all together or not at all: a plugin that registers a duplicate name
-(without ``override=True``) or raises is marked failed, and the entries of the others stand.
+(without ``override=True``), registers something malformed (a name that is not a plain word, a
+factory that is not callable, a doc that is not a str, an override that is not a bool) or raises
+is marked failed, and the entries of the others stand. A third-party plugin's hooks run under
+:func:`gptzoo.plugin_manager.guarded` (os._exit is caught, a slow one is named on stderr).
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gptzoo.errors import PluginError, RegistryError, UnknownComponentError, describe_exception
+from gptzoo.errors import PluginError, RegistryError, UnknownComponentError
 from gptzoo.hookspecs import KINDS
 from gptzoo.plugin_manager import (
     NO_PLUGINS_ENV,
     STRICT_ENV,
     GptzooPluginManager,
     PluginInfo,
+    describe_failure,
     env_flag,
     get_plugin_manager,
+    guarded,
     strict_failure,
 )
+
+NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}")
+"""A component name: what a recipe, a --set override and a table show without quoting."""
 
 
 @dataclass(frozen=True)
@@ -106,16 +115,43 @@ class Registry:
     @staticmethod
     def _stager(kind: str, provenance: Provenance, staged: list[tuple[Entry, bool]]) -> Callable[..., None]:
         def register(name: str, factory: Callable[..., Any], *, doc: str | None = None, override: bool = False) -> None:
-            if not isinstance(name, str) or not name:
-                raise RegistryError(f"{provenance} registered a {kind} with name {name!r}; names are non-empty strings")
+            if not isinstance(name, str) or not NAME.fullmatch(name):
+                raise RegistryError(
+                    f"{provenance} registered an invalid {kind} name: {_show(name)}; a name is 1 to 64 letters, "
+                    "digits, '_', '-' or '.', starting with a letter, digit or '_'"
+                )
+            what = f"{provenance} registered {kind} {name!r}"
             if not callable(factory):
-                raise RegistryError(f"{provenance} registered {kind} {name!r} with a factory that is not callable")
+                raise RegistryError(
+                    f"{what} with a factory that is not callable: {_show(factory)}; pass the class or function "
+                    "that builds it"
+                )
+            if doc is not None and not isinstance(doc, str):
+                raise RegistryError(
+                    f"{what} with a doc that is not a str: {_show(doc)}; doc is one line of text, or None for the "
+                    "factory's docstring"
+                )
+            if not isinstance(override, bool):
+                raise RegistryError(f"{what} with an override that is not a bool: {_show(override)}; use True or False")
             if doc is None:
                 documented = factory.func if isinstance(factory, functools.partial) else factory
-                doc = (inspect.getdoc(documented) or "").strip().split("\n", 1)[0]
-            staged.append((Entry(kind, name, factory, doc, provenance), override))
+                doc = inspect.getdoc(documented) or ""
+            staged.append((Entry(kind, name, factory, _first_line(doc), provenance), override))
 
+        register.__qualname__ = "register"  # what a TypeError about its arguments calls it
         return register
+
+
+def _first_line(text: str) -> str:
+    return text.strip().split("\n", 1)[0].strip()
+
+
+def _show(value: object) -> str:
+    """A short, safe rendering of what a plugin passed: the repr of a plain value, else its type."""
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        text = repr(value)
+        return text if len(text) <= 60 else text[:57] + "..."
+    return f"an object of type {type(value).__name__}"
 
 
 def get_registry(*, third_party: bool | None = None, strict: bool | None = None) -> Registry:
@@ -152,12 +188,14 @@ def registry_from(pm: GptzooPluginManager) -> Registry:
         if info.status != "ok":
             continue
         provenance = Provenance(info.module, info.distribution, info.version)
+        if info.builtin:
+            registry.add_plugin(pm, info.name, provenance)  # an error here is a bug in gptzoo itself
+            continue
         try:
-            registry.add_plugin(pm, info.name, provenance)
-        except Exception as exc:  # a plugin's own code may raise anything
-            if info.builtin:
-                raise  # a bug in gptzoo itself
-            message = describe_exception(exc)
+            with guarded(info, "registering", pm.warn_s):
+                registry.add_plugin(pm, info.name, provenance)
+        except BaseException as exc:  # a plugin's own code may raise anything, even KeyboardInterrupt
+            message = describe_failure(exc, "while registering")
             if pm.strict:
                 raise PluginError(strict_failure(info, f"failed while registering: {message}")) from exc
             pm.reports[i] = replace(info, status="failed", error=message)

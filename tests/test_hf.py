@@ -35,7 +35,7 @@ def save_hf(tmp_path: Path, name: str, config: transformers.PretrainedConfig) ->
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config)
     with torch.no_grad():
-        for name_, p in model.named_parameters():
+        for p in model.parameters():
             if p.ndim == 1:
                 p.add_(torch.randn_like(p) * 0.1)
     path = tmp_path / name
@@ -180,7 +180,8 @@ def test_cli_build_export_compare(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert tensors.keys() == back.keys() and all(torch.equal(tensors[k], back[k]) for k in tensors)
     # compare with a recipe given beside --hf (eager attention: the config does not pin the kernel)
     (tmp_path / "r.toml").write_text(
-        'extends = "llama-tiny"\n[model]\nattention = "eager"\ncontext_length = 256\nnorm = { name = "rmsnorm", eps = 1e-6 }\nposition = { name = "rope", theta = 500000.0 }\n'
+        'extends = "llama-tiny"\n[model]\nattention = "eager"\ncontext_length = 256\n'
+        'norm = { name = "rmsnorm", eps = 1e-6 }\nposition = { name = "rope", theta = 500000.0 }\n'
     )
     assert (
         main(["compare", str(tmp_path / "r.toml"), "--hf", str(hf), "--new-tokens", "4", "--json"]) == 2

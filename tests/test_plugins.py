@@ -257,7 +257,8 @@ def test_misspelled_hook_is_reported_with_pluggys_message(fake_site: FakeSite) -
     with pytest.raises(gptzoo.PluginError) as excinfo:
         gptzoo.get_registry(strict=True)
     assert str(excinfo.value).startswith(
-        "plugin 'typo' (gptzoo-fake-typo 1.0) failed to load: PluginValidationError: unknown hook 'register_norm' in plugin"
+        "plugin 'typo' (gptzoo-fake-typo 1.0) failed to load: "
+        "PluginValidationError: unknown hook 'register_norm' in plugin"
     )
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from gptzoo.errors import CheckpointError, GptzooError, RecipeError, did_you_mean
-from gptzoo.hf.family import Family, NoEquivalentError
+from gptzoo.hf.family import Family, NoEquivalentError, show
 from gptzoo.hf.files import locate, read_config, read_tensors, write_checkpoint
 from gptzoo.hf.gpt2 import GPT2
 from gptzoo.hf.llama import Llama
@@ -42,7 +42,8 @@ def family_for(config: dict[str, Any], source: Path) -> Family:
     model_type = config.get("model_type")
     if not isinstance(model_type, str) or model_type not in FAMILIES:
         raise CheckpointError(
-            f"{source}/config.json: model_type {model_type!r} is not supported{did_you_mean(str(model_type), list(FAMILIES))}"
+            f"{source}/config.json: model_type {show(model_type)} is not supported"
+            f"{did_you_mean(str(model_type), list(FAMILIES))}"
         )
     return FAMILIES[model_type]
 
@@ -139,20 +140,30 @@ def load_hf(
     state, used, problems = {}, set(), []
     for ours, theirs, tmap in rows:
         missing = [key for key in theirs if key not in tensors]
+        used.update(key for key in theirs if key in tensors)  # reported as wrong (if they are), not as unexpected
         if missing:
             problems += [f"missing tensor {key}" for key in missing]
             continue
         expected = [tuple(t.shape) for t in tmap.save(torch.empty(reference[ours].shape, device="meta"))]
         wrong = [
             f"{key} has shape {tuple(tensors[key].shape)}, expected {shape}"
-            for key, shape in zip(theirs, expected)
+            for key, shape in zip(theirs, expected, strict=True)
             if tuple(tensors[key].shape) != shape
+        ]
+        wrong += [
+            f"{key} has dtype {str(tensors[key].dtype).removeprefix('torch.')}, expected a floating-point dtype"
+            for key in theirs
+            if not tensors[key].is_floating_point()
+        ]
+        wrong += [
+            f"{key} holds NaN or infinite values"
+            for key in theirs
+            if tensors[key].is_floating_point() and not torch.isfinite(tensors[key]).all()
         ]
         if wrong:
             problems += wrong
             continue
         state[ours] = tmap.load([tensors[key] for key in theirs]).to(device=device or "cpu", dtype=dtype)
-        used.update(theirs)
     problems += [f"unexpected tensor {key}" for key in sorted(set(tensors) - used)]
     if problems:
         shown = "; ".join(problems[:8]) + (f"; and {len(problems) - 8} more" if len(problems) > 8 else "")
@@ -185,7 +196,7 @@ def export_hf(model: GPT, out: str | Path) -> Path:
         tensors = {
             key: t.detach().cpu().contiguous()
             for ours, theirs, tmap in rows
-            for key, t in zip(theirs, tmap.save(state[ours]))
+            for key, t in zip(theirs, tmap.save(state[ours]), strict=True)
         }
         return write_checkpoint(Path(out), config, tensors)
     raise NoEquivalentError("; ".join(reasons))

@@ -9,6 +9,7 @@ equivalent in a family returns None, and export refuses the recipe with that rea
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -83,7 +84,8 @@ class Family:
                 maps = hf_weights(self.name) if hf_weights is not None else None
             if maps is None:
                 raise NoEquivalentError(
-                    f"{type(part.module).__name__} ({part.ours.rstrip('.')}) has no equivalent in Hugging Face {self.architecture}"
+                    f"{type(part.module).__name__} ({part.ours.rstrip('.')}) has no equivalent in Hugging Face "
+                    f"{self.architecture}"
                 )
             rows += [(part.ours + m.ours, tuple(part.theirs + t for t in m.theirs), m) for m in maps]
         covered = {ours for ours, _, _ in rows}
@@ -110,21 +112,80 @@ class Family:
         return tensors
 
 
+def show(value: Any) -> str:
+    """A config value for a message: its repr, cut short."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def refuse(config: Mapping[str, Any], supported: Mapping[str, Any]) -> list[str]:
     """Problems for config fields set to values gptzoo does not implement."""
     return [
-        f"config.json {key}={config[key]!r} is not supported (gptzoo implements {key}={value!r} only)"
+        f"config.json {key}={show(config[key])} is not supported (gptzoo implements {key}={value!r} only)"
         for key, value in supported.items()
         if key in config and config[key] is not None and config[key] != value
     ]
 
 
-def required(config: Mapping[str, Any], *keys: str) -> list[str]:
-    return [f"config.json has no {key!r}" for key in keys if key not in config]
+class Fields:
+    """Typed reads of config.json fields; each wrong one adds a problem naming it. An absent field
+    takes its default (null too for integers and objects, where Hugging Face writes null for unset)."""
 
+    def __init__(self, config: Mapping[str, Any], prefix: str = "config.json ") -> None:
+        self.config, self.prefix = config, prefix
+        self.problems: list[str] = []
 
-def lookup(table: Mapping[str, str], value: str, what: str) -> tuple[str | None, list[str]]:
-    """table[value], or a problem naming the value and what is supported."""
-    if value in table:
-        return table[value], []
-    return None, [f"{what} {value!r} is not supported{did_you_mean(value, list(table))}"]
+    def _wrong(self, key: str, what: str) -> None:
+        self.problems.append(f"{self.prefix}{key}={show(self.config[key])} is not {what}")
+
+    def integer(self, key: str, default: int | None = None) -> int:
+        """A positive integer; without a default the field is required."""
+        value = self.config.get(key)
+        if value is None:
+            if default is None:
+                self.problems.append(f"{self.prefix}has no {key!r}")
+            return 1 if default is None else default
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            self._wrong(key, "a positive integer")
+            return 1
+        return value
+
+    def number(self, key: str, default: float) -> float:
+        if key not in self.config:
+            return default
+        value = self.config[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            self._wrong(key, "a finite number")
+            return default
+        return float(value)
+
+    def flag(self, key: str, default: bool) -> bool:
+        if key not in self.config:
+            return default
+        if not isinstance(self.config[key], bool):
+            self._wrong(key, "true or false")
+            return default
+        return self.config[key]
+
+    def mapping(self, key: str) -> dict[str, Any]:
+        value = self.config.get(key)
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            self._wrong(key, "an object")
+            return {}
+        return value
+
+    def choice(self, key: str, default: str, table: Mapping[str, str]) -> str:
+        """table[the field's value], or a problem naming the value and what is supported."""
+        value = self.config.get(key, default)
+        if isinstance(value, str) and value in table:
+            return table[value]
+        hint = did_you_mean(value, list(table)) if isinstance(value, str) else f" (available: {', '.join(table)})"
+        self.problems.append(f"{self.prefix}{key} {show(value)} is not supported{hint}")
+        return next(iter(table.values()))
+
+    def check(self) -> None:
+        """GptzooError with every problem found so far."""
+        if self.problems:
+            raise GptzooError("; ".join(self.problems))

@@ -12,8 +12,7 @@ from typing import Any
 
 from torch import Tensor
 
-from gptzoo.errors import GptzooError
-from gptzoo.hf.family import Family, NoEquivalentError, Part, lookup, refuse, required
+from gptzoo.hf.family import Family, Fields, NoEquivalentError, Part, refuse
 from gptzoo.interfaces import TensorMap
 from gptzoo.model.gpt import GPT
 from gptzoo.recipe import Recipe
@@ -47,8 +46,26 @@ class GPT2(Family):
     }
 
     def recipe_data(self, config: Mapping[str, Any]) -> dict[str, Any]:
-        problems = required(config, "vocab_size", "n_positions", "n_embd", "n_layer", "n_head")
-        problems += refuse(
+        f = Fields(config)
+        vocab_size, n_embd = f.integer("vocab_size"), f.integer("n_embd")
+        model = {
+            "vocab_size": vocab_size,
+            "context_length": f.integer("n_positions"),
+            "n_layer": f.integer("n_layer"),
+            "n_head": f.integer("n_head"),
+            "n_embd": n_embd,
+            "d_ff": f.integer("n_inner", 4 * n_embd),
+            "bias": True,
+            "tie_embeddings": f.flag("tie_word_embeddings", True),
+            "norm": {"name": "layernorm", "eps": f.number("layer_norm_epsilon", 1e-5)},
+            "norm_placement": "pre",
+            "activation": f.choice("activation_function", "gelu_new", ACTIVATIONS),
+            "mlp": "dense",
+            "position": "learned",
+            "attention": "causal",
+            "init_std": f.number("initializer_range", 0.02),
+        }
+        f.problems += refuse(
             config,
             {
                 "scale_attn_weights": True,
@@ -57,33 +74,8 @@ class GPT2(Family):
                 "add_cross_attention": False,
             },
         )
-        activation, more = lookup(
-            ACTIVATIONS, config.get("activation_function", "gelu_new"), "config.json activation_function"
-        )
-        if problems + more:
-            raise GptzooError("; ".join(problems + more))
-        n_embd = config["n_embd"]
-        vocab_size = config["vocab_size"]
-        return {
-            "model": {
-                "vocab_size": vocab_size,
-                "context_length": config["n_positions"],
-                "n_layer": config["n_layer"],
-                "n_head": config["n_head"],
-                "n_embd": n_embd,
-                "d_ff": config.get("n_inner") or 4 * n_embd,
-                "bias": True,
-                "tie_embeddings": config.get("tie_word_embeddings", True),
-                "norm": {"name": "layernorm", "eps": float(config.get("layer_norm_epsilon", 1e-5))},
-                "norm_placement": "pre",
-                "activation": activation,
-                "mlp": "dense",
-                "position": "learned",
-                "attention": "causal",
-                "init_std": float(config.get("initializer_range", 0.02)),
-            },
-            "tokenizer": {"name": "gpt2" if vocab_size == 50257 else "hf"},
-        }
+        f.check()
+        return {"model": model, "tokenizer": {"name": "gpt2" if vocab_size == 50257 else "hf"}}
 
     def config(self, recipe: Recipe) -> dict[str, Any]:
         m = recipe.model

@@ -10,8 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gptzoo.errors import GptzooError
-from gptzoo.hf.family import Family, NoEquivalentError, Part, lookup, required
+from gptzoo.hf.family import Family, Fields, NoEquivalentError, Part, show
 from gptzoo.interfaces import TensorMap
 from gptzoo.model.gpt import GPT
 from gptzoo.recipe import Recipe
@@ -29,18 +28,19 @@ TO_HF_ACTIVATION = {"silu": "silu", "gelu": "gelu", "gelu_tanh": "gelu_pytorch_t
 PREFIX = "model."
 
 
-def rope_settings(config: Mapping[str, Any]) -> tuple[float, list[str]]:
-    """theta and problems; transformers 4.x writes rope_theta and rope_scaling, 5.x rope_parameters."""
-    parameters = dict(config.get("rope_parameters") or {})
-    scaling = dict(config.get("rope_scaling") or parameters)  # as in transformers, rope_scaling wins
-    theta = parameters.get("rope_theta", config.get("rope_theta", 10000.0))
+def rope_theta(f: Fields) -> float:
+    """theta; transformers 4.x writes rope_theta and rope_scaling, 5.x rope_parameters. Scaling is refused."""
+    parameters = f.mapping("rope_parameters")
+    scaling = f.mapping("rope_scaling") or parameters  # as in transformers, rope_scaling wins
     kind = scaling.get("rope_type") or scaling.get("type") or "default"
-    problems = (
-        []
-        if kind == "default"
-        else [f"config.json rope scaling type {kind!r} is not supported (gptzoo implements plain RoPE)"]
-    )
-    return float(theta), problems
+    if kind != "default":
+        f.problems.append(f"config.json rope scaling type {show(kind)} is not supported (gptzoo implements plain RoPE)")
+    if "rope_theta" not in parameters:
+        return f.number("rope_theta", 10000.0)
+    inner = Fields(parameters, "config.json rope_parameters.")
+    theta = inner.number("rope_theta", 10000.0)
+    f.problems += inner.problems
+    return theta
 
 
 class Llama(Family):
@@ -59,43 +59,36 @@ class Llama(Family):
     }
 
     def recipe_data(self, config: Mapping[str, Any]) -> dict[str, Any]:
-        problems = required(
-            config, "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"
-        )
-        activation, more = lookup(ACTIVATIONS, config.get("hidden_act", "silu"), "config.json hidden_act")
-        theta, rope_problems = rope_settings(config)
-        problems += more + rope_problems
-        attention_bias, mlp_bias = bool(config.get("attention_bias", False)), bool(config.get("mlp_bias", False))
-        if attention_bias != mlp_bias:
-            problems.append(
-                f"config.json attention_bias={attention_bias} with mlp_bias={mlp_bias} is not supported (gptzoo's bias covers both)"
-            )
-        if problems:
-            raise GptzooError("; ".join(problems))
-        n_embd, n_head = config["hidden_size"], config["num_attention_heads"]
-        head_dim = config.get("head_dim") or n_embd // n_head
-        return {
-            "model": {
-                "vocab_size": config["vocab_size"],
-                "context_length": config.get("max_position_embeddings", 2048),
-                "n_layer": config["num_hidden_layers"],
-                "n_head": n_head,
-                "n_kv_head": config.get("num_key_value_heads") or n_head,
-                "n_embd": n_embd,
-                **({"head_dim": head_dim} if head_dim != n_embd // n_head else {}),
-                "d_ff": config["intermediate_size"],
-                "bias": attention_bias,
-                "tie_embeddings": bool(config.get("tie_word_embeddings", False)),
-                "norm": {"name": "rmsnorm", "eps": float(config.get("rms_norm_eps", 1e-6))},
-                "norm_placement": "pre",
-                "activation": activation,
-                "mlp": "gated",
-                "position": {"name": "rope", "theta": theta},
-                "attention": "causal",
-                "init_std": float(config.get("initializer_range", 0.02)),
-            },
-            "tokenizer": {"name": "hf"},
+        f = Fields(config)
+        n_embd, n_head = f.integer("hidden_size"), f.integer("num_attention_heads")
+        head_dim = f.integer("head_dim", n_embd // n_head)
+        attention_bias, mlp_bias = f.flag("attention_bias", False), f.flag("mlp_bias", False)
+        model = {
+            "vocab_size": f.integer("vocab_size"),
+            "context_length": f.integer("max_position_embeddings", 2048),
+            "n_layer": f.integer("num_hidden_layers"),
+            "n_head": n_head,
+            "n_kv_head": f.integer("num_key_value_heads", n_head),
+            "n_embd": n_embd,
+            **({"head_dim": head_dim} if head_dim != n_embd // n_head else {}),
+            "d_ff": f.integer("intermediate_size"),
+            "bias": attention_bias,
+            "tie_embeddings": f.flag("tie_word_embeddings", False),
+            "norm": {"name": "rmsnorm", "eps": f.number("rms_norm_eps", 1e-6)},
+            "norm_placement": "pre",
+            "activation": f.choice("hidden_act", "silu", ACTIVATIONS),
+            "mlp": "gated",
+            "position": {"name": "rope", "theta": rope_theta(f)},
+            "attention": "causal",
+            "init_std": f.number("initializer_range", 0.02),
         }
+        if attention_bias != mlp_bias:
+            f.problems.append(
+                f"config.json attention_bias={attention_bias} with mlp_bias={mlp_bias} is not supported "
+                "(gptzoo's bias covers both)"
+            )
+        f.check()
+        return {"model": model, "tokenizer": {"name": "hf"}}
 
     def config(self, recipe: Recipe) -> dict[str, Any]:
         m = recipe.model

@@ -1,0 +1,394 @@
+"""Hostile Hugging Face checkpoints: an index naming files outside the directory, malformed indexes
+and configs, weights of the wrong dtype or with NaN, a pickle that asks for code. Each is one
+message and exit status 2; nothing outside the checkpoint is read and nothing in a pickle runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from cli_run import run_error
+from safetensors.torch import load_file, save_file
+
+from gptzoo.errors import CheckpointError
+from gptzoo.hf import hf_recipe, load_hf
+
+transformers.utils.logging.set_verbosity_error()
+transformers.utils.logging.disable_progress_bar()
+
+INDEX = "model.safetensors.index.json"
+SHARD_RULE = "every shard must be a file inside the checkpoint directory (after following symlinks)"
+
+
+@pytest.fixture(scope="module")
+def originals(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A tiny random Llama saved whole and in shards (once for the module; tests copy them)."""
+    root = tmp_path_factory.mktemp("hf")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=128,
+        max_position_embeddings=64,
+    )
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    model.save_pretrained(root / "whole")
+    model.save_pretrained(root / "sharded", max_shard_size="20KB")
+    return {"whole": root / "whole", "sharded": root / "sharded"}
+
+
+@pytest.fixture
+def make(originals: dict[str, Path], tmp_path: Path) -> Callable[[str, str], Path]:
+    """A fresh copy of an original checkpoint under tmp_path/<name>."""
+
+    def copy(kind: str, name: str = "ck") -> Path:
+        return Path(shutil.copytree(originals[kind], tmp_path / name))
+
+    return copy
+
+
+def index_of(path: Path) -> dict:
+    return json.loads((path / INDEX).read_text())
+
+
+def write_index(path: Path, index: dict) -> None:
+    (path / INDEX).write_text(json.dumps(index))
+
+
+def first_shard(path: Path) -> tuple[str, str]:
+    """(a tensor, its shard) of a sharded checkpoint's index, the first in index order."""
+    return next(iter(index_of(path)["weight_map"].items()))
+
+
+def assert_refused(capsys: pytest.CaptureFixture[str], path: Path, message: str) -> None:
+    """load_hf raises exactly ``message``; `gptzoo build --hf PATH --out OUT` prints it, exits 2, writes nothing."""
+    with pytest.raises(CheckpointError) as excinfo:
+        load_hf(path)
+    assert str(excinfo.value) == message
+    out = path.parent / f"out-{path.name}"
+    assert run_error(capsys, "build", "--hf", str(path), "--out", str(out)) == f"error: {message}"
+    assert not out.exists()
+
+
+def same_state(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+# --- sharded checkpoints: where the shards are ----------------------------------------------------
+
+
+def test_a_sharded_checkpoint_loads_as_the_whole_one(make: Callable[..., Path]) -> None:
+    sharded = make("sharded")
+    assert len(set(index_of(sharded)["weight_map"].values())) > 2
+    assert same_state(load_hf(sharded), load_hf(make("whole", "whole")))
+
+
+@pytest.mark.parametrize("how", ["dotdot", "absolute", "symlink"])
+def test_a_shard_outside_the_directory_is_refused(
+    make: Callable[..., Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], how: str
+) -> None:
+    path = make("sharded")
+    tensor, shard = first_shard(path)
+    outside = tmp_path / "elsewhere.safetensors"
+    shutil.move(path / shard, outside)  # a perfectly good shard, but not the checkpoint's
+    index = index_of(path)
+    named = {"dotdot": "../elsewhere.safetensors", "absolute": str(outside), "symlink": shard}[how]
+    if how == "symlink":
+        os.symlink(outside, path / shard)
+    index["weight_map"] = {k: named if v == shard else v for k, v in index["weight_map"].items()}
+    write_index(path, index)
+    assert_refused(
+        capsys, path, f"{path / INDEX}: weight_map[{tensor!r}] = {named!r} names a file outside {path}; {SHARD_RULE}"
+    )
+
+
+def test_symlinks_inside_the_directory_and_into_a_hub_cache_blobs_folder_are_fine(
+    make: Callable[..., Path], originals: dict[str, Path], tmp_path: Path
+) -> None:
+    inside = make("sharded")
+    _, shard = first_shard(inside)
+    (inside / "real").mkdir()
+    shutil.move(inside / shard, inside / "real" / shard)
+    os.symlink(Path("real") / shard, inside / shard)
+    reference = load_hf(make("whole", "whole"))
+    assert same_state(load_hf(inside), reference)
+    # huggingface_hub's cache: snapshots/REV/<file> -> ../../blobs/<hash>
+    repo = tmp_path / "hub" / "models--org--tiny"
+    snapshot, blobs = repo / "snapshots" / "abc123", repo / "blobs"
+    snapshot.mkdir(parents=True)
+    blobs.mkdir()
+    for i, file in enumerate(sorted(originals["sharded"].iterdir())):
+        shutil.copy(file, blobs / f"blob{i}")
+        os.symlink(Path("..") / ".." / "blobs" / f"blob{i}", snapshot / file.name)
+    assert same_state(load_hf(snapshot), reference)
+
+
+def test_a_symlink_loop_is_refused(make: Callable[..., Path], capsys: pytest.CaptureFixture[str]) -> None:
+    path = make("sharded")
+    tensor, shard = first_shard(path)
+    (path / shard).unlink()
+    os.symlink(path / "loop-b", path / shard)
+    os.symlink(path / shard, path / "loop-b")
+    with pytest.raises(CheckpointError) as excinfo:
+        load_hf(path)
+    assert str(excinfo.value) == f"{path / INDEX}: weight_map[{tensor!r}] = {shard!r} cannot be resolved " + (
+        f"(Symlink loop from '{path / shard}')"
+    )
+
+
+def test_a_missing_shard_is_refused(make: Callable[..., Path], capsys: pytest.CaptureFixture[str]) -> None:
+    path = make("sharded")
+    tensor, shard = first_shard(path)
+    (path / shard).unlink()
+    assert_refused(
+        capsys,
+        path,
+        f"{path / INDEX}: weight_map[{tensor!r}] = {shard!r} names a shard that is missing (or not a file)",
+    )
+    (path / shard).mkdir()  # a directory of that name is no better
+    with pytest.raises(CheckpointError, match=r"names a shard that is missing \(or not a file\)$"):
+        load_hf(path)
+
+
+@pytest.mark.parametrize(
+    ("index", "message"),
+    [
+        (
+            {"weight_map": ["model-00001.safetensors"]},
+            "weight_map is not a non-empty object of tensor name -> shard file name",
+        ),
+        ({"metadata": {}}, "weight_map is not a non-empty object of tensor name -> shard file name"),
+        ({"weight_map": {}}, "weight_map is not a non-empty object of tensor name -> shard file name"),
+        ({"weight_map": {"lm_head.weight": 3}}, "weight_map['lm_head.weight'] = 3 is not a shard file name"),
+        ({"weight_map": {"lm_head.weight": ""}}, "weight_map['lm_head.weight'] = '' is not a shard file name"),
+        ([1, 2], None),
+    ],
+)
+def test_a_malformed_index_is_refused(
+    make: Callable[..., Path], capsys: pytest.CaptureFixture[str], index: object, message: str | None
+) -> None:
+    path = make("sharded")
+    (path / INDEX).write_text(json.dumps(index))
+    expected = (
+        f"{path / INDEX}: {message}" if message else f"{path / INDEX} is not a JSON object; fix or replace the index"
+    )
+    assert_refused(capsys, path, expected)
+
+
+def test_an_index_that_is_not_json_is_refused(make: Callable[..., Path], capsys: pytest.CaptureFixture[str]) -> None:
+    path = make("sharded")
+    (path / INDEX).write_text('{"weight_map": {')
+    assert_refused(
+        capsys,
+        path,
+        f"{path / INDEX} is not valid JSON: Expecting property name enclosed in double quotes: line 1 column 17 "
+        "(char 16); fix or replace the index",
+    )
+
+
+def test_shards_must_hold_what_the_index_says(make: Callable[..., Path], capsys: pytest.CaptureFixture[str]) -> None:
+    path = make("sharded")
+    index = index_of(path)
+    shards = sorted(set(index["weight_map"].values()))
+    a, b = shards[0], shards[1]
+    a_tensors, b_tensors = load_file(str(path / a)), load_file(str(path / b))
+    stolen = sorted(b_tensors)[0]
+    # a tensor stored in two shards: the index maps it to one, the other holds a shadow copy
+    save_file({**a_tensors, stolen: torch.zeros_like(b_tensors[stolen])}, str(path / a))
+    assert_refused(capsys, path, f"{path / INDEX}: shard {a!r} holds tensor {stolen!r}, but the index maps it to {b!r}")
+    # a tensor the index does not list at all
+    save_file({**a_tensors, "extra.weight": torch.zeros(2)}, str(path / a))
+    with pytest.raises(CheckpointError) as excinfo:
+        load_hf(path)
+    assert (
+        str(excinfo.value) == f"{path / INDEX}: shard {a!r} holds tensor 'extra.weight', but the index does not list it"
+    )
+    # a tensor the index places in a shard that does not hold it
+    save_file(a_tensors, str(path / a))
+    index["weight_map"][stolen] = a
+    write_index(path, index)
+    with pytest.raises(CheckpointError) as excinfo:
+        load_hf(path)
+    assert str(excinfo.value) == f"{path / INDEX}: weight_map[{stolen!r}] = {a!r}, but that shard does not hold it"
+
+
+# --- tensors --------------------------------------------------------------------------------------
+
+EMBED = "model.embed_tokens.weight"
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        (lambda t: t.to(torch.int32), f"{EMBED} has dtype int32, expected a floating-point dtype"),
+        (lambda t: t.bool(), f"{EMBED} has dtype bool, expected a floating-point dtype"),
+        (lambda t: t.index_fill(0, torch.tensor([3]), float("nan")), f"{EMBED} holds NaN or infinite values"),
+        (lambda t: t.index_fill(0, torch.tensor([3]), float("inf")), f"{EMBED} holds NaN or infinite values"),
+        (lambda t: t[:, :16].contiguous(), f"{EMBED} has shape (128, 16), expected (128, 32)"),
+    ],
+)
+def test_weights_of_the_wrong_dtype_shape_or_value_are_refused(
+    make: Callable[..., Path], capsys: pytest.CaptureFixture[str], change, problem: str
+) -> None:
+    path = make("whole")
+    tensors = load_file(str(path / "model.safetensors"))
+    tensors[EMBED] = change(tensors[EMBED])
+    save_file(tensors, str(path / "model.safetensors"))
+    assert_refused(capsys, path, f"{path} does not fit LlamaForCausalLM 'ck': {problem}")
+
+
+def test_float16_weights_are_converted(make: Callable[..., Path]) -> None:
+    path = make("whole")
+    tensors = load_file(str(path / "model.safetensors"))
+    save_file({k: v.half() for k, v in tensors.items()}, str(path / "model.safetensors"))
+    model = load_hf(path)
+    assert model.wte.weight.dtype == torch.float32
+    assert torch.equal(model.wte.weight, tensors[EMBED].half().float())
+
+
+# --- pickles --------------------------------------------------------------------------------------
+
+
+class Payload:
+    """Unpickling this runs `touch <marker>`."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def pickle_refused(path: Path, refusal: str) -> str:
+    return (
+        f"{path / 'pytorch_model.bin'} was refused: torch.load(weights_only=True) reads only tensors and plain "
+        f"containers, and this pickle holds something else ({refusal}); nothing in it ran; use a "
+        "model.safetensors from a source you trust"
+    )
+
+
+@pytest.mark.parametrize("writer", ["torch", "pickle"])
+def test_a_pickle_that_asks_for_code_is_refused_unexecuted(
+    make: Callable[..., Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], writer: str
+) -> None:
+    path = make("whole")
+    (path / "model.safetensors").unlink()
+    marker = tmp_path / "pwned"
+    state = {EMBED: torch.zeros(2), "x": Payload(marker)}
+    if writer == "torch":
+        torch.save(state, path / "pytorch_model.bin")
+        refusal = "Trying to load unsupported GLOBAL posix.system whose module posix is blocked"
+    else:
+        (path / "pytorch_model.bin").write_bytes(pickle.dumps(state))
+        refusal = "Unsupported operand 149"
+    assert_refused(capsys, path, pickle_refused(path, refusal))
+    assert not marker.exists()
+
+
+def test_a_pickle_that_is_not_a_pickle_is_refused(
+    make: Callable[..., Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = make("whole")
+    (path / "model.safetensors").unlink()
+    (path / "pytorch_model.bin").write_bytes(b"\x00garbage")
+    assert_refused(capsys, path, pickle_refused(path, "Unsupported operand 0"))
+
+
+# --- config.json ----------------------------------------------------------------------------------
+
+CONFIG_CASES = [
+    ({"num_hidden_layers": "12"}, "config.json num_hidden_layers='12' is not a positive integer"),
+    ({"num_hidden_layers": 1.0}, "config.json num_hidden_layers=1.0 is not a positive integer"),
+    ({"num_hidden_layers": True}, "config.json num_hidden_layers=True is not a positive integer"),
+    ({"vocab_size": -1}, "config.json vocab_size=-1 is not a positive integer"),
+    ({"hidden_size": None}, "config.json has no 'hidden_size'"),
+    ({"num_attention_heads": 0}, "config.json num_attention_heads=0 is not a positive integer"),
+    (
+        {"intermediate_size": [64] * 30},
+        f"config.json intermediate_size={str([64] * 30)[:57]}... is not a positive integer",
+    ),
+    ({"rms_norm_eps": "1e-6"}, "config.json rms_norm_eps='1e-6' is not a finite number"),
+    ({"rms_norm_eps": True}, "config.json rms_norm_eps=True is not a finite number"),
+    ({"rms_norm_eps": None}, "config.json rms_norm_eps=None is not a finite number"),
+    ({"initializer_range": "1e400"}, "config.json initializer_range=inf is not a finite number"),  # a JSON number
+    ({"tie_word_embeddings": "false"}, "config.json tie_word_embeddings='false' is not true or false"),
+    ({"attention_bias": 0}, "config.json attention_bias=0 is not true or false"),
+    ({"rope_parameters": "abc"}, "config.json rope_parameters='abc' is not an object"),
+    ({"rope_parameters": {"rope_theta": "x"}}, "config.json rope_parameters.rope_theta='x' is not a finite number"),
+    (
+        {"hidden_act": ["silu"]},
+        "config.json hidden_act ['silu'] is not supported (available: silu, swish, gelu, gelu_pytorch_tanh, "
+        "gelu_new, relu)",
+    ),
+    (
+        {"num_hidden_layers": "2", "vocab_size": 0},
+        "config.json vocab_size=0 is not a positive integer; "
+        "config.json num_hidden_layers='2' is not a positive integer",
+    ),
+    ({"max_position_embeddings": 2**40}, "[model] context_length=1099511627776 must be between 1 and 2147483647"),
+]
+
+
+@pytest.mark.parametrize(("change", "problem"), CONFIG_CASES)
+def test_config_fields_of_the_wrong_type_or_range_are_refused_by_name(
+    make: Callable[..., Path], capsys: pytest.CaptureFixture[str], change: dict, problem: str
+) -> None:
+    path = make("whole")
+    config = json.loads((path / "config.json").read_text())
+    text = json.dumps({**config, **change}).replace('"1e400"', "1e400")  # valid JSON, read as float inf
+    (path / "config.json").write_text(text)
+    message = f"error: {path / 'config.json'}: {problem}"
+    assert run_error(capsys, "build", "--hf", str(path)) == message
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        (
+            "[" * 100_000 + "]" * 100_000,
+            "maximum recursion depth exceeded while decoding a JSON array from a unicode string",
+        ),
+        ('{"rms_norm_eps": NaN}', "NaN is not a JSON value"),
+        ('{"rms_norm_eps": -Infinity}', "-Infinity is not a JSON value"),
+        ('{"model_type": "llama",', "Expecting property name enclosed in double quotes: line 1 column 24 (char 23)"),
+    ],
+)
+def test_config_json_that_is_not_json_is_refused(
+    make: Callable[..., Path], capsys: pytest.CaptureFixture[str], text: str, problem: str
+) -> None:
+    path = make("whole")
+    (path / "config.json").write_text(text)
+    message = f"error: {path / 'config.json'} is not valid JSON: {problem}; fix or replace the config.json"
+    assert run_error(capsys, "build", "--hf", str(path)) == message
+
+
+def test_config_json_must_be_an_object_and_a_file(
+    make: Callable[..., Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = make("whole")
+    (path / "config.json").write_text("[1, 2]")
+    assert run_error(capsys, "build", "--hf", str(path)) == (
+        f"error: {path / 'config.json'} is not a JSON object; fix or replace the config.json"
+    )
+    (path / "config.json").unlink()
+    (path / "config.json").mkdir()
+    assert run_error(capsys, "build", "--hf", str(path)) == (
+        f"error: {path} is not a Hugging Face checkpoint: config.json is missing"
+    )
+
+
+def test_the_llama_config_still_derives_its_recipe(make: Callable[..., Path]) -> None:
+    m = hf_recipe(make("whole")).model
+    assert (m.n_layer, m.n_head, m.n_kv_head, m.n_embd, m.d_ff, m.vocab_size) == (1, 2, 1, 32, 64, 128)
+    assert m.position.kwargs == {"theta": 10000.0} and not m.tie_embeddings
