@@ -589,11 +589,14 @@ def test_prepare_user_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixtur
         == f"error: no such file or directory: {tmp_path / 'missing.txt'}"
     )
     assert run_error(capsys, "prepare", "corpus.txt", "--out", out) == "error: no such file or directory: corpus.txt"
-    for bad in ("0", "0.7", "-0.1", "nan"):
+    for bad in ("0", "0.7", "-0.1"):
         assert run_error(capsys, "prepare", "stdlib-docs", "--out", out, "--val-fraction", bad) == (
             f"error: --val-fraction {float(bad)} is not in (0, 0.5]; "
             "give e.g. 0.1 (the last tenth of the tokens becomes val.bin)"
         )
+    assert run_error(capsys, "prepare", "stdlib-docs", "--out", out, "--val-fraction", "nan").endswith(
+        "gptzoo prepare: error: argument --val-fraction: nan is not a finite number"
+    )
     assert run_error(capsys, "prepare", "stdlib-docs", "--out", out, "--tokenizer", "gtp2").startswith(
         "error: unknown tokenizer 'gtp2'; did you mean 'gpt2'? (available: gpt2, "
     )

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from tiny import PAIRS, tiny_model  # tests/ has no __init__.py: pytest puts it on sys.path
 
 import gptzoo
 from gptzoo.cli import main
@@ -19,8 +20,6 @@ from gptzoo.tokenizer import load_tokenizer
 
 transformers.utils.logging.set_verbosity_error()
 transformers.utils.logging.disable_progress_bar()
-
-from tiny import PAIRS, tiny_model  # tests/ has no __init__.py: pytest puts it on sys.path
 
 
 @pytest.mark.parametrize(("base", "attention", "position"), PAIRS)
@@ -140,7 +139,8 @@ def test_chain_spec_from_recipe_and_flags() -> None:
 
 def test_cli_generate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "r.toml").write_text(
-        'extends = "gpt2-tiny"\n[generate]\nsamplers = [{ name = "temperature", temperature = 0.9 }, { name = "top_k", k = 40 }]\nmax_new_tokens = 6\n'
+        'extends = "gpt2-tiny"\n[generate]\n'
+        'samplers = [{ name = "temperature", temperature = 0.9 }, { name = "top_k", k = 40 }]\nmax_new_tokens = 6\n'
     )
     argv = [
         "generate",
@@ -199,7 +199,8 @@ def test_unknown_sampler_in_a_recipe(tmp_path: Path) -> None:
     with pytest.raises(gptzoo.RecipeError) as info:
         gptzoo.load_recipe(tmp_path / "r.toml")
     assert info.value.problems == [
-        "[generate] samplers[0]: unknown sampler 'top_kk'; did you mean 'top_k'? (available: greedy, min_p, repetition_penalty, temperature, top_k, top_p)",
+        "[generate] samplers[0]: unknown sampler 'top_kk'; did you mean 'top_k'? "
+        f"(available: {', '.join(gptzoo.get_registry().names('sampler'))})",
         "[generate] samplers[1] (top_p): top_p p must be in (0, 1], got 1.5",
     ]
 

@@ -26,6 +26,9 @@ GPT2_PARAMS = {
     "gpt2-xl": 1_557_611_200,
 }
 
+NORMS = ", ".join(gptzoo.get_registry().names("norm"))
+"""Every registered norm, as an unknown-name message lists them (plugins included)."""
+
 
 def test_shipped_recipes_are_the_promised_ones() -> None:
     assert {
@@ -153,7 +156,7 @@ name = "gpt2"
         " n_head, n_embd, d_ff, bias, tie_embeddings, norm, activation, mlp, position, attention, norm_placement,"
         " n_kv_head, head_dim, init_std)",
         "[model] bias must be true or false, got 'yes' (str)",
-        "[model] norm: unknown norm 'rmsnrom'; did you mean 'rmsnorm'? (available: layernorm, rmsnorm)",
+        f"[model] norm: unknown norm 'rmsnrom'; did you mean 'rmsnorm'? (available: {NORMS})",
         "[model] position.theta must be a number, got 'big' (str)",
         "[model] attention.dropout: attention 'causal' has no parameter 'dropout' (it takes none)",
         "[model] norm_placement='middle' must be one of 'pre', 'post'",
@@ -364,9 +367,7 @@ def test_nested_and_malformed_overrides() -> None:
         "--set 'extends.x=1': 'extends' is not a section",
         "--set 'description.x=1': 'description' is not a section",
     ]
-    assert _override_problems('model.norm={ name = "x" }') == [
-        "[model] norm: unknown norm 'x' (available: layernorm, rmsnorm)"
-    ]
+    assert _override_problems('model.norm={ name = "x" }') == [f"[model] norm: unknown norm 'x' (available: {NORMS})"]
     # One TOML value per --set: what follows a newline does not set other keys.
     assert _override_problems("model.n_layer=6\n[train]\nlr = 1") == [
         "[model] n_layer must be an integer, got '6\\n[train]\\nlr = 1' (str)"
