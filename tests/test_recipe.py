@@ -453,3 +453,12 @@ def test_a_long_extends_chain(tmp_path: Path) -> None:
         parent = f"r{i}.toml"
     r = load_recipe(tmp_path / "r149.toml")
     assert (r.model.n_layer, r.model.n_embd, r.weights) == (149 % 3 + 1, 64, None)
+
+
+def test_a_billion_layers_is_refused_before_building(capsys: pytest.CaptureFixture[str]) -> None:
+    from cli_run import run_error
+
+    assert run_error(capsys, "build", "llama-tiny", "--set", "model.n_layer=1000000000").endswith(
+        "llama-tiny.toml: [model] n_layer=1000000000 must be between 1 and 4096"
+    )
+    assert gptzoo.load_recipe("llama-tiny", ["model.n_layer=4096"]).model.n_layer == 4096

@@ -14,6 +14,9 @@ from typing import Any
 
 MAX_DIM = 2**31 - 1
 """The largest value of any [model] dimension (an int32 index), and of [generate] max_new_tokens."""
+MAX_LAYERS = 4096
+"""The most blocks a recipe may have: each is a Python module even on the meta device, so a billion
+would take hours and terabytes to describe (published models have at most ~130)."""
 MAX_INT = 2**63 - 1
 """The largest value of any other integer in a recipe ([train] counts and seed, component parameters): int64."""
 NORM_PLACEMENTS = ("pre", "post")

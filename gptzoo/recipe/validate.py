@@ -18,6 +18,7 @@ from gptzoo.recipe.schema import (
     COMPONENT_KEYS,
     MAX_DIM,
     MAX_INT,
+    MAX_LAYERS,
     NORM_PLACEMENTS,
     ON_NONFINITE,
     PARALLELISMS,
@@ -201,10 +202,11 @@ class _Validator:
             ("n_kv_head", 0),
             ("head_dim", 0),
         ):
-            if key in values and not low <= values[key] <= MAX_DIM:
+            high = MAX_LAYERS if key == "n_layer" else MAX_DIM
+            if key in values and not low <= values[key] <= high:
                 default = " (or 0 for the default)" if low == 0 else ""
                 self.problems.append(
-                    f"[model] {key}={show(values[key])} must be between {max(low, 1)} and {MAX_DIM}{default}"
+                    f"[model] {key}={show(values[key])} must be between {max(low, 1)} and {high}{default}"
                 )
                 del values[key]
         if "init_std" in values and not (values["init_std"] > 0 and math.isfinite(values["init_std"])):
