@@ -59,6 +59,7 @@ def test_each_command_builds_one_registry(
         ["generate", "--checkpoint", str(ck), "--set", "model.attention=eager", *GENERATE],
         ["export", str(ck), "--hf", str(tmp_path / "hf")],
         ["build", "gpt2-tiny", "--hf", str(tmp_path / "hf"), "--out", str(tmp_path / "from-hf")],
+        ["compare", "--hf", str(tmp_path / "hf"), "--new-tokens", "2"],
         ["list", "norm"],
     ]
     for argv in commands:

@@ -13,11 +13,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gptzoo.errors import GptzooError
 from gptzoo.hf import load_hf, locate
-from gptzoo.inference.generate import generate
+from gptzoo.inference.generate import encode_prompts, generate
 from gptzoo.recipe import Recipe
-from gptzoo.tokenizer import load_tokenizer
+from gptzoo.registry import Registry
+from gptzoo.tokenizer import recipe_tokenizer
 
 DEFAULT_PROMPT = "The history of the Roman Empire began"
 
@@ -59,29 +59,23 @@ def compare(
     dtype: torch.dtype = torch.float32,
     new_tokens: int = 32,
     chat: bool = False,
+    registry: Registry | None = None,
 ) -> dict[str, Any]:
-    """Run transformers and gptzoo on the same checkpoint and prompts (text, or token ids)."""
+    """Run transformers and gptzoo on the same checkpoint and prompts (text, or token ids); ``registry``
+    builds gptzoo's side (default: gptzoo.registry.default_registry())."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     path = locate(source)
-    ours = load_hf(path, recipe, dtype=dtype).eval()
+    ours = load_hf(path, recipe, dtype=dtype, registry=registry).eval()
     theirs = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
     texts = [p for p in prompts if isinstance(p, str)]
-    tokenizer = None
-    if texts:
-        spec = ours.recipe.tokenizer
-        tokenizer = load_tokenizer(spec.name if spec is not None else "hf", hf_dir=path)
+    tokenizer = recipe_tokenizer(ours.recipe, path) if texts else None
     rows = []
     for prompt in prompts:
-        if isinstance(prompt, str):
-            if not prompt:
-                raise GptzooError("--prompt is empty; give some text")
-            ids = tokenizer.chat([{"role": "user", "content": prompt}]) if chat else tokenizer.encode(prompt)
-        else:
-            ids = list(prompt)
+        ids = encode_prompts(tokenizer, [prompt], chat=chat)[0] if isinstance(prompt, str) else list(prompt)
         input_ids = torch.tensor([ids])
         stats = logit_stats(ours(input_ids)[0], theirs(input_ids).logits[0])
         ours_new = generate(ours, [ids], new_tokens)[0]
