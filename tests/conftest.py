@@ -1,7 +1,12 @@
 from __future__ import annotations
 
+import importlib
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 import torch
+from fakedist import FakeSite  # tests/ has no __init__.py: pytest puts it on sys.path
 
 import gptzoo
 
@@ -20,3 +25,13 @@ def _seed() -> None:
 def _fresh_default_registry() -> None:
     """Tests install and remove plugins: the shared default registry must not outlive one test."""
     gptzoo.registry.default_registry.cache_clear()
+
+
+@pytest.fixture
+def fake_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeSite]:
+    """A directory of fake plugin distributions on sys.path (in this process) for one test."""
+    site = FakeSite(tmp_path / "site")
+    monkeypatch.syspath_prepend(str(site.root))
+    importlib.invalidate_caches()
+    yield site
+    site.forget_modules()

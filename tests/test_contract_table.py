@@ -149,14 +149,10 @@ def register_activations(register):
 
 
 @pytest.fixture
-def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    site = FakeSite(tmp_path / "site")
-    monkeypatch.syspath_prepend(str(site.root))
+def site(fake_site: FakeSite, monkeypatch: pytest.MonkeyPatch) -> FakeSite:
     monkeypatch.delenv("GPTZOO_NO_PLUGINS", raising=False)
     monkeypatch.delenv("GPTZOO_STRICT_PLUGINS", raising=False)
-    importlib.invalidate_caches()
-    yield site
-    site.forget_modules()
+    return fake_site
 
 
 @pytest.mark.parametrize(

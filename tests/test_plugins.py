@@ -72,16 +72,6 @@ def _plugin_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("GPTZOO_STRICT_PLUGINS", raising=False)
 
 
-@pytest.fixture
-def fake_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """A directory of fake distributions on sys.path (in this process) for one test."""
-    site = FakeSite(tmp_path / "site")
-    monkeypatch.syspath_prepend(str(site.root))
-    importlib.invalidate_caches()
-    yield site
-    site.forget_modules()
-
-
 @pytest.fixture(scope="module")
 def cli_site(tmp_path_factory: pytest.TempPathFactory) -> FakeSite:
     """For subprocesses (PYTHONPATH): a good plugin (norm scalenorm) and one that raises on import."""

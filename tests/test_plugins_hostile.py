@@ -4,7 +4,6 @@ failed with one line, the others keep working, and strict mode makes it a one-li
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import subprocess
@@ -29,16 +28,6 @@ STRICT_TAIL = "; fix or uninstall it, or leave strict mode (strict=True or GPTZO
 def _plugin_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for var in ("GPTZOO_NO_PLUGINS", "GPTZOO_STRICT_PLUGINS", "GPTZOO_PLUGIN_WARN_S"):
         monkeypatch.delenv(var, raising=False)
-
-
-@pytest.fixture
-def fake_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """Fake distributions on sys.path for one test (as in test_plugins.py)."""
-    site = FakeSite(tmp_path / "site")
-    monkeypatch.syspath_prepend(str(site.root))
-    importlib.invalidate_caches()
-    yield site
-    site.forget_modules()
 
 
 def strict_message(name: str, what: str) -> str:
