@@ -23,9 +23,9 @@ from gptzoo.hf import check_recipe_matches, hf_recipe, load_hf, locate
 from gptzoo.model.build import build_model
 from gptzoo.model.checkpoint import load_checkpoint
 from gptzoo.model.gpt import GPT
-from gptzoo.recipe import Recipe, load_recipe, override_recipe
+from gptzoo.recipe import Recipe, load_recipe, override_recipe, recipe_tokenizer
 from gptzoo.registry import Registry, default_registry
-from gptzoo.tokenizer import Tokenizer, recipe_tokenizer
+from gptzoo.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class Loaded:
 
     def tokenizer(self) -> Tokenizer:
         """The recipe's tokenizer; without a [tokenizer] section, the Hugging Face checkpoint's own
-        (a clear error when the weights came from elsewhere: see gptzoo.tokenizer.recipe_tokenizer)."""
+        (a clear error when the weights came from elsewhere: see gptzoo.recipe.recipe_tokenizer)."""
         return recipe_tokenizer(self.recipe, self.hf_dir)
 
 

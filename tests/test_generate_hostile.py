@@ -26,7 +26,8 @@ from gptzoo.inference.generate import (
     make_generator,
 )
 from gptzoo.inference.sampling import SamplerChain, chain_spec
-from gptzoo.tokenizer import HFTokenizer, load_tokenizer, recipe_tokenizer
+from gptzoo.recipe import recipe_tokenizer
+from gptzoo.tokenizer import HFTokenizer, load_tokenizer
 
 
 def cli_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:

@@ -15,9 +15,8 @@ from torch import Tensor
 
 from gptzoo.hf import load_hf, locate
 from gptzoo.inference.generate import encode_prompts, generate
-from gptzoo.recipe import Recipe
+from gptzoo.recipe import Recipe, recipe_tokenizer
 from gptzoo.registry import Registry
-from gptzoo.tokenizer import recipe_tokenizer
 
 DEFAULT_PROMPT = "The history of the Roman Empire began"
 

@@ -1,5 +1,6 @@
-"""Recipes, by job: ``schema`` (the frozen dataclasses and TOML writing), ``load`` (finding a recipe,
-``extends``, ``--set`` overrides) and ``validate`` (the one step that consults the registry)."""
+"""Recipes, by job: ``schema`` (the frozen dataclasses and TOML writing), ``load`` (finding a
+recipe, ``extends``, ``--set`` overrides), ``validate`` (the one step that consults the registry)
+and ``tokenizer`` (the tokenizer a recipe names)."""
 
 from gptzoo.recipe.load import (
     apply_overrides,
@@ -20,6 +21,7 @@ from gptzoo.recipe.schema import (
     WeightsSpec,
     dump_toml,
 )
+from gptzoo.recipe.tokenizer import recipe_tokenizer
 from gptzoo.recipe.validate import structural_args, validate
 
 __all__ = [
@@ -36,6 +38,7 @@ __all__ = [
     "load_recipe",
     "override_recipe",
     "read_recipe_data",
+    "recipe_tokenizer",
     "resolve_recipe_path",
     "shipped_recipes",
     "structural_args",
