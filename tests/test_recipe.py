@@ -190,7 +190,7 @@ def test_component_parameter_problems(tmp_path: Path) -> None:
 def test_dimension_problems(tmp_path: Path) -> None:
     problems = _problems(tmp_path, 'extends = "llama-tiny"\n[model]\nn_kv_head = 3\nn_layer = 0\nd_ff = -4\n')
     assert problems == [
-        "[model] n_layer=0 must be between 1 and 2147483647",
+        "[model] n_layer=0 must be between 1 and 4096",
         "[model] d_ff=-4 must be between 1 and 2147483647",
         "[model] n_head=4 is not divisible by n_kv_head=3",
     ]
