@@ -15,8 +15,6 @@ from torch import Tensor, nn
 
 import gptzoo
 
-__version__ = "0.1.0"
-
 
 class SquaredReLU(nn.Module):
     """Squared ReLU: relu(x)**2 (So et al., 2021, Primer)."""
