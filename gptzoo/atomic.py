@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,29 +20,91 @@ def holds_files(path: Path) -> bool:
     return path.exists() and (not path.is_dir() or any(path.iterdir()))
 
 
-@contextmanager
-def new_directory(out: str | Path) -> Iterator[Path]:
-    """A temporary directory beside ``out`` to fill in the ``with`` block: renamed to ``out`` when
-    the block succeeds, removed when it fails (an interrupted write leaves nothing behind).
-    ``out`` must not exist, or be an empty directory."""
+def default_mode(*, directory: bool) -> int:
+    """The permissions a plain mkdir or open would give under the current umask (tempfile makes 0o700 / 0o600)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return (0o777 if directory else 0o666) & ~umask
+
+
+def check_new_directory(out: str | Path) -> Path:
+    """``out`` as a Path, if a new directory may be written there: it does not exist, or is an empty
+    directory (not a symbolic link), and no part of its parent is a file."""
     if not Path(out).name:
         raise CheckpointError(f"{str(out)!r} is not a directory name to write to")
     out = Path(out)
-    if holds_files(out):
-        raise CheckpointError(f"{out} already exists and is not an empty directory; choose another one or remove it")
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
+        if out.is_symlink():
+            raise CheckpointError(f"{out} is a symbolic link; give the directory it should be, or another name")
+        if holds_files(out):
+            raise CheckpointError(
+                f"{out} already exists and is not an empty directory; choose another one or remove it"
+            )
+        for parent in out.parents:
+            if parent.exists():
+                if not parent.is_dir():
+                    raise CheckpointError(f"cannot write to {out}: {parent} is a file, not a directory")
+                break
+    except OSError as exc:  # a name too long, a directory that may not be searched
+        raise CheckpointError(f"cannot write to {out}: {exc.strerror}") from None
+    return out
+
+
+def _make_parents(directory: Path) -> list[Path]:
+    """Create ``directory`` and its missing parents; the ones created, deepest first."""
+    missing = [directory, *directory.parents]
+    missing = missing[: next(i for i, p in enumerate(missing) if p.is_dir())]
+    for path in reversed(missing):
+        path.mkdir(exist_ok=True)
+    return missing
+
+
+def _remove(created: list[Path]) -> None:
+    """Remove the directories this write created, deepest first, as long as they are empty."""
+    for path in created:
+        try:
+            path.rmdir()
+        except OSError:
+            return
+
+
+@contextmanager
+def new_directory(out: str | Path) -> Iterator[Path]:
+    """A temporary directory beside ``out`` to fill in the ``with`` block: renamed to ``out`` when
+    the block succeeds, removed when it fails (an interrupted write leaves nothing behind, not even
+    the parent directories it created). ``out`` must not exist, or be an empty directory, whose
+    permissions the new one keeps; otherwise it gets those of a plain mkdir, and its files those of
+    plain writes."""
+    out = check_new_directory(out)
+    created: list[Path] = []
+    tmp: Path | None = None
+    try:
+        created = _make_parents(out.parent)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    except OSError as exc:
-        raise CheckpointError(f"cannot write to {out}: {exc.strerror} ({exc.filename})") from None
-    try:
+        tmp.chmod(stat.S_IMODE(out.stat().st_mode) if out.is_dir() else default_mode(directory=True))
         yield tmp
+        _plain_modes(tmp)
         if out.exists():
             out.rmdir()
         os.rename(tmp, out)
     except (OSError, SafetensorError) as exc:  # a full disk, most likely
-        shutil.rmtree(tmp, ignore_errors=True)
+        _clean(tmp, created)
         raise CheckpointError(f"cannot write to {out}: {getattr(exc, 'strerror', None) or exc}") from None
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _clean(tmp, created)
         raise
+
+
+def _plain_modes(tmp: Path) -> None:
+    """Give the files written into ``tmp`` the permissions of plain writes (some writers, like
+    safetensors, create them 0o600 as temporary files)."""
+    mode = default_mode(directory=False)
+    for root, _, files in os.walk(tmp):
+        for name in files:
+            os.chmod(os.path.join(root, name), mode)
+
+
+def _clean(tmp: Path | None, created: list[Path]) -> None:
+    if tmp is not None:
+        shutil.rmtree(tmp, ignore_errors=True)
+    _remove(created)

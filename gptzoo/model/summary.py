@@ -141,7 +141,7 @@ def render_summary(s: dict[str, Any], console: Console) -> None:
         origin = f"{c['plugin']} ({c['distribution']} {c['version']})"
         if c["overrides"]:
             origin += f", overrides {c['overrides']}"
-        table.add_row(c["key"], c["name"], params, origin)
+        table.add_row(escape(c["key"]), escape(c["name"]), escape(params), escape(origin))
     console.print(table)
 
     p = s["params"]

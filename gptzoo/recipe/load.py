@@ -36,6 +36,8 @@ def shipped_recipes() -> dict[str, Path]:
 def resolve_recipe_path(name_or_path: str | Path, *, relative_to: Path | None = None) -> Path:
     """A recipe file: an existing path (relative to ``relative_to`` if given), or a shipped name."""
     text = str(name_or_path)
+    if not text:
+        raise RecipeError(repr(text), ["give a recipe: a shipped name (see `gptzoo recipes`) or a .toml file"])
     candidate = Path(text)
     try:
         candidate = candidate.expanduser()
@@ -43,17 +45,20 @@ def resolve_recipe_path(name_or_path: str | Path, *, relative_to: Path | None = 
         pass
     if relative_to is not None and not candidate.is_absolute():
         candidate = relative_to / candidate
-    if candidate.is_file():
-        return candidate.resolve()
-    if candidate.is_dir():
-        raise RecipeError(text, [f"{str(candidate)!r} is a directory, not a recipe file"])
-    if candidate.is_symlink() and not candidate.exists():
-        raise RecipeError(text, [f"{str(candidate)!r} is a symbolic link to nothing (broken, or a loop)"])
-    if candidate.exists():
-        raise RecipeError(text, [f"{str(candidate)!r} is not a regular file"])
     shipped = shipped_recipes()
-    if text in shipped:
-        return shipped[text]
+    try:
+        if candidate.is_file():
+            return candidate.resolve()
+        if text in shipped:  # e.g. a checkpoint directory named after the recipe it was built from
+            return shipped[text]
+        if candidate.is_dir():
+            raise RecipeError(text, [f"{str(candidate)!r} is a directory, not a recipe file"])
+        if candidate.is_symlink() and not candidate.exists():
+            raise RecipeError(text, [f"{str(candidate)!r} is a symbolic link to nothing (broken, or a loop)"])
+        if candidate.exists():
+            raise RecipeError(text, [f"{str(candidate)!r} is not a regular file"])
+    except OSError as exc:  # a name too long, a directory that may not be searched
+        raise RecipeError(text, [f"cannot look at {str(candidate)!r}: {exc.strerror}"]) from None
     if text.endswith(".toml") or "/" in text or "\\" in text:
         raise RecipeError(text, [f"no such recipe file {show(str(candidate))}"])
     raise RecipeError(text, [f"unknown recipe {show(text)}{did_you_mean(text, list(shipped))}"])
@@ -61,7 +66,7 @@ def resolve_recipe_path(name_or_path: str | Path, *, relative_to: Path | None = 
 
 def _read_toml(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark, as some editors write, is no content
     except UnicodeDecodeError as exc:
         raise RecipeError(str(path), [f"invalid TOML: {exc}; save it as UTF-8"]) from None
     except OSError as exc:
@@ -89,7 +94,7 @@ def read_recipe_data(path: Path) -> dict[str, Any]:
         chain.append(path)
         data = _read_toml(path)
         parent = data.pop("extends", None)
-        layers.append(data)
+        layers.append(_paths_from(data, path))
         if parent is None:
             break
         if not isinstance(parent, str) or not parent:
@@ -108,6 +113,15 @@ def read_recipe_data(path: Path) -> dict[str, Any]:
         merged.pop("weights", None)
         merged = merge(merged, layer)
     return merged
+
+
+def _paths_from(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The recipe data of the file ``path`` with its relative ``[train] data`` made absolute: a path in a
+    recipe is relative to the file that writes it, wherever the recipe that extends it lives."""
+    train = data.get("train")
+    if isinstance(train, dict) and isinstance(train.get("data"), str) and train["data"]:
+        data["train"] = {**train, "data": os.path.join(os.path.abspath(path.parent), train["data"])}
+    return data
 
 
 def merge(base: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:

@@ -17,6 +17,13 @@ MAX_DIM = 2**31 - 1
 MAX_LAYERS = 4096
 """The most blocks a recipe may have: each is a Python module even on the meta device, so a billion
 would take hours and terabytes to describe (published models have at most ~130)."""
+MAX_HEADS = 2**16
+"""The most attention heads (query or key/value) a recipe may have; published models have at most ~128."""
+MAX_TENSOR = 2**40
+"""The most elements one weight tensor may have (4 TiB in float32): a bound on products of dimensions,
+which each stay within MAX_DIM but could overflow a tensor's size."""
+MAX_INIT_STD = 1e3
+"""The largest init_std: six standard deviations stay finite in float16 (and far from float32's limit)."""
 MAX_INT = 2**63 - 1
 """The largest value of any other integer in a recipe ([train] counts and seed, component parameters): int64."""
 NORM_PLACEMENTS = ("pre", "post")
@@ -143,7 +150,8 @@ class TrainSpec:
     peak_tflops: float = 0.0
     """The device's peak FLOP/s (in TFLOP/s) that MFU is measured against; 0: measure it with a matmul."""
     data: str = ""
-    """The prepared data directory (`gptzoo prepare`), relative to the recipe file; --data overrides."""
+    """The prepared data directory (`gptzoo prepare`), relative to the recipe file that sets it (to the
+    working directory when --set sets it); --data overrides."""
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,11 @@ from gptzoo.recipe.schema import (
     BARE_KEY,
     COMPONENT_KEYS,
     MAX_DIM,
+    MAX_HEADS,
+    MAX_INIT_STD,
     MAX_INT,
     MAX_LAYERS,
+    MAX_TENSOR,
     NORM_PLACEMENTS,
     ON_NONFINITE,
     PARALLELISMS,
@@ -202,15 +205,17 @@ class _Validator:
             ("n_kv_head", 0),
             ("head_dim", 0),
         ):
-            high = MAX_LAYERS if key == "n_layer" else MAX_DIM
+            high = {"n_layer": MAX_LAYERS, "n_head": MAX_HEADS, "n_kv_head": MAX_HEADS}.get(key, MAX_DIM)
             if key in values and not low <= values[key] <= high:
                 default = " (or 0 for the default)" if low == 0 else ""
                 self.problems.append(
                     f"[model] {key}={show(values[key])} must be between {max(low, 1)} and {high}{default}"
                 )
                 del values[key]
-        if "init_std" in values and not (values["init_std"] > 0 and math.isfinite(values["init_std"])):
-            self.problems.append(f"[model] init_std={values['init_std']} must be a finite number > 0")
+        if "init_std" in values and not 0 < values["init_std"] <= MAX_INIT_STD:
+            self.problems.append(
+                f"[model] init_std={show(values['init_std'])} must be a number > 0 and at most {MAX_INIT_STD:g}"
+            )
         placement = values.get("norm_placement")
         if placement is not None and placement not in NORM_PLACEMENTS:
             self.problems.append(
@@ -224,12 +229,30 @@ class _Validator:
         n_kv_head = values.get("n_kv_head")
         if n_head and n_kv_head and n_head % n_kv_head:
             self.problems.append(f"[model] n_head={n_head} is not divisible by n_kv_head={n_kv_head}")
+        self.tensor_sizes(values)
         required = {f.name for f in fields(ModelSpec) if f.default is MISSING}
         if len(self.problems) > before or not required <= values.keys():
             return None
         spec = ModelSpec(**values)
         self.component_checks(spec)
         return spec
+
+    def tensor_sizes(self, values: dict[str, Any]) -> None:
+        """Products of dimensions that size one tensor: each within MAX_TENSOR elements."""
+        n_embd, n_head = values.get("n_embd"), values.get("n_head")
+        head_dim = values.get("head_dim") or (n_embd // n_head if n_embd and n_head else None)
+        for names in (
+            ("vocab_size", "n_embd"),
+            ("context_length", "n_embd"),
+            ("n_embd", "d_ff"),
+            ("n_embd", "n_head", "head_dim"),
+        ):
+            dims = [head_dim if name == "head_dim" else values.get(name) for name in names]
+            if all(dims) and math.prod(dims) > MAX_TENSOR:
+                self.problems.append(
+                    f"[model] {' x '.join(names)} = {' x '.join(map(str, dims))} = {math.prod(dims):.3g} elements in "
+                    f"one tensor, more than the 2**40 gptzoo builds; make them smaller"
+                )
 
     def component_params(self, kind: str, where: str, name: str, factory: Any, params: dict[str, Any]) -> None:
         """Check the recipe's parameters against the factory's signature and the defaults' types."""

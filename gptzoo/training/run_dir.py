@@ -36,7 +36,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from gptzoo.atomic import new_directory
+from gptzoo.atomic import default_mode, new_directory
 from gptzoo.errors import CheckpointError, GptzooError
 from gptzoo.model.checkpoint import WEIGHTS, write_files
 from gptzoo.recipe import Recipe
@@ -329,6 +329,7 @@ def write_text_atomically(path: Path, text: str) -> None:
     tmp: str | None = None
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        os.fchmod(fd, default_mode(directory=False))  # mkstemp's 0o600 is for temporary files
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(tmp, path)

@@ -520,8 +520,8 @@ def check_out(out: Path, *, resume: bool) -> None:
 def data_dir_of(recipe: Recipe, data: str | Path | None) -> Path:
     if data is not None:
         return Path(data)
-    if recipe.train.data:
-        return (Path(recipe.source).parent / recipe.train.data).resolve()
+    if recipe.train.data:  # relative to its recipe file when a file set it (gptzoo.recipe.load), else to here
+        return Path(recipe.train.data).resolve()
     raise GptzooError(
         f"no training data: pass --data DIR (made by `gptzoo prepare`), or set train.data in {recipe.source}"
     )
