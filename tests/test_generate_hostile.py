@@ -266,6 +266,11 @@ def test_cli_prompt_that_is_not_utf8(capsys: pytest.CaptureFixture[str]) -> None
     )
 
 
+def test_cli_stop_string_that_is_not_utf8(capsys: pytest.CaptureFixture[str]) -> None:
+    message = cli_error(capsys, "generate", "gpt2-tiny", "--prompt", "a", "--stop", "x\udcff", "--max-new-tokens", "3")
+    assert message == rf"error: --stop 'x\udcff' is not valid UTF-8 (byte 0xff at character 1); {UTF8_FIX}"
+
+
 # --- 7. new tokens that do not fit -------------------------------------------------------------
 
 

@@ -377,6 +377,8 @@ def plan_generation(
     generator = make_generator(seed, model.wte.weight.device)
     if any(not s for s in stop):
         raise GptzooError("--stop is empty; give some text")
+    for s in stop:
+        utf8(s, "--stop")
     prompts = encode_prompts(tokenizer, texts, chat=chat)
     default = recipe.generate.max_new_tokens if recipe is not None else GenerateSpec.max_new_tokens
     fitted, note = fit_new_tokens(model, prompts, max_new_tokens or default, explicit=max_new_tokens is not None)
