@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from gptzoo.errors import GptzooError
+from gptzoo.errors import GptzooError, exception_text
 from gptzoo.fetch import FETCHABLE, fetch
 from gptzoo.hf import export_hf
 from gptzoo.hf.compare import DEFAULT_PROMPT, compare
@@ -625,11 +625,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except GptzooError as exc:
         if args.debug:
             raise
-        code = _fail(args.json, err, f"[red]error:[/red] {escape(str(exc))}", str(exc), EXIT_USER_ERROR)
+        message = exception_text(exc)
+        code = _fail(args.json, err, f"[red]error:[/red] {escape(message)}", message, EXIT_USER_ERROR)
     except KeyboardInterrupt as exc:  # gptzoo.errors.Interrupted says what was kept
         if args.debug:
             raise
-        message = f"interrupted: {exc}" if str(exc) else "interrupted"
+        text = exception_text(exc)
+        message = f"interrupted: {text}" if text else "interrupted"
         code = _fail(args.json, err, f"[yellow]{escape(message)}[/yellow]", message, EXIT_INTERRUPTED)
     if args.command == "train" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         # torch 2.13 with gloo aborted at interpreter exit after DDP in 1 to 3 runs of 6, although the work

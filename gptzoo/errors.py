@@ -48,9 +48,47 @@ class CheckpointError(GptzooError):
     """A checkpoint that cannot be written or read as asked."""
 
 
+def _str(exc: BaseException) -> tuple[str, bool]:
+    """``(str(exc), True)``, or, when its ``__str__`` raises (or returns no str), ``(a description
+    of it, False)``: its type name, what ``__str__`` raised and, if that works, its repr."""
+    try:
+        return str(exc), True
+    except KeyboardInterrupt:
+        raise
+    except BaseException as err:
+        shown = f"{type(exc).__name__} (its __str__ raised {type(err).__name__})"
+    try:
+        return f"{shown}: {repr(exc)}", False
+    except KeyboardInterrupt:
+        raise
+    except BaseException:
+        return shown, False
+
+
+def safe_repr(value: object) -> str:
+    """``repr(value)``, or ``<TYPE object>`` when its ``__repr__`` raises."""
+    try:
+        return repr(value)
+    except KeyboardInterrupt:
+        raise
+    except BaseException:
+        return f"<{type(value).__name__} object>"
+
+
+def exception_text(exc: BaseException) -> str:
+    """``str(exc)``, never raising (see :func:`_str` for an exception that cannot be printed)."""
+    return _str(exc)[0]
+
+
 def describe_exception(exc: BaseException) -> str:
-    """Our own errors by their message; anything else (a plugin's bug) with its type."""
-    return str(exc) if isinstance(exc, GptzooError) else f"{type(exc).__name__}: {exc}"
+    """Our own errors by their message; anything else (a plugin's bug) with its type, or by its type
+    alone when it says nothing. Never raises, whatever the exception's ``__str__`` does."""
+    text, printable = _str(exc)
+    if not printable:
+        return text
+    if not text:
+        return type(exc).__name__
+    return text if isinstance(exc, GptzooError) else f"{type(exc).__name__}: {text}"
 
 
 def did_you_mean(name: str, available: Sequence[str]) -> str:

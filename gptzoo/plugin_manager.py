@@ -39,7 +39,7 @@ from typing import Literal, NoReturn
 import pluggy
 
 from gptzoo import hookspecs
-from gptzoo.errors import PluginError, describe_exception
+from gptzoo.errors import PluginError, describe_exception, safe_repr
 
 ENTRY_POINT_GROUP = "gptzoo"
 NO_PLUGINS_ENV = "GPTZOO_NO_PLUGINS"
@@ -122,14 +122,20 @@ def strict_failure(info: PluginInfo, what: str) -> str:
     )
 
 
+def describe_raised(exc: BaseException) -> str:
+    """One line for what a plugin's code raised: ``called os._exit(3)``, ``called sys.exit(4)``, or
+    the exception (see gptzoo.errors.describe_exception: this never raises either)."""
+    if isinstance(exc, PluginExit):
+        return f"called os._exit({safe_repr(exc.code)})"
+    if isinstance(exc, SystemExit):
+        return f"called sys.exit({safe_repr(exc.code)})"
+    return " ".join(describe_exception(exc).split())
+
+
 def describe_failure(exc: BaseException, doing: str) -> str:
     """One line for what a plugin's code raised while ``doing`` ("at import", "while registering")."""
-    if isinstance(exc, PluginExit):
-        return f"called os._exit({exc.code!r}) {doing}"
-    if isinstance(exc, SystemExit):
-        return f"called sys.exit({exc.code!r}) {doing}"
-    text = describe_exception(exc) if str(exc) else type(exc).__name__
-    return " ".join(text.split())
+    text = describe_raised(exc)
+    return f"{text} {doing}" if isinstance(exc, (PluginExit, SystemExit)) else text
 
 
 _real_exit = os._exit

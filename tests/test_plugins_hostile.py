@@ -61,12 +61,18 @@ def no_real_exit(monkeypatch: pytest.MonkeyPatch) -> object:
 
 # --- import ---------------------------------------------------------------------------------------
 
+UNPRINTABLE = "class E(Exception):\n    def __str__(self):\n        raise RuntimeError\n\n\n"
+"""An exception that cannot be printed: describing it falls back to its type name and repr."""
+UNREPRESENTABLE = UNPRINTABLE.replace("\n\n\n", "\n\n    __repr__ = __str__\n\n\n")
+
 IMPORT_CASES = {
     "ctrlc": ("raise KeyboardInterrupt\n", "KeyboardInterrupt"),
     "ctrlcmsg": ("raise KeyboardInterrupt('stop')\n", "KeyboardInterrupt: stop"),
     "sysexit": ("import sys\nsys.exit(4)\n", "called sys.exit(4) at import"),
     "osexit": ("import os\nos._exit(3)\n", "called os._exit(3) at import"),
     "multiline": ("raise ValueError('first line\\n\\n  second line')\n", "ValueError: first line second line"),
+    "unprintable": (UNPRINTABLE + "raise E('boom')\n", "E (its __str__ raised RuntimeError): E('boom')"),
+    "unrepresentable": (UNREPRESENTABLE + "raise E('boom')\n", "E (its __str__ raised RuntimeError)"),
 }
 
 
@@ -97,6 +103,21 @@ def test_cli_keeps_going_after_a_plugin_interrupts_its_import(
     )
     monkeypatch.setenv("GPTZOO_STRICT_PLUGINS", "1")
     assert run_error(capsys, "list", "norm") == f"error: {strict_message('ctrlc', 'failed to load: KeyboardInterrupt')}"
+
+
+def test_cli_keeps_going_after_a_plugin_raises_an_unprintable_exception(
+    fake_site: FakeSite, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake_site.add("unprintable", "gptzoo_fake_unprintable", UNPRINTABLE + "raise E('boom')\n")
+    assert main(["list", "norm", "--json"]) == 0
+    assert capsys.readouterr().err == (
+        "warning: plugin 'unprintable' (gptzoo-fake-unprintable 1.0) failed: E (its __str__ raised RuntimeError): "
+        "E('boom'); see `gptzoo plugins`\n"
+    )
+    monkeypatch.setenv("GPTZOO_STRICT_PLUGINS", "1")
+    assert run_error(capsys, "list", "norm") == "error: " + strict_message(
+        "unprintable", "failed to load: E (its __str__ raised RuntimeError): E('boom')"
+    )
 
 
 def test_os_exit_at_import_does_not_end_the_command(fake_site: FakeSite) -> None:
@@ -163,6 +184,11 @@ REGISTER_CASES = {
     "ctrlcreg": (hook("raise KeyboardInterrupt"), "KeyboardInterrupt"),
     "osexitreg": (hook("import os; os._exit(7)"), "called os._exit(7) while registering"),
     "sysexitreg": (hook("import sys; sys.exit('bye')"), "called sys.exit('bye') while registering"),
+    "sysexitobj": (
+        hook("import sys; sys.exit(type('R', (), {'__repr__': lambda self: 1 / 0})())"),
+        "called sys.exit(<R object>) while registering",
+    ),
+    "unprintablereg": (UNPRINTABLE + hook("raise E('boom')"), "E (its __str__ raised RuntimeError): E('boom')"),
     "spacename": (
         hook("register('my norm', object)"),
         PROV + " registered an invalid norm name: 'my norm'" + NAME_RULE,
