@@ -74,6 +74,8 @@ class Contract:
     """Attributes and methods the built object must have."""
     optional: tuple[str, ...] = ("check", "hf_weights")
     """Methods it may have (see the module docstring)."""
+    module: bool = True
+    """Whether the built object must be a torch nn.Module (a model's component); if not, it must be callable."""
 
     @property
     def hook(self) -> str:
@@ -123,7 +125,7 @@ CONTRACTS: dict[str, Contract] = {
             ),
             members=("c_proj", "init_cache", "flops"),
         ),
-        Contract("sampler", "Sampler", None, members=("picks", "pick"), optional=("check",)),
+        Contract("sampler", "Sampler", None, members=("picks", "pick"), optional=("check",), module=False),
     )
 }
 """kind -> its contract, in the order a model is described."""

@@ -14,7 +14,8 @@ is loaded at import time: each call builds a fresh manager.
 
 While a third-party plugin's code runs (its import, its registration, its register hooks: see
 :func:`guarded`), ``os._exit`` raises :class:`PluginExit` instead of ending the process, so the
-plugin is reported failed; the real ``os._exit`` is put back afterwards. A plugin that takes longer
+plugin is reported failed; the real ``os._exit`` is put back afterwards (gptzoo.factories does the
+same, with :func:`exit_guard`, while any component's factory or check runs). A plugin that takes longer
 than ``$GPTZOO_PLUGIN_WARN_S`` seconds (default 5; 0: never) gets one line on stderr naming it and
 how to skip it. There is no hard timeout: Python cannot abort an import from outside, so the line is
 all that happens and the plugin goes on; Ctrl-C then interrupts its import, which fails that plugin
@@ -161,24 +162,34 @@ def _warn_slow(info: PluginInfo, doing: str, seconds: float) -> None:
 
 
 @contextmanager
-def guarded(info: PluginInfo, doing: str, warn_s: float) -> Iterator[None]:
-    """Run a third-party plugin's code: ``os._exit`` raises :class:`PluginExit`, and if it takes
-    longer than ``warn_s`` seconds (0: never) one line on stderr names the plugin and how to skip it."""
+def exit_guard() -> Iterator[None]:
+    """Run a plugin's code with ``os._exit`` raising :class:`PluginExit` instead of ending the process;
+    the real one is put back afterwards (blocks may nest)."""
     global _guards
-    timer = threading.Timer(warn_s, _warn_slow, (info, doing, warn_s)) if warn_s > 0 else None
     saved = os._exit
     os._exit = _exit_stand_in
     _guards += 1
     try:
-        if timer is not None:
-            timer.daemon = True
-            timer.start()
         yield
     finally:
-        if timer is not None:
-            timer.cancel()
         _guards -= 1
         os._exit = saved
+
+
+@contextmanager
+def guarded(info: PluginInfo, doing: str, warn_s: float) -> Iterator[None]:
+    """Run a third-party plugin's import or registration under :func:`exit_guard`, and if it takes
+    longer than ``warn_s`` seconds (0: never) one line on stderr names the plugin and how to skip it."""
+    timer = threading.Timer(warn_s, _warn_slow, (info, doing, warn_s)) if warn_s > 0 else None
+    with exit_guard():
+        try:
+            if timer is not None:
+                timer.daemon = True
+                timer.start()
+            yield
+        finally:
+            if timer is not None:
+                timer.cancel()
 
 
 def get_plugin_manager(*, third_party: bool | None = None, strict: bool | None = None) -> GptzooPluginManager:

@@ -117,22 +117,24 @@ class Registry:
         def register(name: str, factory: Callable[..., Any], *, doc: str | None = None, override: bool = False) -> None:
             if not isinstance(name, str) or not NAME.fullmatch(name):
                 raise RegistryError(
-                    f"{provenance} registered an invalid {kind} name: {_show(name)}; a name is 1 to 64 letters, "
+                    f"{provenance} registered an invalid {kind} name: {show_plain(name)}; a name is 1 to 64 letters, "
                     "digits, '_', '-' or '.', starting with a letter, digit or '_'"
                 )
             what = f"{provenance} registered {kind} {name!r}"
             if not callable(factory):
                 raise RegistryError(
-                    f"{what} with a factory that is not callable: {_show(factory)}; pass the class or function "
+                    f"{what} with a factory that is not callable: {show_plain(factory)}; pass the class or function "
                     "that builds it"
                 )
             if doc is not None and not isinstance(doc, str):
                 raise RegistryError(
-                    f"{what} with a doc that is not a str: {_show(doc)}; doc is one line of text, or None for the "
+                    f"{what} with a doc that is not a str: {show_plain(doc)}; doc is one line of text, or None for the "
                     "factory's docstring"
                 )
             if not isinstance(override, bool):
-                raise RegistryError(f"{what} with an override that is not a bool: {_show(override)}; use True or False")
+                raise RegistryError(
+                    f"{what} with an override that is not a bool: {show_plain(override)}; use True or False"
+                )
             if doc is None:
                 documented = factory.func if isinstance(factory, functools.partial) else factory
                 doc = inspect.getdoc(documented) or ""
@@ -146,10 +148,11 @@ def _first_line(text: str) -> str:
     return text.strip().split("\n", 1)[0].strip()
 
 
-def _show(value: object) -> str:
-    """A short, safe rendering of what a plugin passed: the repr of a plain value, else its type."""
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        text = repr(value)
+def show_plain(value: object) -> str:
+    """A short, safe rendering of what a plugin passed or returned: the repr of a plain value (not of a
+    subclass, whose repr is its own code), else its type."""
+    if type(value) in (str, int, float, bool) or value is None:
+        text = repr(value) if not isinstance(value, int) or value.bit_length() <= 128 else "a large integer"
         return text if len(text) <= 60 else text[:57] + "..."
     return f"an object of type {type(value).__name__}"
 

@@ -47,18 +47,6 @@ def failed_error(site: FakeSite, name: str, source: str | None) -> str:
     return info.error
 
 
-@pytest.fixture
-def no_real_exit(monkeypatch: pytest.MonkeyPatch) -> object:
-    """os._exit replaced by a function that raises: a guard that failed to catch it fails the test
-    instead of ending pytest; the guard must put this one back."""
-
-    def forbidden(code: int) -> None:
-        raise AssertionError(f"the real os._exit({code}) was reached")
-
-    monkeypatch.setattr(os, "_exit", forbidden)
-    return forbidden
-
-
 # --- import ---------------------------------------------------------------------------------------
 
 UNPRINTABLE = "class E(Exception):\n    def __str__(self):\n        raise RuntimeError\n\n\n"
