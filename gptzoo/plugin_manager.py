@@ -6,11 +6,12 @@ Third-party plugins are distributions that declare an entry point in the group `
     sqrelu = "gptzoo_sqrelu"
 
 They are loaded one at a time: a plugin that fails to import (whatever it raises, KeyboardInterrupt
-and SystemExit included), implements a misspelled hook or has a bad hook signature is reported as
-failed (name, distribution, error) and the others keep working; so is a distribution whose
-``entry_points.txt`` declares the group but cannot be parsed. ``GPTZOO_NO_PLUGINS=1`` skips
-third-party plugins; ``GPTZOO_STRICT_PLUGINS=1`` (or strict=True) makes any failure fatal. Nothing
-is loaded at import time: each call builds a fresh manager.
+and SystemExit included), implements a misspelled hook, has a bad hook signature or declares a hook
+a wrapper (which gptzoo never runs) is reported as failed (name, distribution, error) and the others
+keep working; so is a distribution whose ``entry_points.txt`` declares the group but cannot be
+parsed. ``GPTZOO_NO_PLUGINS=1`` skips third-party plugins; ``GPTZOO_STRICT_PLUGINS=1`` (or
+strict=True) makes any failure fatal. Nothing is loaded at import time: each call builds a fresh
+manager.
 
 While a third-party plugin's code runs (its import, its registration, its register hooks: see
 :func:`guarded`), ``os._exit`` raises :class:`PluginExit` instead of ending the process, so the
@@ -201,7 +202,9 @@ def get_plugin_manager(*, third_party: bool | None = None, strict: bool | None =
     pm = GptzooPluginManager(strict=strict, warn_s=warn_seconds() if third_party else DEFAULT_WARN_S)
     version = gptzoo_version()
     for module_name in DEFAULT_PLUGINS:
-        pm.register(importlib.import_module(module_name), name=module_name)
+        module = importlib.import_module(module_name)
+        pm.register(module, name=module_name)
+        refuse_wrappers(pm, module)
         pm.reports.append(PluginInfo(module_name, module_name, "gptzoo", version, builtin=True))
     pm.check_pending()
     if third_party:
@@ -211,6 +214,19 @@ def get_plugin_manager(*, third_party: bool | None = None, strict: bool | None =
         for ep in sorted(entry_points, key=lambda e: e.name):
             _load_entry_point(pm, ep)
     return pm
+
+
+def refuse_wrappers(pm: GptzooPluginManager, plugin: object) -> None:
+    """Refuse a register hook declared with ``wrapper=True`` or ``hookwrapper=True``: gptzoo calls each
+    plugin's hooks itself, once, so such a hook would never run and the plugin would register nothing."""
+    for caller in pm.get_hookcallers(plugin) or ():
+        for impl in caller.get_hookimpls():
+            if impl.plugin is plugin and (impl.wrapper or impl.hookwrapper):
+                option = "wrapper" if impl.wrapper else "hookwrapper"
+                raise PluginError(
+                    f"its {caller.name} is declared with {option}=True, which gptzoo never runs; declare it with a "
+                    "plain @gptzoo.hookimpl"
+                )
 
 
 def _dist_name(dist: metadata.Distribution) -> str:
@@ -270,6 +286,7 @@ def _load_entry_point(pm: GptzooPluginManager, ep: metadata.EntryPoint) -> None:
             plugin = ep.load()
             pm.register(plugin, name=ep.name)
             pm.check_pending()
+            refuse_wrappers(pm, plugin)
     except BaseException as exc:  # a plugin's import may raise anything, even KeyboardInterrupt: report it and go on
         if plugin is not None and pm.get_plugin(ep.name) is plugin:
             pm.unregister(name=ep.name)  # register() can fail half-way (a bad hook signature)

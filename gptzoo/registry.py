@@ -5,8 +5,10 @@ to that plugin, so every entry knows which plugin, distribution and version it c
 registrations are accepted all together or not at all: a plugin that registers a duplicate name
 (without ``override=True``), registers something malformed (a name that is not a plain word, a
 factory that is not callable, a doc that is not a str, an override that is not a bool) or raises
-is marked failed, and the entries of the others stand. A third-party plugin's hooks run under
-:func:`gptzoo.plugin_manager.guarded` (os._exit is caught, a slow one is named on stderr).
+is marked failed, and the entries of the others stand. A ``register`` called after its hook returned
+(a plugin that kept it) raises a PluginError instead of registering what nobody would see. A
+third-party plugin's hooks run under :func:`gptzoo.plugin_manager.guarded` (os._exit is caught, a
+slow one is named on stderr).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gptzoo.errors import PluginError, RegistryError, UnknownComponentError
-from gptzoo.hookspecs import KINDS
+from gptzoo.hookspecs import CONTRACTS, KINDS
 from gptzoo.plugin_manager import (
     NO_PLUGINS_ENV,
     STRICT_ENV,
@@ -96,7 +98,11 @@ class Registry:
             caller = getattr(pm.hook, f"register_{kind}s")
             for impl in caller.get_hookimpls():
                 if impl.plugin is plugin:
-                    impl.function(register=self._stager(kind, provenance, staged))
+                    register, close = self._stager(kind, provenance, staged)
+                    try:
+                        impl.function(register=register)
+                    finally:
+                        close()
         seen: dict[tuple[str, str], Entry] = {}
         for entry, override in staged:
             key = (entry.kind, entry.name)
@@ -113,8 +119,23 @@ class Registry:
             self._entries[kind][name] = entry
 
     @staticmethod
-    def _stager(kind: str, provenance: Provenance, staged: list[tuple[Entry, bool]]) -> Callable[..., None]:
+    def _stager(
+        kind: str, provenance: Provenance, staged: list[tuple[Entry, bool]]
+    ) -> tuple[Callable[..., None], Callable[[], None]]:
+        """The ``register`` one hook call receives, and what closes it when the hook returns: a plugin
+        that kept it and calls it later gets an error instead of a registration nobody would see."""
+        hook_open = True
+
+        def close() -> None:
+            nonlocal hook_open
+            hook_open = False
+
         def register(name: str, factory: Callable[..., Any], *, doc: str | None = None, override: bool = False) -> None:
+            if not hook_open:
+                raise PluginError(
+                    f"{provenance}: register() was called after {CONTRACTS[kind].hook} returned; call it inside "
+                    "the hook"
+                )
             if not isinstance(name, str) or not NAME.fullmatch(name):
                 raise RegistryError(
                     f"{provenance} registered an invalid {kind} name: {show_plain(name)}; a name is 1 to 64 letters, "
@@ -141,7 +162,7 @@ class Registry:
             staged.append((Entry(kind, name, factory, _first_line(doc), provenance), override))
 
         register.__qualname__ = "register"  # what a TypeError about its arguments calls it
-        return register
+        return register, close
 
 
 def _first_line(text: str) -> str:

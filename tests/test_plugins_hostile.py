@@ -61,6 +61,15 @@ IMPORT_CASES = {
     "multiline": ("raise ValueError('first line\\n\\n  second line')\n", "ValueError: first line second line"),
     "unprintable": (UNPRINTABLE + "raise E('boom')\n", "E (its __str__ raised RuntimeError): E('boom')"),
     "unrepresentable": (UNREPRESENTABLE + "raise E('boom')\n", "E (its __str__ raised RuntimeError)"),
+    **{
+        option: (
+            f"@gptzoo.hookimpl({option}=True)\ndef register_norms(register):\n    register('fine', object)\n"
+            "    yield\n",
+            f"its register_norms is declared with {option}=True, which gptzoo never runs; declare it with a plain "
+            "@gptzoo.hookimpl",
+        )
+        for option in ("wrapper", "hookwrapper")
+    },
 }
 
 
@@ -176,6 +185,10 @@ REGISTER_CASES = {
         hook("import sys; sys.exit(type('R', (), {'__repr__': lambda self: 1 / 0})())"),
         "called sys.exit(<R object>) while registering",
     ),
+    "late": (
+        "kept = []\n\n" + hook("kept.append(register)") + hook("kept[0]('fine', object)", "activation"),
+        PROV + ": register() was called after register_norms returned; call it inside the hook",
+    ),
     "unprintablereg": (UNPRINTABLE + hook("raise E('boom')"), "E (its __str__ raised RuntimeError): E('boom')"),
     "spacename": (
         hook("register('my norm', object)"),
@@ -227,6 +240,19 @@ def test_bad_registration_fails_the_plugin_naming_it(fake_site: FakeSite, no_rea
     with pytest.raises(gptzoo.PluginError) as excinfo:
         gptzoo.get_registry(strict=True)
     assert str(excinfo.value) == strict_message(name, f"failed while registering: {error}")
+
+
+def test_register_kept_past_its_hook_refuses_to_register(fake_site: FakeSite) -> None:
+    """A plugin that stashes ``register`` and calls it once loading is over gets an error, not silence."""
+    fake_site.add("keeper", "gptzoo_fake_keeper", "kept = []\n\n" + hook("kept.append(register)"))
+    registry = gptzoo.get_registry(strict=True)
+    with pytest.raises(gptzoo.PluginError) as excinfo:
+        sys.modules["gptzoo_fake_keeper"].kept[0]("fine", object)
+    assert str(excinfo.value) == (
+        "gptzoo_fake_keeper (gptzoo-fake-keeper 1.0): register() was called after register_norms returned; call it "
+        "inside the hook"
+    )
+    assert "fine" not in registry.names("norm")
 
 
 def test_a_multi_line_doc_is_kept_to_its_first_line(fake_site: FakeSite) -> None:
