@@ -23,12 +23,16 @@ class RegistryError(GptzooError):
     """A registration conflicts with another one (duplicate name without ``override=True``)."""
 
 
+MAX_LISTED = 20
+"""The most names an 'unknown name' message lists; it counts the others."""
+
+
 class UnknownComponentError(RegistryError):
     """A component name that no plugin registered."""
 
-    def __init__(self, kind: str, name: str, available: Iterable[str]) -> None:
+    def __init__(self, kind: str, name: str, available: Iterable[str], *, more: str = "") -> None:
         self.kind, self.name, self.available = kind, name, sorted(available)
-        super().__init__(f"unknown {kind} {name!r}{did_you_mean(name, self.available)}")
+        super().__init__(f"unknown {kind} {name!r}{did_you_mean(name, self.available, more=more)}")
 
 
 class RecipeError(GptzooError):
@@ -91,11 +95,14 @@ def describe_exception(exc: BaseException) -> str:
     return text if isinstance(exc, GptzooError) else f"{type(exc).__name__}: {text}"
 
 
-def did_you_mean(name: str, available: Sequence[str]) -> str:
-    """The tail of an 'unknown name' message: the closest match, then everything available."""
+def did_you_mean(name: str, available: Sequence[str], *, more: str = "") -> str:
+    """The tail of an 'unknown name' message: the closest match, then what is available: the first
+    MAX_LISTED names and how many others, followed by ``more`` (where to see them all)."""
     close = difflib.get_close_matches(name, available, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
-    listing = ", ".join(available) if available else "nothing"
+    listing = ", ".join(available[:MAX_LISTED]) if available else "nothing"
+    if len(available) > MAX_LISTED:
+        listing += f", and {len(available) - MAX_LISTED} more" + (f": {more}" if more else "")
     return f"{hint} (available: {listing})"
 
 

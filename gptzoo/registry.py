@@ -71,7 +71,7 @@ class Registry:
         try:
             return entries[name]
         except KeyError:
-            raise UnknownComponentError(kind, name, entries) from None
+            raise UnknownComponentError(kind, name, entries, more=f"see `gptzoo list {kind}`") from None
 
     def names(self, kind: str) -> list[str]:
         return sorted(self._kind(kind))

@@ -255,6 +255,18 @@ def test_register_kept_past_its_hook_refuses_to_register(fake_site: FakeSite) ->
     assert "fine" not in registry.names("norm")
 
 
+def test_an_unknown_name_among_many_lists_a_few(fake_site: FakeSite, capsys: pytest.CaptureFixture[str]) -> None:
+    """20,000 registrations: the message keeps the did-you-mean and lists 20 names, then counts the rest."""
+    fake_site.add("many", "gptzoo_fake_many", hook("for i in range(20000): register(f'n{i:05d}', object, doc='one')"))
+    names = gptzoo.get_registry().names("norm")
+    listing = f"{', '.join(names[:20])}, and {len(names) - 20} more: see `gptzoo list norm`"
+    message = f"[model] norm: unknown norm 'n19999x'; did you mean 'n19999'? (available: {listing})"
+    with pytest.raises(gptzoo.RecipeError) as excinfo:
+        gptzoo.load_recipe("gpt2-tiny", ["model.norm=n19999x"], registry=gptzoo.get_registry())
+    assert excinfo.value.problems == [message]
+    assert run_error(capsys, "build", "gpt2-tiny", "--set", "model.norm=n19999x").endswith(message)
+
+
 def test_a_multi_line_doc_is_kept_to_its_first_line(fake_site: FakeSite) -> None:
     fake_site.add("docs", "gptzoo_fake_docs", hook("register('fine', object, doc='  First line.\\nSecond.')"))
     assert gptzoo.get_registry(strict=True).get("norm", "fine").doc == "First line."
