@@ -4,11 +4,11 @@ It is filled by calling each plugin's ``register_<kind>s`` hook with a ``registe
 to that plugin, so every entry knows which plugin, distribution and version it came from. A plugin's
 registrations are accepted all together or not at all: a plugin that registers a duplicate name
 (without ``override=True``), registers something malformed (a name that is not a plain word, a
-factory that is not callable, a doc that is not a str, an override that is not a bool) or raises
-is marked failed, and the entries of the others stand. A ``register`` called after its hook returned
-(a plugin that kept it) raises a PluginError instead of registering what nobody would see. A
-third-party plugin's hooks run under :func:`gptzoo.plugin_manager.guarded` (os._exit is caught, a
-slow one is named on stderr).
+factory that is not callable, a doc that is not a str or holds a control character, an override that
+is not a bool) or raises is marked failed, and the entries of the others stand. A ``register``
+called after its hook returned (a plugin that kept it) raises a PluginError instead of registering
+what nobody would see. A third-party plugin's hooks run under :func:`gptzoo.plugin_manager.guarded`
+(os._exit is caught, a slow one is named on stderr).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import inspect
 import re
+import unicodedata
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
@@ -156,10 +157,19 @@ class Registry:
                 raise RegistryError(
                     f"{what} with an override that is not a bool: {show_plain(override)}; use True or False"
                 )
+            given = doc is not None
             if doc is None:
                 documented = factory.func if isinstance(factory, functools.partial) else factory
                 doc = inspect.getdoc(documented) or ""
-            staged.append((Entry(kind, name, factory, _first_line(doc), provenance), override))
+            line = _first_line(doc)
+            if reason := _not_text(line):
+                raise RegistryError(
+                    f"{what} with a doc holding {reason}: {show_plain(line)}; doc is one line of plain text"
+                    if given
+                    else f"{what} with a factory whose docstring holds {reason} in its first line: {show_plain(line)}; "
+                    "write that line as plain text, or pass doc"
+                )
+            staged.append((Entry(kind, name, factory, line, provenance), override))
 
         register.__qualname__ = "register"  # what a TypeError about its arguments calls it
         return register, close
@@ -167,6 +177,16 @@ class Registry:
 
 def _first_line(text: str) -> str:
     return text.strip().split("\n", 1)[0].strip()
+
+
+def _not_text(line: str) -> str | None:
+    """What in a line would not reach a terminal as text (a control character, such as an ANSI escape,
+    or a lone surrogate, which cannot be encoded), or None."""
+    for ch in line:
+        category = unicodedata.category(ch)
+        if category in ("Cc", "Cs"):
+            return "a control character" if category == "Cc" else "a lone surrogate"
+    return None
 
 
 def show_plain(value: object) -> str:

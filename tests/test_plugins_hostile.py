@@ -219,6 +219,21 @@ REGISTER_CASES = {
         PROV + " registered norm 'fine' with a doc that is not a str: an object of type list; doc is one line of "
         "text, or None for the factory's docstring",
     ),
+    "ansidoc": (
+        hook("register('fine', object, doc='\\x1b[31mred\\x1b[0m')"),
+        PROV + " registered norm 'fine' with a doc holding a control character: '\\x1b[31mred\\x1b[0m'; doc is one "
+        "line of plain text",
+    ),
+    "ansidocstring": (
+        'class Fine:\n    """\\x1b[2Jcleared the screen."""\n\n\n' + hook("register('fine', Fine)"),
+        PROV + " registered norm 'fine' with a factory whose docstring holds a control character in its first "
+        "line: '\\x1b[2Jcleared the screen.'; write that line as plain text, or pass doc",
+    ),
+    "surrogatedoc": (
+        hook("register('fine', object, doc='caf\\udce9')"),
+        PROV + " registered norm 'fine' with a doc holding a lone surrogate: 'caf\\udce9'; doc is one line of "
+        "plain text",
+    ),
     "badoverride": (
         hook("register('fine', object, override='yes')"),
         PROV + " registered norm 'fine' with an override that is not a bool: 'yes'; use True or False",
