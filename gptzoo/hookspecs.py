@@ -28,10 +28,12 @@ Optional methods, for every kind:
 
 - ``check(**params) -> list[str]`` on the factory (e.g. a staticmethod): it receives the same
   arguments as the factory and returns problems found before anything is allocated (e.g. rope
-  needs an even head dimension). Recipe validation reports them with the other problems. Before
-  ``check`` runs, validation refuses any float parameter that is not finite (nan, +-inf) and any
-  integer outside int64, and passes a parameter whose default is a float as a Python float; a
-  component that needs "no limit" takes a finite sentinel (e.g. 0), not inf.
+  needs an even head dimension). Recipe validation reports them with the other problems; a check
+  that raises, or returns anything but a list (or tuple) of str, is a PluginError naming its plugin
+  (gptzoo.factories, which runs factories the same way). Before ``check`` runs, validation refuses
+  any float parameter that is not finite (nan, +-inf) and any integer outside int64, and passes a
+  parameter whose default is a float as a Python float; a component that needs "no limit" takes a
+  finite sentinel (e.g. 0), not inf.
 - ``hf_weights(family: str) -> list[TensorMap] | None`` on the built module: where its tensors live
   in a Hugging Face checkpoint of that family ("gpt2": GPT2LMHeadModel, "llama":
   LlamaForCausalLM), relative to its place there (gptzoo.interfaces.TensorMap). The maps must cover
