@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from gptzoo.errors import GptzooError, terminal_text
+from gptzoo.errors import GptzooError, exception_text, terminal_text
 from gptzoo.fetch import FETCHABLE, fetch
 from gptzoo.hf import export_hf
 from gptzoo.hf.compare import DEFAULT_PROMPT, compare
@@ -668,12 +668,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except GptzooError as exc:
         if args.debug:
             traceback.print_exc()
-        line = f"[red]error:[/red] {escape(terminal_text(str(exc), lines=exc.multiline))}"
-        code = _fail(args.json, out, err, line, str(exc), EXIT_USER_ERROR)
+        message = exception_text(exc)
+        line = f"[red]error:[/red] {escape(terminal_text(message, lines=exc.multiline))}"
+        code = _fail(args.json, out, err, line, message, EXIT_USER_ERROR)
     except KeyboardInterrupt as exc:  # gptzoo.errors.Interrupted says what was kept
         if args.debug:
             traceback.print_exc()
-        message = f"interrupted: {exc}" if str(exc) else "interrupted"
+        text = exception_text(exc)
+        message = f"interrupted: {text}" if text else "interrupted"
         code = _fail(args.json, out, err, f"[yellow]{escape(terminal_text(message))}[/yellow]", message, 130)
     except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as other commands do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -27,12 +27,16 @@ class RegistryError(GptzooError):
     """A registration conflicts with another one (duplicate name without ``override=True``)."""
 
 
+MAX_LISTED = 20
+"""The most names an 'unknown name' message lists; it counts the others."""
+
+
 class UnknownComponentError(RegistryError):
     """A component name that no plugin registered."""
 
-    def __init__(self, kind: str, name: str, available: Iterable[str]) -> None:
+    def __init__(self, kind: str, name: str, available: Iterable[str], *, more: str = "") -> None:
         self.kind, self.name, self.available = kind, name, sorted(available)
-        super().__init__(f"unknown {kind} {name!r}{did_you_mean(name, self.available)}")
+        super().__init__(f"unknown {kind} {name!r}{did_you_mean(name, self.available, more=more)}")
 
 
 class RecipeError(GptzooError):
@@ -72,16 +76,57 @@ def terminal_text(text: str, *, lines: bool = False) -> str:
     )
 
 
+def _str(exc: BaseException) -> tuple[str, bool]:
+    """``(str(exc), True)``, or, when its ``__str__`` raises (or returns no str), ``(a description
+    of it, False)``: its type name, what ``__str__`` raised and, if that works, its repr."""
+    try:
+        return str(exc), True
+    except KeyboardInterrupt:
+        raise
+    except BaseException as err:
+        shown = f"{type(exc).__name__} (its __str__ raised {type(err).__name__})"
+    try:
+        return f"{shown}: {repr(exc)}", False
+    except KeyboardInterrupt:
+        raise
+    except BaseException:
+        return shown, False
+
+
+def safe_repr(value: object) -> str:
+    """``repr(value)``, or ``<TYPE object>`` when its ``__repr__`` raises."""
+    try:
+        return repr(value)
+    except KeyboardInterrupt:
+        raise
+    except BaseException:
+        return f"<{type(value).__name__} object>"
+
+
+def exception_text(exc: BaseException) -> str:
+    """``str(exc)``, never raising (see :func:`_str` for an exception that cannot be printed)."""
+    return _str(exc)[0]
+
+
 def describe_exception(exc: BaseException) -> str:
-    """Our own errors by their message; anything else (a plugin's bug) with its type."""
-    return str(exc) if isinstance(exc, GptzooError) else f"{type(exc).__name__}: {exc}"
+    """Our own errors by their message; anything else (a plugin's bug) with its type, or by its type
+    alone when it says nothing. Never raises, whatever the exception's ``__str__`` does."""
+    text, printable = _str(exc)
+    if not printable:
+        return text
+    if not text:
+        return type(exc).__name__
+    return text if isinstance(exc, GptzooError) else f"{type(exc).__name__}: {text}"
 
 
-def did_you_mean(name: str, available: Sequence[str]) -> str:
-    """The tail of an 'unknown name' message: the closest match, then everything available."""
+def did_you_mean(name: str, available: Sequence[str], *, more: str = "") -> str:
+    """The tail of an 'unknown name' message: the closest match, then what is available: the first
+    MAX_LISTED names and how many others, followed by ``more`` (where to see them all)."""
     close = difflib.get_close_matches(name, available, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
-    listing = ", ".join(available) if available else "nothing"
+    listing = ", ".join(available[:MAX_LISTED]) if available else "nothing"
+    if len(available) > MAX_LISTED:
+        listing += f", and {len(available) - MAX_LISTED} more" + (f": {more}" if more else "")
     return f"{hint} (available: {listing})"
 
 

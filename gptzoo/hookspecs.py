@@ -28,10 +28,12 @@ Optional methods, for every kind:
 
 - ``check(**params) -> list[str]`` on the factory (e.g. a staticmethod): it receives the same
   arguments as the factory and returns problems found before anything is allocated (e.g. rope
-  needs an even head dimension). Recipe validation reports them with the other problems. Before
-  ``check`` runs, validation refuses any float parameter that is not finite (nan, +-inf) and any
-  integer outside int64, and passes a parameter whose default is a float as a Python float; a
-  component that needs "no limit" takes a finite sentinel (e.g. 0), not inf.
+  needs an even head dimension). Recipe validation reports them with the other problems; a check
+  that raises, or returns anything but a list (or tuple) of str, is a PluginError naming its plugin
+  (gptzoo.factories, which runs factories the same way). Before ``check`` runs, validation refuses
+  any float parameter that is not finite (nan, +-inf) and any integer outside int64, and passes a
+  parameter whose default is a float as a Python float; a component that needs "no limit" takes a
+  finite sentinel (e.g. 0), not inf.
 - ``hf_weights(family: str) -> list[TensorMap] | None`` on the built module: where its tensors live
   in a Hugging Face checkpoint of that family ("gpt2": GPT2LMHeadModel, "llama":
   LlamaForCausalLM), relative to its place there (gptzoo.interfaces.TensorMap). The maps must cover
@@ -74,6 +76,8 @@ class Contract:
     """Attributes and methods the built object must have."""
     optional: tuple[str, ...] = ("check", "hf_weights")
     """Methods it may have (see the module docstring)."""
+    module: bool = True
+    """Whether the built object must be a torch nn.Module (a model's component); if not, it must be callable."""
 
     @property
     def hook(self) -> str:
@@ -123,7 +127,7 @@ CONTRACTS: dict[str, Contract] = {
             ),
             members=("c_proj", "init_cache", "flops"),
         ),
-        Contract("sampler", "Sampler", None, members=("picks", "pick"), optional=("check",)),
+        Contract("sampler", "Sampler", None, members=("picks", "pick"), optional=("check",), module=False),
     )
 }
 """kind -> its contract, in the order a model is described."""

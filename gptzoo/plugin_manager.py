@@ -6,15 +6,17 @@ Third-party plugins are distributions that declare an entry point in the group `
     sqrelu = "gptzoo_sqrelu"
 
 They are loaded one at a time: a plugin that fails to import (whatever it raises, KeyboardInterrupt
-and SystemExit included), implements a misspelled hook or has a bad hook signature is reported as
-failed (name, distribution, error) and the others keep working; so is a distribution whose
-``entry_points.txt`` declares the group but cannot be parsed. ``GPTZOO_NO_PLUGINS=1`` skips
-third-party plugins; ``GPTZOO_STRICT_PLUGINS=1`` (or strict=True) makes any failure fatal. Nothing
-is loaded at import time: each call builds a fresh manager.
+and SystemExit included), implements a misspelled hook, has a bad hook signature or declares a hook
+a wrapper (which gptzoo never runs) is reported as failed (name, distribution, error) and the others
+keep working; so is a distribution whose ``entry_points.txt`` declares the group but cannot be
+parsed. ``GPTZOO_NO_PLUGINS=1`` skips third-party plugins; ``GPTZOO_STRICT_PLUGINS=1`` (or
+strict=True) makes any failure fatal. Nothing is loaded at import time: each call builds a fresh
+manager.
 
 While a third-party plugin's code runs (its import, its registration, its register hooks: see
 :func:`guarded`), ``os._exit`` raises :class:`PluginExit` instead of ending the process, so the
-plugin is reported failed; the real ``os._exit`` is put back afterwards. A plugin that takes longer
+plugin is reported failed; the real ``os._exit`` is put back afterwards (gptzoo.factories does the
+same, with :func:`exit_guard`, while any component's factory or check runs). A plugin that takes longer
 than ``$GPTZOO_PLUGIN_WARN_S`` seconds (default 5; 0: never) gets one line on stderr naming it and
 how to skip it. There is no hard timeout: Python cannot abort an import from outside, so the line is
 all that happens and the plugin goes on; Ctrl-C then interrupts its import, which fails that plugin
@@ -39,7 +41,7 @@ from typing import Literal, NoReturn
 import pluggy
 
 from gptzoo import hookspecs
-from gptzoo.errors import PluginError, describe_exception
+from gptzoo.errors import PluginError, describe_exception, safe_repr
 
 ENTRY_POINT_GROUP = "gptzoo"
 NO_PLUGINS_ENV = "GPTZOO_NO_PLUGINS"
@@ -122,14 +124,20 @@ def strict_failure(info: PluginInfo, what: str) -> str:
     )
 
 
+def describe_raised(exc: BaseException) -> str:
+    """One line for what a plugin's code raised: ``called os._exit(3)``, ``called sys.exit(4)``, or
+    the exception (see gptzoo.errors.describe_exception: this never raises either)."""
+    if isinstance(exc, PluginExit):
+        return f"called os._exit({safe_repr(exc.code)})"
+    if isinstance(exc, SystemExit):
+        return f"called sys.exit({safe_repr(exc.code)})"
+    return " ".join(describe_exception(exc).split())
+
+
 def describe_failure(exc: BaseException, doing: str) -> str:
     """One line for what a plugin's code raised while ``doing`` ("at import", "while registering")."""
-    if isinstance(exc, PluginExit):
-        return f"called os._exit({exc.code!r}) {doing}"
-    if isinstance(exc, SystemExit):
-        return f"called sys.exit({exc.code!r}) {doing}"
-    text = describe_exception(exc) if str(exc) else type(exc).__name__
-    return " ".join(text.split())
+    text = describe_raised(exc)
+    return f"{text} {doing}" if isinstance(exc, (PluginExit, SystemExit)) else text
 
 
 _real_exit = os._exit
@@ -155,24 +163,34 @@ def _warn_slow(info: PluginInfo, doing: str, seconds: float) -> None:
 
 
 @contextmanager
-def guarded(info: PluginInfo, doing: str, warn_s: float) -> Iterator[None]:
-    """Run a third-party plugin's code: ``os._exit`` raises :class:`PluginExit`, and if it takes
-    longer than ``warn_s`` seconds (0: never) one line on stderr names the plugin and how to skip it."""
+def exit_guard() -> Iterator[None]:
+    """Run a plugin's code with ``os._exit`` raising :class:`PluginExit` instead of ending the process;
+    the real one is put back afterwards (blocks may nest)."""
     global _guards
-    timer = threading.Timer(warn_s, _warn_slow, (info, doing, warn_s)) if warn_s > 0 else None
     saved = os._exit
     os._exit = _exit_stand_in
     _guards += 1
     try:
-        if timer is not None:
-            timer.daemon = True
-            timer.start()
         yield
     finally:
-        if timer is not None:
-            timer.cancel()
         _guards -= 1
         os._exit = saved
+
+
+@contextmanager
+def guarded(info: PluginInfo, doing: str, warn_s: float) -> Iterator[None]:
+    """Run a third-party plugin's import or registration under :func:`exit_guard`, and if it takes
+    longer than ``warn_s`` seconds (0: never) one line on stderr names the plugin and how to skip it."""
+    timer = threading.Timer(warn_s, _warn_slow, (info, doing, warn_s)) if warn_s > 0 else None
+    with exit_guard():
+        try:
+            if timer is not None:
+                timer.daemon = True
+                timer.start()
+            yield
+        finally:
+            if timer is not None:
+                timer.cancel()
 
 
 def get_plugin_manager(*, third_party: bool | None = None, strict: bool | None = None) -> GptzooPluginManager:
@@ -184,7 +202,9 @@ def get_plugin_manager(*, third_party: bool | None = None, strict: bool | None =
     pm = GptzooPluginManager(strict=strict, warn_s=warn_seconds() if third_party else DEFAULT_WARN_S)
     version = gptzoo_version()
     for module_name in DEFAULT_PLUGINS:
-        pm.register(importlib.import_module(module_name), name=module_name)
+        module = importlib.import_module(module_name)
+        pm.register(module, name=module_name)
+        refuse_wrappers(pm, module)
         pm.reports.append(PluginInfo(module_name, module_name, "gptzoo", version, builtin=True))
     pm.check_pending()
     if third_party:
@@ -194,6 +214,19 @@ def get_plugin_manager(*, third_party: bool | None = None, strict: bool | None =
         for ep in sorted(entry_points, key=lambda e: e.name):
             _load_entry_point(pm, ep)
     return pm
+
+
+def refuse_wrappers(pm: GptzooPluginManager, plugin: object) -> None:
+    """Refuse a register hook declared with ``wrapper=True`` or ``hookwrapper=True``: gptzoo calls each
+    plugin's hooks itself, once, so such a hook would never run and the plugin would register nothing."""
+    for caller in pm.get_hookcallers(plugin) or ():
+        for impl in caller.get_hookimpls():
+            if impl.plugin is plugin and (impl.wrapper or impl.hookwrapper):
+                option = "wrapper" if impl.wrapper else "hookwrapper"
+                raise PluginError(
+                    f"its {caller.name} is declared with {option}=True, which gptzoo never runs; declare it with a "
+                    "plain @gptzoo.hookimpl"
+                )
 
 
 def _dist_name(dist: metadata.Distribution) -> str:
@@ -253,6 +286,7 @@ def _load_entry_point(pm: GptzooPluginManager, ep: metadata.EntryPoint) -> None:
             plugin = ep.load()
             pm.register(plugin, name=ep.name)
             pm.check_pending()
+            refuse_wrappers(pm, plugin)
     except BaseException as exc:  # a plugin's import may raise anything, even KeyboardInterrupt: report it and go on
         if plugin is not None and pm.get_plugin(ep.name) is plugin:
             pm.unregister(name=ep.name)  # register() can fail half-way (a bad hook signature)

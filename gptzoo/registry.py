@@ -4,9 +4,11 @@ It is filled by calling each plugin's ``register_<kind>s`` hook with a ``registe
 to that plugin, so every entry knows which plugin, distribution and version it came from. A plugin's
 registrations are accepted all together or not at all: a plugin that registers a duplicate name
 (without ``override=True``), registers something malformed (a name that is not a plain word, a
-factory that is not callable, a doc that is not a str, an override that is not a bool) or raises
-is marked failed, and the entries of the others stand. A third-party plugin's hooks run under
-:func:`gptzoo.plugin_manager.guarded` (os._exit is caught, a slow one is named on stderr).
+factory that is not callable, a doc that is not a str or holds a control character, an override that
+is not a bool) or raises is marked failed, and the entries of the others stand. A ``register``
+called after its hook returned (a plugin that kept it) raises a PluginError instead of registering
+what nobody would see. A third-party plugin's hooks run under :func:`gptzoo.plugin_manager.guarded`
+(os._exit is caught, a slow one is named on stderr).
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ from __future__ import annotations
 import functools
 import inspect
 import re
+import unicodedata
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
 from gptzoo.errors import PluginError, RegistryError, UnknownComponentError
-from gptzoo.hookspecs import KINDS
+from gptzoo.hookspecs import CONTRACTS, KINDS
 from gptzoo.plugin_manager import (
     NO_PLUGINS_ENV,
     STRICT_ENV,
@@ -69,7 +72,7 @@ class Registry:
         try:
             return entries[name]
         except KeyError:
-            raise UnknownComponentError(kind, name, entries) from None
+            raise UnknownComponentError(kind, name, entries, more=f"see `gptzoo list {kind}`") from None
 
     def names(self, kind: str) -> list[str]:
         return sorted(self._kind(kind))
@@ -96,7 +99,11 @@ class Registry:
             caller = getattr(pm.hook, f"register_{kind}s")
             for impl in caller.get_hookimpls():
                 if impl.plugin is plugin:
-                    impl.function(register=self._stager(kind, provenance, staged))
+                    register, close = self._stager(kind, provenance, staged)
+                    try:
+                        impl.function(register=register)
+                    finally:
+                        close()
         seen: dict[tuple[str, str], Entry] = {}
         for entry, override in staged:
             key = (entry.kind, entry.name)
@@ -113,43 +120,80 @@ class Registry:
             self._entries[kind][name] = entry
 
     @staticmethod
-    def _stager(kind: str, provenance: Provenance, staged: list[tuple[Entry, bool]]) -> Callable[..., None]:
+    def _stager(
+        kind: str, provenance: Provenance, staged: list[tuple[Entry, bool]]
+    ) -> tuple[Callable[..., None], Callable[[], None]]:
+        """The ``register`` one hook call receives, and what closes it when the hook returns: a plugin
+        that kept it and calls it later gets an error instead of a registration nobody would see."""
+        hook_open = True
+
+        def close() -> None:
+            nonlocal hook_open
+            hook_open = False
+
         def register(name: str, factory: Callable[..., Any], *, doc: str | None = None, override: bool = False) -> None:
+            if not hook_open:
+                raise PluginError(
+                    f"{provenance}: register() was called after {CONTRACTS[kind].hook} returned; call it inside "
+                    "the hook"
+                )
             if not isinstance(name, str) or not NAME.fullmatch(name):
                 raise RegistryError(
-                    f"{provenance} registered an invalid {kind} name: {_show(name)}; a name is 1 to 64 letters, "
+                    f"{provenance} registered an invalid {kind} name: {show_plain(name)}; a name is 1 to 64 letters, "
                     "digits, '_', '-' or '.', starting with a letter, digit or '_'"
                 )
             what = f"{provenance} registered {kind} {name!r}"
             if not callable(factory):
                 raise RegistryError(
-                    f"{what} with a factory that is not callable: {_show(factory)}; pass the class or function "
+                    f"{what} with a factory that is not callable: {show_plain(factory)}; pass the class or function "
                     "that builds it"
                 )
             if doc is not None and not isinstance(doc, str):
                 raise RegistryError(
-                    f"{what} with a doc that is not a str: {_show(doc)}; doc is one line of text, or None for the "
+                    f"{what} with a doc that is not a str: {show_plain(doc)}; doc is one line of text, or None for the "
                     "factory's docstring"
                 )
             if not isinstance(override, bool):
-                raise RegistryError(f"{what} with an override that is not a bool: {_show(override)}; use True or False")
+                raise RegistryError(
+                    f"{what} with an override that is not a bool: {show_plain(override)}; use True or False"
+                )
+            given = doc is not None
             if doc is None:
                 documented = factory.func if isinstance(factory, functools.partial) else factory
                 doc = inspect.getdoc(documented) or ""
-            staged.append((Entry(kind, name, factory, _first_line(doc), provenance), override))
+            line = _first_line(doc)
+            if reason := _not_text(line):
+                raise RegistryError(
+                    f"{what} with a doc holding {reason}: {show_plain(line)}; doc is one line of plain text"
+                    if given
+                    else f"{what} with a factory whose docstring holds {reason} in its first line: {show_plain(line)}; "
+                    "write that line as plain text, or pass doc"
+                )
+            staged.append((Entry(kind, name, factory, line, provenance), override))
 
         register.__qualname__ = "register"  # what a TypeError about its arguments calls it
-        return register
+        return register, close
 
 
 def _first_line(text: str) -> str:
     return text.strip().split("\n", 1)[0].strip()
 
 
-def _show(value: object) -> str:
-    """A short, safe rendering of what a plugin passed: the repr of a plain value, else its type."""
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        text = repr(value)
+def _not_text(line: str) -> str | None:
+    """What in a line would not reach a terminal as text (a control character, such as an ANSI escape,
+    or a lone surrogate, which cannot be encoded), or None."""
+    for ch in line:
+        category = unicodedata.category(ch)
+        if category in ("Cc", "Cs"):
+            return "a control character" if category == "Cc" else "a lone surrogate"
+    return None
+
+
+def show_plain(value: object) -> str:
+    """A short, safe rendering of what a plugin passed or returned: the repr of a plain value (not of a
+    subclass, whose repr is its own code), else its type."""
+    if type(value) in (str, int, float, bool) or value is None:
+        text = repr(value) if not isinstance(value, int) or value.bit_length() <= 128 else "a large integer"
         return text if len(text) <= 60 else text[:57] + "..."
     return f"an object of type {type(value).__name__}"
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,3 +36,15 @@ def fake_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeS
     importlib.invalidate_caches()
     yield site
     site.forget_modules()
+
+
+@pytest.fixture
+def no_real_exit(monkeypatch: pytest.MonkeyPatch) -> object:
+    """os._exit replaced by a function that raises: a guard that failed to catch it fails the test
+    instead of ending pytest; the guard must put this one back."""
+
+    def forbidden(code: int) -> None:
+        raise AssertionError(f"the real os._exit({code}) was reached")
+
+    monkeypatch.setattr(os, "_exit", forbidden)
+    return forbidden

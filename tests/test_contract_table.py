@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
 import re
 from dataclasses import fields, replace
 from pathlib import Path
@@ -17,6 +18,7 @@ from torch import nn
 import gptzoo
 from gptzoo import hookspecs, interfaces
 from gptzoo.hookspecs import CONTRACTS, KINDS
+from gptzoo.inference.sampling import SamplerChain
 from gptzoo.model.build import build_model
 from gptzoo.plugin_manager import DEFAULT_PLUGINS
 from gptzoo.recipe import COMPONENT_KEYS, ModelSpec, load_recipe
@@ -148,6 +150,46 @@ def register_activations(register):
 """
 
 
+def norm_factory(name: str, body: str) -> str:
+    """A plugin registering norm ``name`` whose factory runs ``body`` (one line)."""
+    return f"""
+def factory(dim, *, eps=1e-5):
+    {body}
+
+@gptzoo.hookimpl
+def register_norms(register):
+    register({name!r}, factory, doc="a norm factory that misbehaves")
+"""
+
+
+UNREADABLE_SIGNATURE = """
+class Factory:
+    @property
+    def __signature__(self):
+        raise RuntimeError("no signature today")
+
+    def __call__(self, dim, *, eps=1e-5):
+        raise AssertionError("never built")
+
+@gptzoo.hookimpl
+def register_norms(register):
+    register("nosig", Factory(), doc="a norm factory whose signature cannot be read")
+"""
+
+UNPRINTABLE = """
+class E(Exception):
+    def __str__(self):
+        raise RuntimeError
+
+def factory(dim, *, eps=1e-5):
+    raise E("boom")
+
+@gptzoo.hookimpl
+def register_norms(register):
+    register("unprintable", factory, doc="a norm factory raising an exception that cannot be printed")
+"""
+
+
 @pytest.fixture
 def site(fake_site: FakeSite, monkeypatch: pytest.MonkeyPatch) -> FakeSite:
     monkeypatch.delenv("GPTZOO_NO_PLUGINS", raising=False)
@@ -184,11 +226,56 @@ def site(fake_site: FakeSite, monkeypatch: pytest.MonkeyPatch) -> FakeSite:
             "without nn.Module, which the activation contract requires (gptzoo.hookspecs.CONTRACTS, interface "
             "gptzoo.interfaces.Activation); fix the plugin, or choose another activation",
         ),
+        (
+            norm_factory("exiting", "import sys; sys.exit(3)"),
+            "model.norm=exiting",
+            "norm 'exiting' from gptzoo_fake_exits (gptzoo-fake-exits 1.0) failed to build: called sys.exit(3); "
+            "fix the plugin, or choose another norm",
+        ),
+        (
+            norm_factory("osexiting", "import os; os._exit(5)"),
+            "model.norm=osexiting",
+            "norm 'osexiting' from gptzoo_fake_osexits (gptzoo-fake-osexits 1.0) failed to build: called "
+            "os._exit(5); fix the plugin, or choose another norm",
+        ),
+        (
+            UNPRINTABLE,
+            "model.norm=unprintable",
+            "norm 'unprintable' from gptzoo_fake_unprintable (gptzoo-fake-unprintable 1.0) failed to build: E (its "
+            "__str__ raised RuntimeError): E('boom'); fix the plugin, or choose another norm",
+        ),
+        (
+            norm_factory("picky", "raise gptzoo.GptzooError('picky needs a GPU; build it with --device cuda')"),
+            "model.norm=picky",
+            "norm 'picky' from gptzoo_fake_gptzooerror (gptzoo-fake-gptzooerror 1.0): picky needs a GPU; build it "
+            "with --device cuda",
+        ),
+        (
+            UNREADABLE_SIGNATURE,
+            "model.norm=nosig",
+            "norm 'nosig' from gptzoo_fake_nosignature (gptzoo-fake-nosignature 1.0) has a signature that cannot "
+            "be read: RuntimeError: no signature today; fix the plugin, or choose another norm",
+        ),
     ],
-    ids=["wrong-signature", "raises", "missing-members", "not-a-module"],
+    ids=[
+        "wrong-signature",
+        "raises",
+        "missing-members",
+        "not-a-module",
+        "sys-exit",
+        "os-exit",
+        "unprintable",
+        "gptzoo-error",
+        "unreadable-signature",
+    ],
 )
 def test_a_component_that_breaks_its_contract_is_refused_at_build(
-    site: FakeSite, capsys: pytest.CaptureFixture[str], source: str, override: str, message: str
+    site: FakeSite,
+    no_real_exit: object,
+    capsys: pytest.CaptureFixture[str],
+    source: str,
+    override: str,
+    message: str,
 ) -> None:
     module = re.search(r"from (gptzoo_fake_\w+)", message).group(1)
     site.add(module.removeprefix("gptzoo_fake_"), module, source)
@@ -235,3 +322,243 @@ def test_builtin_components_satisfy_their_protocols(registry: gptzoo.Registry) -
         interface = getattr(interfaces, CONTRACTS[kind].interface)
         assert isinstance(module, interface), kind
         assert isinstance(module, nn.Module)
+
+
+def test_ctrl_c_in_a_factory_stays_an_interrupt(site: FakeSite, capsys: pytest.CaptureFixture[str]) -> None:
+    site.add("ctrlc", "gptzoo_fake_ctrlc", norm_factory("ctrlc", "raise KeyboardInterrupt"))
+    with pytest.raises(KeyboardInterrupt):
+        build_model(load_recipe("gpt2-tiny", ["model.norm=ctrlc"]), device="meta")
+    assert gptzoo.cli.main(["build", "gpt2-tiny", "--set", "model.norm=ctrlc"]) == 130
+    assert capsys.readouterr().err == "interrupted\n"
+
+
+# --- a factory's check ---------------------------------------------------------------------------------------
+
+CHECKED = """
+import torch
+from gptzoo.interfaces import Sampler
+
+
+class CheckedNorm(torch.nn.Module):
+    check = {check}
+
+    def __init__(self, dim, *, eps=1e-5):
+        super().__init__()
+
+    def forward(self, x):
+        return x
+
+
+class CheckedSampler(Sampler):
+    check = {check}
+
+    def __init__(self, *, p=0.5):
+        self.p = p
+
+
+@gptzoo.hookimpl
+def register_norms(register):
+    register("checked", CheckedNorm, doc="a norm with a check")
+
+
+@gptzoo.hookimpl
+def register_samplers(register):
+    register("checked", CheckedSampler, doc="a sampler with a check")
+"""
+
+BROKEN_CHECKS = {
+    "raises": ("staticmethod(lambda **params: 1 / 0)", "ZeroDivisionError: division by zero"),
+    "returns-none": ("staticmethod(lambda **params: None)", "it returned None, not a list of str"),
+    "returns-str": ("staticmethod(lambda **params: 'eps is bad')", "it returned 'eps is bad', not a list of str"),
+    "returns-non-str": ("staticmethod(lambda **params: ['fine', 42])", "it returned a list holding 42, not only str"),
+    "not-callable": ("42", "it is 42, not a function"),
+    "wrong-signature": (
+        "staticmethod(lambda: [])",
+        "TypeError: {cls}.<lambda>() got an unexpected keyword argument '{arg}'",
+    ),
+    "sys-exit": ("staticmethod(lambda **params: __import__('sys').exit(2))", "called sys.exit(2)"),
+    "os-exit": ("staticmethod(lambda **params: __import__('os')._exit(6))", "called os._exit(6)"),
+}
+CHECKED_RECIPE = {"norm": "model.norm=checked", "sampler": 'generate.samplers=[{ name = "checked", p = 0.25 }]'}
+CHECKED_ARG = {"norm": ("CheckedNorm", "dim"), "sampler": ("CheckedSampler", "p")}
+"""The class of each kind's checked component and the first argument its check receives."""
+
+
+@pytest.mark.parametrize("kind", CHECKED_RECIPE)
+@pytest.mark.parametrize("case", BROKEN_CHECKS)
+def test_a_broken_check_is_a_plugin_error(
+    site: FakeSite, no_real_exit: object, capsys: pytest.CaptureFixture[str], case: str, kind: str
+) -> None:
+    check, what = BROKEN_CHECKS[case]
+    site.add("check", "gptzoo_fake_check", CHECKED.format(check=check))
+    cls, arg = CHECKED_ARG[kind]
+    what = what.format(cls=cls, arg=arg)
+    message = (
+        f"{kind} 'checked' from gptzoo_fake_check (gptzoo-fake-check 1.0) has a broken check: {what}; "
+        f"fix the plugin, or choose another {kind}"
+    )
+    with pytest.raises(gptzoo.PluginError) as excinfo:
+        load_recipe("gpt2-tiny", [CHECKED_RECIPE[kind]])
+    assert str(excinfo.value) == message
+    assert os._exit is no_real_exit
+    if kind == "sampler":
+        with pytest.raises(gptzoo.PluginError) as excinfo:
+            SamplerChain.from_registry(gptzoo.get_registry(), [("checked", {"p": 0.25})])
+        assert str(excinfo.value) == message
+    from cli_run import run_error
+
+    assert run_error(capsys, "build", "gpt2-tiny", "--set", CHECKED_RECIPE[kind]) == f"error: {message}"
+
+
+@pytest.mark.parametrize("kind", CHECKED_RECIPE)
+def test_a_check_may_return_a_tuple_of_problems(site: FakeSite, kind: str) -> None:
+    site.add("check", "gptzoo_fake_check", CHECKED.format(check="staticmethod(lambda **params: ('too odd',))"))
+    with pytest.raises(gptzoo.RecipeError) as excinfo:
+        load_recipe("gpt2-tiny", [CHECKED_RECIPE[kind]])
+    where = "[model] norm" if kind == "norm" else "[generate] samplers[0]"
+    assert excinfo.value.problems == [f"{where} (checked): too odd"]
+
+
+# --- samplers are held to their contract like model components -----------------------------------------------
+
+
+def sampler_plugin(name: str, factory: str) -> str:
+    """A plugin registering sampler ``name``, built by the function ``factory`` that ``factory`` defines."""
+    return f"""
+{factory}
+
+@gptzoo.hookimpl
+def register_samplers(register):
+    register({name!r}, factory, doc="a sampler that misbehaves")
+"""
+
+
+CONTRACT_TAIL = (
+    ", which the sampler contract requires (gptzoo.hookspecs.CONTRACTS, interface gptzoo.interfaces.Sampler); "
+    "fix the plugin, or choose another sampler"
+)
+BROKEN_SAMPLERS = {
+    "raises": (
+        "def factory():\n    raise RuntimeError('boom')",
+        " failed to build: RuntimeError: boom; fix the plugin, or choose another sampler",
+    ),
+    "plain-function": (
+        "def factory():\n    return lambda logits, input_ids: logits",
+        " built a function without picks, pick" + CONTRACT_TAIL,
+    ),
+    "object": ("factory = object", " built a object without __call__, picks, pick" + CONTRACT_TAIL),
+    "gptzoo-error": (
+        "def factory():\n    raise gptzoo.GptzooError('broken needs a GPU; generate with --device cuda')",
+        ": broken needs a GPU; generate with --device cuda",
+    ),
+    "sys-exit": (
+        "def factory():\n    import sys; sys.exit(3)",
+        " failed to build: called sys.exit(3); fix the plugin, or choose another sampler",
+    ),
+    "os-exit": (
+        "def factory():\n    import os; os._exit(4)",
+        " failed to build: called os._exit(4); fix the plugin, or choose another sampler",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BROKEN_SAMPLERS)
+def test_a_broken_sampler_is_a_plugin_error(
+    site: FakeSite, no_real_exit: object, capsys: pytest.CaptureFixture[str], case: str
+) -> None:
+    factory, what = BROKEN_SAMPLERS[case]
+    site.add("sampler", "gptzoo_fake_sampler", sampler_plugin("broken", factory))
+    message = f"sampler 'broken' from gptzoo_fake_sampler (gptzoo-fake-sampler 1.0){what}"
+    with pytest.raises(gptzoo.PluginError) as excinfo:
+        load_recipe("gpt2-tiny", ['generate.samplers=["broken"]'])
+    assert str(excinfo.value) == message
+    with pytest.raises(gptzoo.PluginError) as excinfo:
+        SamplerChain.from_registry(gptzoo.get_registry(), [("broken", {})])
+    assert str(excinfo.value) == message
+    assert os._exit is no_real_exit
+    from cli_run import run_error
+
+    argv = ("generate", "gpt2-tiny", "--set", 'generate.samplers=["broken"]', "--prompt", "a")
+    assert run_error(capsys, *argv) == f"error: {message}"
+
+
+def test_a_sampler_check_judges_the_command_line_flags(site: FakeSite, capsys: pytest.CaptureFixture[str]) -> None:
+    """--top-k names the top_k step: a plugin that overrides it has its check run on the flag's value."""
+    site.add(
+        "evenk",
+        "gptzoo_fake_evenk",
+        """
+from gptzoo.interfaces import Sampler
+
+
+class EvenTopK(Sampler):
+    check = staticmethod(lambda *, k=50: [] if k % 2 == 0 else [f"k must be even, got {k}"])
+
+    def __init__(self, k=50):
+        self.k = k
+
+
+@gptzoo.hookimpl
+def register_samplers(register):
+    register("top_k", EvenTopK, override=True)
+""",
+    )
+    from cli_run import run_error
+
+    assert run_error(capsys, "generate", "gpt2-tiny", "--prompt", "a", "--top-k", "5") == (
+        "error: sampler 'top_k': k must be even, got 5 (sampler 'top_k' is overridden by gptzoo_fake_evenk "
+        "(gptzoo-fake-evenk 1.0))"
+    )
+
+
+# --- a plugin that overrides a component a shipped recipe names -----------------------------------------------
+
+WITHOUT_PARAMETERS = """
+from torch import nn
+from gptzoo.interfaces import Sampler
+
+
+class BareNorm(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+
+    def forward(self, x):
+        return x
+
+
+class BareSampler(Sampler):
+    def __init__(self):
+        pass
+
+
+@gptzoo.hookimpl
+def register_norms(register):
+    register({norm!r}, BareNorm, override=True)
+
+
+@gptzoo.hookimpl
+def register_samplers(register):
+    register({sampler!r}, BareSampler, override=True)
+"""
+
+
+def test_an_override_that_breaks_a_shipped_recipe_is_named(site: FakeSite) -> None:
+    """The shipped recipe is not at fault: each of its parameter problems names the overriding plugin."""
+    shipped = load_recipe("shakespeare-bytes")
+    norm, step = shipped.model.norm, shipped.generate.samplers[0]
+    assert norm.kwargs and step.kwargs
+    site.add("override", "gptzoo_fake_override", WITHOUT_PARAMETERS.format(norm=norm.name, sampler=step.name))
+    with pytest.raises(gptzoo.RecipeError) as excinfo:
+        load_recipe("shakespeare-bytes", registry=gptzoo.get_registry())  # the default one predates the plugin
+    by = "is overridden by gptzoo_fake_override (gptzoo-fake-override 1.0)"
+    assert excinfo.value.problems == [
+        *(
+            f"[model] norm.{p}: norm {norm.name!r} has no parameter {p!r} (it takes none) (norm {norm.name!r} {by})"
+            for p in norm.kwargs
+        ),
+        *(
+            f"[generate] samplers[0].{p}: sampler {step.name!r} has no parameter {p!r} (it takes none) "
+            f"(sampler {step.name!r} {by})"
+            for p in step.kwargs
+        ),
+    ]

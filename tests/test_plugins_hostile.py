@@ -47,19 +47,11 @@ def failed_error(site: FakeSite, name: str, source: str | None) -> str:
     return info.error
 
 
-@pytest.fixture
-def no_real_exit(monkeypatch: pytest.MonkeyPatch) -> object:
-    """os._exit replaced by a function that raises: a guard that failed to catch it fails the test
-    instead of ending pytest; the guard must put this one back."""
-
-    def forbidden(code: int) -> None:
-        raise AssertionError(f"the real os._exit({code}) was reached")
-
-    monkeypatch.setattr(os, "_exit", forbidden)
-    return forbidden
-
-
 # --- import ---------------------------------------------------------------------------------------
+
+UNPRINTABLE = "class E(Exception):\n    def __str__(self):\n        raise RuntimeError\n\n\n"
+"""An exception that cannot be printed: describing it falls back to its type name and repr."""
+UNREPRESENTABLE = UNPRINTABLE.replace("\n\n\n", "\n\n    __repr__ = __str__\n\n\n")
 
 IMPORT_CASES = {
     "ctrlc": ("raise KeyboardInterrupt\n", "KeyboardInterrupt"),
@@ -67,6 +59,17 @@ IMPORT_CASES = {
     "sysexit": ("import sys\nsys.exit(4)\n", "called sys.exit(4) at import"),
     "osexit": ("import os\nos._exit(3)\n", "called os._exit(3) at import"),
     "multiline": ("raise ValueError('first line\\n\\n  second line')\n", "ValueError: first line second line"),
+    "unprintable": (UNPRINTABLE + "raise E('boom')\n", "E (its __str__ raised RuntimeError): E('boom')"),
+    "unrepresentable": (UNREPRESENTABLE + "raise E('boom')\n", "E (its __str__ raised RuntimeError)"),
+    **{
+        option: (
+            f"@gptzoo.hookimpl({option}=True)\ndef register_norms(register):\n    register('fine', object)\n"
+            "    yield\n",
+            f"its register_norms is declared with {option}=True, which gptzoo never runs; declare it with a plain "
+            "@gptzoo.hookimpl",
+        )
+        for option in ("wrapper", "hookwrapper")
+    },
 }
 
 
@@ -97,6 +100,21 @@ def test_cli_keeps_going_after_a_plugin_interrupts_its_import(
     )
     monkeypatch.setenv("GPTZOO_STRICT_PLUGINS", "1")
     assert run_error(capsys, "list", "norm") == f"error: {strict_message('ctrlc', 'failed to load: KeyboardInterrupt')}"
+
+
+def test_cli_keeps_going_after_a_plugin_raises_an_unprintable_exception(
+    fake_site: FakeSite, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake_site.add("unprintable", "gptzoo_fake_unprintable", UNPRINTABLE + "raise E('boom')\n")
+    assert main(["list", "norm", "--json"]) == 0
+    assert capsys.readouterr().err == (
+        "warning: plugin 'unprintable' (gptzoo-fake-unprintable 1.0) failed: E (its __str__ raised RuntimeError): "
+        "E('boom'); see `gptzoo plugins`\n"
+    )
+    monkeypatch.setenv("GPTZOO_STRICT_PLUGINS", "1")
+    assert run_error(capsys, "list", "norm") == "error: " + strict_message(
+        "unprintable", "failed to load: E (its __str__ raised RuntimeError): E('boom')"
+    )
 
 
 def test_os_exit_at_import_does_not_end_the_command(fake_site: FakeSite) -> None:
@@ -163,6 +181,15 @@ REGISTER_CASES = {
     "ctrlcreg": (hook("raise KeyboardInterrupt"), "KeyboardInterrupt"),
     "osexitreg": (hook("import os; os._exit(7)"), "called os._exit(7) while registering"),
     "sysexitreg": (hook("import sys; sys.exit('bye')"), "called sys.exit('bye') while registering"),
+    "sysexitobj": (
+        hook("import sys; sys.exit(type('R', (), {'__repr__': lambda self: 1 / 0})())"),
+        "called sys.exit(<R object>) while registering",
+    ),
+    "late": (
+        "kept = []\n\n" + hook("kept.append(register)") + hook("kept[0]('fine', object)", "activation"),
+        PROV + ": register() was called after register_norms returned; call it inside the hook",
+    ),
+    "unprintablereg": (UNPRINTABLE + hook("raise E('boom')"), "E (its __str__ raised RuntimeError): E('boom')"),
     "spacename": (
         hook("register('my norm', object)"),
         PROV + " registered an invalid norm name: 'my norm'" + NAME_RULE,
@@ -192,6 +219,21 @@ REGISTER_CASES = {
         PROV + " registered norm 'fine' with a doc that is not a str: an object of type list; doc is one line of "
         "text, or None for the factory's docstring",
     ),
+    "ansidoc": (
+        hook("register('fine', object, doc='\\x1b[31mred\\x1b[0m')"),
+        PROV + " registered norm 'fine' with a doc holding a control character: '\\x1b[31mred\\x1b[0m'; doc is one "
+        "line of plain text",
+    ),
+    "ansidocstring": (
+        'class Fine:\n    """\\x1b[2Jcleared the screen."""\n\n\n' + hook("register('fine', Fine)"),
+        PROV + " registered norm 'fine' with a factory whose docstring holds a control character in its first "
+        "line: '\\x1b[2Jcleared the screen.'; write that line as plain text, or pass doc",
+    ),
+    "surrogatedoc": (
+        hook("register('fine', object, doc='caf\\udce9')"),
+        PROV + " registered norm 'fine' with a doc holding a lone surrogate: 'caf\\udce9'; doc is one line of "
+        "plain text",
+    ),
     "badoverride": (
         hook("register('fine', object, override='yes')"),
         PROV + " registered norm 'fine' with an override that is not a bool: 'yes'; use True or False",
@@ -213,6 +255,31 @@ def test_bad_registration_fails_the_plugin_naming_it(fake_site: FakeSite, no_rea
     with pytest.raises(gptzoo.PluginError) as excinfo:
         gptzoo.get_registry(strict=True)
     assert str(excinfo.value) == strict_message(name, f"failed while registering: {error}")
+
+
+def test_register_kept_past_its_hook_refuses_to_register(fake_site: FakeSite) -> None:
+    """A plugin that stashes ``register`` and calls it once loading is over gets an error, not silence."""
+    fake_site.add("keeper", "gptzoo_fake_keeper", "kept = []\n\n" + hook("kept.append(register)"))
+    registry = gptzoo.get_registry(strict=True)
+    with pytest.raises(gptzoo.PluginError) as excinfo:
+        sys.modules["gptzoo_fake_keeper"].kept[0]("fine", object)
+    assert str(excinfo.value) == (
+        "gptzoo_fake_keeper (gptzoo-fake-keeper 1.0): register() was called after register_norms returned; call it "
+        "inside the hook"
+    )
+    assert "fine" not in registry.names("norm")
+
+
+def test_an_unknown_name_among_many_lists_a_few(fake_site: FakeSite, capsys: pytest.CaptureFixture[str]) -> None:
+    """20,000 registrations: the message keeps the did-you-mean and lists 20 names, then counts the rest."""
+    fake_site.add("many", "gptzoo_fake_many", hook("for i in range(20000): register(f'n{i:05d}', object, doc='one')"))
+    names = gptzoo.get_registry().names("norm")
+    listing = f"{', '.join(names[:20])}, and {len(names) - 20} more: see `gptzoo list norm`"
+    message = f"[model] norm: unknown norm 'n19999x'; did you mean 'n19999'? (available: {listing})"
+    with pytest.raises(gptzoo.RecipeError) as excinfo:
+        gptzoo.load_recipe("gpt2-tiny", ["model.norm=n19999x"], registry=gptzoo.get_registry())
+    assert excinfo.value.problems == [message]
+    assert run_error(capsys, "build", "gpt2-tiny", "--set", "model.norm=n19999x").endswith(message)
 
 
 def test_a_multi_line_doc_is_kept_to_its_first_line(fake_site: FakeSite) -> None:

@@ -514,3 +514,13 @@ def test_train_data_is_relative_to_the_file_that_sets_it(tmp_path: Path, monkeyp
     from gptzoo.training.trainer import data_dir_of
 
     assert data_dir_of(load_recipe("gpt2-tiny", ["train.data=here"]), None) == tmp_path / "here"  # --set: from here
+
+
+def test_a_parameter_the_model_passes_points_at_its_model_key() -> None:
+    assert _override_problems("model.attention.n_kv_head=2") == [
+        "[model] attention.n_kv_head: attention 'causal' has no parameter 'n_kv_head'; the model passes it: "
+        "set [model] n_kv_head"
+    ]
+    assert _override_problems("model.mlp.d_model=2") == [
+        "[model] mlp.d_model: mlp 'dense' has no parameter 'd_model'; the model passes it: set [model] n_embd"
+    ]

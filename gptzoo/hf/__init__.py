@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from gptzoo import factories
 from gptzoo.errors import CheckpointError, GptzooError, RecipeError, did_you_mean
 from gptzoo.hf.family import Family, NoEquivalentError, show
 from gptzoo.hf.files import locate, read_config, read_tensors, write_checkpoint
@@ -85,9 +86,10 @@ def check_recipe_matches(recipe: Recipe, derived: Recipe, registry: Registry) ->
 
 def _effective(kind: str, component: Any, registry: Registry) -> tuple[str, dict[str, Any]]:
     """A component with its factory's defaults filled in, so `rmsnorm` equals `{rmsnorm, eps=1e-6}`."""
+    signature = factories.signature(registry.get(kind, component.name))
     params = {
         p.name: p.default
-        for p in inspect.signature(registry.get(kind, component.name).factory).parameters.values()
+        for p in (signature.parameters.values() if signature is not None else ())
         if p.default is not inspect.Parameter.empty
     }
     return component.name, {**params, **component.kwargs}

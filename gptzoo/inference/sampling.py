@@ -13,7 +13,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gptzoo.errors import GptzooError
+from gptzoo import factories
+from gptzoo.errors import GptzooError, exception_text
 from gptzoo.interfaces import Sampler
 from gptzoo.registry import Registry
 
@@ -37,13 +38,21 @@ class SamplerChain:
 
     @classmethod
     def from_registry(cls, registry: Registry, spec: Sequence[tuple[str, Mapping[str, Any]]]) -> SamplerChain:
-        """A chain from (name, params) pairs; bad parameters become GptzooErrors naming the step."""
+        """A chain from (name, params) pairs: each step's check runs, then its factory; bad parameters
+        become GptzooErrors naming the step, a broken sampler a PluginError naming its plugin."""
         steps = []
         for name, params in spec:
+            entry = registry.get("sampler", name)
+            note = factories.overridden(entry)
+            problems = factories.check(entry, params)
+            if problems:
+                raise GptzooError(f"sampler {name!r}: {'; '.join(problems)}{note}")
             try:
-                steps.append(registry.get("sampler", name).factory(**params))
+                step = factories.build(entry, params, user_errors=(TypeError, ValueError))
             except (TypeError, ValueError) as exc:
-                raise GptzooError(f"sampler {name!r}: {exc}") from None
+                raise GptzooError(f"sampler {name!r}: {exception_text(exc)}{note}") from None
+            factories.check_contract(entry, step)
+            steps.append(step)
         return cls(steps, [(name, dict(params)) for name, params in spec])
 
     def describe(self) -> str:

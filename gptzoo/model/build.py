@@ -10,7 +10,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from gptzoo.errors import GptzooError, PluginError
+from gptzoo.errors import GptzooError
+from gptzoo.factories import build, check_contract
 from gptzoo.hookspecs import CONTRACTS
 from gptzoo.memory import available_bytes, format_bytes
 from gptzoo.model.gpt import BLOCKS, GPT
@@ -36,7 +37,8 @@ def build_model(
     later); elsewhere the weights get GPT-2's initialization in float32, then are cast to ``dtype``.
     A model that does not fit in the device's free memory is refused before anything is allocated.
     Every component is checked against its kind's contract (gptzoo.hookspecs.CONTRACTS): a factory
-    that raises or builds something without the required members is a PluginError naming its plugin.
+    that raises (or exits), or builds something without the required members, is a PluginError
+    naming its plugin (gptzoo.factories).
     """
     registry = registry if registry is not None else default_registry()
     if not isinstance(recipe, Recipe):
@@ -62,15 +64,7 @@ def assemble(recipe: Recipe, registry: Registry, device: torch.device) -> GPT:
     def make(kind: str) -> nn.Module:
         entry = entries[kind]
         components = {arg: make(arg) for arg in CONTRACTS[kind].components}
-        try:
-            module = entry.factory(**structural_args(spec, kind), **components, **getattr(spec, kind).kwargs)
-        except GptzooError:
-            raise
-        except Exception as exc:  # a plugin's factory may raise anything: name the plugin
-            raise PluginError(
-                f"{kind} {entry.name!r} from {entry.provenance} failed to build: {type(exc).__name__}: {exc}; "
-                f"fix the plugin, or choose another {kind}"
-            ) from exc
+        module = build(entry, {**structural_args(spec, kind), **components, **getattr(spec, kind).kwargs})
         if kind not in checked:
             check_contract(entry, module)
             checked.add(kind)
@@ -89,19 +83,6 @@ def assemble(recipe: Recipe, registry: Registry, device: torch.device) -> GPT:
             blocks=blocks,
             ln_f=make("norm") if block_cls.has_final_norm else nn.Identity(),
             tie_embeddings=spec.tie_embeddings,
-        )
-
-
-def check_contract(entry: Entry, module: object) -> None:
-    """The built component is a module and has every member its kind's contract requires."""
-    contract = CONTRACTS[entry.kind]
-    missing = [member for member in contract.members if not hasattr(module, member)]
-    if not isinstance(module, nn.Module) or missing:
-        what = ", ".join(missing) if missing else "nn.Module"
-        raise PluginError(
-            f"{entry.kind} {entry.name!r} from {entry.provenance} built a {type(module).__name__} without {what}, "
-            f"which the {entry.kind} contract requires (gptzoo.hookspecs.CONTRACTS, interface "
-            f"gptzoo.interfaces.{contract.interface}); fix the plugin, or choose another {entry.kind}"
         )
 
 

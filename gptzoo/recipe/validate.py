@@ -11,7 +11,8 @@ from collections.abc import Iterable
 from dataclasses import MISSING, fields
 from typing import Any, get_type_hints
 
-from gptzoo.errors import RecipeError, UnknownComponentError, did_you_mean
+from gptzoo import factories
+from gptzoo.errors import RecipeError, UnknownComponentError, did_you_mean, exception_text
 from gptzoo.hookspecs import CONTRACTS
 from gptzoo.recipe.schema import (
     BARE_KEY,
@@ -34,7 +35,7 @@ from gptzoo.recipe.schema import (
     Recipe,
     TrainSpec,
 )
-from gptzoo.registry import Registry, default_registry
+from gptzoo.registry import Entry, Registry, default_registry
 from gptzoo.tokenizer import TOKENIZER_NAMES
 
 _TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
@@ -189,12 +190,12 @@ class _Validator:
             )
             return None
         try:
-            factory = self.registry.get(kind, name).factory
+            entry = self.registry.get(kind, name)
         except UnknownComponentError as exc:
             self.problems.append(f"{where}: {exc}")
             return None
         before = len(self.problems)
-        self.component_params(kind, where, name, factory, params)
+        self.component_params(where, entry, params)
         return Component(name, tuple(params.items())) if len(self.problems) == before else None
 
     def model(self, values: dict[str, Any]) -> ModelSpec | None:
@@ -254,12 +255,12 @@ class _Validator:
                     f"one tensor, more than the 2**40 gptzoo builds; make them smaller"
                 )
 
-    def component_params(self, kind: str, where: str, name: str, factory: Any, params: dict[str, Any]) -> None:
+    def component_params(self, where: str, entry: Entry, params: dict[str, Any]) -> None:
         """Check the recipe's parameters against the factory's signature and the defaults' types."""
-        try:
-            signature = inspect.signature(factory)
-        except (TypeError, ValueError):  # a builtin without a signature: the factory will judge
+        signature = factories.signature(entry)
+        if signature is None:  # a builtin without a signature: the factory will judge
             return
+        kind, note = entry.kind, factories.overridden(entry)
         given_by_model = CONTRACTS[kind].given_by_model
         accepted = {
             p.name: p
@@ -269,18 +270,21 @@ class _Validator:
         for param, value in params.items():
             if param not in accepted:
                 hint = did_you_mean(param, list(accepted)) if accepted else " (it takes none)"
+                if param in given_by_model:
+                    hint = f"; the model passes it: set [model] {dict(CONTRACTS[kind].structural).get(param, param)}"
                 self.problems.append(
-                    f"{where}.{key_text(param)}: {kind} {show(name)} has no parameter {show(param)}{hint}"
+                    f"{where}.{key_text(param)}: {kind} {show(entry.name)} has no parameter {show(param)}{hint}{note}"
                 )
                 continue
             default = accepted[param].default
             expected = None if default is inspect.Parameter.empty or default is None else type(default)
             if expected is not None and not _type_ok(value, expected):
                 self.problems.append(
-                    f"{where}.{param} must be {_TYPE_NAMES.get(expected, expected.__name__)}, got {describe(value)}"
+                    f"{where}.{param} must be {_TYPE_NAMES.get(expected, expected.__name__)}, got "
+                    f"{describe(value)}{note}"
                 )
             elif problem := _value_problem(value, expected):
-                self.problems.append(f"{where}.{param} {problem}")
+                self.problems.append(f"{where}.{param} {problem}{note}")
             elif expected is float:
                 params[param] = float(value)
 
@@ -311,19 +315,29 @@ class _Validator:
         if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
             self.problems.append(f"[generate] stop must be a list of non-empty strings, got {describe(stop)}")
         for i, step in enumerate(steps):
-            if step is not None:  # samplers are cheap to build: let each judge its parameter values
-                try:
-                    sampler = self.registry.get("sampler", step.name).factory(**step.kwargs)
-                except (TypeError, ValueError) as exc:
-                    self.problems.append(f"[generate] samplers[{i}] ({step.name}): {exc}")
-                    continue
-                if getattr(sampler, "picks", False) and i != len(steps) - 1:
-                    self.problems.append(
-                        f"[generate] samplers[{i}] ({step.name}) chooses the token, so it must come last"
-                    )
+            if step is not None:
+                self.sampler(i, step, last=i == len(steps) - 1)
         if len(self.problems) > before:
             return None
         return GenerateSpec(tuple(s for s in steps if s is not None), max_new_tokens, tuple(stop))
+
+    def sampler(self, i: int, step: Component, *, last: bool) -> None:
+        """Run the sampler's check, then build it (samplers are cheap) to let it judge its parameter
+        values (ValueError, as the contract says) and hold it to its contract."""
+        entry = self.registry.get("sampler", step.name)
+        where, note = f"[generate] samplers[{i}] ({step.name})", factories.overridden(entry)
+        problems = factories.check(entry, step.kwargs)
+        self.problems.extend(f"{where}: {problem}{note}" for problem in problems)
+        if problems:
+            return
+        try:
+            sampler = factories.build(entry, step.kwargs, user_errors=(TypeError, ValueError))
+        except (TypeError, ValueError) as exc:
+            self.problems.append(f"{where}: {exception_text(exc)}{note}")
+            return
+        factories.check_contract(entry, sampler)
+        if sampler.picks and not last:
+            self.problems.append(f"{where} chooses the token, so it must come last")
 
     def train(self, values: dict[str, Any], model: dict[str, Any] | None) -> TrainSpec | None:
         """Ranges and choices of [train]; seq_len against the model's context."""
@@ -384,10 +398,9 @@ class _Validator:
         """Run each factory's optional ``check`` on the complete model (e.g. rope's even head_dim)."""
         for kind in COMPONENT_KEYS:
             component: Component = getattr(spec, kind)
-            check = getattr(self.registry.get(kind, component.name).factory, "check", None)
-            if check is not None:
-                for problem in check(**structural_args(spec, kind), **component.kwargs):
-                    self.problems.append(f"[model] {kind} ({component.name}): {problem}")
+            entry = self.registry.get(kind, component.name)
+            for problem in factories.check(entry, {**structural_args(spec, kind), **component.kwargs}):
+                self.problems.append(f"[model] {kind} ({component.name}): {problem}{factories.overridden(entry)}")
 
 
 def structural_args(spec: ModelSpec, kind: str) -> dict[str, Any]:
