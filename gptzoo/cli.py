@@ -281,6 +281,12 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _text(value: object) -> str:
+    """Text from outside (a name, a path, a plugin's message) for a rich line: markup and control
+    characters escaped."""
+    return escape(terminal_text(str(value)))
+
+
 def _print_json(out: Console, obj: Any) -> None:
     out.file.write(json.dumps(obj, indent=2) + "\n")
 
@@ -296,7 +302,7 @@ def _registry(err: Console) -> Registry:
     registry = get_registry()
     for info in registry.failed:
         message = f"plugin {info.name!r} ({info.distribution} {info.version}) failed: {info.error}"
-        err.print(f"[yellow]warning:[/yellow] {escape(message)}; see `gptzoo plugins`")
+        err.print(f"[yellow]warning:[/yellow] {_text(message)}; see `gptzoo plugins`")
     return registry
 
 
@@ -315,7 +321,7 @@ def cmd_build(args: argparse.Namespace, out: Console, err: Console) -> None:
         return
     render_summary(summary, out)
     if args.out is not None:
-        out.print(f"checkpoint written to {escape(summary['checkpoint'])}")
+        out.print(f"checkpoint written to {_text(summary['checkpoint'])}")
 
 
 def cmd_compare(args: argparse.Namespace, out: Console, err: Console) -> None:
@@ -336,13 +342,13 @@ def cmd_compare(args: argparse.Namespace, out: Console, err: Console) -> None:
         _print_json(out, result)
         return
     title = f"{result['recipe']}: gptzoo vs Hugging Face, {result['dtype']}, {result['new_tokens']} greedy tokens"
-    table = Table(title=escape(title), title_justify="left")
+    table = Table(title=_text(title), title_justify="left")
     for col in ("prompt", "tokens", "max |dlogit|", "mean |dlogit|", "top-1", "KL(HF||gptzoo)", "greedy"):
         table.add_column(col, overflow="fold")
     for row in result["prompts"]:
         prompt = row["prompt"] if isinstance(row["prompt"], str) else f"{len(row['prompt'])} token ids"
         table.add_row(
-            escape(prompt),
+            _text(prompt),
             str(row["n_tokens"]),
             f"{row['max_abs_diff']:.2e}",
             f"{row['mean_abs_diff']:.2e}",
@@ -353,9 +359,9 @@ def cmd_compare(args: argparse.Namespace, out: Console, err: Console) -> None:
     out.print(table)
     for row in result["prompts"]:
         if "gptzoo_text" in row:
-            out.print(f"[bold]gptzoo:[/bold] {escape(row['gptzoo_text'])}")
+            out.print(f"[bold]gptzoo:[/bold] {_text(row['gptzoo_text'])}")
             if not row["greedy_match"]:
-                out.print(f"[bold]HF:[/bold]     {escape(row['hf_text'])}")
+                out.print(f"[bold]HF:[/bold]     {_text(row['hf_text'])}")
 
 
 def cmd_generate(args: argparse.Namespace, out: Console, err: Console) -> None:
@@ -388,10 +394,10 @@ def cmd_generate(args: argparse.Namespace, out: Console, err: Console) -> None:
         stop=args.stop,
     )
     for warning in (*loaded.warnings, *([plan.note] if plan.note else [])):
-        err.print(f"[yellow]warning:[/yellow] {escape(warning)}")
+        err.print(f"[yellow]warning:[/yellow] {_text(warning)}")
     stream = None
     if not args.json and len(plan.prompts) == 1:
-        err.print(f"[dim]sampler: {escape(plan.sampler.describe())}[/dim]")
+        err.print(f"[dim]sampler: {_text(plan.sampler.describe())}[/dim]")
         _write_text(out, args.prompt[0] + ("\n" if args.chat else ""))
 
         def stream(row: int, text: str) -> None:
@@ -423,7 +429,7 @@ def cmd_generate(args: argparse.Namespace, out: Console, err: Console) -> None:
         _write_text(out, "\n")
         err.print(f"[dim]({results[0].finish_reason}, {len(results[0].tokens)} tokens)[/dim]")
     else:
-        err.print(f"[dim]sampler: {escape(plan.sampler.describe())}[/dim]")
+        err.print(f"[dim]sampler: {_text(plan.sampler.describe())}[/dim]")
         for prompt, r in zip(args.prompt, results, strict=True):
             _write_text(out, f"{prompt}{r.text}\n")
             out.print(f"[dim]({r.finish_reason}, {len(r.tokens)} tokens)[/dim]")
@@ -436,15 +442,15 @@ def cmd_export(args: argparse.Namespace, out: Console, err: Console) -> None:
     if args.json:
         _print_json(out, {"hf": str(path)})
         return
-    out.print(f"Hugging Face checkpoint written to {escape(str(path))}")
+    out.print(f"Hugging Face checkpoint written to {_text(str(path))}")
 
 
 def cmd_fetch(args: argparse.Namespace, out: Console, err: Console) -> None:
-    path = fetch(args.name, force=args.force, log=(lambda msg: err.print(escape(msg))) if not args.json else None)
+    path = fetch(args.name, force=args.force, log=(lambda msg: err.print(_text(msg))) if not args.json else None)
     if args.json:
         _print_json(out, {"name": args.name, "path": str(path)})
         return
-    out.print(f"{args.name}: {escape(str(path))}")
+    out.print(f"{args.name}: {_text(str(path))}")
 
 
 def cmd_prepare(args: argparse.Namespace, out: Console, err: Console) -> None:
@@ -453,7 +459,7 @@ def cmd_prepare(args: argparse.Namespace, out: Console, err: Console) -> None:
         args.out,
         tokenizer=args.tokenizer,
         val_fraction=args.val_fraction,
-        log=(lambda msg: err.print(escape(msg))) if not args.json else None,
+        log=(lambda msg: err.print(_text(msg))) if not args.json else None,
     )
     if args.json:
         _print_json(out, meta)
@@ -461,16 +467,16 @@ def cmd_prepare(args: argparse.Namespace, out: Console, err: Console) -> None:
     source, tokenizer = meta["source"], meta["tokenizer"]
     total = meta["train_tokens"] + meta["val_tokens"]
     table = Table(
-        title=f"{escape(args.source)} prepared in {escape(meta['out'])}", title_justify="left", show_header=False
+        title=f"{_text(args.source)} prepared in {_text(meta['out'])}", title_justify="left", show_header=False
     )
     table.add_column(style="bold")
     table.add_column(overflow="fold")
     for key, value in (
-        ("read", escape(source["read"])),
+        ("read", _text(source["read"])),
         ("text", f"{source['documents']:,} documents, {source['bytes']:,} bytes, sha256 {source['sha256'][:16]}…"),
         (
             "tokenizer",
-            escape(tokenizer["name"] + (f" ({tokenizer['directory']})" if "directory" in tokenizer else ""))
+            _text(tokenizer["name"] + (f" ({tokenizer['directory']})" if "directory" in tokenizer else ""))
             + f", vocab {meta['vocab_size']:,}",
         ),
         ("tokens", f"{total:,} ({source['bytes'] / total:.2f} bytes per token), stored as {meta['dtype']}"),
@@ -506,9 +512,9 @@ def cmd_train(args: argparse.Namespace, out: Console, err: Console) -> None:
         _print_json(out, summary)
         return
     val = f", val loss {result.val_loss:.4f}" if result.val_loss is not None else ""
-    out.print(f"{result.steps} steps, loss {result.loss:.4f}{val}; checkpoint {escape(summary['checkpoint'] or '-')}")
+    out.print(f"{result.steps} steps, loss {result.loss:.4f}{val}; checkpoint {_text(summary['checkpoint'] or '-')}")
     out.print(
-        f"[dim]generate with: gptzoo generate --checkpoint {escape(summary['checkpoint'] or '')} --prompt TEXT[/dim]"
+        f"[dim]generate with: gptzoo generate --checkpoint {_text(summary['checkpoint'] or '')} --prompt TEXT[/dim]"
     )
 
 
@@ -517,7 +523,7 @@ def cmd_plot(args: argparse.Namespace, out: Console, err: Console) -> None:
     if args.json:
         _print_json(out, {"png": str(png)})
         return
-    out.print(f"wrote {escape(str(png))}")
+    out.print(f"wrote {_text(str(png))}")
 
 
 def _emit(
@@ -540,7 +546,7 @@ def _emit(
 
 
 def _origin(row: dict[str, Any]) -> str:
-    return escape(f"{row['plugin']} ({row['distribution']} {row['version']})")
+    return _text(f"{row['plugin']} ({row['distribution']} {row['version']})")
 
 
 def cmd_plugins(args: argparse.Namespace, out: Console, err: Console) -> None:
@@ -556,11 +562,11 @@ def cmd_plugins(args: argparse.Namespace, out: Console, err: Console) -> None:
         "Plugins",
         {
             "plugin": lambda r: (
-                escape(r["name"]) + (f"\n[dim]{escape(r['module'])}[/dim]" if r["module"] != r["name"] else "")
+                _text(r["name"]) + (f"\n[dim]{_text(r['module'])}[/dim]" if r["module"] != r["name"] else "")
             ),
-            "distribution": lambda r: escape(f"{r['distribution']} {r['version']}"),
+            "distribution": lambda r: _text(f"{r['distribution']} {r['version']}"),
             "status": lambda r: (
-                "[green]ok[/green]" if r["status"] == "ok" else f"[red]failed[/red]: {escape(r['error'] or '')}"
+                "[green]ok[/green]" if r["status"] == "ok" else f"[red]failed[/red]: {_text(r['error'] or '')}"
             ),
             "registered": lambda r: ", ".join(r["registered"]),
         },
@@ -586,9 +592,9 @@ def cmd_list(args: argparse.Namespace, out: Console, err: Console) -> None:
         "Components",
         {
             "kind": lambda r: r["kind"],
-            "name": lambda r: escape(r["name"]),
-            "description": lambda r: escape(r["doc"]),
-            "from": lambda r: _origin(r) + (escape(f", overrides {r['overrides']}") if r["overrides"] else ""),
+            "name": lambda r: _text(r["name"]),
+            "description": lambda r: _text(r["doc"]),
+            "from": lambda r: _origin(r) + (_text(f", overrides {r['overrides']}") if r["overrides"] else ""),
         },
     )
 
@@ -616,7 +622,7 @@ def cmd_recipes(args: argparse.Namespace, out: Console, err: Console) -> None:
             "name": lambda r: r["name"],
             "n_layer": lambda r: str(r["n_layer"]),
             "n_embd": lambda r: str(r["n_embd"]),
-            "description": lambda r: escape(r["description"]),
+            "description": lambda r: _text(r["description"]),
         },
     )
 
@@ -653,7 +659,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = str(exc)
         if exc.parser.prog == "gptzoo" and argv and argv[0] in ("--json", "--debug"):
             message += f"; {argv[0]} goes after the command (gptzoo COMMAND {argv[0]} ...)"
-        line = escape(terminal_text(f"{exc.parser.prog}: error: {message.removeprefix(exc.parser.prog + ': ')}"))
+        line = _text(f"{exc.parser.prog}: error: {message.removeprefix(exc.parser.prog + ': ')}")
         return _fail("--json" in argv, out, err, line, message, EXIT_USER_ERROR)
     code = 0
     try:
@@ -676,12 +682,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         text = exception_text(exc)
         message = f"interrupted: {text}" if text else "interrupted"
-        code = _fail(args.json, out, err, f"[yellow]{escape(terminal_text(message))}[/yellow]", message, 130)
+        code = _fail(args.json, out, err, f"[yellow]{_text(message)}[/yellow]", message, 130)
     except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as other commands do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         code = EXIT_BROKEN_PIPE
     except OSError as exc:  # writing the output itself failed (stdout on a full disk)
-        err.print(f"[red]error:[/red] cannot write the output: {escape(exc.strerror or str(exc))}", highlight=False)
+        err.print(f"[red]error:[/red] cannot write the output: {_text(exc.strerror or str(exc))}", highlight=False)
         code = EXIT_USER_ERROR
     if args.command == "train" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         # torch 2.13 with gloo aborted at interpreter exit after DDP in 1 to 3 runs of 6, although the work

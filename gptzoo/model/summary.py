@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from gptzoo.errors import GptzooError
+from gptzoo.errors import GptzooError, terminal_text
 from gptzoo.flops import FLOPS_CONVENTION, TRAIN_FORWARD_RATIO, forward_flops
 from gptzoo.memory import format_bytes
 from gptzoo.model.gpt import GPT
@@ -130,7 +130,8 @@ def _si(n: float, unit: str = "") -> str:
 
 def render_summary(s: dict[str, Any], console: Console) -> None:
     r = s["recipe"]
-    console.print(f"[bold]{escape(r['name'])}[/bold]  {escape(r['description'])}\n[dim]{escape(r['source'])}[/dim]")
+    name, description, source = (escape(terminal_text(r[k])) for k in ("name", "description", "source"))
+    console.print(f"[bold]{name}[/bold]  {description}\n[dim]{source}[/dim]")
     console.print(" ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in s["shape"].items()))
 
     table = Table(title="Components", title_justify="left")
@@ -141,7 +142,7 @@ def render_summary(s: dict[str, Any], console: Console) -> None:
         origin = f"{c['plugin']} ({c['distribution']} {c['version']})"
         if c["overrides"]:
             origin += f", overrides {c['overrides']}"
-        table.add_row(escape(c["key"]), escape(c["name"]), escape(params), escape(origin))
+        table.add_row(*(escape(terminal_text(text)) for text in (c["key"], c["name"], params, origin)))
     console.print(table)
 
     p = s["params"]
