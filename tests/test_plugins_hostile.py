@@ -342,3 +342,15 @@ def test_default_registry_is_memoized_and_can_be_cleared() -> None:
     assert default_registry() is first and "rmsnorm" in first.names("norm")
     default_registry.cache_clear()
     assert default_registry() is not first
+
+
+def test_a_plugins_message_reaches_the_terminal_escaped(
+    fake_site: FakeSite, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake_site.add("ansi", "gptzoo_fake_ansi", "raise RuntimeError('\\x1b[2J[bold]cleared\\nsecond line')\n")
+    assert main(["list", "norm"]) == 0
+    warning = capsys.readouterr().err.splitlines()[0]
+    assert warning == (
+        "warning: plugin 'ansi' (gptzoo-fake-ansi 1.0) failed: RuntimeError: \\x1b[2J[bold]cleared second line; "
+        "see `gptzoo plugins`"
+    )
