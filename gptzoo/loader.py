@@ -24,12 +24,13 @@ from gptzoo.atomic import check_new_directory
 from gptzoo.errors import GptzooError
 from gptzoo.hf import check_recipe_matches, hf_recipe, load_hf, locate
 from gptzoo.model.build import build_model, resolve_components
-from gptzoo.model.checkpoint import load_checkpoint, save_checkpoint
+from gptzoo.model.checkpoint import load_checkpoint, save_checkpoint, tokenizer_files
 from gptzoo.model.gpt import GPT
 from gptzoo.model.summary import summarize
 from gptzoo.recipe import Recipe, load_recipe, override_recipe, recipe_tokenizer
 from gptzoo.registry import Registry, default_registry
-from gptzoo.tokenizer import Tokenizer
+from gptzoo.tokenizer import HF_TOKENIZER_FILES, Tokenizer
+from gptzoo.untrusted import check_utf8_path
 
 
 @dataclass(frozen=True)
@@ -41,13 +42,24 @@ class Loaded:
     source: str
     """Where the weights come from, in words: a checkpoint, a Hugging Face directory, random, none (meta)."""
     hf_dir: Path | None = None
-    """The Hugging Face checkpoint directory the weights came from (its tokenizer files live there)."""
+    """Where the Hugging Face tokenizer files are: the Hugging Face checkpoint directory the weights
+    came from, or a gptzoo checkpoint directory that holds them (``gptzoo build --hf DIR --out``)."""
     warnings: tuple[str, ...] = ()
     """What a person should know, e.g. that the weights are random."""
+    checkpoint: Path | None = None
+    """The gptzoo checkpoint directory the weights came from."""
 
     def tokenizer(self) -> Tokenizer:
         """The recipe's tokenizer; without a [tokenizer] section, the Hugging Face checkpoint's own
         (a clear error when the weights came from elsewhere: see gptzoo.recipe.recipe_tokenizer)."""
+        explicit_hf = self.recipe.tokenizer is not None and self.recipe.tokenizer.name == "hf"
+        if self.checkpoint is not None and self.hf_dir is None and explicit_hf:
+            raise GptzooError(
+                f'checkpoint {self.checkpoint} has no tokenizer files, and its recipe\'s [tokenizer] name = "hf" is '
+                "the tokenizer of the Hugging Face checkpoint its weights came from: copy that checkpoint's tokenizer "
+                f"files ({', '.join(HF_TOKENIZER_FILES)} and the like) into {self.checkpoint}, or generate from the "
+                "Hugging Face checkpoint itself (--hf DIR)"
+            )
         return recipe_tokenizer(self.recipe, self.hf_dir)
 
 
@@ -113,7 +125,14 @@ def load_model(
         if recipe is not None or hf is not None:
             raise GptzooError("give either --checkpoint DIR or RECIPE / --hf, not both")
         model = load_checkpoint(checkpoint, overrides=overrides, device=device, dtype=dtype, registry=registry)
-        return Loaded(model, model.recipe, f"checkpoint {checkpoint}")
+        path = Path(checkpoint)
+        return Loaded(
+            model,
+            model.recipe,
+            f"checkpoint {checkpoint}",
+            hf_dir=path if tokenizer_files(path) else None,
+            checkpoint=path,
+        )
     resolved, source = resolve_recipe(recipe, hf=hf, overrides=overrides, registry=registry)
     if str(device) == "meta":
         if hf is not None and recipe is not None:  # the recipe must fit, even when no weights are read
@@ -147,11 +166,13 @@ def build(
     """``gptzoo build``: what the model is made of and what it costs at (batch, seq_len), as a
     JSON-ready dict (gptzoo.model.summary), from a structure built on the meta device; a recipe's own
     [weights] stay unread. With ``out``, also a checkpoint there (its "checkpoint" key): freshly
-    initialized, or with ``hf``'s weights; ``out`` is checked before any weight is allocated.
+    initialized, or with ``hf``'s weights (and its tokenizer files, when the recipe's tokenizer is
+    that checkpoint's own); ``out`` is checked before any weight is allocated.
     """
     registry = registry if registry is not None else default_registry()
     if out is not None:
         check_new_directory(out)
+        check_utf8_path(out)
     loaded = load_model(recipe, hf=hf, overrides=overrides, registry=registry, device="meta")
     summary = summarize(
         loaded.model, loaded.recipe, resolve_components(loaded.recipe, registry), batch=batch, seq_len=seq_len
@@ -160,5 +181,7 @@ def build(
         summary["hf"] = str(hf)
     if out is not None:
         real = load_model(loaded.recipe, hf=hf, registry=registry, recipe_weights=False)
-        summary["checkpoint"] = str(save_checkpoint(real.model, loaded.recipe, out))
+        uses_hf = loaded.recipe.tokenizer is None or loaded.recipe.tokenizer.name == "hf"
+        saved = save_checkpoint(real.model, loaded.recipe, out, tokenizer_from=real.hf_dir if uses_hf else None)
+        summary["checkpoint"] = str(saved)
     return summary

@@ -28,6 +28,7 @@ import tiktoken.load
 import tiktoken_ext.openai_public
 
 from gptzoo.errors import GptzooError, did_you_mean
+from gptzoo.untrusted import check_directory, undecodable
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -48,8 +49,24 @@ TOKENIZER_NAMES = ("gpt2", "hf", "bytes")
 """The names a recipe's ``[tokenizer] name`` may take."""
 HF_VOCAB_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
 """Files that hold an HF tokenizer's vocabulary (tokenizer_config.json alone does not)."""
+CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json", "tokenizer_config.json")
+"""Where an HF tokenizer's chat template is saved, in the order transformers looks."""
+HF_TOKENIZER_SAVED = (
+    *HF_TOKENIZER_FILES,
+    "merges.txt",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "spiece.model",
+    *CHAT_TEMPLATE_FILES[:2],
+)
+"""Every file an HF tokenizer's save_pretrained may write: what a copy of the tokenizer takes."""
 PROBE = "Hello"
 """Text every real tokenizer encodes to at least one token (an HF one without its vocabulary does not)."""
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception's message on one line (transformers' and jinja2's span several), with its type."""
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
 
 
 def shorten(text: str, limit: int = 40) -> str:
@@ -67,10 +84,8 @@ def utf8(text: str, what: str = "text") -> bytes:
     try:
         return text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        code = ord(text[exc.start])
-        what_char = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"lone surrogate U+{code:04X}"
         raise GptzooError(
-            f"{what} {shorten(text)} is not valid UTF-8 ({what_char} at character {exc.start}); "
+            f"{what} {shorten(text)} is not valid UTF-8 ({undecodable(text, exc.start)} at character {exc.start}); "
             "give UTF-8 text (e.g. set the terminal or file to UTF-8)"
         ) from None
 
@@ -237,7 +252,10 @@ class HFTokenizer:
         Raises:
             GptzooError: not a directory, no tokenizer files in it, or transformers cannot load them.
         """
-        path = Path(directory).expanduser()
+        try:
+            path = Path(directory).expanduser()
+        except RuntimeError:  # ~user of no such user
+            path = Path(directory)
         if not path.is_dir():
             raise GptzooError(f"tokenizer directory {str(path)!r} does not exist or is not a directory")
         if not any((path / f).is_file() for f in HF_TOKENIZER_FILES):
@@ -245,13 +263,14 @@ class HFTokenizer:
                 f"{str(path)!r} has no tokenizer files (none of {', '.join(HF_TOKENIZER_FILES)}); "
                 "save one there with tokenizer.save_pretrained(DIR)"
             )
+        check_directory(path)  # transformers opens the files it wants by name: none may lead outside
         import transformers  # slow to import: only when an HF tokenizer is asked for
 
         found = ", ".join(sorted(p.name for p in path.iterdir() if p.name in (*HF_TOKENIZER_FILES, "merges.txt")))
         try:
             tokenizer = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         except Exception as exc:  # transformers raises many kinds for a broken tokenizer directory
-            raise GptzooError(f"cannot load the tokenizer in {str(path)!r} (files: {found}): {exc}") from None
+            raise GptzooError(f"cannot load the tokenizer in {str(path)!r} (files: {found}): {one_line(exc)}") from None
         if not tokenizer.encode(PROBE, add_special_tokens=False):  # transformers loads a missing vocabulary as empty
             raise GptzooError(
                 f"the tokenizer in {str(path)!r} has {len(tokenizer)} tokens and encodes {PROBE!r} to none: its "
@@ -278,9 +297,21 @@ class HFTokenizer:
             ids = self.tokenizer.apply_chat_template(
                 messages, add_generation_prompt=True, tokenize=True, return_dict=False
             )
-        except jinja2.TemplateError as exc:
-            raise GptzooError(f"the chat template in {str(self.directory)!r} rejected the messages: {exc}") from None
+        except Exception as exc:  # the template is a program from the checkpoint: any error is its own
+            if isinstance(exc, jinja2.TemplateError) and not isinstance(exc, jinja2.TemplateSyntaxError):
+                # raise_exception(...) in the template: it refuses these messages
+                raise GptzooError(f"the chat template in {self.template_file()} rejected the messages: {exc}") from None
+            raise GptzooError(
+                f"the chat template in {self.template_file()} failed ({one_line(exc)}); fix or replace the template"
+            ) from None
         return list(cast("list[int]", ids))  # tokenize=True, return_dict=False: one list of ids
+
+    def template_file(self) -> str:
+        """The file the chat template came from, as transformers prefers them (quoted)."""
+        for name in CHAT_TEMPLATE_FILES:
+            if (self.directory / name).is_file():
+                return repr(str(self.directory / name))
+        return repr(str(self.directory))
 
 
 def load_tokenizer(name: str, *, hf_dir: str | Path | None = None) -> Tokenizer:

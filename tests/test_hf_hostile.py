@@ -17,14 +17,14 @@ import transformers
 from cli_run import run_error
 from safetensors.torch import load_file, save_file
 
-from gptzoo.errors import CheckpointError
+from gptzoo.errors import CheckpointError, GptzooError
 from gptzoo.hf import hf_recipe, load_hf
 
 transformers.utils.logging.set_verbosity_error()
 transformers.utils.logging.disable_progress_bar()
 
 INDEX = "model.safetensors.index.json"
-SHARD_RULE = "every shard must be a file inside the checkpoint directory (after following symlinks)"
+RULE = "every file a checkpoint supplies must be inside its directory (after following symlinks)"
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +109,7 @@ def test_a_shard_outside_the_directory_is_refused(
     index["weight_map"] = {k: named if v == shard else v for k, v in index["weight_map"].items()}
     write_index(path, index)
     assert_refused(
-        capsys, path, f"{path / INDEX}: weight_map[{tensor!r}] = {named!r} names a file outside {path}; {SHARD_RULE}"
+        capsys, path, f"{path / INDEX}: weight_map[{tensor!r}] = {named!r} names a file outside {path}; {RULE}"
     )
 
 
@@ -151,14 +151,11 @@ def test_a_missing_shard_is_refused(make: Callable[..., Path], capsys: pytest.Ca
     path = make("sharded")
     tensor, shard = first_shard(path)
     (path / shard).unlink()
-    assert_refused(
-        capsys,
-        path,
-        f"{path / INDEX}: weight_map[{tensor!r}] = {shard!r} names a shard that is missing (or not a file)",
-    )
+    assert_refused(capsys, path, f"{path / INDEX}: weight_map[{tensor!r}] = {shard!r} names a shard that is missing")
     (path / shard).mkdir()  # a directory of that name is no better
-    with pytest.raises(CheckpointError, match=r"names a shard that is missing \(or not a file\)$"):
+    with pytest.raises(CheckpointError) as excinfo:
         load_hf(path)
+    assert str(excinfo.value) == f"{path / INDEX}: weight_map[{tensor!r}] = {shard!r} names a directory, not a file"
 
 
 @pytest.mark.parametrize(
@@ -226,13 +223,20 @@ def test_shards_must_hold_what_the_index_says(make: Callable[..., Path], capsys:
 # --- tensors --------------------------------------------------------------------------------------
 
 EMBED = "model.embed_tokens.weight"
+DTYPES = "float32, bfloat16 or float16"
 
 
 @pytest.mark.parametrize(
     ("change", "problem"),
     [
-        (lambda t: t.to(torch.int32), f"{EMBED} has dtype int32, expected a floating-point dtype"),
-        (lambda t: t.bool(), f"{EMBED} has dtype bool, expected a floating-point dtype"),
+        (lambda t: t.to(torch.int32), f"{EMBED} has dtype int32, expected {DTYPES}"),
+        (lambda t: t.bool(), f"{EMBED} has dtype bool, expected {DTYPES}"),
+        (lambda t: t.to(torch.float64), f"{EMBED} has dtype float64, expected {DTYPES}"),
+        (lambda t: t.to(torch.float8_e4m3fn), f"{EMBED} has dtype float8_e4m3fn, expected {DTYPES}"),
+        (
+            lambda t: t.to(torch.uint8).view(torch.float4_e2m1fn_x2),
+            f"{EMBED} has dtype float4_e2m1fn_x2, expected {DTYPES}",
+        ),
         (lambda t: t.index_fill(0, torch.tensor([3]), float("nan")), f"{EMBED} holds NaN or infinite values"),
         (lambda t: t.index_fill(0, torch.tensor([3]), float("inf")), f"{EMBED} holds NaN or infinite values"),
         (lambda t: t[:, :16].contiguous(), f"{EMBED} has shape (128, 16), expected (128, 32)"),
@@ -307,6 +311,7 @@ def test_a_pickle_that_is_not_a_pickle_is_refused(
 
 # --- config.json ----------------------------------------------------------------------------------
 
+BEYOND = "(it is beyond a float's range)"
 CONFIG_CASES = [
     ({"num_hidden_layers": "12"}, "config.json num_hidden_layers='12' is not a positive integer"),
     ({"num_hidden_layers": 1.0}, "config.json num_hidden_layers=1.0 is not a positive integer"),
@@ -337,6 +342,22 @@ CONFIG_CASES = [
         "config.json num_hidden_layers='2' is not a positive integer",
     ),
     ({"max_position_embeddings": 2**40}, "[model] context_length=1099511627776 must be between 1 and 2147483647"),
+    # integers beyond a float: 10**400 is valid JSON, and float(10**400) overflows
+    ({"rms_norm_eps": 10**400}, f"config.json rms_norm_eps=~1e400 is not a finite number {BEYOND}"),
+    ({"initializer_range": -(10**400)}, f"config.json initializer_range=-~1e400 is not a finite number {BEYOND}"),
+    (  # transformers 4.x writes rope_theta at the top level
+        {"rope_parameters": None, "rope_theta": 10**400},
+        f"config.json rope_theta=~1e400 is not a finite number {BEYOND}",
+    ),
+    (
+        {"rope_parameters": {"rope_type": "default", "rope_theta": 10**400}},
+        f"config.json rope_parameters.rope_theta=~1e400 is not a finite number {BEYOND}",
+    ),
+    (
+        {"quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True}},
+        "config.json quantization_config={'quant_method': 'bitsandbytes', 'load_in_4bit': True} is not supported "
+        f"(gptzoo reads plain {DTYPES} weights); use the checkpoint's unquantized weights",
+    ),
 ]
 
 
@@ -382,13 +403,286 @@ def test_config_json_must_be_an_object_and_a_file(
         f"error: {path / 'config.json'} is not a JSON object; fix or replace the config.json"
     )
     (path / "config.json").unlink()
-    (path / "config.json").mkdir()
     assert run_error(capsys, "build", "--hf", str(path)) == (
         f"error: {path} is not a Hugging Face checkpoint: config.json is missing"
     )
+    (path / "config.json").mkdir()
+    assert run_error(capsys, "build", "--hf", str(path)) == f"error: {path / 'config.json'} is a directory, not a file"
 
 
 def test_the_llama_config_still_derives_its_recipe(make: Callable[..., Path]) -> None:
     m = hf_recipe(make("whole")).model
     assert (m.n_layer, m.n_head, m.n_kv_head, m.n_embd, m.d_ff, m.vocab_size) == (1, 2, 1, 32, 64, 128)
     assert m.position.kwargs == {"theta": 10000.0} and not m.tie_embeddings
+
+
+GPT2_CONFIG = {"model_type": "gpt2", "n_layer": 1, "n_head": 2, "n_embd": 32, "n_positions": 64, "vocab_size": 128}
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ({"layer_norm_epsilon": 10**400}, f"config.json layer_norm_epsilon=~1e400 is not a finite number {BEYOND}"),
+        (
+            {"n_embd": 2**30, "n_head": 1},
+            "config.json n_embd=1073741824 makes the MLP width 4 x n_embd = 4294967296 (n_inner is unset), more than "
+            "2147483647; n_embd or n_inner must be smaller",
+        ),
+    ],
+)
+def test_gpt2_config_fields_are_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], change: dict, problem: str
+) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({**GPT2_CONFIG, **change}))
+    assert run_error(capsys, "build", "--hf", str(tmp_path)) == f"error: {tmp_path / 'config.json'}: {problem}"
+
+
+def test_a_config_without_model_type_says_so(make: Callable[..., Path], capsys: pytest.CaptureFixture[str]) -> None:
+    path = make("whole")
+    config = json.loads((path / "config.json").read_text())
+    del config["model_type"]
+    (path / "config.json").write_text(json.dumps(config))
+    assert run_error(capsys, "build", "--hf", str(path)) == (
+        f"error: {path}/config.json has no model_type; gptzoo reads model_type gpt2 or llama checkpoints"
+    )
+
+
+# --- every file a checkpoint directory supplies ---------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "pytorch_model.bin", "config.json"])
+def test_single_files_symlinked_outside_the_directory_are_refused(
+    make: Callable[..., Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    path = make("whole")
+    if name == "pytorch_model.bin":
+        torch.save(load_file(str(path / "model.safetensors")), path / name)
+        (path / "model.safetensors").unlink()
+    outside = tmp_path / f"elsewhere-{name}"
+    shutil.move(path / name, outside)  # a perfectly good file, but not the checkpoint's
+    os.symlink(outside, path / name)
+    assert_refused(capsys, path, f"{path / name} links to {outside}, outside {path}; {RULE}")
+
+
+def test_weights_that_are_not_regular_files_are_refused_unopened(
+    make: Callable[..., Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = make("whole")
+    weights = path / "model.safetensors"
+    weights.unlink()
+    os.mkfifo(weights)  # opening it would block forever
+    assert_refused(capsys, path, f"{weights} is a named pipe (FIFO), not a file")
+    weights.unlink()
+    weights.mkdir()
+    assert_refused(capsys, path, f"{weights} is a directory, not a file")
+    weights.rmdir()
+    os.symlink("/dev/zero", weights)
+    assert_refused(capsys, path, f"{weights} links to /dev/zero, outside {path}; {RULE}")
+    weights.unlink()
+    os.symlink(path / "nothing", weights)
+    assert_refused(capsys, path, f"{weights} is a symbolic link to nothing ({path / 'nothing'} does not exist)")
+
+
+@pytest.mark.parametrize(("name", "reason"), [("a\u0000b", "embedded null byte"), ("a" * 5000, "File name too long")])
+def test_index_entries_the_system_cannot_use_are_named(
+    make: Callable[..., Path], capsys: pytest.CaptureFixture[str], name: str, reason: str
+) -> None:
+    path = make("sharded")
+    index = index_of(path)
+    tensor = next(iter(index["weight_map"]))
+    index["weight_map"][tensor] = name
+    write_index(path, index)
+    shown = repr(name) if len(repr(name)) <= 300 else repr(name)[:297] + "..."
+    assert_refused(capsys, path, f"{path / INDEX}: weight_map[{tensor!r}] = {shown} cannot be resolved ({reason})")
+
+
+def test_an_index_whose_metadata_is_not_an_object_is_refused(
+    make: Callable[..., Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = make("sharded")
+    write_index(path, {**index_of(path), "metadata": "x"})
+    assert_refused(capsys, path, f"{path / INDEX}: metadata='x' is not an object; fix or remove it")
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        (lambda t: t.to_sparse(), "is a sparse_coo tensor; a checkpoint's weights are dense tensors"),
+        (
+            lambda t: torch.empty(t.shape, device="meta"),
+            "is a meta tensor, which holds no values; a checkpoint's weights hold their values",
+        ),
+    ],
+)
+def test_pickled_tensors_must_be_dense_and_hold_values(
+    make: Callable[..., Path], capsys: pytest.CaptureFixture[str], change, problem: str
+) -> None:
+    path = make("whole")
+    state = load_file(str(path / "model.safetensors"))
+    (path / "model.safetensors").unlink()
+    state["model.norm.weight"] = change(state["model.norm.weight"])
+    torch.save(state, path / "pytorch_model.bin")
+    assert_refused(capsys, path, f"{path / 'pytorch_model.bin'}: 'model.norm.weight' {problem}")
+
+
+def test_many_tensors_of_a_refused_dtype_are_counted(
+    make: Callable[..., Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = make("whole")
+    tensors = load_file(str(path / "model.safetensors"))
+    save_file({k: v.to(torch.float8_e5m2) for k, v in tensors.items()}, str(path / "model.safetensors"))
+    first = sorted(tensors)[:3]
+    assert_refused(
+        capsys,
+        path,
+        f"{path} does not fit LlamaForCausalLM 'ck': {len(tensors)} tensors ({', '.join(first)}, and "
+        f"{len(tensors) - 3} more) have dtype float8_e5m2, expected {DTYPES}",
+    )
+
+
+def test_a_tied_head_that_differs_from_the_embedding_names_the_directory(
+    make: Callable[..., Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = make("whole")
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
+    assert_refused(
+        capsys,
+        path,
+        f"{path}: lm_head.weight differs from the token embedding {EMBED}, but config.json ties them "
+        "(tie_word_embeddings); set tie_word_embeddings to false if the head is its own",
+    )
+
+
+def test_a_home_directory_of_no_user_is_named(capsys: pytest.CaptureFixture[str]) -> None:
+    for text in ("~nosuchuser-gptzoo/x", "~nosuchuser-gptzoo"):
+        assert run_error(capsys, "generate", "--hf", text, "--prompt", "hi") == (
+            f"error: no such checkpoint directory: {text} (~nosuchuser-gptzoo names no user on this machine)"
+        )
+
+
+def test_a_directory_name_that_is_not_utf8_is_named(
+    originals: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def refused(name: str) -> str:
+        return (
+            f"error: the directory name {name!r} is not valid UTF-8 (byte 0xff at character {len(name) - 1}), and "
+            "safetensors reads and writes only UTF-8 paths; rename it"
+        )
+
+    path = shutil.copytree(originals["whole"], os.fsdecode(bytes(tmp_path) + b"/ck\xff"))
+    assert run_error(capsys, "generate", "--hf", path, "--prompt", "hi") == refused(path)
+    out = os.fsdecode(bytes(tmp_path) + b"/out\xff")
+    assert run_error(capsys, "build", "gpt2-tiny", "--out", out) == refused(out)
+    assert run_error(capsys, "export", path, "--hf", out) == refused(path)
+    assert not os.path.lexists(out)
+
+
+# --- tokenizers, chat templates and compare -------------------------------------------------------
+
+
+def save_word_tokenizer(directory: Path, n_words: int = 200) -> None:
+    """A word-level HF tokenizer of ids 0 (<unk>) .. n_words - 1 (w1, w2, ...) into ``directory``."""
+    from tokenizers import Tokenizer as RawTokenizer
+    from tokenizers import models, pre_tokenizers
+
+    vocab = {"<unk>": 0, **{f"w{i}": i for i in range(1, n_words)}}
+    raw = RawTokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="<unk>").save_pretrained(directory)
+
+
+def test_tokenizer_files_symlinked_outside_the_directory_are_refused(
+    make: Callable[..., Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = make("whole")
+    save_word_tokenizer(path)
+    outside = tmp_path / "elsewhere.json"
+    shutil.move(path / "tokenizer.json", outside)
+    os.symlink(outside, path / "tokenizer.json")
+    assert run_error(capsys, "generate", "--hf", str(path), "--prompt", "w1") == (
+        f"error: {path / 'tokenizer.json'} links to {outside}, outside {path}; {RULE}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("template", "problem"),
+    [
+        ('{{ 1 + "a" }}', "TypeError: unsupported operand type(s) for +: 'int' and 'str'"),
+        ("{{ 1 // 0 }}", "ZeroDivisionError: integer division or modulo by zero"),
+        (
+            "{% for i in range(10**9) %}x{% endfor %}",
+            "OverflowError: Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).",
+        ),
+        ('{% include "x.jinja" %}', "TypeError: no loader for this environment specified"),
+        ("{% for %}", "TemplateSyntaxError: Expected an expression, got 'end of statement block'"),
+    ],
+)
+def test_a_chat_template_that_fails_names_its_file(
+    make: Callable[..., Path], capsys: pytest.CaptureFixture[str], template: str, problem: str
+) -> None:
+    path = make("whole")
+    save_word_tokenizer(path)
+    (path / "chat_template.jinja").write_text(template)
+    assert run_error(capsys, "generate", "--hf", str(path), "--prompt", "w1", "--chat") == (
+        f"error: the chat template in {str(path / 'chat_template.jinja')!r} failed ({problem}); "
+        "fix or replace the template"
+    )
+
+
+def compare_ids(path: Path) -> dict:
+    from gptzoo.hf.compare import compare
+
+    return compare(path, prompts=[[1, 2, 3]], new_tokens=2)
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        (
+            {"use_cache": "no"},
+            "StrictDataclassFieldValidationError: Validation error for field 'use_cache': TypeError: Field "
+            "'use_cache' expected bool, got str (value: 'no')",
+        ),
+        ({"bos_token_id": "x"}, "StrictDataclassFieldValidationError: Validation error for field 'bos_token_id'"),
+        ({"eos_token_id": [2, "x"]}, "StrictDataclassFieldValidationError: Validation error for field 'eos_token_id'"),
+    ],
+)
+def test_compare_names_what_transformers_refuses(make: Callable[..., Path], change: dict, problem: str) -> None:
+    path = make("whole")
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, **change}))
+    with pytest.raises(CheckpointError) as excinfo:
+        compare_ids(path)
+    assert str(excinfo.value).startswith(f"transformers cannot load {path}: {problem}")
+    assert str(excinfo.value).endswith(
+        "(compare loads it with transformers as well: fix the checkpoint, or run it with gptzoo alone, "
+        "e.g. gptzoo generate --hf)"
+    )
+
+
+def test_compare_runs_transformers_own_attention(make: Callable[..., Path]) -> None:
+    path = make("whole")
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "_attn_implementation": "flash_attention_2"}))
+    result = compare_ids(path)  # flash-attn is not installed: transformers would refuse to load
+    assert result["greedy_match"] and result["max_abs_diff"] < 1e-4
+
+
+def test_compare_checks_prompt_ids_against_the_vocabulary(
+    make: Callable[..., Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = make("whole")  # vocab_size 128
+    save_word_tokenizer(path, 200)
+    assert run_error(capsys, "compare", "--hf", str(path), "--prompt", "w1 w150", "--new-tokens", "2") == (
+        "error: prompt 1 has token id 150, outside the model's vocabulary (vocab_size 128), while the hf tokenizer "
+        "has 200 ids; give the model a vocab_size of at least 200 or use the tokenizer it was trained with"
+    )
+    from gptzoo.hf.compare import compare
+
+    with pytest.raises(GptzooError) as excinfo:
+        compare(path, prompts=[[1], [5, 128]], new_tokens=2)
+    assert str(excinfo.value) == "prompt 2 has token id 128, outside the model's vocabulary (0..127)"
+    with pytest.raises(GptzooError) as excinfo:
+        compare(path, prompts=[[1] * 63], new_tokens=2)
+    assert str(excinfo.value) == "63 prompt tokens + 2 new tokens exceed the context length 64; ask for at most 1"

@@ -3,16 +3,27 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from cli_run import run_error, run_json
 from safetensors.torch import load_file, save_file
 
 import gptzoo
 from gptzoo.errors import CheckpointError, GptzooError, Interrupted, RecipeError
+from gptzoo.hf import export_hf
 from gptzoo.model import checkpoint
+
+DTYPES = "float32, bfloat16 or float16"
+RULE = "every file a checkpoint supplies must be inside its directory (after following symlinks)"
+STRUCTURE = (
+    "a checkpoint's structure cannot change: {} (on a checkpoint, [model] takes only the attention kernel, "
+    "a component's parameters, context_length and init_std)"
+)
 
 
 @pytest.fixture
@@ -97,10 +108,7 @@ def test_non_floating_weights_are_refused(ck: Path) -> None:
     save_file({k: v.to(torch.int32) for k, v in tensors.items()}, weights)
     with pytest.raises(CheckpointError) as info:
         gptzoo.load_checkpoint(ck)
-    assert str(info.value) == (
-        f"{weights}: wte.weight holds int32 values; a checkpoint's weights are floating point "
-        "(float32, bfloat16 or float16)"
-    )
+    assert str(info.value) == f"{weights}: wte.weight holds int32 values; a checkpoint's weights are {DTYPES}"
     save_file({**tensors, "ln_f.bias": tensors["ln_f.bias"].to(torch.bfloat16)}, weights)
     with pytest.raises(CheckpointError) as info:
         gptzoo.load_checkpoint(ck)
@@ -159,3 +167,178 @@ def test_an_interrupted_save_says_nothing_was_written(tmp_path: Path, monkeypatc
         gptzoo.save_checkpoint(model, model.recipe, tmp_path / "ck")
     assert str(info.value) == f"nothing was written to {tmp_path / 'ck'}"
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.fixture
+def llama_ck(tmp_path: Path) -> Path:
+    """A llama-tiny checkpoint (RoPE, SiLU, gated MLP, untied head)."""
+    model = gptzoo.build_model("llama-tiny")
+    return gptzoo.save_checkpoint(model, model.recipe, tmp_path / "llama")
+
+
+def test_overrides_that_keep_what_the_weights_mean_are_accepted(ck: Path, llama_ck: Path) -> None:
+    idx = torch.randint(0, 512, (1, 7))
+    plain = gptzoo.load_checkpoint(llama_ck).eval()
+    for overrides in (
+        ["model.position.theta=500000.0"],
+        ["model.context_length=256", "model.init_std=0.01"],
+        ["tokenizer.name=bytes", "train.max_steps=3", "generate.max_new_tokens=2"],
+    ):
+        model = gptzoo.load_checkpoint(llama_ck, overrides=overrides)
+        assert model.state_dict().keys() == plain.state_dict().keys()
+    theta = gptzoo.load_checkpoint(llama_ck, overrides=["model.position.theta=500000.0"]).eval()
+    assert not torch.allclose(theta(idx), plain(idx))  # asked for: a component's parameter
+    assert gptzoo.load_checkpoint(ck, overrides=["model.attention=eager"]).recipe.model.attention.name == "eager"
+
+
+@pytest.mark.parametrize(
+    ("which", "override", "change"),
+    [
+        ("llama", "model.position=none", "model.position would change from 'rope' to 'none'"),
+        ("llama", "model.activation=relu", "model.activation would change from 'silu' to 'relu'"),
+        ("gpt2", "model.n_head=8", "model.n_head would change from 4 to 8"),
+    ],
+)
+def test_overrides_that_change_what_the_weights_mean_are_refused(
+    ck: Path, llama_ck: Path, capsys: pytest.CaptureFixture[str], which: str, override: str, change: str
+) -> None:
+    path = llama_ck if which == "llama" else ck
+    with pytest.raises(CheckpointError) as info:
+        gptzoo.load_checkpoint(path, overrides=[override])
+    message = f"--set {override} does not fit the checkpoint {path}: {STRUCTURE.format(change)}"
+    assert str(info.value) == message
+    argv = ["generate", "--checkpoint", str(path), "--set", override, "--prompt", "hi", "--max-new-tokens", "2"]
+    assert run_error(capsys, *argv) == f"error: {message}"
+
+
+def test_a_checkpoint_recipe_that_extends_another_is_refused_unread(ck: Path, tmp_path: Path) -> None:
+    (tmp_path / "outside.toml").write_text("[model]\nsecret_key_name = 1\n")
+    recipe = ck / "recipe.toml"
+    text = recipe.read_text()
+    for parent in (str(tmp_path / "outside.toml"), "/etc/passwd"):
+        recipe.write_text(f"extends = {parent!r}\n{text}")
+        with pytest.raises(RecipeError) as info:
+            gptzoo.load_checkpoint(ck)
+        assert str(info.value) == (
+            f"{recipe}: extends = {parent!r}: a checkpoint's recipe.toml is written resolved (with what its recipe "
+            "extended merged in) and extends nothing; remove the extends line"
+        )
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "recipe.toml"])
+def test_checkpoint_files_must_be_regular_files_inside_it(
+    ck: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    file = ck / name
+    outside = tmp_path / f"elsewhere-{name}"
+    shutil.move(file, outside)
+    os.symlink(outside, file)  # a good file, but not the checkpoint's
+    argv = ["generate", "--checkpoint", str(ck), "--prompt", "hi", "--max-new-tokens", "2"]
+    assert run_error(capsys, *argv) == f"error: {file} links to {outside}, outside {ck}; {RULE}"
+    file.unlink()
+    os.symlink("/dev/zero", file)
+    assert run_error(capsys, *argv) == f"error: {file} links to /dev/zero, outside {ck}; {RULE}"
+    file.unlink()
+    os.mkfifo(file)  # opening it would block forever
+    assert run_error(capsys, *argv) == f"error: {file} is a named pipe (FIFO), not a file"
+    file.unlink()
+    file.mkdir()
+    assert run_error(capsys, *argv) == f"error: {file} is a directory, not a file"
+    file.rmdir()
+    assert run_error(capsys, *argv) == f"error: {ck} is not a gptzoo checkpoint: {name} is missing"
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float64, torch.float8_e5m2, torch.float8_e4m3fn, torch.float4_e2m1fn_x2], ids=str
+)
+def test_weights_of_dtypes_gptzoo_does_not_run_are_refused(
+    ck: Path, capsys: pytest.CaptureFixture[str], dtype: torch.dtype
+) -> None:
+    weights = ck / "model.safetensors"
+    tensors = load_file(weights)
+    convert = (lambda t: t.to(torch.uint8).view(dtype)) if dtype == torch.float4_e2m1fn_x2 else (lambda t: t.to(dtype))
+    save_file({k: convert(v) for k, v in tensors.items()}, weights)
+    name = str(dtype).removeprefix("torch.")
+    message = f"{weights}: wte.weight holds {name} values; a checkpoint's weights are {DTYPES}"
+    with pytest.raises(CheckpointError) as info:
+        gptzoo.load_checkpoint(ck)
+    assert str(info.value) == message
+    out = ck.parent / "exported"
+    assert run_error(capsys, "export", str(ck), "--hf", str(out)) == f"error: {message}"
+    assert not out.exists()
+
+
+def test_a_recipe_that_needs_many_more_tensors_says_so_briefly(ck: Path) -> None:
+    recipe = ck / "recipe.toml"
+    recipe.write_text(recipe.read_text().replace("n_layer = 2", "n_layer = 4096"))
+    with pytest.raises(CheckpointError) as info:
+        gptzoo.load_checkpoint(ck)
+    assert str(info.value) == f"{ck / 'model.safetensors'} does not match its recipe: it has 2 blocks' weights, " + (
+        "the recipe needs 4096"
+    )
+    recipe.write_text(recipe.read_text().replace("n_layer = 4096", "n_layer = 2"))
+    tensors = load_file(ck / "model.safetensors")
+    save_file({**tensors, **{f"extra.{i}": torch.zeros(1) for i in range(10)}}, ck / "model.safetensors")
+    with pytest.raises(CheckpointError) as info:
+        gptzoo.load_checkpoint(ck)
+    extras = ", ".join(repr(f"extra.{i}") for i in range(8))
+    assert str(info.value) == (
+        f"{ck / 'model.safetensors'} does not match its recipe: missing none, unexpected {extras}, and 2 more"
+    )
+
+
+def test_a_checkpoint_path_that_is_empty_or_a_file(ck: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    generate = ["--prompt", "hi", "--max-new-tokens", "2"]
+    assert run_error(capsys, "generate", "--checkpoint", "", *generate) == (
+        "error: an empty checkpoint directory name; give the directory (e.g. from `gptzoo build --out`)"
+    )
+    weights = ck / "model.safetensors"
+    assert run_error(capsys, "generate", "--checkpoint", str(weights), *generate) == (
+        f"error: {weights} is a file, not a checkpoint directory; give the directory that holds it"
+    )
+
+
+def test_an_out_directory_that_is_not_utf8_is_refused_before_building(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = os.fsdecode(bytes(tmp_path) + b"/ck\xff")
+    message = (
+        f"the directory name {out!r} is not valid UTF-8 (byte 0xff at character {len(out) - 1}), and safetensors "
+        "reads and writes only UTF-8 paths; rename it"
+    )
+    model = gptzoo.build_model("gpt2-tiny")
+    with pytest.raises(CheckpointError) as info:
+        gptzoo.save_checkpoint(model, model.recipe, out)
+    assert str(info.value) == message
+    monkeypatch.setattr(gptzoo.GPT, "init_weights", lambda *a, **k: pytest.fail("the weights were initialized"))
+    assert run_error(capsys, "build", "gpt2-tiny", "--out", out) == f"error: {message}"
+    assert list(tmp_path.iterdir()) == []
+    os.rename(gptzoo.save_checkpoint(model, model.recipe, tmp_path / "ck"), out)  # renamed afterwards
+    assert run_error(capsys, "generate", "--checkpoint", out, "--prompt", "hi") == f"error: {message}"
+
+
+def test_a_checkpoint_built_from_hf_weights_keeps_their_tokenizer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tokenizers import Tokenizer as RawTokenizer
+    from tokenizers import models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    hf = tmp_path / "hf"
+    export_hf(gptzoo.build_model("llama-tiny"), hf)  # vocab_size 512
+    raw = RawTokenizer(models.WordLevel({"<unk>": 0, **{f"w{i}": i for i in range(1, 512)}}, unk_token="<unk>"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="<unk>").save_pretrained(hf)
+    ck = tmp_path / "ck"
+    run_json(capsys, "build", "--hf", str(hf), "--out", str(ck))
+    assert {"tokenizer.json", "tokenizer_config.json"} <= {p.name for p in ck.iterdir()}
+    argv = ["generate", "--checkpoint", str(ck), "--prompt", "w1 w2", "--max-new-tokens", "2"]
+    assert len(run_json(capsys, *argv)["tokens"][0]) == 2
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (ck / name).unlink()
+    assert run_error(capsys, *argv) == (
+        f'error: checkpoint {ck} has no tokenizer files, and its recipe\'s [tokenizer] name = "hf" is the tokenizer '
+        "of the Hugging Face checkpoint its weights came from: copy that checkpoint's tokenizer files "
+        f"(tokenizer.json, tokenizer_config.json, tokenizer.model, vocab.json, vocab.txt and the like) into {ck}, "
+        "or generate from the Hugging Face checkpoint itself (--hf DIR)"
+    )

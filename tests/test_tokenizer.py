@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 from importlib import metadata
 from pathlib import Path
@@ -170,7 +171,8 @@ def test_hf_chat_template(hf_gpt2: Any, tmp_path: Path, gpt2: Tokenizer) -> None
     assert tok.chat(messages) == gpt2.encode("<|system|>Be brief.\n<|user|>Hi there\n<|assistant|>")
     with pytest.raises(GptzooError) as exc:
         tok.chat([{"role": "tool", "content": "x"}])
-    assert str(exc.value) == f"the chat template in {str(tmp_path)!r} rejected the messages: no tools"
+    template = str(tmp_path / "chat_template.jinja")  # where transformers 5 saves it
+    assert str(exc.value) == f"the chat template in {template!r} rejected the messages: no tools"
 
 
 def test_hf_dir_without_tokenizer_files(tmp_path: Path) -> None:
@@ -184,6 +186,26 @@ def test_hf_dir_without_tokenizer_files(tmp_path: Path) -> None:
     with pytest.raises(GptzooError) as exc:
         load_tokenizer("hf", hf_dir=tmp_path / "nope")
     assert str(exc.value) == f"tokenizer directory {str(tmp_path / 'nope')!r} does not exist or is not a directory"
+
+
+def test_hf_dir_files_must_be_regular_files_inside_it(hf_dir: Path, tmp_path: Path) -> None:
+    directory = Path(shutil.copytree(hf_dir, tmp_path / "tok"))
+    os.mkfifo(directory / "special_tokens_map.json")  # transformers would block reading it
+    with pytest.raises(GptzooError) as exc:
+        load_tokenizer("hf", hf_dir=directory)
+    assert str(exc.value) == f"{directory / 'special_tokens_map.json'} is a named pipe (FIFO), not a file"
+    (directory / "special_tokens_map.json").unlink()
+    (tmp_path / "secret").write_text("{}")
+    os.symlink(tmp_path / "secret", directory / "added_tokens.json")
+    with pytest.raises(GptzooError) as exc:
+        load_tokenizer("hf", hf_dir=directory)
+    assert str(exc.value) == (
+        f"{directory / 'added_tokens.json'} links to {tmp_path / 'secret'}, outside {directory}; every file a "
+        "checkpoint supplies must be inside its directory (after following symlinks)"
+    )
+    with pytest.raises(GptzooError) as exc:
+        load_tokenizer("hf", hf_dir="~nosuchuser-gptzoo/tok")
+    assert str(exc.value) == "tokenizer directory '~nosuchuser-gptzoo/tok' does not exist or is not a directory"
 
 
 def test_hf_needs_a_directory() -> None:

@@ -23,6 +23,7 @@ from gptzoo.model.build import build_model
 from gptzoo.model.gpt import GPT
 from gptzoo.recipe import COMPONENT_KEYS, ModelSpec, Recipe, apply_overrides, validate
 from gptzoo.registry import Registry, default_registry
+from gptzoo.untrusted import WEIGHT_DTYPES, WEIGHT_DTYPES_TEXT, first_few
 
 FAMILIES: dict[str, Family] = {family.model_type: family for family in (GPT2(), Llama())}
 """config.json model_type -> family."""
@@ -41,6 +42,10 @@ __all__ = [
 
 def family_for(config: dict[str, Any], source: Path) -> Family:
     model_type = config.get("model_type")
+    if model_type is None:
+        raise CheckpointError(
+            f"{source}/config.json has no model_type; gptzoo reads model_type {' or '.join(FAMILIES)} checkpoints"
+        )
     if not isinstance(model_type, str) or model_type not in FAMILIES:
         raise CheckpointError(
             f"{source}/config.json: model_type {show(model_type)} is not supported"
@@ -104,6 +109,15 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
+def _tensors(keys: list[str]) -> str:
+    """Tensor names for a message: one, or the first three and how many there are."""
+    return keys[0] if len(keys) == 1 else f"{len(keys)} tensors ({first_few(keys, 3, ', ')})"
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 def _show(value: Any) -> str:
     if isinstance(value, tuple):
         name, params = value
@@ -136,7 +150,18 @@ def load_hf(
     family = family_for(read_config(path), path)
     model = build_model(recipe, device="meta", registry=registry)
     rows = family.tensor_map(model)
-    tensors = family.normalize(read_tensors(path), model)
+    tensors = read_tensors(path)
+    refused: dict[str, list[str]] = {}  # dtype -> its tensors, found before any arithmetic (float8 has little)
+    for key, t in tensors.items():
+        if _name(t.dtype) not in WEIGHT_DTYPES and not key.endswith(family.ignored_tensors):
+            refused.setdefault(_name(t.dtype), []).append(key)
+    if refused:
+        problems = [f"{_tensors(keys)} {'has' if len(keys) == 1 else 'have'} dtype {d}" for d, keys in refused.items()]
+        raise CheckpointError(
+            f"{path} does not fit {family.architecture} {recipe.name!r}: {'; '.join(problems)}, expected "
+            f"{WEIGHT_DTYPES_TEXT}"
+        )
+    tensors = family.normalize(tensors, model, path)
     reference = model.state_dict()
     dtype = dtype or torch.float32
     state, used, problems = {}, set(), []
@@ -152,24 +177,14 @@ def load_hf(
             for key, shape in zip(theirs, expected, strict=True)
             if tuple(tensors[key].shape) != shape
         ]
-        wrong += [
-            f"{key} has dtype {str(tensors[key].dtype).removeprefix('torch.')}, expected a floating-point dtype"
-            for key in theirs
-            if not tensors[key].is_floating_point()
-        ]
-        wrong += [
-            f"{key} holds NaN or infinite values"
-            for key in theirs
-            if tensors[key].is_floating_point() and not torch.isfinite(tensors[key]).all()
-        ]
+        wrong += [f"{key} holds NaN or infinite values" for key in theirs if not torch.isfinite(tensors[key]).all()]
         if wrong:
             problems += wrong
             continue
         state[ours] = tmap.load([tensors[key] for key in theirs]).to(device=device or "cpu", dtype=dtype)
     problems += [f"unexpected tensor {key}" for key in sorted(set(tensors) - used)]
     if problems:
-        shown = "; ".join(problems[:8]) + (f"; and {len(problems) - 8} more" if len(problems) > 8 else "")
-        raise CheckpointError(f"{path} does not fit {family.architecture} {recipe.name!r}: {shown}")
+        raise CheckpointError(f"{path} does not fit {family.architecture} {recipe.name!r}: {first_few(problems)}")
     model.load_weights(state, source=str(path))
     model.recipe = recipe
     return model

@@ -13,12 +13,36 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from gptzoo.errors import CheckpointError
 from gptzoo.hf import load_hf, locate
-from gptzoo.inference.generate import encode_prompts, generate
+from gptzoo.inference.generate import check_lengths, check_prompts, encode_prompts, generate
 from gptzoo.recipe import Recipe, recipe_tokenizer
 from gptzoo.registry import Registry
+from gptzoo.untrusted import check_directory
 
 DEFAULT_PROMPT = "The history of the Roman Empire began"
+
+
+def hf_model(path: Path, dtype: torch.dtype) -> Any:
+    """The checkpoint through transformers, as it is (no quantization, which gptzoo has refused by
+    now), with transformers' own attention kernel whatever config.json's _attn_implementation asks.
+
+    Raises:
+        CheckpointError: transformers cannot load it (it validates config.json more strictly than
+            gptzoo, which reads only the fields that decide the model).
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    check_directory(path)  # transformers opens files by name: none may lead outside the checkpoint
+    try:
+        config = AutoConfig.from_pretrained(path)
+        config._attn_implementation = "sdpa"  # config.json's own wins over from_pretrained(attn_implementation=)
+        return AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype).eval()
+    except Exception as exc:  # transformers raises many kinds (validation, import, type errors) for one file
+        raise CheckpointError(
+            f"transformers cannot load {path}: {type(exc).__name__}: {' '.join(str(exc).split())} (compare loads "
+            "it with transformers as well: fix the checkpoint, or run it with gptzoo alone, e.g. gptzoo generate --hf)"
+        ) from None
 
 
 @torch.no_grad()
@@ -62,19 +86,20 @@ def compare(
 ) -> dict[str, Any]:
     """Run transformers and gptzoo on the same checkpoint and prompts (text, or token ids); ``registry``
     builds gptzoo's side (default: gptzoo.registry.default_registry())."""
-    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     path = locate(source)
     ours = load_hf(path, recipe, dtype=dtype, registry=registry).eval()
-    theirs = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
     texts = [p for p in prompts if isinstance(p, str)]
     tokenizer = recipe_tokenizer(ours.recipe, path) if texts else None
+    all_ids = [encode_prompts(tokenizer, [p], chat=chat)[0] if isinstance(p, str) else list(p) for p in prompts]
+    check_prompts(ours, all_ids, tokenizer)
+    check_lengths(ours, all_ids, new_tokens)
+    theirs = hf_model(path, dtype)
     rows = []
-    for prompt in prompts:
-        ids = encode_prompts(tokenizer, [prompt], chat=chat)[0] if isinstance(prompt, str) else list(prompt)
+    for prompt, ids in zip(prompts, all_ids, strict=True):
         input_ids = torch.tensor([ids])
         stats = logit_stats(ours(input_ids)[0], theirs(input_ids).logits[0])
         ours_new = generate(ours, [ids], new_tokens)[0]

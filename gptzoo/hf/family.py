@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from torch import Tensor, nn
@@ -20,6 +21,7 @@ from gptzoo.errors import CheckpointError, GptzooError, did_you_mean
 from gptzoo.interfaces import TensorMap
 from gptzoo.model.gpt import GPT
 from gptzoo.recipe import Recipe
+from gptzoo.untrusted import WEIGHT_DTYPES_TEXT
 
 
 class NoEquivalentError(GptzooError):
@@ -97,34 +99,44 @@ class Family:
             )
         return rows
 
-    def normalize(self, tensors: dict[str, Tensor], model: GPT) -> dict[str, Tensor]:
-        """Their tensors in the layout ``parts`` expects: known non-weights dropped, and a tied
-        head stored anyway checked against the embedding and dropped."""
+    def normalize(self, tensors: dict[str, Tensor], model: GPT, source: Path) -> dict[str, Tensor]:
+        """Their tensors (of the checkpoint directory ``source``, dtypes checked) in the layout
+        ``parts`` expects: known non-weights dropped, and a tied head stored anyway checked against
+        the embedding and dropped."""
         tensors = {k: v for k, v in tensors.items() if not k.endswith(self.ignored_tensors)}
         if model.tied and "lm_head.weight" in tensors:
             head = tensors.pop("lm_head.weight")
             embedding = tensors.get(self.embedding)
             if embedding is not None and not head.equal(embedding):
                 raise CheckpointError(
-                    "lm_head.weight differs from the token embedding, but the config ties them "
-                    "(tie_word_embeddings); the checkpoint and its config.json disagree"
+                    f"{source}: lm_head.weight differs from the token embedding {self.embedding}, but config.json "
+                    "ties them (tie_word_embeddings); set tie_word_embeddings to false if the head is its own"
                 )
         return tensors
 
 
-def show(value: Any) -> str:
-    """A config value for a message: its repr, cut short."""
+def show(value: Any, limit: int = 60) -> str:
+    """A config value for a message: its repr, cut to ``limit`` characters (an integer beyond 128
+    bits by its magnitude)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        return f"{'-' if value < 0 else ''}~1e{int(math.log10(abs(value)))}"
     text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def refuse(config: Mapping[str, Any], supported: Mapping[str, Any]) -> list[str]:
-    """Problems for config fields set to values gptzoo does not implement."""
-    return [
+    """Problems for config fields set to values gptzoo does not implement, and for quantized weights."""
+    problems = [
         f"config.json {key}={show(config[key])} is not supported (gptzoo implements {key}={value!r} only)"
         for key, value in supported.items()
         if key in config and config[key] is not None and config[key] != value
     ]
+    if config.get("quantization_config") is not None:
+        problems.append(
+            f"config.json quantization_config={show(config['quantization_config'])} is not supported (gptzoo "
+            f"reads plain {WEIGHT_DTYPES_TEXT} weights); use the checkpoint's unquantized weights"
+        )
+    return problems
 
 
 class Fields:
@@ -154,10 +166,18 @@ class Fields:
         if key not in self.config:
             return default
         value = self.config[key]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
             self._wrong(key, "a finite number")
             return default
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an integer of hundreds of digits
+            self._wrong(key, "a finite number (it is beyond a float's range)")
+            return default
+        if not math.isfinite(number):
+            self._wrong(key, "a finite number")
+            return default
+        return number
 
     def flag(self, key: str, default: bool) -> bool:
         if key not in self.config:

@@ -3,7 +3,8 @@
 A source is a local directory, a name gptzoo can fetch (gptzoo.fetch, e.g. ``smollm2-135m``), or a
 hub name (``gpt2``) resolved through the local Hugging Face cache, downloading only when a network
 is there. Tensors come from model.safetensors (or its sharded index) or, failing that, from
-pytorch_model.bin loaded with ``weights_only=True``.
+pytorch_model.bin loaded with ``weights_only=True``. Every file is read as gptzoo.untrusted
+requires: a regular file inside the checkpoint directory once symlinks are followed.
 """
 
 from __future__ import annotations
@@ -21,22 +22,36 @@ from torch import Tensor
 
 from gptzoo.atomic import new_directory
 from gptzoo.errors import CheckpointError
+from gptzoo.hf import family
+from gptzoo.untrusted import check_utf8_path, checkpoint_file, supplies
 
 CONFIG = "config.json"
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 PYTORCH_BIN = "pytorch_model.bin"
 HUB_FILES = ["config.json", "*.safetensors", "*.json", "*.txt", "*.model", "tokenizer*"]
+NAME_LIMIT = 300
+"""The most characters of a name (a tensor's, a shard file's) a message shows."""
 
 
 def locate(source: str | Path) -> Path:
     """The local directory of a checkpoint, by path, fetchable name or hub name."""
-    from gptzoo.fetch import resolve_fetchable
-
     text = str(source)
     if not text:
         raise CheckpointError("an empty checkpoint name; give a directory, a fetchable name or a hub name")
-    path = Path(text).expanduser()
+    path = _find(text)
+    check_utf8_path(path)
+    return path
+
+
+def _find(text: str) -> Path:
+    from gptzoo.fetch import resolve_fetchable
+
+    try:
+        path = Path(text).expanduser()
+    except RuntimeError:  # ~user of no such user
+        user = text[1:].partition("/")[0]
+        raise CheckpointError(f"no such checkpoint directory: {text} (~{user} names no user on this machine)") from None
     if path.is_dir():
         return path
     if path.exists():
@@ -69,21 +84,25 @@ def _from_hub(name: str) -> Path:
 
 
 def read_config(path: Path) -> dict[str, Any]:
-    file = path / CONFIG
-    if not file.is_file():
-        raise CheckpointError(f"{path} is not a Hugging Face checkpoint: {CONFIG} is missing")
-    return _read_json(file, CONFIG)
+    missing = f"{path} is not a Hugging Face checkpoint: {CONFIG} is missing"
+    return _read_json(checkpoint_file(path, CONFIG, missing=missing), path / CONFIG, CONFIG)
 
 
-def _read_json(file: Path, what: str) -> dict[str, Any]:
-    """A JSON object from a checkpoint file (NaN and Infinity are not JSON and are refused)."""
+def _read_json(real: Path, file: Path, what: str) -> dict[str, Any]:
+    """A JSON object from a checkpoint file, read at its real path ``real`` and named ``file`` (NaN
+    and Infinity are not JSON and are refused)."""
     try:
-        data = json.loads(file.read_text(encoding="utf-8"), parse_constant=_refuse_constant)
+        data = json.loads(real.read_text(encoding="utf-8"), parse_constant=_refuse_constant)
     except (ValueError, RecursionError, OSError) as exc:  # ValueError: JSON and UTF-8 decoding errors
         raise CheckpointError(f"{file} is not valid JSON: {_one_line(exc)}; fix or replace the {what}") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{file} is not a JSON object; fix or replace the {what}")
     return data
+
+
+def show(value: Any) -> str:
+    """A name or value from a checkpoint file, for a message."""
+    return family.show(value, NAME_LIMIT)
 
 
 def _refuse_constant(name: str) -> Any:
@@ -97,75 +116,62 @@ def _one_line(exc: BaseException) -> str:
 def read_tensors(path: Path) -> dict[str, Tensor]:
     """Every tensor of the checkpoint, on the CPU, in its stored dtype.
 
-    The shards of a sharded checkpoint are the files its index names: each must be a file inside the
-    checkpoint directory once symlinks are resolved (in a Hugging Face cache snapshot, also inside
-    the repository's blobs/ folder, where the cache keeps what the snapshot links to), and hold
-    exactly the tensors the index says it holds."""
-    if (path / SAFETENSORS).is_file():
-        return _load_safetensors(path / SAFETENSORS)
-    if (path / SAFETENSORS_INDEX).is_file():
-        return _read_sharded(path, path / SAFETENSORS_INDEX)
-    if (path / PYTORCH_BIN).is_file():
-        return _state_dict(_torch_load(path / PYTORCH_BIN), path / PYTORCH_BIN)
-    raise CheckpointError(f"{path} has no weights: none of {SAFETENSORS}, {SAFETENSORS_INDEX}, {PYTORCH_BIN}")
+    The weights are the first of model.safetensors, its sharded index, pytorch_model.bin that the
+    directory has; each file read (the shards too, by the names the index gives) must be a regular
+    file inside the checkpoint directory once symlinks are resolved (gptzoo.untrusted), and each
+    shard must hold exactly the tensors the index says it holds."""
+    name = next((n for n in (SAFETENSORS, SAFETENSORS_INDEX, PYTORCH_BIN) if supplies(path, n)), None)
+    if name is None:
+        raise CheckpointError(f"{path} has no weights: none of {SAFETENSORS}, {SAFETENSORS_INDEX}, {PYTORCH_BIN}")
+    real = checkpoint_file(path, name, missing=f"{path / name} is missing")
+    if name == SAFETENSORS:
+        return _load_safetensors(real, path / name)
+    if name == SAFETENSORS_INDEX:
+        return _read_sharded(path, real)
+    return _state_dict(_torch_load(real, path / name), path / name)
 
 
-def _load_safetensors(file: Path) -> dict[str, Tensor]:
+def _load_safetensors(real: Path, file: Path | str) -> dict[str, Tensor]:
     try:
-        return load_file(str(file))
+        return load_file(str(real))
     except (SafetensorError, OSError, RuntimeError, ValueError, TypeError) as exc:
         raise CheckpointError(f"cannot read the weights in {file}: {type(exc).__name__}: {_one_line(exc)}") from None
 
 
-def _read_sharded(path: Path, index: Path) -> dict[str, Tensor]:
-    weight_map = _read_json(index, "index").get("weight_map")
+def _read_sharded(path: Path, real: Path) -> dict[str, Tensor]:
+    index = path / SAFETENSORS_INDEX
+    data = _read_json(real, index, "index")
+    if not isinstance(data.get("metadata", {}), dict):  # unused here, but transformers reads it
+        raise CheckpointError(f"{index}: metadata={show(data['metadata'])} is not an object; fix or remove it")
+    weight_map = data.get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
         raise CheckpointError(f"{index}: weight_map is not a non-empty object of tensor name -> shard file name")
     bad = next(((k, v) for k, v in weight_map.items() if not isinstance(v, str) or not v), None)
     if bad is not None:
-        raise CheckpointError(f"{index}: weight_map[{bad[0]!r}] = {bad[1]!r} is not a shard file name")
+        raise CheckpointError(f"{index}: weight_map[{show(bad[0])}] = {show(bad[1])} is not a shard file name")
     shards: dict[str, list[str]] = {}
     for name, shard in weight_map.items():
         shards.setdefault(shard, []).append(name)
-    roots = _roots(path)
     tensors: dict[str, Tensor] = {}
     for shard, names in shards.items():
-        entry = f"{index}: weight_map[{names[0]!r}] = {shard!r}"
-        try:
-            file = (path / shard).resolve()
-        except (OSError, RuntimeError) as exc:  # a symlink loop
-            raise CheckpointError(f"{entry} cannot be resolved ({_one_line(exc)})") from None
-        if not any(file.is_relative_to(root) for root in roots):
-            raise CheckpointError(
-                f"{entry} names a file outside {path}; every shard must be a file inside the checkpoint directory "
-                "(after following symlinks)"
-            )
-        if not file.is_file():
-            raise CheckpointError(f"{entry} names a shard that is missing (or not a file)")
-        held = _load_safetensors(file)  # the file checked, not the name again (which could be relinked)
+        entry = f"{index}: weight_map[{show(names[0])}] = {show(shard)}"
+        file = checkpoint_file(path, shard, missing=f"{entry} names a shard that is missing", entry=entry)
+        held = _load_safetensors(file, path / shard)
         stray = sorted(set(held) - set(names))
         if stray:
             owner = weight_map.get(stray[0])
-            where = f"the index maps it to {owner!r}" if owner is not None else "the index does not list it"
-            raise CheckpointError(f"{index}: shard {shard!r} holds tensor {stray[0]!r}, but {where}")
+            where = f"the index maps it to {show(owner)}" if owner is not None else "the index does not list it"
+            raise CheckpointError(f"{index}: shard {show(shard)} holds tensor {show(stray[0])}, but {where}")
         absent = sorted(set(names) - set(held))
         if absent:
-            raise CheckpointError(f"{index}: weight_map[{absent[0]!r}] = {shard!r}, but that shard does not hold it")
+            raise CheckpointError(
+                f"{index}: weight_map[{show(absent[0])}] = {show(shard)}, but that shard does not hold it"
+            )
         tensors.update(held)
     return tensors
 
 
-def _roots(path: Path) -> list[Path]:
-    """Where a shard may live: the checkpoint directory, and for a Hugging Face cache snapshot
-    (models--org--name/snapshots/REV) that repository's blobs/ folder."""
-    real = path.resolve()
-    roots = [real]
-    if real.parent.name == "snapshots" and real.parent.parent.name.startswith("models--"):
-        roots.append(real.parent.parent / "blobs")
-    return roots
-
-
-def _torch_load(file: Path) -> Any:
+def _torch_load(real: Path, file: Path) -> Any:
     """A pickled checkpoint, tensors only (weights_only=True: torch refuses a pickle that asks for
     anything else, and nothing in it runs); memory-mapped unless it predates torch's zip format, as
     the original GPT-2 files do."""
@@ -173,11 +179,11 @@ def _torch_load(file: Path) -> Any:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "Detected pickle protocol 4 ...": the error below says it all
             try:
-                return torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+                return torch.load(real, map_location="cpu", weights_only=True, mmap=True)
             except RuntimeError as exc:
                 if "mmap" not in str(exc):
                     raise
-                return torch.load(file, map_location="cpu", weights_only=True)
+                return torch.load(real, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         raise CheckpointError(
             f"{file} was refused: torch.load(weights_only=True) reads only tensors and plain containers, and "
@@ -200,11 +206,21 @@ def _refusal(exc: BaseException) -> str:
 def _state_dict(obj: Any, file: Path) -> dict[str, Tensor]:
     if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, Tensor) for k, v in obj.items()):
         raise CheckpointError(f"{file} does not hold a state dict (a mapping of names to tensors)")
+    for key, tensor in obj.items():  # a pickle can hold what a safetensors file cannot
+        if tensor.layout != torch.strided:
+            layout = str(tensor.layout).removeprefix("torch.")
+            raise CheckpointError(f"{file}: {show(key)} is a {layout} tensor; a checkpoint's weights are dense tensors")
+        if tensor.device.type != "cpu":
+            raise CheckpointError(
+                f"{file}: {show(key)} is a {tensor.device.type} tensor, which holds no values; "
+                "a checkpoint's weights hold their values"
+            )
     return obj
 
 
 def write_checkpoint(out: Path, config: Any, tensors: dict[str, Tensor]) -> Path:
     """Write config (a transformers PretrainedConfig) and tensors to a new directory, atomically."""
+    check_utf8_path(out)
     with new_directory(out) as tmp:
         config.save_pretrained(tmp)
         save_file(tensors, str(tmp / SAFETENSORS), metadata={"format": "pt"})

@@ -8,6 +8,7 @@ are Conv1D, [in, out]: the components' maps transpose them.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from torch import Tensor
@@ -16,6 +17,7 @@ from gptzoo.hf.family import Family, Fields, NoEquivalentError, Part, refuse
 from gptzoo.interfaces import TensorMap
 from gptzoo.model.gpt import GPT
 from gptzoo.recipe import Recipe
+from gptzoo.recipe.schema import MAX_DIM
 
 ACTIVATIONS = {
     "gelu_new": "gelu_tanh",
@@ -54,7 +56,7 @@ class GPT2(Family):
             "n_layer": f.integer("n_layer"),
             "n_head": f.integer("n_head"),
             "n_embd": n_embd,
-            "d_ff": f.integer("n_inner", 4 * n_embd),
+            "d_ff": f.integer("n_inner", 4 * n_embd),  # n_inner unset (or null): GPT-2's 4 x n_embd
             "bias": True,
             "tie_embeddings": f.flag("tie_word_embeddings", True),
             "norm": {"name": "layernorm", "eps": f.number("layer_norm_epsilon", 1e-5)},
@@ -65,6 +67,11 @@ class GPT2(Family):
             "attention": "causal",
             "init_std": f.number("initializer_range", 0.02),
         }
+        if config.get("n_inner") is None and n_embd <= MAX_DIM < 4 * n_embd:
+            f.problems.append(
+                f"config.json n_embd={n_embd} makes the MLP width 4 x n_embd = {4 * n_embd} (n_inner is unset), "
+                f"more than {MAX_DIM}; n_embd or n_inner must be smaller"
+            )
         f.problems += refuse(
             config,
             {
@@ -117,7 +124,7 @@ class GPT2(Family):
             parts.append(Part(model.lm_head, "lm_head.", "lm_head.", same))
         return parts
 
-    def normalize(self, tensors: dict[str, Tensor], model: GPT) -> dict[str, Tensor]:
+    def normalize(self, tensors: dict[str, Tensor], model: GPT, source: Path) -> dict[str, Tensor]:
         if not any(k.startswith(PREFIX) for k in tensors):  # the original prefix-less layout
             tensors = {k if k == "lm_head.weight" else PREFIX + k: v for k, v in tensors.items()}
-        return super().normalize(tensors, model)
+        return super().normalize(tensors, model, source)

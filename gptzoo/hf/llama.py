@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gptzoo.hf.family import Family, Fields, NoEquivalentError, Part, show
+from gptzoo.hf.family import Family, Fields, NoEquivalentError, Part, refuse, show
 from gptzoo.interfaces import TensorMap
 from gptzoo.model.gpt import GPT
 from gptzoo.recipe import Recipe
@@ -87,6 +87,7 @@ class Llama(Family):
                 f"config.json attention_bias={attention_bias} with mlp_bias={mlp_bias} is not supported "
                 "(gptzoo's bias covers both)"
             )
+        f.problems += refuse(config, {})
         f.check()
         return {"model": model, "tokenizer": {"name": "hf"}}
 

@@ -1,15 +1,21 @@
-"""gptzoo checkpoints: a directory with model.safetensors and the resolved recipe.toml.
+"""gptzoo checkpoints: a directory with model.safetensors and the resolved recipe.toml (and, for
+weights from Hugging Face, that checkpoint's tokenizer files).
 
 Writes are atomic: everything goes to a temporary sibling directory that is renamed into place
 only when complete, so an interrupted save leaves nothing half-written. A tied LM head is not
-stored (as in Hugging Face files); loading re-ties it. Loading may apply ``--set`` overrides to the
-stored recipe as long as the model keeps exactly the stored tensors (names and shapes).
+stored (as in Hugging Face files); loading re-ties it. Every file is read as gptzoo.untrusted
+requires (inside the directory, regular files). Loading may apply ``--set`` overrides to the stored
+recipe where the weights keep their meaning: any section but [model]; in [model], the attention
+kernel, a component's parameters, context_length and init_std, as long as the model keeps exactly
+the stored tensors (names and shapes).
 """
 
 from __future__ import annotations
 
 import re
+import shutil
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +28,20 @@ from gptzoo.errors import CheckpointError, Interrupted
 from gptzoo.model.build import build_model
 from gptzoo.model.gpt import GPT
 from gptzoo.plugin_manager import gptzoo_version
-from gptzoo.recipe import Recipe, override_recipe, read_recipe_data, validate
+from gptzoo.recipe import COMPONENT_KEYS, ModelSpec, Recipe, override_recipe, validate
+from gptzoo.recipe.load import read_resolved_recipe_data
 from gptzoo.registry import Registry, default_registry
+from gptzoo.tokenizer import HF_TOKENIZER_SAVED
+from gptzoo.untrusted import WEIGHT_DTYPES, WEIGHT_DTYPES_TEXT, check_utf8_path, checkpoint_file, first_few, supplies
 
 WEIGHTS = "model.safetensors"
 RECIPE = "recipe.toml"
+FILES = (WEIGHTS, RECIPE)
+"""What every checkpoint directory holds."""
+FREE_MODEL_KEYS = ("attention", "context_length", "init_std")
+"""[model] keys ``--set`` may change on a checkpoint (while the tensors fit): the attention kernel
+computes the same function, a context length changes no weight, init_std only initializes. The
+other components may change their parameters (a norm's eps, RoPE's theta), not their names."""
 
 
 def _strings(value: Any, key: str) -> Iterator[tuple[str, str]]:
@@ -64,8 +79,11 @@ def write_files(directory: Path, tensors: dict[str, torch.Tensor], recipe: Recip
 
 
 def read_recipe(path: Path, *, registry: Registry | None = None) -> Recipe:
-    """The resolved recipe a checkpoint directory holds (a RecipeError names its recipe.toml)."""
-    return validate(read_recipe_data(path / RECIPE), str(path / RECIPE), name=path.name, registry=registry)
+    """The resolved recipe a checkpoint directory holds (a RecipeError names its recipe.toml, missing
+    too; a CheckpointError one that is not a regular file inside the directory)."""
+    real = checkpoint_file(path, RECIPE, missing=f"{path / RECIPE} is missing") if supplies(path, RECIPE) else None
+    data = read_resolved_recipe_data(path / RECIPE, real=real)
+    return validate(data, str(path / RECIPE), name=path.name, registry=registry)
 
 
 def stored_shapes(model: GPT) -> dict[str, tuple[int, ...]]:
@@ -79,6 +97,20 @@ def _name(dtype: torch.dtype) -> str:
 
 def _n_blocks(keys: Iterable[str]) -> int:
     return len({m.group(1) for k in keys if (m := re.match(r"blocks\.(\d+)\.", k))})
+
+
+def structural_change(saved: ModelSpec, wanted: ModelSpec) -> str | None:
+    """How an overridden [model] first changes what a checkpoint's weights mean, or None: a
+    component other than attention renamed, or any other key changed but FREE_MODEL_KEYS."""
+    for f in fields(ModelSpec):
+        if f.name in FREE_MODEL_KEYS:
+            continue
+        before, after = getattr(saved, f.name), getattr(wanted, f.name)
+        if f.name in COMPONENT_KEYS:
+            before, after = before.name, after.name
+        if before != after:
+            return f"model.{f.name} would change from {before!r} to {after!r}"
+    return None
 
 
 def first_difference(stored: dict[str, tuple[int, ...]], wanted: dict[str, tuple[int, ...]]) -> str | None:
@@ -97,18 +129,36 @@ def first_difference(stored: dict[str, tuple[int, ...]], wanted: dict[str, tuple
     return None
 
 
-def save_checkpoint(model: GPT, recipe: Recipe, out_dir: str | Path) -> Path:
-    """Write model weights and recipe to a new directory ``out_dir`` (which must not hold files).
+def tokenizer_files(directory: Path) -> list[str]:
+    """The Hugging Face tokenizer files (HF_TOKENIZER_SAVED) that ``directory`` has."""
+    return [name for name in HF_TOKENIZER_SAVED if supplies(directory, name)]
+
+
+def save_checkpoint(
+    model: GPT, recipe: Recipe, out_dir: str | Path, *, tokenizer_from: str | Path | None = None
+) -> Path:
+    """Write model weights and recipe to a new directory ``out_dir`` (which must not hold files),
+    with the Hugging Face tokenizer files of the directory ``tokenizer_from`` if given (the
+    checkpoint the weights came from), which a recipe's tokenizer "hf" then reads.
 
     Raises:
-        CheckpointError: ``out_dir`` holds files or cannot be written, or the recipe cannot be written.
+        CheckpointError: ``out_dir`` holds files, cannot be written or is not UTF-8, the recipe
+            cannot be written, or a tokenizer file is not one the directory may supply.
         Interrupted: Ctrl-C during the write (nothing is left behind).
     """
     check_writable(recipe)
+    check_utf8_path(out_dir)
     keys = stored_shapes(model)
+    source = Path(tokenizer_from) if tokenizer_from is not None else None
+    copies = {
+        name: checkpoint_file(source, name, missing=f"{source / name} is missing")
+        for name in (tokenizer_files(source) if source is not None else [])
+    }
     try:
         with new_directory(out_dir) as tmp:
             write_files(tmp, {k: v for k, v in model.state_dict().items() if k in keys}, recipe)
+            for name, real in copies.items():
+                shutil.copyfile(real, tmp / name)
     except KeyboardInterrupt:
         raise Interrupted(f"nothing was written to {out_dir}") from None
     return Path(out_dir)
@@ -124,49 +174,66 @@ def load_checkpoint(
 ) -> GPT:
     """Build the checkpoint's recipe and load its weights; every tensor must be present and fit.
 
-    ``overrides`` (``--set`` style) change the stored recipe only where the model keeps the stored
-    tensors, e.g. ``generate.max_new_tokens=20``, ``model.attention=eager`` or ``model.norm.eps=1e-6``;
-    ``model.n_layer=3`` on a 2-layer checkpoint is refused. The model's ``recipe`` is the overridden one.
+    ``overrides`` (``--set`` style) change the stored recipe only where the weights keep their
+    meaning: any section but [model] (``generate.max_new_tokens=20``, ``tokenizer.name=bytes``); in
+    [model], the attention kernel (``model.attention=eager``), a component's parameters
+    (``model.norm.eps=1e-6``), context_length and init_std, while the model keeps exactly the stored
+    tensors. ``model.n_layer=3`` on a 2-layer checkpoint is refused (its shapes would change), and so
+    is ``model.activation=relu`` on a GELU one (its structure would). The model's ``recipe`` is the
+    overridden one.
 
     Example::
 
         model = load_checkpoint("runs/gpt2-tiny/step-1000", overrides=["model.attention=eager"])
     """
     registry = registry if registry is not None else default_registry()
+    if not str(path):  # Path("") would be "."
+        raise CheckpointError("an empty checkpoint directory name; give the directory (e.g. from `gptzoo build --out`)")
     path = Path(path)
     if not path.is_dir():
+        if path.exists():
+            raise CheckpointError(f"{path} is a file, not a checkpoint directory; give the directory that holds it")
         raise CheckpointError(f"no such checkpoint directory: {path}")
-    for name in (WEIGHTS, RECIPE):
-        if not (path / name).is_file():
-            raise CheckpointError(f"{path} is not a gptzoo checkpoint: {name} is missing")
+    check_utf8_path(path)
+    weights, _ = (checkpoint_file(path, n, missing=f"{path} is not a gptzoo checkpoint: {n} is missing") for n in FILES)
     saved = read_recipe(path, registry=registry)
     model = build_model(saved, device="meta", registry=registry)
     expected = stored_shapes(model)
     if overrides:
         recipe = override_recipe(saved, overrides, registry=registry)
         model = build_model(recipe, device="meta", registry=registry)
+        refused = f"--set {', '.join(overrides)} does not fit the checkpoint {path}"
         difference = first_difference(expected, stored_shapes(model))
         if difference is not None:
+            raise CheckpointError(f"{refused}: {difference} (a checkpoint's shapes cannot change)")
+        change = structural_change(saved.model, recipe.model)
+        if change is not None:
             raise CheckpointError(
-                f"--set {', '.join(overrides)} does not fit the checkpoint {path}: {difference} "
-                "(a checkpoint's shapes cannot change)"
+                f"{refused}: a checkpoint's structure cannot change: {change} (on a checkpoint, [model] takes only "
+                "the attention kernel, a component's parameters, context_length and init_std)"
             )
     try:
-        tensors = load_file(str(path / WEIGHTS), device=str(device or "cpu"))
+        tensors = load_file(str(weights), device=str(device or "cpu"))
     except (SafetensorError, OSError) as exc:
         raise CheckpointError(f"cannot read {path / WEIGHTS}: {exc}") from None
     missing, unexpected = sorted(expected.keys() - tensors.keys()), sorted(tensors.keys() - expected.keys())
     if missing or unexpected:
-        raise CheckpointError(f"{path / WEIGHTS} does not match its recipe: missing {missing}, unexpected {unexpected}")
+        have, need = _n_blocks(tensors), _n_blocks(expected)
+        difference = (
+            f"it has {have} blocks' weights, the recipe needs {need}"
+            if have != need
+            else f"missing {_few(missing)}, unexpected {_few(unexpected)}"
+        )
+        raise CheckpointError(f"{path / WEIGHTS} does not match its recipe: {difference}")
     first = next(iter(expected))
     for key, shape in expected.items():
         tensor = tensors[key]
         if tuple(tensor.shape) != shape:
             raise CheckpointError(f"{path / WEIGHTS}: {key} has shape {tuple(tensor.shape)}, the recipe needs {shape}")
-        if not tensor.is_floating_point():
+        if _name(tensor.dtype) not in WEIGHT_DTYPES:
             raise CheckpointError(
-                f"{path / WEIGHTS}: {key} holds {_name(tensor.dtype)} values; "
-                "a checkpoint's weights are floating point (float32, bfloat16 or float16)"
+                f"{path / WEIGHTS}: {key} holds {_name(tensor.dtype)} values; a checkpoint's weights are "
+                f"{WEIGHT_DTYPES_TEXT}"
             )
         if tensor.dtype != tensors[first].dtype:
             raise CheckpointError(
@@ -177,3 +244,8 @@ def load_checkpoint(
     if dtype is not None:
         model.to(dtype)
     return model
+
+
+def _few(keys: list[str]) -> str:
+    """Tensor names for a message: none, or the first few and how many more."""
+    return first_few([repr(k) for k in keys], sep=", ") if keys else "none"

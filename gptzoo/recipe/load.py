@@ -64,9 +64,12 @@ def resolve_recipe_path(name_or_path: str | Path, *, relative_to: Path | None = 
     raise RecipeError(text, [f"unknown recipe {show(text)}{did_you_mean(text, list(shipped))}"])
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
+def _read_toml(path: Path, real: Path | None = None) -> dict[str, Any]:
+    """The TOML of the file ``path`` (read at ``real``, where symlinks lead, when given)."""
     try:
-        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark, as some editors write, is no content
+        text = (real or path).read_text(
+            encoding="utf-8-sig"
+        )  # a byte-order mark (some editors write one) is no content
     except UnicodeDecodeError as exc:
         raise RecipeError(str(path), [f"invalid TOML: {exc}; save it as UTF-8"]) from None
     except OSError as exc:
@@ -113,6 +116,22 @@ def read_recipe_data(path: Path) -> dict[str, Any]:
         merged.pop("weights", None)
         merged = merge(merged, layer)
     return merged
+
+
+def read_resolved_recipe_data(path: Path, *, real: Path | None = None) -> dict[str, Any]:
+    """The TOML of a resolved recipe, as a checkpoint's recipe.toml is written (read at ``real``,
+    where symlinks lead, when given). It extends nothing: following ``extends`` would read a file
+    that the checkpoint names, so it is refused."""
+    data = _read_toml(path, real)
+    if "extends" in data:
+        raise RecipeError(
+            str(path),
+            [
+                f"extends = {show(data['extends'])}: a checkpoint's recipe.toml is written resolved (with what its "
+                "recipe extended merged in) and extends nothing; remove the extends line"
+            ],
+        )
+    return _paths_from(data, path)
 
 
 def _paths_from(data: dict[str, Any], path: Path) -> dict[str, Any]:
