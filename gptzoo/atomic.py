@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import stat
@@ -13,6 +14,14 @@ from pathlib import Path
 from safetensors import SafetensorError
 
 from gptzoo.errors import CheckpointError
+
+
+def write_problem(exc: OSError | SafetensorError) -> str:
+    """Why a write failed, for people: a full disk says so."""
+    full = isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    if full or "os error 28" in str(exc):  # safetensors reports ENOSPC in its message only
+        return "the disk is full (No space left on device)"
+    return (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
 
 
 def holds_files(path: Path) -> bool:
@@ -89,7 +98,7 @@ def new_directory(out: str | Path) -> Iterator[Path]:
         os.rename(tmp, out)
     except (OSError, SafetensorError) as exc:  # a full disk, most likely
         _clean(tmp, created)
-        raise CheckpointError(f"cannot write to {out}: {getattr(exc, 'strerror', None) or exc}") from None
+        raise CheckpointError(f"cannot write to {out}: {write_problem(exc)}") from None
     except BaseException:
         _clean(tmp, created)
         raise

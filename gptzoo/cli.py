@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from gptzoo.errors import GptzooError, exception_text, terminal_text
+from gptzoo.errors import GptzooError, Interrupted, exception_text, terminal_text
 from gptzoo.fetch import FETCHABLE, fetch
 from gptzoo.hf import export_hf
 from gptzoo.hf.compare import DEFAULT_PROMPT, compare
@@ -489,21 +489,31 @@ def cmd_prepare(args: argparse.Namespace, out: Console, err: Console) -> None:
 
 
 def cmd_train(args: argparse.Namespace, out: Console, err: Console) -> None:
-    registry = _registry(err)
-    recipe = load_recipe(args.recipe, args.overrides, registry=registry)
-    if args.resume and args.init_from_hf:
-        raise GptzooError(
-            "--resume continues a run from its checkpoint; --init-from-hf starts a new one: give one of them"
-        )
-    init = load_model(recipe, hf=args.init_from_hf, registry=registry).model if args.init_from_hf else None
-    run = Path(args.out) if args.out else Path("runs") / recipe.name
+    try:
+        registry = _registry(err)
+        recipe = load_recipe(args.recipe, args.overrides, registry=registry)
+        if args.resume and args.init_from_hf:
+            raise GptzooError(
+                "--resume continues a run from its checkpoint; --init-from-hf starts a new one: give one of them"
+            )
+        init = load_model(recipe, hf=args.init_from_hf, registry=registry).model if args.init_from_hf else None
+    except KeyboardInterrupt:
+        raise Interrupted("before the first step; nothing was written") from None
+    run = args.out if args.out is not None else Path("runs") / recipe.name  # an empty --out is refused by train
     main_process = int(os.environ.get("RANK", "0")) == 0  # under torchrun, only rank 0 reports
     if args.json or not main_process:
         result = train(recipe, out=run, data=args.data, resume=args.resume, init=init, registry=registry)
     else:
         with TrainDisplay(err, total_steps=recipe.train.max_steps, title=recipe.name) as display:
             result = train(
-                recipe, out=run, data=args.data, resume=args.resume, init=init, log=display, registry=registry
+                recipe,
+                out=run,
+                data=args.data,
+                resume=args.resume,
+                init=init,
+                log=display,
+                started=display.start,
+                registry=registry,
             )
     if not main_process:
         return

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import os
 import subprocess
 import zipfile
 from collections.abc import Sequence
@@ -615,3 +617,56 @@ def test_prepare_user_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixtur
         "keep.txt"
     ]
     assert (tmp_path / "out" / "keep.txt").read_text() == "mine"
+
+
+def test_prepare_reads_only_regular_files_and_refuses_empty_names(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A device or a FIFO may never end (/dev/zero) or block forever; an empty name is not the current directory."""
+    monkeypatch.chdir(tmp_path)
+    Path("notes.txt").write_text("text in the current directory")
+    os.mkfifo("fifo.txt")
+    out = str(tmp_path / "out")
+    assert run_error(capsys, "prepare", "/dev/zero", "--out", out, "--tokenizer", "bytes") == (
+        "error: /dev/zero is a character device, not a regular file or a directory; prepare reads text files (or a "
+        "directory of them)"
+    )
+    assert run_error(capsys, "prepare", "fifo.txt", "--out", out, "--tokenizer", "bytes") == (
+        "error: fifo.txt is a named pipe (FIFO), not a regular file or a directory; prepare reads text files (or a "
+        "directory of them)"
+    )
+    assert run_error(capsys, "prepare", "", "--out", out, "--tokenizer", "bytes") == (
+        "error: SOURCE is empty; give a text file, a directory of *.txt / *.md files, or a corpus: shakespeare, "
+        "stdlib-docs"
+    )
+    assert run_error(capsys, "prepare", "notes.txt", "--out", out, "--tokenizer", "") == (
+        f"error: --tokenizer is empty; give one of: {', '.join([*NAMED_TOKENIZERS, *FETCHABLE])}, or a Hugging Face "
+        "tokenizer directory"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo.txt", "notes.txt"]
+    meta = run_json(capsys, "prepare", ".", "--out", out, "--tokenizer", "bytes")  # a directory: the FIFO is skipped
+    assert meta["source"]["documents"] == 1
+
+
+def test_prepare_on_a_full_disk(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Full:
+        def __init__(self, *args: Any) -> None:
+            pass
+
+        def __enter__(self) -> Full:
+            return self
+
+        def __exit__(self, *args: Any) -> None:
+            pass
+
+        def write(self, data: Any) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(data, "open", Full, raising=False)  # the token files' writes
+    out = tmp_path / "out"
+    assert run_error(capsys, "prepare", "stdlib-docs", "--out", str(out), "--tokenizer", "bytes") == (
+        f"error: cannot write to {out}: the disk is full (No space left on device)"
+    )
+    assert list(tmp_path.iterdir()) == []

@@ -139,15 +139,17 @@ def test_a_non_finite_loss_stops_the_run_naming_the_step(
     docs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _poison_step(monkeypatch, 3)
-    with pytest.raises(
-        NonFiniteError,
-        match=r"step 3: the loss is nan; nothing was saved for this step. Resume with --set train.on_nonfinite=skip",
-    ):
+    with pytest.raises(NonFiniteError) as exc:
         train(
             recipe("train.max_steps=6", "train.checkpoint_every=2", "train.eval_every=0"),
             out=tmp_path / "run",
             data=docs,
         )
+    assert str(exc.value) == (
+        f"step 3: the loss is nan; nothing was saved for this step, the last checkpoint "
+        f"{tmp_path / 'run' / 'checkpoints' / 'step-000002'} is intact: resume with --resume --set "
+        "train.on_nonfinite=skip to skip such steps, or start a new run with a lower train.lr or in float32"
+    )
     assert [s for s, _ in run_dir.checkpoint_dirs(tmp_path / "run")] == [2]
     (tmp_path / "run" / "checkpoints" / ".step-000004.abc").mkdir()  # what a killed save leaves
     result = train(
@@ -212,6 +214,25 @@ def test_two_processes_match_one_with_the_same_global_batch(docs: Path, tmp_path
     b, _ = run_dir.load(tmp_path / "two" / "checkpoints" / "step-000004")  # written by rank 0, gathered under FSDP
     for key in a:
         torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=1e-5)
+
+
+RESUME_SCRIPT = DIST_SCRIPT.replace("data=sys.argv[2])", "data=sys.argv[2], resume=True)")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_a_run_under_torchrun_resumes_bit_for_bit(docs: Path, tmp_path: Path, parallel: str) -> None:
+    """The optimizer state of a wrapped model (DDP names its parameters module.*) is restored as it was saved."""
+    common = [*TINY, "train.max_steps=4", "train.micro_batch_size=4", "train.eval_every=2", "train.checkpoint_every=2"]
+    (tmp_path / "train.py").write_text(DIST_SCRIPT)
+    (tmp_path / "resume.py").write_text(RESUME_SCRIPT)
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    _torchrun(tmp_path / "train.py", str(whole), str(docs), *common, f"train.parallel={parallel}")
+    shutil.copytree(whole, resumed)
+    shutil.rmtree(resumed / "checkpoints" / "step-000004")
+    _torchrun(tmp_path / "resume.py", str(resumed), str(docs), *common, f"train.parallel={parallel}")
+    for key in ("loss", "val_loss", "grad_norm"):
+        assert losses(resumed, key) == losses(whole, key)
 
 
 def test_lr_schedule_warms_up_then_follows_a_cosine_to_min_lr() -> None:

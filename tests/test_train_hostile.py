@@ -9,10 +9,12 @@ import errno
 import fcntl
 import json
 import os
+import pickle
 import shutil
 import signal
 import subprocess
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -318,22 +320,210 @@ def test_a_corrupted_train_state_names_the_file_and_the_field(
 ) -> None:
     checkpoint = run / "checkpoints" / "step-000004"
     corrupt(checkpoint / "train_state.pt", change)
+    before = snapshot(run)
     assert run_error(capsys, *argv(run, docs, "train.max_steps=6", "train.checkpoint_every=2", resume=True)) == (
         f"error: {checkpoint / 'train_state.pt'} is corrupt: {problem}; move {checkpoint} away to resume from an "
         "earlier checkpoint, or start a new --out"
     )
-    assert leftovers(run) == []
+    assert snapshot(run) == before and leftovers(run) == []
+
+
+def each_group(change: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """A change of the training state that applies ``change`` to every AdamW parameter group."""
+
+    def changed(state: dict[str, Any]) -> dict[str, Any]:
+        for group in state["optimizer"]["param_groups"]:
+            change(group)
+        return state
+
+    return changed
+
+
+def each_param(change: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """A change of the training state that applies ``change`` to every parameter's AdamW state."""
+
+    def changed(state: dict[str, Any]) -> dict[str, Any]:
+        for moments in state["optimizer"]["state"].values():
+            change(moments)
+        return state
+
+    return changed
+
+
+C_ATTN = "optimizer.state['blocks.0.attn.c_attn.weight']"
+"""The first parameter's AdamW state, as messages name it."""
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        (each_group(lambda g: g.update(amsgrad=True)), "optimizer.param_groups[0].amsgrad is True, expected False"),
+        (each_group(lambda g: g.update(maximize=True)), "optimizer.param_groups[0].maximize is True, expected False"),
+        (
+            each_group(lambda g: g.update(differentiable=True)),
+            "optimizer.param_groups[0].differentiable is True, expected False",
+        ),
+        (
+            each_group(lambda g: g.update(eps="e")),
+            "optimizer.param_groups[0].eps is 'e', expected 1e-08 (the recipe's eps)",
+        ),
+        (
+            each_group(lambda g: g.update(betas=(5.0, 7.0))),
+            "optimizer.param_groups[0].betas is (5.0, 7.0), expected (0.9, 0.95) (the recipe's beta1, beta2)",
+        ),
+        (
+            each_group(lambda g: g.update(weight_decay=-1e30)),
+            "optimizer.param_groups[0].weight_decay is -1e+30, expected 0.1",
+        ),
+        (
+            each_group(lambda g: g.update(lr="fast")),
+            "optimizer.param_groups[0].lr is 'fast', expected a finite number >= 0",
+        ),
+        (
+            each_group(lambda g: g.update(fused="yes")),
+            "optimizer.param_groups[0].fused is 'yes', expected True, False or None",
+        ),
+        (each_group(lambda g: g.pop("betas")), "optimizer.param_groups[0].betas is missing, expected (0.9, 0.95)"),
+        (
+            each_group(lambda g: g.update(nesterov=True)),
+            "optimizer.param_groups[0] holds 'nesterov', which gptzoo's AdamW does not have",
+        ),
+        (
+            each_param(lambda m: m.update(step=torch.tensor([1.0, 2.0]))),
+            f"{C_ATTN}.step is a float32 tensor of shape (2,), expected a scalar float tensor: the updates applied, "
+            "1 to 4",
+        ),
+        (
+            each_param(lambda m: m.update(step=torch.tensor(-1.0))),
+            f"{C_ATTN}.step is a float32 scalar tensor (-1.0), expected a scalar float tensor: the updates applied, "
+            "1 to 4",
+        ),
+        (
+            each_param(lambda m: m.pop("step")),
+            f"{C_ATTN} holds ['exp_avg', 'exp_avg_sq'], expected exactly ['exp_avg', 'exp_avg_sq', 'step']",
+        ),
+        (
+            each_param(lambda m: m.update(max_exp_avg_sq=m["exp_avg_sq"])),
+            f"{C_ATTN} holds ['exp_avg', 'exp_avg_sq', 'max_exp_avg_sq', 'step'], expected exactly ['exp_avg', "
+            "'exp_avg_sq', 'step']",
+        ),
+        (
+            each_param(lambda m: m.update(exp_avg=m["exp_avg"].double())),
+            f"{C_ATTN}.exp_avg is a float64 tensor of shape (192, 64), expected a float32 tensor of shape (192, 64)",
+        ),
+        (
+            each_param(lambda m: m.update(exp_avg_sq=m["exp_avg_sq"].long())),
+            f"{C_ATTN}.exp_avg_sq is an int64 tensor of shape (192, 64), expected a float32 tensor of shape (192, 64)",
+        ),
+        (
+            each_param(lambda m: m["exp_avg_sq"].fill_(float("nan"))),
+            f"{C_ATTN}.exp_avg_sq holds non-finite values, expected finite ones",
+        ),
+        (
+            each_param(lambda m: m["exp_avg_sq"].fill_(-1.0)),
+            f"{C_ATTN}.exp_avg_sq holds negative values, expected squares (>= 0)",
+        ),
+        (
+            lambda s: {**s, "optimizer": {**s["optimizer"], "state": {}}},
+            "optimizer.state is empty, expected the moments of the parameters 4 step(s) updated",
+        ),
+        (
+            lambda s: {**s, "optimizer": {**s["optimizer"], "state": {0: {}}}},
+            "optimizer.state holds 0, which is not a parameter of this model",
+        ),
+    ],
+)
+def test_a_tampered_optimizer_state_is_refused_field_by_field(
+    run: Path, docs: Path, capsys: pytest.CaptureFixture[str], change: Callable[[dict[str, Any]], Any], problem: str
+) -> None:
+    """Before the first optimizer step, and before anything on disk changes (metrics.jsonl's junk line stays)."""
+    checkpoint = run / "checkpoints" / "step-000004"
+    corrupt(checkpoint / "train_state.pt", change)
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write("junk a resume would remove\n")
+    before = snapshot(run)
+    assert run_error(capsys, *argv(run, docs, "train.max_steps=6", resume=True)) == (
+        f"error: {checkpoint / 'train_state.pt'} is corrupt: {problem}; move {checkpoint} away to resume from an "
+        "earlier checkpoint, or start a new --out"
+    )
+    assert snapshot(run) == before and leftovers(run) == []
+
+
+def test_a_resumed_optimizer_takes_its_hyper_parameters_from_the_recipe(
+    trained: Path, run: Path, docs: Path, tmp_path: Path
+) -> None:
+    """What the file may say about how torch runs the step (foreach, fused) or the last lr is not used."""
+    clean = Path(shutil.copytree(trained, tmp_path / "clean"))
+    corrupt(
+        run / "checkpoints" / "step-000004" / "train_state.pt",
+        each_group(lambda g: g.update(lr=123.0, foreach=True, fused=None)),
+    )
+    for out in (clean, run):
+        train(
+            recipe("train.max_steps=6", "train.checkpoint_every=2", "train.eval_every=0"),
+            out=out,
+            data=docs,
+            resume=True,
+        )
+
+    def logged(out: Path) -> list[tuple[Any, ...]]:
+        return [
+            tuple(r.get(k) for k in ("step", "loss", "lr", "grad_norm", "val_loss")) for r in run_dir.read_metrics(out)
+        ]
+
+    assert logged(run) == logged(clean)  # the same losses, learning rates and gradient norms, bit for bit
+    groups = [run_dir.load(out / "checkpoints" / "step-000006")[1]["optimizer"]["param_groups"] for out in (clean, run)]
+    assert groups[0] == groups[1]  # and the same optimizer, saved again
 
 
 def test_the_advice_for_a_corrupted_checkpoint_works(run: Path, docs: Path, capsys: pytest.CaptureFixture[str]) -> None:
     checkpoint = run / "checkpoints" / "step-000004"
     (checkpoint / "train_state.pt").write_bytes(b"\x80\x02half")  # torn
-    assert run_error(capsys, *argv(run, docs, "train.max_steps=6", resume=True)).startswith(
-        f"error: cannot read the checkpoint {checkpoint / 'train_state.pt'}: "
+    assert run_error(capsys, *argv(run, docs, "train.max_steps=6", resume=True)) == (
+        f"error: cannot read the checkpoint {checkpoint / 'train_state.pt'} (KeyError: 97): it is damaged or cut "
+        f"short; move {checkpoint} away to resume from an earlier checkpoint, or start a new --out"
     )
     shutil.move(checkpoint, run.parent / "step-000004.bad")
     assert main(argv(run, docs, "train.max_steps=6", "train.checkpoint_every=2", resume=True)) == 0
     assert [s for s, _ in run_dir.checkpoint_dirs(run)] == [4, 6]
+
+
+class Runs:
+    """An object whose unpickling would run a command: weights_only refuses it."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, ("touch pwned",))
+
+
+def test_a_train_state_that_is_a_malicious_pickle_empty_or_cut_short(
+    trained: Path, run: Path, docs: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(run)
+    checkpoint = run / "checkpoints" / "step-000004"
+    state, advice = checkpoint / "train_state.pt", f"move {checkpoint} away to resume from an earlier checkpoint"
+    resume = argv(run, docs, "train.max_steps=6", resume=True)
+    torch.save({"step": 4, "x": Runs()}, state)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch warns about the pickle protocol: the message says it all
+        assert run_error(capsys, *resume) == (
+            f"error: {state} holds objects gptzoo refuses to unpickle (Trying to load unsupported GLOBAL posix.system "
+            f"whose module posix is blocked); nothing in it ran; {advice}, or start a new --out"
+        )
+        state.write_bytes(pickle.dumps(Runs(), protocol=4))
+        assert run_error(capsys, *resume) == (
+            f"error: {state} holds objects gptzoo refuses to unpickle (Unsupported operand 149); nothing in it ran; "
+            f"{advice}, or start a new --out"
+        )
+    assert not (run / "pwned").exists()
+    state.write_bytes(b"")
+    assert run_error(capsys, *resume) == (
+        f"error: {state} is empty: its save was cut short; {advice}, or start a new --out"
+    )
+    state.write_bytes((trained / "checkpoints" / "step-000004" / "train_state.pt").read_bytes()[:-200])
+    assert run_error(capsys, *resume) == (
+        f"error: cannot read the checkpoint {state} (RuntimeError: PytorchStreamReader failed reading zip archive: "
+        f"failed finding central directory): it is damaged or cut short; {advice}, or start a new --out"
+    )
 
 
 def test_optimizer_state_and_weights_that_do_not_fit_the_model(
@@ -346,15 +536,15 @@ def test_optimizer_state_and_weights_that_do_not_fit_the_model(
     state["optimizer"]["state"]["wte.weight"]["exp_avg"] = torch.zeros(3)
     torch.save(state, checkpoint / "train_state.pt")
     assert run_error(capsys, *resume) == (
-        f"error: the checkpoint {checkpoint} cannot be resumed: optimizer state wte.weight.exp_avg is not a tensor of "
-        f"shape (256, 64); {advice}"
+        f"error: {checkpoint / 'train_state.pt'} is corrupt: optimizer.state['wte.weight'].exp_avg is a float32 "
+        f"tensor of shape (3,), expected a float32 tensor of shape (256, 64); {advice}"
     )
     state = torch.load(checkpoint / "train_state.pt", weights_only=True)
     state["optimizer"]["param_groups"].pop()
     torch.save(state, checkpoint / "train_state.pt")
     assert run_error(capsys, *resume) == (
-        f"error: the checkpoint {checkpoint} cannot be resumed: the optimizer's param_groups hold [8] parameters, "
-        f"not this model's [8, 20]; {advice}"
+        f"error: {checkpoint / 'train_state.pt'} is corrupt: optimizer.param_groups hold [8] parameters, expected "
+        f"this model's [8, 20]; {advice}"
     )
     shutil.copy(trained / "checkpoints" / "step-000004" / "train_state.pt", checkpoint)
     tensors = load_file(checkpoint / "model.safetensors")
@@ -400,6 +590,47 @@ def test_metrics_lines_that_are_not_records_are_skipped_by_plot_and_resume(
     )
 
 
+BIG = "9" * 400
+UNUSABLE = [
+    b"[" * 100_000,  # nested too deeply for json (a RecursionError)
+    f'{{"step": 3, "loss": {BIG}}}'.encode(),  # an integer no float holds: matplotlib overflows
+    f'{{"step": {BIG}, "loss": 1.0}}'.encode(),
+    b'{"step": 3, "loss": 1e400}',  # json reads it as inf
+    b'{"step": 3, "loss": NaN}',  # not JSON, though Python's json reads it
+    b'{"step": 3, "loss": 1.0, "lr": Infinity}',
+    b'{"step": 3, "loss": 1e39}',  # beyond float32, which losses are computed in
+    b'{"step": 3, "loss": 1.0, "nested": [[[1]]]}',  # records are flat
+]
+
+
+def test_metrics_lines_with_unusable_numbers_or_nesting_are_skipped(
+    run: Path, docs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    metrics = run / "metrics.jsonl"
+    good = run_dir.read_metrics(run)
+    metrics.write_bytes(metrics.read_bytes() + b"\n".join(UNUSABLE) + b"\n")
+    assert run_dir.read_metrics(run) == good
+    assert main(["plot", str(run), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"png": str(run / "loss.png")}
+    assert main(argv(run, docs, "train.max_steps=6", resume=True)) == 0
+    capsys.readouterr()
+
+    def strict(constant: str) -> None:
+        raise AssertionError(f"{constant} in metrics.jsonl")
+
+    records = [json.loads(line, parse_constant=strict) for line in metrics.read_text().splitlines()]
+    assert [r["step"] for r in records if "loss" in r] == [1, 2, 3, 4, 5, 6]
+
+
+def test_meta_json_nested_too_deeply(docs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = damaged_copy(docs, tmp_path)
+    (data / "meta.json").write_text("[" * 200_000 + "]" * 200_000)
+    assert run_error(capsys, *argv(tmp_path / "run", data, *STEPS)) == (
+        f"error: {data / 'meta.json'} is corrupt (its JSON is nested too deeply to read); run `gptzoo prepare SOURCE "
+        "--out DIR` again into a new DIR"
+    )
+
+
 # --- 6. a full disk -----------------------------------------------------------------------------
 
 
@@ -418,7 +649,7 @@ def test_a_full_disk_while_saving_keeps_the_previous_checkpoint(
     monkeypatch.setattr(run_dir.torch, "save", full)
     assert run_error(capsys, *argv(out, docs, *STEPS)) == (
         f"error: cannot write {out / 'checkpoints' / 'step-000004' / 'train_state.pt'}: the disk is full (No space "
-        f"left on device); nothing of step 4 was saved, the previous checkpoint {out / 'checkpoints' / 'step-000002'} "
+        f"left on device); nothing of step 4 was saved; the previous checkpoint {out / 'checkpoints' / 'step-000002'} "
         "is intact (resume with --resume once this is fixed)"
     )
     assert [p.name for p in (out / "checkpoints").iterdir()] == ["step-000002"] and leftovers(out) == []
@@ -436,9 +667,12 @@ def test_a_full_disk_while_writing_the_weights_or_the_first_checkpoint(
     out = tmp_path / "run"
     assert run_error(capsys, *argv(out, docs, *STEPS)) == (
         f"error: cannot write {out / 'checkpoints' / 'step-000002' / 'model.safetensors'}: the disk is full (No space "
-        f"left on device); nothing of step 2 was saved, and no checkpoint was written (remove {out} to start over)"
+        "left on device); nothing of step 2 was saved; no checkpoint had been written, so nothing was kept (train "
+        "again once this is fixed)"
     )
-    assert list((out / "checkpoints").iterdir()) == [] and leftovers(out) == []
+    assert not out.exists()  # a new run with no checkpoint leaves nothing: the same command runs again
+    monkeypatch.undo()
+    assert main(argv(out, docs, *STEPS)) == 0
 
 
 def test_a_full_disk_while_appending_metrics(
@@ -526,6 +760,51 @@ def test_plot_into_a_place_that_cannot_be_written(
     assert leftovers(run) == [] and not (run / "loss.png").exists()
 
 
+def test_plot_out_under_a_file_or_a_loop_or_over_a_file_that_is_not_a_plot(
+    run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "file").write_text("mine")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    assert run_error(capsys, "plot", str(run), "--out", str(tmp_path / "file" / "x.png")) == (
+        f"error: cannot write {tmp_path / 'file' / 'x.png'}: {tmp_path / 'file'} is a file, not a directory; give "
+        "another --out FILE"
+    )
+    assert run_error(capsys, "plot", str(run), "--out", str(tmp_path / "loop" / "x.png")) == (
+        f"error: cannot write {tmp_path / 'loop' / 'x.png'}: Too many levels of symbolic links; give another --out FILE"
+    )
+    assert run_error(capsys, "plot", str(run), "--out", str(tmp_path / "file")) == (
+        f"error: {tmp_path / 'file'} already exists and is not a PNG image; plot replaces only a previous plot: "
+        "remove it or give another --out FILE"
+    )
+    assert (tmp_path / "file").read_text() == "mine"
+    (run / "loss.png").write_text("notes")
+    assert run_error(capsys, "plot", str(run)) == (
+        f"error: {run / 'loss.png'} already exists and is not a PNG image; plot replaces only a previous plot: "
+        "remove it or give --out FILE"
+    )
+    (tmp_path / "old.svg").write_text("<svg/>")
+    assert run_error(capsys, "plot", str(run), "--out", str(tmp_path / "old.svg")) == (
+        f"error: {tmp_path / 'old.svg'} already exists, and plot replaces only a previous plot it recognizes (a PNG "
+        "image or a PDF); remove it or give another --out FILE"
+    )
+    (run / "loss.png").unlink()
+    for _ in range(2):  # the second time over the first one's plot
+        assert main(["plot", str(run), "--json"]) == 0
+        assert json.loads(capsys.readouterr().out) == {"png": str(run / "loss.png")}
+        assert main(["plot", str(run), "--out", str(tmp_path / "loss.pdf"), "--json"]) == 0
+        capsys.readouterr()
+    assert (tmp_path / "loss.pdf").read_bytes().startswith(b"%PDF-")
+    assert leftovers(run) == [] and leftovers(tmp_path) == [] and (tmp_path / "file").read_text() == "mine"
+
+
+def test_plot_of_a_run_whose_losses_are_all_null(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (run / "metrics.jsonl").write_text('{"step": 1, "loss": null}\n{"step": 1, "val_loss": null, "val_ppl": null}\n')
+    assert run_error(capsys, "plot", str(run)) == (
+        f"error: {run / 'metrics.jsonl'} has no finite losses to plot yet: the 2 record(s) it holds have null losses "
+        "(non-finite)"
+    )
+
+
 # --- 8. half-deleted checkpoints ----------------------------------------------------------------
 
 
@@ -555,8 +834,7 @@ def test_ctrl_c_in_a_step_says_what_was_kept_and_releases_the_lock(
     with pytest.raises(Interrupted) as exc:
         train(spec, out=out, data=docs)
     assert str(exc.value) == (
-        f"interrupted at step 7; the last complete checkpoint is {out / 'checkpoints' / 'step-000004'} "
-        "(resume with --resume)"
+        f"at step 7; the last complete checkpoint is {out / 'checkpoints' / 'step-000004'} (resume with --resume)"
     )
     assert leftovers(out) == []  # no temp files, and the lock is gone
     monkeypatch.undo()
@@ -579,18 +857,50 @@ def test_ctrl_c_during_a_save_or_before_any_checkpoint(
     with pytest.raises(Interrupted) as exc:
         train(recipe(*STEPS), out=out, data=docs)
     assert str(exc.value) == (
-        f"interrupted at step 4; the last complete checkpoint is {out / 'checkpoints' / 'step-000002'} "
-        "(resume with --resume)"
+        f"at step 4; the last complete checkpoint is {out / 'checkpoints' / 'step-000002'} (resume with --resume)"
     )
     assert [p.name for p in (out / "checkpoints").iterdir()] == ["step-000002"] and leftovers(out) == []
     stop_at(monkeypatch, 1, KeyboardInterrupt())
     with pytest.raises(Interrupted) as exc:
         train(recipe(*STEPS), out=tmp_path / "fresh", data=docs)
-    assert (
-        str(exc.value)
-        == f"interrupted at step 1; no checkpoint was written (remove {tmp_path / 'fresh'} to start over)"
-    )
+    assert str(exc.value) == f"at step 1; no checkpoint was written (remove {tmp_path / 'fresh'} to start over)"
     assert leftovers(tmp_path / "fresh") == []
+
+
+class InterruptedFile:
+    """A file whose third write is interrupted by Ctrl-C, as SIGINT arrives while torch.save writes."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self.f, self.writes = f, 0
+
+    def write(self, data: bytes) -> int:
+        self.writes += 1
+        if self.writes == 3:
+            raise KeyboardInterrupt
+        return self.f.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.f, name)
+
+
+def test_ctrl_c_inside_torch_save_is_an_interrupted_run(
+    docs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch.save turns it into its own error ("[enforce fail at inline_container.cc] unexpected pos")."""
+    out, real_save, saves = tmp_path / "run", torch.save, []
+
+    def save(obj: object, f: BinaryIO) -> None:
+        saves.append(f)
+        real_save(obj, InterruptedFile(f) if len(saves) == 2 else f)
+
+    monkeypatch.setattr(run_dir.torch, "save", save)
+    assert main(argv(out, docs, *STEPS)) == 130
+    captured = capsys.readouterr()
+    assert captured.err == (
+        f"interrupted: at step 4; the last complete checkpoint is {out / 'checkpoints' / 'step-000002'} (resume with "
+        "--resume)\n"
+    )
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["step-000002"] and leftovers(out) == []
 
 
 def test_ctrl_c_exits_130_from_the_command_line(
@@ -606,7 +916,7 @@ def test_ctrl_c_exits_130_from_the_command_line(
     captured = capsys.readouterr()
     assert "Traceback" not in captured.err
     assert (
-        f"interrupted at step 3; the last complete checkpoint is {out / 'checkpoints' / 'step-000002'} "
+        f"interrupted: at step 3; the last complete checkpoint is {out / 'checkpoints' / 'step-000002'} "
         "(resume with --resume)"
     ) in " ".join(captured.err.split())
 
@@ -618,7 +928,7 @@ def test_ctrl_c_during_prepare_writes_nothing(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setattr(data_mod.Corpus, "describe", interrupted)
     with pytest.raises(Interrupted) as exc:
         prepare("stdlib-docs", tmp_path / "out", tokenizer="bytes")
-    assert str(exc.value) == f"interrupted; nothing was written to {tmp_path / 'out'}"
+    assert str(exc.value) == f"nothing was written to {tmp_path / 'out'}"
     assert list(tmp_path.iterdir()) == []
 
 
@@ -681,3 +991,166 @@ def test_resume_when_metrics_jsonl_is_a_directory(run: Path, docs: Path, capsys:
         f"{run / 'checkpoints' / 'step-000004'} is intact (resume with --resume once this is fixed)"
     )
     assert leftovers(run) == []
+
+
+# --- 10. data and run directories that are not what they seem -----------------------------------
+
+
+def test_data_that_is_a_symbolic_link_loop(
+    docs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("loop").symlink_to("loop")
+    out = tmp_path / "run"
+    assert run_error(capsys, *argv(out, Path("loop"), *STEPS)) == (
+        "error: --data loop leads into a loop of symbolic links; give the directory `gptzoo prepare --out DIR` wrote"
+    )
+    args = [a for a in argv(out, docs, *STEPS, "train.data=loop") if a not in ("--data", str(docs))]
+    assert run_error(capsys, *args) == (
+        "error: train.data loop leads into a loop of symbolic links; give the directory `gptzoo prepare --out DIR` "
+        "wrote"
+    )
+    assert not out.exists()
+
+
+def flag(args: list[str], name: str, value: str) -> list[str]:
+    """``args`` with flag ``name``'s value replaced."""
+    i = args.index(name)
+    return [*args[: i + 1], value, *args[i + 2 :]]
+
+
+def test_an_empty_out_or_data_and_an_out_that_is_a_symbolic_link(
+    run: Path, docs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    args = argv(tmp_path / "new", docs, *STEPS)
+    assert run_error(capsys, *flag(args, "--out", "")) == (
+        "error: --out is empty; give the run directory (by default runs/RECIPE)"
+    )
+    assert run_error(capsys, *flag(args, "--data", "")) == (
+        "error: --data is empty; give the directory `gptzoo prepare --out DIR` wrote"
+    )
+    Path("link").symlink_to(run)
+    Path("dangling").symlink_to("nowhere")
+    for link in ("link", "dangling"):
+        assert run_error(capsys, *flag(argv(Path(link), docs, "train.max_steps=6", resume=True), "--out", link)) == (
+            f"error: --out {link} is a symbolic link; give the run directory itself, or another --out"
+        )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling", "link", "run"]
+
+
+# --- 11. non-finite numbers -----------------------------------------------------------------------
+
+
+def test_a_non_finite_loss_in_a_new_run_leaves_nothing_so_the_advice_works(
+    docs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run"
+    assert run_error(capsys, *argv(out, docs, "train.lr=1e30", "train.max_steps=2")) == (
+        "error: step 2: the loss is nan; no checkpoint had been written, so nothing was kept: train again with a lower "
+        "train.lr, in float32, or with --set train.on_nonfinite=skip"
+    )
+    assert not out.exists()
+    assert main(argv(out, docs, "train.lr=1e30", "train.max_steps=2", "train.on_nonfinite=skip")) == 0
+    assert json.loads(capsys.readouterr().out)["skipped_steps"] == 1
+    recipe_file = Path(gptzoo.__file__).parent / "zoo" / "gpt2-tiny.toml"
+    assert run_error(capsys, *argv(tmp_path / "eps", docs, "train.eps=0")) == (
+        f"error: {recipe_file}: [train] eps=0.0 must be a finite number > 0 (AdamW divides by it)"
+    )
+
+
+def test_a_non_finite_val_loss_or_mfu_is_null_in_the_summary_and_the_metrics(
+    docs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(train_mod.Trainer, "evaluate", lambda self: float("nan"))
+    out = tmp_path / "run"
+    sets = [a for o in [*TINY, *STEPS, "train.on_nonfinite=skip"] for a in ("--set", o)]
+    command = ["train", "gpt2-tiny", *sets, "--data", str(docs), "--out", str(out)]
+    assert main(command) == 0  # for people: the progress display shows it
+    captured = capsys.readouterr()
+    assert "step 4: val loss nan, perplexity nan" in captured.err and "Traceback" not in captured.err
+    assert captured.out.startswith("4 steps, loss ") and ", val loss nan; checkpoint " in captured.out
+    command = flag(command, "--out", str(tmp_path / "json"))
+    assert main([*command, "--set", "train.peak_tflops=5e-324", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(f"{c} in the summary"))
+    assert summary["val_loss"] is None and summary["mfu"] is None
+    for run in (out, tmp_path / "json"):
+        for line in (run / "metrics.jsonl").read_text().splitlines():
+            json.loads(line, parse_constant=lambda c: pytest.fail(f"{c} in metrics.jsonl"))
+
+
+# --- 12. torch.compile without a C++ compiler -------------------------------------------------------
+
+
+@pytest.fixture
+def no_compiler() -> Iterator[None]:
+    """torch's inductor looks for a C++ compiler where there is none (as with CXX=/nonexistent/g++)."""
+    from torch._inductor import config, cpp_builder
+
+    cpp_builder.cpp_compiler_search.cache_clear()
+    try:
+        with config.patch({"cpp.cxx": (None, "/nonexistent/g++")}):
+            yield
+    finally:
+        cpp_builder.cpp_compiler_search.cache_clear()
+        torch._dynamo.reset()
+
+
+@pytest.mark.usefixtures("no_compiler")
+def test_compile_without_a_cpp_compiler(
+    run: Path, docs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "new"
+    assert run_error(capsys, *argv(out, docs, *STEPS, "train.compile=true")) == (
+        "error: train.compile = true needs a working C++ compiler on CPU (No working C++ compiler found in "
+        "torch._inductor.config.cpp.cxx: (None, '/nonexistent/g++')); install one (g++), point $CXX at it, or set "
+        "train.compile=false"
+    )
+    assert not out.exists()
+    monkeypatch.setattr(train_mod, "check_compile", lambda device: None)  # a failure only torch.compile finds
+    failed = (
+        "error: torch.compile failed (InvalidCxxCompiler: No working C++ compiler found in "
+        "torch._inductor.config.cpp.cxx: (None, '/nonexistent/g++')); "
+    )
+    assert run_error(capsys, *argv(out, docs, *STEPS, "train.compile=true")) == (
+        f"{failed}no checkpoint had been written, so nothing was kept: train again with --set train.compile=false"
+    )
+    assert not out.exists()  # so that it can
+    before = snapshot(run)
+    assert run_error(capsys, *argv(run, docs, "train.max_steps=6", "train.compile=true", resume=True)) == (
+        f"{failed}the last checkpoint {run / 'checkpoints' / 'step-000004'} is intact: resume with --resume --set "
+        "train.compile=false"
+    )
+    after = snapshot(run)
+    assert after.pop("recipe.toml") != before.pop("recipe.toml")  # it says compile = true: what this resume ran
+    assert after == before and leftovers(run) == []
+    assert main(argv(run, docs, "train.max_steps=6", "train.compile=false", resume=True)) == 0
+
+
+# --- 13. what a person sees -----------------------------------------------------------------------
+
+
+def test_a_refused_run_prints_its_error_alone(docs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The progress display starts once every check has passed: no empty bar before the error."""
+    args = [a for a in argv(tmp_path / "run", tmp_path / "nowhere", *STEPS) if a != "--json"]
+    assert main(args) == 2
+    assert capsys.readouterr().err == (
+        f"error: no prepared data at {tmp_path / 'nowhere'}; run `gptzoo prepare SOURCE --out "
+        f"{tmp_path / 'nowhere'}` first\n"
+    )
+
+
+def test_ctrl_c_before_the_run_starts(
+    docs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def interrupted(*args: Any, **kwargs: Any) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(gptzoo.cli, "load_recipe", interrupted)
+    assert main(argv(tmp_path / "run", docs, *STEPS)[:-1]) == 130
+    assert capsys.readouterr().err == "interrupted: before the first step; nothing was written\n"
+    monkeypatch.undo()
+    monkeypatch.setattr(data_mod.TokenData, "open", interrupted)
+    assert main(argv(tmp_path / "run", docs, *STEPS)[:-1]) == 130
+    assert capsys.readouterr().err == "interrupted: before the first step; nothing was written\n"
+    assert list(tmp_path.iterdir()) == []

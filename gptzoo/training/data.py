@@ -27,6 +27,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import sys
 import time
 import zipfile
@@ -95,14 +96,25 @@ def corpus_reader(source: str) -> Callable[[Log], Corpus]:
     """The reader of ``source`` (a corpus name, a text file or a directory), checked but not yet run.
 
     Raises:
-        GptzooError: a path that does not exist, or a name that is not a corpus (with a did-you-mean).
+        GptzooError: an empty source, a path that does not exist or is neither a regular file nor a directory
+            (a device, a FIFO: they may never end), or a name that is not a corpus (with a did-you-mean).
     """
+    if not source:
+        raise GptzooError(
+            f"SOURCE is empty; give a text file, a directory of {' / '.join('*' + s for s in TEXT_SUFFIXES)} files, "
+            f"or a corpus: {', '.join(sorted(CORPORA))}"
+        )
     if source == "stdlib-docs":
         return lambda _say: stdlib_docs()
     if source == "shakespeare":
         return shakespeare
     path = Path(source).expanduser()
     if path.exists():
+        if not (path.is_file() or path.is_dir()):
+            raise GptzooError(
+                f"{source} is {_kind(path)}, not a regular file or a directory; prepare reads text files "
+                "(or a directory of them)"
+            )
         return lambda _say: text_files(path)
     if source.startswith((".", "~")) or "/" in source or os.sep in source or path.suffix:
         raise GptzooError(f"no such file or directory: {source}")
@@ -110,6 +122,20 @@ def corpus_reader(source: str) -> Callable[[Log], Corpus]:
         f"unknown source {source!r}: not a file or directory, and not a corpus name"
         f"{did_you_mean(source, sorted(CORPORA))}"
     )
+
+
+def _kind(path: Path) -> str:
+    """What a path that is neither a regular file nor a directory is."""
+    mode = path.stat().st_mode
+    for test, kind in (
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a named pipe (FIFO)"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return kind
+    return "a special file"
 
 
 def stdlib_docs() -> Corpus:
@@ -257,8 +283,13 @@ def resolve_tokenizer(name: str, say: Log) -> tuple[Tokenizer, dict[str, Any]]:
     directory, or a name ``gptzoo fetch`` knows (fetched now if it has not been).
 
     Raises:
-        GptzooError: none of these, or a directory without a loadable tokenizer.
+        GptzooError: none of these (an empty name included), or a directory without a loadable tokenizer.
     """
+    if not name:
+        raise GptzooError(
+            f"--tokenizer is empty; give one of: {', '.join([*NAMED_TOKENIZERS, *FETCHABLE])}, or a Hugging Face "
+            "tokenizer directory"
+        )
     if name in NAMED_TOKENIZERS:
         return load_tokenizer(name), {"name": name}
     path = Path(name).expanduser()
@@ -370,8 +401,8 @@ def prepare(
                     "prepare needs at least 2 (one for train.bin, one for val.bin)"
                 )
             n_train, n_val = split_sizes(stream.size, val_fraction)
-            stream[:n_train].tofile(tmp / "train.bin")
-            stream[n_train:].tofile(tmp / "val.bin")
+            _write_tokens(tmp / "train.bin", stream[:n_train])
+            _write_tokens(tmp / "val.bin", stream[n_train:])
             meta = {
                 "format_version": FORMAT_VERSION,
                 "created_by": f"gptzoo {gptzoo_version()}",
@@ -389,8 +420,15 @@ def prepare(
             }
             (tmp / META).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     except KeyboardInterrupt:
-        raise Interrupted(f"interrupted; nothing was written to {out}") from None
+        raise Interrupted(f"nothing was written to {out}") from None
     return {**meta, "out": str(out), "seconds": round(time.perf_counter() - t0, 3)}
+
+
+def _write_tokens(path: Path, tokens: np.ndarray) -> None:
+    """The raw ids, written as they are in memory (no copy); a full disk is an OSError with its errno
+    (numpy's tofile says "Not enough free space" without one)."""
+    with open(path, "wb") as f:
+        f.write(memoryview(tokens))
 
 
 # --- reading ----------------------------------------------------------------------------------
@@ -434,6 +472,8 @@ def _read_meta(path: Path) -> dict[str, Any]:
         meta = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise GptzooError(f"{file} is corrupt ({exc}); {again}") from None
+    except RecursionError:
+        raise GptzooError(f"{file} is corrupt (its JSON is nested too deeply to read); {again}") from None
     problem = _meta_problem(meta)
     if problem is not None:
         raise GptzooError(f"{file} is corrupt: {problem}; {again}")

@@ -10,8 +10,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 
+def _shown(value: float | None, spec: str) -> str:
+    """A logged number; null is what a non-finite one became (JSON has no NaN)."""
+    return "nan" if value is None else format(value, spec)
+
+
 class TrainDisplay:
-    """A context manager; call it with each metrics record."""
+    """A context manager; :meth:`start` shows the bar once the run has started (not while its checks may
+    still refuse it), then call it with each metrics record."""
 
     def __init__(self, console: Console, *, total_steps: int, title: str) -> None:
         self.console = console
@@ -25,26 +31,33 @@ class TrainDisplay:
             console=console,
         )
         self.task = self.progress.add_task(title, total=total_steps, stats="")
+        self.started = False
 
     def __enter__(self) -> TrainDisplay:
-        self.progress.start()
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        self.progress.stop()
+        if self.started:
+            self.progress.stop()
+
+    def start(self, step: int) -> None:
+        """Show the bar at ``step``, where the run starts (a resumed one at its checkpoint's step)."""
+        self.progress.update(self.task, completed=step)
+        self.progress.start()
+        self.started = True
 
     def __call__(self, record: dict[str, Any]) -> None:
         step = record["step"]
         if "val_loss" in record:
             self.progress.console.print(
-                f"step {step}: val loss {record['val_loss']:.4f}, perplexity {record['val_ppl']:.2f}"
+                f"step {step}: val loss {_shown(record['val_loss'], '.4f')}, "
+                f"perplexity {_shown(record.get('val_ppl'), '.2f')}"
             )
             return
         mfu = record.get("mfu")
-        loss = record["loss"]
         stats = (
-            (f"loss {loss:.4f}" if loss is not None else "loss nan")
-            + f"  lr {record['lr']:.2e}  {record['tokens_per_s']:,.0f} tok/s"
+            f"loss {_shown(record['loss'], '.4f')}"
+            + f"  lr {_shown(record['lr'], '.2e')}  {_shown(record['tokens_per_s'], ',.0f')} tok/s"
             + (f"  MFU {mfu:.1%}" if mfu is not None else "")
             + ("  [yellow]skipped (non-finite)[/yellow]" if record.get("skipped") else "")
         )

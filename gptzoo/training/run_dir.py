@@ -20,13 +20,15 @@ lock file left behind by a killed run is stale and never blocks the next one.
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import json
+import math
 import os
+import pickle
 import re
 import shutil
 import tempfile
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -36,10 +38,11 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from gptzoo.atomic import default_mode, new_directory
+from gptzoo.atomic import default_mode, new_directory, write_problem
 from gptzoo.errors import CheckpointError, GptzooError
-from gptzoo.model.checkpoint import WEIGHTS, write_files
+from gptzoo.model.checkpoint import RECIPE, WEIGHTS, write_files
 from gptzoo.recipe import Recipe
+from gptzoo.recipe.schema import MAX_INT
 
 METRICS = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
@@ -48,18 +51,12 @@ LOCK = ".lock"
 _STEP_DIR = re.compile(r"step-(\d+)")
 _LOSSES = ("loss", "val_loss")
 """Metrics keys plot reads: a record whose value there is not a number (or null) is skipped."""
+LOSS_LIMIT = float(torch.finfo(torch.float32).max)
+"""The largest loss a record may hold: training computes losses in float32."""
 
 
 class WriteError(GptzooError):
     """A file of the run (its recipe, its metrics) could not be written."""
-
-
-def write_problem(exc: OSError | SafetensorError) -> str:
-    """Why a write failed, for people: a full disk says so."""
-    full = isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
-    if full or "os error 28" in str(exc):  # safetensors reports ENOSPC in its message only
-        return "the disk is full (No space left on device)"
-    return (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
 
 
 # --- the lock ---------------------------------------------------------------------------------
@@ -73,6 +70,8 @@ def locked(run: Path) -> Iterator[None]:
     Raises:
         GptzooError: another process holds the lock (named by its pid), ``run`` is a file, or it cannot be written.
     """
+    if run.is_symlink():
+        raise GptzooError(f"--out {run} is a symbolic link; give the run directory itself, or another --out")
     if run.exists() and not run.is_dir():
         raise GptzooError(f"--out {run} is a file, not a run directory; choose another --out")
     created = not run.exists()
@@ -175,13 +174,16 @@ def save(
                 torch.save(state, f)
         except (OSError, SafetensorError, RuntimeError) as exc:  # new_directory removes tmp
             if isinstance(exc, RuntimeError):  # torch.save's zip writer hides a failed write behind its own error
-                if not isinstance(exc.__context__, OSError):
+                hidden = _hidden(exc)
+                if isinstance(hidden, KeyboardInterrupt):  # Ctrl-C in one of its writes: an interrupted run
+                    raise KeyboardInterrupt from None
+                if hidden is None:
                     raise
-                exc = exc.__context__
+                exc = hidden
             if isinstance(exc, OSError) and exc.filename:
                 name = Path(exc.filename).name
             raise CheckpointError(
-                f"cannot write {out / name}: {write_problem(exc)}; nothing of step {step} was saved, {intact(run)}"
+                f"cannot write {out / name}: {write_problem(exc)}; nothing of step {step} was saved; {intact(run)}"
             ) from None
     found = _step_dirs(run)
     newest = max(s for s, _, complete in found if complete)
@@ -192,11 +194,20 @@ def save(
     return out
 
 
+def _hidden(exc: RuntimeError) -> OSError | KeyboardInterrupt | None:
+    """What torch's zip writer hid behind its RuntimeError: the OSError of a failed write, or a Ctrl-C."""
+    context = exc.__context__
+    while context is not None and not isinstance(context, OSError | KeyboardInterrupt):
+        context = context.__context__
+    return context
+
+
 def intact(run: Path) -> str:
-    """After a failed write: the checkpoint that is intact, or that none was written."""
+    """After a failed write: the checkpoint that is intact, or that there is none (a new run that
+    fails before its first checkpoint leaves nothing: see :func:`discard`)."""
     last = latest(run)
     if last is None:
-        return f"and no checkpoint was written (remove {run} to start over)"
+        return "no checkpoint had been written, so nothing was kept (train again once this is fixed)"
     return f"the previous checkpoint {last} is intact (resume with --resume once this is fixed)"
 
 
@@ -208,6 +219,17 @@ def kept(run: Path) -> str:
     if others(run):
         return f"no checkpoint was written (remove {run} to start over)"
     return "nothing was written"
+
+
+def discard(run: Path) -> None:
+    """Remove what a new run wrote, when it failed before its first checkpoint: nothing a resume could
+    use, and a run directory holding it would refuse the next try."""
+    if latest(run) is not None:
+        return
+    shutil.rmtree(run / CHECKPOINTS, ignore_errors=True)
+    for name in (RECIPE, METRICS):
+        with suppress(OSError):
+            (run / name).unlink(missing_ok=True)
 
 
 def remove_partial(run: Path) -> None:
@@ -227,11 +249,19 @@ def _shown(value: Any) -> str:
     if value is _MISSING:
         return "missing"
     if isinstance(value, torch.Tensor):
-        return f"a {str(value.dtype).removeprefix('torch.')} tensor of shape {tuple(value.shape)}"
+        if value.ndim == 0 and value.layout == torch.strided and value.device.type == "cpu":
+            return f"{_a(value.dtype)} scalar tensor ({value.item()!r})"
+        return f"{_a(value.dtype)} tensor of shape {tuple(value.shape)}"
     if isinstance(value, dict):
         return f"a dict with keys {sorted(map(str, value))[:4]}" if value else "an empty dict"
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _a(dtype: torch.dtype) -> str:
+    """A dtype with its article: "a float32", "an int64"."""
+    name = str(dtype).removeprefix("torch.")
+    return f"{'an' if name.startswith('int') else 'a'} {name}"
 
 
 def _whole(value: Any, low: int) -> bool:
@@ -293,8 +323,44 @@ def state_problem(state: Any, step: int) -> str | None:
     return None
 
 
+def _elsewhere(path: Path) -> str:
+    """The way on from a checkpoint that cannot be resumed."""
+    return f"move {path} away to resume from an earlier checkpoint, or start a new --out"
+
+
+def corrupt(path: Path, problem: str) -> CheckpointError:
+    """The error of checkpoint ``path`` whose train_state.pt has ``problem`` (a field, what it is and should be)."""
+    return CheckpointError(f"{path / STATE} is corrupt: {problem}; {_elsewhere(path)}")
+
+
+def _read_state(path: Path) -> Any:
+    """train_state.pt, unpickled with ``weights_only=True``: tensors and plain containers, nothing that runs."""
+    file = path / STATE
+    if file.stat().st_size == 0:
+        raise CheckpointError(f"{file} is empty: its save was cut short; {_elsewhere(path)}")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "Detected pickle protocol 4 ...": the error below says it all
+            return torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        from gptzoo.hf.files import _refusal  # torch's reason, without its advice to turn weights_only off
+
+        raise CheckpointError(
+            f"{file} holds objects gptzoo refuses to unpickle ({_refusal(exc)}); nothing in it ran; {_elsewhere(path)}"
+        ) from None
+    except EOFError:
+        raise CheckpointError(f"{file} is truncated: it ends before its data does; {_elsewhere(path)}") from None
+    except Exception as exc:  # any other zip or unpickling failure is an unreadable file
+        reason = " ".join(str(exc).split()).split(". ")[0]  # torch's first sentence; the rest is about reporting it
+        raise CheckpointError(
+            f"cannot read the checkpoint {file} ({type(exc).__name__}: {reason}): it is damaged or cut short; "
+            f"{_elsewhere(path)}"
+        ) from None
+
+
 def load(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """The model tensors and the training state of one checkpoint directory, every field of the state checked.
+    """The model tensors and the training state of one checkpoint directory, every field of the state checked
+    (the optimizer's against the model: :func:`optimizer_state`).
 
     Raises:
         CheckpointError: a file that cannot be read, or a field of the wrong type or out of range (named).
@@ -303,18 +369,158 @@ def load(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         tensors = load_file(str(path / WEIGHTS))
     except (SafetensorError, OSError) as exc:
         raise CheckpointError(f"cannot read the checkpoint {path / WEIGHTS}: {exc}") from None
-    try:
-        state = torch.load(path / STATE, map_location="cpu", weights_only=True)
-    except Exception as exc:  # any unpickling or zip failure is an unreadable file
-        raise CheckpointError(f"cannot read the checkpoint {path / STATE}: {type(exc).__name__}: {exc}") from None
+    state = _read_state(path)
     match = _STEP_DIR.fullmatch(path.name)
     problem = state_problem(state, int(match.group(1)) if match else -1)
     if problem is not None:
-        raise CheckpointError(
-            f"{path / STATE} is corrupt: {problem}; move {path} away to resume from an earlier checkpoint, "
-            "or start a new --out"
-        )
+        raise corrupt(path, problem)
     return tensors, state
+
+
+_GROUP_REQUIRED = ("lr", "betas", "eps", "weight_decay")
+"""What every saved AdamW parameter group holds besides its params; other keys are flags, each optional."""
+_FROM_RECIPE = {"betas": "beta1, beta2", "eps": "eps"}
+"""Hyper-parameters every group takes from [train], by the keys that set them (weight_decay: the first group's)."""
+_HOW = ("foreach", "fused")
+"""Flags that say how torch runs the step, chosen for each device: True, False or None, whatever ours are."""
+_MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+def _same(value: Any, ours: Any) -> bool:
+    """``value`` (from a file) is ``ours``, of the same kind: no tensor, no string that compares equal."""
+    if isinstance(ours, bool) or ours is None:
+        return value is ours
+    if isinstance(ours, float):
+        return _number(value) and value == ours
+    if isinstance(ours, tuple | list):
+        return isinstance(value, tuple | list) and len(value) == len(ours) and all(map(_same, value, ours))
+    return type(value) is type(ours) and value == ours
+
+
+def _names(names: Any) -> Any:
+    """Parameter names without DDP's "module." (a DDP-wrapped model's optimizer holds them with it, its
+    state dict without); anything else as it is."""
+    return [n.removeprefix("module.") if isinstance(n, str) else n for n in names] if isinstance(names, list) else names
+
+
+def _group_problem(where: str, group: dict[Any, Any], ours: dict[str, Any]) -> str | None:
+    """What is wrong with a saved AdamW parameter group, compared with this run's (``ours``, params aside)."""
+    for key in _GROUP_REQUIRED:
+        if key not in group:
+            return f"{where}.{key} is missing, expected {_shown(ours[key])}"
+    for key, value in group.items():
+        field = f"{where}.{key}"
+        if key == "params":
+            continue
+        if key not in ours:
+            return f"{where} holds {key!r}, which gptzoo's AdamW does not have"
+        if key == "lr":
+            if not (_number(value) and math.isfinite(value) and value >= 0):
+                return f"{field} is {_shown(value)}, expected a finite number >= 0"
+        elif key in _HOW:
+            if not (value is None or isinstance(value, bool)):
+                return f"{field} is {_shown(value)}, expected True, False or None"
+        elif key == "names":
+            if not _same(_names(value), _names(ours[key])):
+                return f"{field} is {_shown(value)}, expected the names of the parameters in params"
+        elif not _same(value, ours[key]):
+            source = f" (the recipe's {_FROM_RECIPE[key]})" if key in _FROM_RECIPE else ""
+            return f"{field} is {_shown(value)}, expected {_shown(ours[key])}{source}"
+    return None
+
+
+def _moments_problem(where: str, moments: Any, param: torch.Tensor, applied: int) -> str | None:
+    """What is wrong with one parameter's saved AdamW state: exactly a step count and two moments."""
+    if not isinstance(moments, dict):
+        return f"{where} is {_shown(moments)}, expected a dict of 'step', 'exp_avg' and 'exp_avg_sq'"
+    keys = sorted(map(str, moments))
+    if keys != ["exp_avg", "exp_avg_sq", "step"]:
+        return f"{where} holds {keys}, expected exactly ['exp_avg', 'exp_avg_sq', 'step']"
+    step = moments["step"]
+    if not (
+        isinstance(step, torch.Tensor)
+        and step.device.type == "cpu"
+        and step.ndim == 0
+        and step.is_floating_point()
+        and float(step).is_integer()
+        and 1 <= float(step) <= applied
+    ):
+        return f"{where}.step is {_shown(step)}, expected a scalar float tensor: the updates applied, 1 to {applied}"
+    for key in _MOMENTS:
+        value = moments[key]
+        if not (
+            isinstance(value, torch.Tensor)
+            and value.device.type == "cpu"  # where torch.load(map_location="cpu") puts every tensor it can
+            and value.layout == torch.strided
+            and value.dtype == param.dtype
+            and value.shape == param.shape
+        ):
+            return f"{where}.{key} is {_shown(value)}, expected {_a(param.dtype)} tensor of shape {tuple(param.shape)}"
+        if not torch.isfinite(value).all():
+            return f"{where}.{key} holds non-finite values, expected finite ones"
+    if (moments["exp_avg_sq"] < 0).any():
+        return f"{where}.exp_avg_sq holds negative values, expected squares (>= 0)"
+    return None
+
+
+def optimizer_state(
+    saved: dict[str, Any],
+    groups: list[dict[str, Any]],
+    params: dict[str, torch.Tensor],
+    *,
+    applied: int,
+    every_step: bool,
+) -> dict[str, Any] | str:
+    """The AdamW state to restore from ``saved`` (a checkpoint's, its structure checked by :func:`state_problem`),
+    or what is wrong with it.
+
+    ``groups`` are this run's parameter groups (from its recipe; their ``names`` the parameters each
+    holds), ``params`` the model's parameters by name, ``applied`` the optimizer steps that updated
+    the weights (the step less the skipped ones). Every field is checked: the groups must hold these
+    parameters with these hyper-parameters, each parameter's state a step count in 1..applied and two
+    finite moments of its shape and dtype. ``every_step``: each applied step updated the weights, so
+    some parameter must have a state if any step was applied (float16's loss scaler skips steps unseen).
+    The state restored takes the moments and step counts from the file, everything else from ``groups``.
+    """
+    theirs = [_names([str(n) for n in g["params"]]) for g in saved["param_groups"]]
+    ours = [_names(list(g["names"])) for g in groups]
+    if theirs != ours:
+        if list(map(len, theirs)) != list(map(len, ours)):
+            return (
+                f"optimizer.param_groups hold {list(map(len, theirs))} parameters, expected this model's "
+                f"{list(map(len, ours))}"
+            )
+        i, j = next(
+            (i, j) for i, (a, b) in enumerate(zip(theirs, ours, strict=True)) for j in range(len(a)) if a[j] != b[j]
+        )
+        return f"optimizer.param_groups[{i}].params[{j}] is {theirs[i][j]!r}, expected this model's {ours[i][j]!r}"
+    for i, (group, mine) in enumerate(zip(saved["param_groups"], groups, strict=True)):
+        problem = _group_problem(f"optimizer.param_groups[{i}]", group, mine)
+        if problem is not None:
+            return problem
+    state = saved["state"]
+    for name, moments in state.items():
+        param = params.get(str(name).removeprefix("module."))
+        if param is None:
+            return f"optimizer.state holds {_shown(name)}, which is not a parameter of this model"
+        problem = _moments_problem(f"optimizer.state[{str(name)!r}]", moments, param, applied)
+        if problem is not None:
+            return problem
+    if every_step and applied > 0 and not state:
+        return f"optimizer.state is empty, expected the moments of the parameters {applied} step(s) updated"
+    return {
+        "state": {
+            name: {
+                "step": torch.tensor(float(moments["step"]), dtype=torch.float32),
+                **{key: moments[key].detach().clone(memory_format=torch.contiguous_format) for key in _MOMENTS},
+            }
+            for name, moments in state.items()
+        },
+        "param_groups": [
+            {**{k: v for k, v in mine.items() if k != "params"}, "params": list(group["params"])}
+            for group, mine in zip(saved["param_groups"], groups, strict=True)
+        ],
+    }
 
 
 # --- text files and metrics -------------------------------------------------------------------
@@ -360,13 +566,33 @@ def append_metrics(run: Path, entry: dict[str, Any]) -> None:
         raise WriteError(f"cannot append to {path}: {write_problem(exc)}") from None
 
 
+def _finite(value: Any) -> bool:
+    """A number as a float is: finite (a 400-digit integer is not: it overflows)."""
+    try:
+        return _number(value) and math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+def _scalar(value: Any) -> bool:
+    """A value a record holds: null, a boolean, a string, or a finite number."""
+    return value is None or isinstance(value, str | bool) or _finite(value)
+
+
 def _usable(record: Any) -> bool:
-    """A metrics record: a JSON object whose step is a whole number and whose losses are numbers or null."""
+    """A metrics record, as :func:`append_metrics` writes them: a flat JSON object of scalars whose step is a
+    whole number (at most train.max_steps' limit) and whose losses are null or numbers in float32's range."""
     return (
         isinstance(record, dict)
         and _whole(record.get("step"), 0)
-        and all(record.get(k) is None or _number(record[k]) for k in _LOSSES)
+        and record["step"] <= MAX_INT
+        and all(record.get(k) is None or (_finite(record[k]) and abs(record[k]) <= LOSS_LIMIT) for k in _LOSSES)
+        and all(_scalar(v) for v in record.values())
     )
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")  # NaN, Infinity: Python's json reads them, JSON has none
 
 
 def read_metrics(run: Path) -> list[dict[str, Any]]:
@@ -379,8 +605,8 @@ def read_metrics(run: Path) -> list[dict[str, Any]]:
     records = []
     for line in lines:
         try:
-            record = json.loads(line)
-        except ValueError:  # invalid JSON or UTF-8: a line torn by a killed run (or still being written)
+            record = json.loads(line, parse_constant=_refuse_constant)
+        except (ValueError, RecursionError):  # invalid JSON or UTF-8 (a line torn by a killed run), or nested deep
             continue
         if _usable(record):
             records.append(record)

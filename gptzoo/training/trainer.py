@@ -18,6 +18,7 @@ and every field of the checkpoint resumed from. Ctrl-C ends a run with
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import time
@@ -41,7 +42,7 @@ from gptzoo.recipe import Recipe, TrainSpec
 from gptzoo.registry import Registry
 from gptzoo.training import distributed, run_dir
 from gptzoo.training.data import TokenData, Windows, eval_batches, n_windows, rank_slice
-from gptzoo.training.optim import lr_at, make_optimizer, param_groups
+from gptzoo.training.optim import lr_at, make_optimizer
 
 RESUMABLE_CHANGES = (
     "max_steps",
@@ -73,21 +74,28 @@ class TrainResult:
     skipped: int
     checkpoint: Path | None
 
-    def summary(self, run: Path) -> dict[str, Any]:
-        """The result as JSON data (a non-finite loss as null)."""
+    def summary(self, run: str | Path) -> dict[str, Any]:
+        """The result as JSON data: a number that is not finite (a NaN loss, an infinite MFU) is null."""
         return {
             "run": str(run),
             "steps": self.steps,
-            "loss": self.loss if math.isfinite(self.loss) else None,
-            "val_loss": self.val_loss,
-            "tokens_per_s": self.tokens_per_s,
-            "mfu": self.mfu,
+            "loss": finite_or_none(self.loss),
+            "val_loss": finite_or_none(self.val_loss),
+            "tokens_per_s": finite_or_none(self.tokens_per_s),
+            "mfu": finite_or_none(self.mfu),
             "skipped_steps": self.skipped,
             "checkpoint": str(self.checkpoint) if self.checkpoint else None,
         }
 
 
+def finite_or_none(value: Any) -> Any:
+    """A float as JSON may hold it: NaN and infinities become null."""
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
 Log = Callable[[dict[str, Any]], None]
+Started = Callable[[int], None]
+"""Called with the step a run starts from, once every check has passed."""
 
 
 def seq_len_of(recipe: Recipe) -> int:
@@ -260,7 +268,7 @@ class Trainer:
         self.scaler = torch.amp.GradScaler("cuda") if spec.precision == "float16" else None
         if state is not None:
             self._restore(state)
-        self.forward = torch.compile(self.shared) if spec.compile else self.shared
+        self.forward = torch.compile(self.shared) if spec.compile else self.shared  # compiles at the first step
         self.flops_per_token = (
             TRAIN_FORWARD_RATIO * sum(forward_flops(self.model, 1, self.seq_len).values()) / self.seq_len
         )
@@ -292,10 +300,15 @@ class Trainer:
         self._check_tensors(tensors)
         self.model.load_weights({k: v.to(self.procs.device) for k, v in tensors.items()}, source=str(path))
         self.step, self.skipped = state["step"], state.get("skipped", 0)
-        if self.procs.is_main:
+        return state
+
+    def begin(self) -> None:
+        """Make the run directory this run's: the first change on disk, once every check has passed. A
+        resumed run forgets the metrics after its checkpoint and what killed saves left."""
+        if self.resumed_from is not None:
             run_dir.truncate_metrics(self.out, self.step)
             run_dir.remove_partial(self.out)
-        return state
+        run_dir.write_text_atomically(self.out / RECIPE, self.recipe.to_toml())
 
     def _corrupt(self, problem: str) -> CheckpointError:
         path = self.resumed_from
@@ -319,30 +332,26 @@ class Trainer:
                     f"{param.dtype} {tuple(param.shape)}"
                 )
 
-    def _check_optimizer(self, optim_state: dict[str, Any]) -> None:
-        """The saved AdamW state is for these parameters: the same groups, and moments of their shapes."""
-        params = dict(self.model.named_parameters())
-        ours = [g["names"] for g in param_groups(self.model, 0.0)]
-        theirs = [[str(n).removeprefix("module.") for n in g["params"]] for g in optim_state["param_groups"]]
-        if theirs != ours:
-            raise self._corrupt(
-                f"the optimizer's param_groups hold {list(map(len, theirs))} parameters, not this model's "
-                f"{list(map(len, ours))}"
-            )
-        for name, moments in optim_state["state"].items():
-            param = params.get(str(name).removeprefix("module."))
-            if param is None or not isinstance(moments, dict):
-                raise self._corrupt(f"the optimizer state of {name!r} is not one of this model's parameters")
-            for key in ("exp_avg", "exp_avg_sq"):
-                value = moments.get(key)
-                if not isinstance(value, torch.Tensor) or value.shape != param.shape:
-                    raise self._corrupt(f"optimizer state {name}.{key} is not a tensor of shape {tuple(param.shape)}")
+    def _optimizer_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """The checkpoint's AdamW state, every field checked against this model and this optimizer (made from
+        the recipe, whose hyper-parameters it keeps): see run_dir.optimizer_state."""
+        restored = run_dir.optimizer_state(
+            state["optimizer"],
+            self.optimizer.param_groups,
+            dict(self.model.named_parameters()),
+            applied=state["step"] - state.get("skipped", 0),
+            every_step=self.scaler is None,
+        )
+        if isinstance(restored, str):
+            assert self.resumed_from is not None
+            raise run_dir.corrupt(self.resumed_from, restored)
+        return restored
 
     def _restore(self, state: dict[str, Any]) -> None:
         """The optimizer, RNG and loss-scaler states of a checkpoint (checked by run_dir.load)."""
-        self._check_optimizer(state["optimizer"])
+        optim_state = self._optimizer_state(state)
         try:
-            self._set_optimizer_state(state["optimizer"])
+            self._set_optimizer_state(optim_state)
             torch.set_rng_state(state["rng"]["cpu"])
             if self.procs.device.type == "cuda" and "cuda" in state["rng"]:
                 torch.cuda.set_rng_state(state["rng"]["cuda"], self.procs.device)
@@ -381,8 +390,8 @@ class Trainer:
         broken = [k for k, v in model_state.items() if v.is_floating_point() and not torch.isfinite(v).all()]
         if broken:
             raise NonFiniteError(
-                f"after step {self.step} the weights {broken[:3]} hold non-finite values; nothing was saved. "
-                "Lower train.lr, or use float32"
+                f"after step {self.step} the weights {broken[:3]} hold non-finite values; nothing of step "
+                f"{self.step} was saved, {self._kept()}; start a new run with a lower train.lr or in float32"
             )
         rng: dict[str, Any] = {"cpu": torch.get_rng_state()}
         if self.procs.device.type == "cuda":
@@ -435,12 +444,18 @@ class Trainer:
         elif finite:
             self.optimizer.step()
         elif spec.on_nonfinite == "stop":
-            raise NonFiniteError(
-                f"step {self.step + 1}: the {'loss' if not math.isfinite(loss_value) else 'gradient norm'} is "
-                f"{loss_value if not math.isfinite(loss_value) else norm_value}; nothing was saved for this step. "
-                "Resume with --set train.on_nonfinite=skip to skip such steps, or start a new run with a lower "
-                "train.lr or in float32"
-            )
+            what, value = ("loss", loss_value) if not math.isfinite(loss_value) else ("gradient norm", norm_value)
+            if run_dir.latest(self.out) is None:
+                kept = (
+                    f"{self._kept()}: train again with a lower train.lr, in float32, or with --set "
+                    "train.on_nonfinite=skip"
+                )
+            else:
+                kept = (
+                    f"nothing was saved for this step, {self._kept()}: resume with --resume --set "
+                    "train.on_nonfinite=skip to skip such steps, or start a new run with a lower train.lr or in float32"
+                )
+            raise NonFiniteError(f"step {self.step + 1}: the {what} is {value}; {kept}")
         elif self.scaler is not None:
             self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
@@ -448,6 +463,30 @@ class Trainer:
         if not finite:
             self.skipped += 1
         return loss_value, norm_value, finite
+
+    def _kept(self) -> str:
+        """What a run that fails now leaves: its newest checkpoint, or nothing (train() discards a new run's files)."""
+        last = run_dir.latest(self.out)
+        return (
+            f"the last checkpoint {last} is intact" if last else "no checkpoint had been written, so nothing was kept"
+        )
+
+    @contextmanager
+    def _compile_errors(self) -> Iterator[None]:
+        """torch.compile's failures (it compiles at the first step, and again to evaluate) as one message."""
+        if not self.spec.compile:
+            yield
+            return
+        from torch._dynamo.exc import BackendCompilerFailed
+
+        try:
+            yield
+        except BackendCompilerFailed as exc:
+            line = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+            again = "resume with --resume" if run_dir.latest(self.out) else "train again with"
+            raise GptzooError(
+                f"torch.compile failed ({line}); {self._kept()}: {again} --set train.compile=false"
+            ) from exc
 
     @torch.no_grad()
     def evaluate(self) -> float:
@@ -476,7 +515,8 @@ class Trainer:
         tokens_per_s, mfu = 0.0, None
         while self.step < spec.max_steps:
             start = time.perf_counter()
-            loss, norm, applied = self.train_step()
+            with self._compile_errors():
+                loss, norm, applied = self.train_step()
             window_time += time.perf_counter() - start
             window_steps += 1
             step, last = self.step, self.step == spec.max_steps
@@ -499,7 +539,8 @@ class Trainer:
             if (spec.checkpoint_every and step % spec.checkpoint_every == 0) or last:
                 checkpoint = self.save() or checkpoint
             if (spec.eval_every and step % spec.eval_every == 0) or last:
-                val_loss = self.evaluate()
+                with self._compile_errors():
+                    val_loss = self.evaluate()
                 self.log(
                     {"step": step, "val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 700)), "time": time.time()}
                 )
@@ -517,14 +558,47 @@ def check_out(out: Path, *, resume: bool) -> None:
         raise GptzooError(f"{out} already holds files; pass --resume to continue that run, or choose another --out")
 
 
+PREPARED = "the directory `gptzoo prepare --out DIR` wrote"
+
+
 def data_dir_of(recipe: Recipe, data: str | Path | None) -> Path:
+    """The prepared data, as an absolute path: ``data`` (--data, relative to here), else the recipe's train.data
+    (relative to its recipe file when a file set it, see gptzoo.recipe.load; else to here)."""
     if data is not None:
-        return Path(data)
-    if recipe.train.data:  # relative to its recipe file when a file set it (gptzoo.recipe.load), else to here
-        return Path(recipe.train.data).resolve()
+        if not str(data):
+            raise GptzooError(f"--data is empty; give {PREPARED}")
+        return _resolved(Path(data), f"--data {data}")
+    if recipe.train.data:
+        return _resolved(Path(recipe.train.data), f"train.data {recipe.train.data}")
     raise GptzooError(
         f"no training data: pass --data DIR (made by `gptzoo prepare`), or set train.data in {recipe.source}"
     )
+
+
+def _resolved(path: Path, named: str) -> Path:
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError) as exc:  # a symbolic link loop: RuntimeError before Python 3.13, then ELOOP
+        if isinstance(exc, OSError) and exc.errno != errno.ELOOP:
+            raise GptzooError(f"cannot use {named}: {exc.strerror}; give {PREPARED}") from None
+        raise GptzooError(f"{named} leads into a loop of symbolic links; give {PREPARED}") from None
+
+
+def check_compile(device: torch.device) -> None:
+    """train.compile on CPU: torch.compile's C++ compiler is there (torch looks for $CXX, else g++). On a GPU
+    it writes Triton kernels; a failure there is reported when it compiles, at the first step."""
+    if device.type != "cpu":
+        return
+    from torch._inductor import cpp_builder
+    from torch._inductor.exc import InvalidCxxCompiler
+
+    try:
+        cpp_builder.get_cpp_compiler()
+    except InvalidCxxCompiler as exc:
+        raise GptzooError(
+            f"train.compile = true needs a working C++ compiler on CPU ({exc}); install one (g++), point $CXX at it, "
+            "or set train.compile=false"
+        ) from None
 
 
 def train(
@@ -535,16 +609,24 @@ def train(
     resume: bool = False,
     init: GPT | None = None,
     log: Log | None = None,
+    started: Started | None = None,
     registry: Registry | None = None,
 ) -> TrainResult:
     """Train ``recipe`` (from ``init``'s weights when given) into the run directory ``out``; every
-    record also goes to ``log``. Under torchrun, call it in every process (the first one holds the lock).
+    record also goes to ``log``, and ``started`` learns the step the run starts from once every check
+    has passed. Under torchrun, call it in every process (the first one holds the lock).
     ``registry`` builds the model (default: gptzoo.registry.default_registry()).
 
+    Nothing changes on disk before every check has passed. A new run that fails before its first
+    checkpoint removes what it wrote (there is nothing to resume), so it can simply run again.
+
     Raises:
-        GptzooError: bad input, found before the first step; or a write that failed (the message says what was kept).
+        GptzooError: bad input, found before the first step; or a failure while training (the message says what
+            was kept).
         Interrupted: Ctrl-C; its message says the step reached and the last complete checkpoint.
     """
+    if not str(out):
+        raise GptzooError("--out is empty; give the run directory (by default runs/RECIPE)")
     out = Path(out)
     procs = distributed.start()
     trainer: Trainer | None = None
@@ -554,17 +636,17 @@ def train(
                 "train.precision = 'float16' needs a CUDA GPU (its loss scaling is for GPUs); use 'bfloat16' or "
                 "'float32'"
             )
-        data_dir = data_dir_of(recipe, data).resolve()
+        data_dir = data_dir_of(recipe, data)
         tokens = TokenData.open(data_dir)
         check_data(recipe, tokens)
         check_memory(recipe, procs.device, registry)
+        if recipe.train.compile:
+            check_compile(procs.device)
         recipe = replace(recipe, train=replace(recipe.train, data=str(data_dir)))  # RUN/recipe.toml works from anywhere
 
         def record(entry: dict[str, Any]) -> None:
             if procs.is_main:
-                entry = {
-                    k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in entry.items()
-                }  # JSON has no NaN
+                entry = {k: finite_or_none(v) for k, v in entry.items()}  # JSON has no NaN
                 run_dir.append_metrics(out, entry)
                 if log is not None:
                     log(entry)
@@ -572,16 +654,23 @@ def train(
         with run_dir.locked(out) if procs.is_main else nullcontext():  # the run directory appears here
             check_out(out, resume=resume)
             trainer = Trainer(recipe, tokens, out, procs, resume=resume, init=init, log=record, registry=registry)
-            if procs.is_main:
-                run_dir.write_text_atomically(out / RECIPE, recipe.to_toml())
-            result = trainer.run()
+            try:
+                if procs.is_main:
+                    trainer.begin()
+                if started is not None:
+                    started(trainer.step)
+                result = trainer.run()
+            except Exception:
+                if procs.is_main and not resume:
+                    run_dir.discard(out)  # nothing to resume: leave nothing that refuses the next try
+                raise
     except run_dir.WriteError as exc:
         distributed.stop(procs, wait=False)
         raise run_dir.WriteError(f"{exc}; {run_dir.intact(out)}") from None
     except KeyboardInterrupt:
         distributed.stop(procs, wait=False)
         reached = f"at step {trainer.step}" if trainer is not None else "before the first step"
-        raise Interrupted(f"interrupted {reached}; {run_dir.kept(out)}") from None
+        raise Interrupted(f"{reached}; {run_dir.kept(out)}") from None
     except BaseException:
         distributed.stop(procs, wait=False)
         raise
