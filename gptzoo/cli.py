@@ -640,7 +640,7 @@ def cmd_recipes(args: argparse.Namespace, out: Console, err: Console) -> None:
 def _fail(args_json: bool, out: Console, err: Console, line: str, message: str, code: int) -> int:
     """Report an error on one stderr line (and as a JSON object on stdout with --json); its exit status."""
     err.print(line, highlight=False)
-    if args_json:
+    if args_json and int(os.environ.get("RANK", "0")) == 0:  # under torchrun, one document from the first process
         _print_json(out, {"error": message, "exit": code})
     return code
 

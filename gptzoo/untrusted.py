@@ -143,3 +143,12 @@ def check_utf8_path(path: str | Path) -> None:
             f"the directory name {text!r} is not valid UTF-8 ({undecodable(text, exc.start)} at character "
             f"{exc.start}), and safetensors reads and writes only UTF-8 paths; rename it"
         ) from None
+
+
+def pickle_refusal(exc: BaseException) -> str:
+    """What torch.load(weights_only=True) refused, from its error: the line that names it (the error
+    also advises weights_only=False, which would run the pickle, and is not repeated)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    useful = [line for line in lines if not line.startswith(("Check the documentation", "Weights only load failed"))]
+    useful = [line for line in useful if "weights_only" not in line and "Please file an issue" not in line]
+    return useful[-1].rstrip(".") if useful else "an unsupported pickle"

@@ -296,8 +296,8 @@ def test_a_model_that_does_not_fit_in_memory_is_refused_before_allocating(
     message = run_error_of(capsys, "build", "gpt2-small", "--set", "model.n_layer=1000", "--out", str(out))
     assert message == (
         "error: recipe 'gpt2-small' needs 26.55 GiB for its float32 weights on cpu, and 16.00 GiB is free; make the "
-        "model smaller (n_layer, n_embd, d_ff, vocab_size) or summarize it without --out (gptzoo build works on the "
-        "meta device)"
+        "model smaller (n_layer, n_embd, d_ff, vocab_size, context_length) or summarize it without --out (gptzoo build "
+        "works on the meta device)"
     )
     assert not out.exists() and not list(tmp_path.iterdir())
     # the summary itself needs no memory: the meta device

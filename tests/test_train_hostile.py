@@ -1154,3 +1154,31 @@ def test_ctrl_c_before_the_run_starts(
     assert main(argv(tmp_path / "run", docs, *STEPS)[:-1]) == 130
     assert capsys.readouterr().err == "interrupted: before the first step; nothing was written\n"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_checkpoints_files_must_be_inside_it(
+    run: Path, docs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A resumed checkpoint is untrusted input like any other: a file linked from outside is refused, unread."""
+    step = run / "checkpoints" / "step-000004"
+    for name in ("train_state.pt", "model.safetensors"):
+        outside = tmp_path / f"outside-{name}"
+        (step / name).rename(outside)
+        (step / name).symlink_to(outside)
+        assert run_error(capsys, *argv(run, docs, "train.max_steps=6", resume=True)) == (
+            f"error: {step / name} links to {outside}, outside {step}; every file a checkpoint supplies must be "
+            "inside its directory (after following symlinks)"
+        )
+        (step / name).unlink()
+        outside.rename(step / name)
+
+
+def test_an_out_name_that_is_not_utf8_is_refused_before_the_run(
+    docs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run\udcff"
+    assert run_error(capsys, *argv(out, docs, *STEPS)) == (
+        f"error: the directory name {str(out)!r} is not valid UTF-8 (byte 0xff at character {len(str(out)) - 1}), and "
+        "safetensors reads and writes only UTF-8 paths; rename it"
+    )
+    assert list(tmp_path.iterdir()) == []

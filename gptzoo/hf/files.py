@@ -23,7 +23,7 @@ from torch import Tensor
 from gptzoo.atomic import new_directory
 from gptzoo.errors import CheckpointError
 from gptzoo.hf import family
-from gptzoo.untrusted import check_utf8_path, checkpoint_file, supplies
+from gptzoo.untrusted import check_utf8_path, checkpoint_file, pickle_refusal, supplies
 
 CONFIG = "config.json"
 SAFETENSORS = "model.safetensors"
@@ -187,20 +187,11 @@ def _torch_load(real: Path, file: Path) -> Any:
     except pickle.UnpicklingError as exc:
         raise CheckpointError(
             f"{file} was refused: torch.load(weights_only=True) reads only tensors and plain containers, and "
-            f"this pickle holds something else ({_refusal(exc)}); nothing in it ran; use a model.safetensors "
+            f"this pickle holds something else ({pickle_refusal(exc)}); nothing in it ran; use a model.safetensors "
             "from a source you trust"
         ) from None
     except (OSError, RuntimeError, EOFError, ValueError, TypeError, AttributeError, KeyError, IndexError) as exc:
         raise CheckpointError(f"cannot read the weights in {file}: {type(exc).__name__}: {_one_line(exc)}") from None
-
-
-def _refusal(exc: BaseException) -> str:
-    """The line of torch's weights_only error that says what was refused (it also advises
-    weights_only=False, which would run the pickle: not repeated here)."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    useful = [line for line in lines if not line.startswith(("Check the documentation", "Weights only load failed"))]
-    useful = [line for line in useful if "weights_only" not in line and "Please file an issue" not in line]
-    return useful[-1].rstrip(".") if useful else "an unsupported pickle"
 
 
 def _state_dict(obj: Any, file: Path) -> dict[str, Tensor]:

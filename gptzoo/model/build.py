@@ -93,6 +93,6 @@ def check_fits(model: GPT, recipe: Recipe, device: torch.device) -> None:
     if free is not None and need > free:
         raise GptzooError(
             f"recipe {recipe.name!r} needs {format_bytes(need)} for its float32 weights on {device}, and "
-            f"{format_bytes(free)} is free; make the model smaller (n_layer, n_embd, d_ff, vocab_size) or "
-            f"summarize it without --out (gptzoo build works on the meta device)"
+            f"{format_bytes(free)} is free; make the model smaller (n_layer, n_embd, d_ff, vocab_size, context_length) "
+            "or summarize it without --out (gptzoo build works on the meta device)"
         )

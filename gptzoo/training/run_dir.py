@@ -43,6 +43,7 @@ from gptzoo.errors import CheckpointError, GptzooError
 from gptzoo.model.checkpoint import RECIPE, WEIGHTS, write_files
 from gptzoo.recipe import Recipe
 from gptzoo.recipe.schema import MAX_INT
+from gptzoo.untrusted import checkpoint_file, pickle_refusal
 
 METRICS = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
@@ -336,17 +337,17 @@ def corrupt(path: Path, problem: str) -> CheckpointError:
 def _read_state(path: Path) -> Any:
     """train_state.pt, unpickled with ``weights_only=True``: tensors and plain containers, nothing that runs."""
     file = path / STATE
-    if file.stat().st_size == 0:
+    real = checkpoint_file(path, STATE, missing=f"{file} is missing; {_elsewhere(path)}")
+    if real.stat().st_size == 0:
         raise CheckpointError(f"{file} is empty: its save was cut short; {_elsewhere(path)}")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "Detected pickle protocol 4 ...": the error below says it all
-            return torch.load(file, map_location="cpu", weights_only=True)
+            return torch.load(real, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        from gptzoo.hf.files import _refusal  # torch's reason, without its advice to turn weights_only off
-
         raise CheckpointError(
-            f"{file} holds objects gptzoo refuses to unpickle ({_refusal(exc)}); nothing in it ran; {_elsewhere(path)}"
+            f"{file} holds objects gptzoo refuses to unpickle ({pickle_refusal(exc)}); nothing in it ran; "
+            f"{_elsewhere(path)}"
         ) from None
     except EOFError:
         raise CheckpointError(f"{file} is truncated: it ends before its data does; {_elsewhere(path)}") from None
@@ -365,8 +366,9 @@ def load(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     Raises:
         CheckpointError: a file that cannot be read, or a field of the wrong type or out of range (named).
     """
+    weights = checkpoint_file(path, WEIGHTS, missing=f"{path / WEIGHTS} is missing; {_elsewhere(path)}")
     try:
-        tensors = load_file(str(path / WEIGHTS))
+        tensors = load_file(str(weights))
     except (SafetensorError, OSError) as exc:
         raise CheckpointError(f"cannot read the checkpoint {path / WEIGHTS}: {exc}") from None
     state = _read_state(path)

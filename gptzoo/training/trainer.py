@@ -43,6 +43,7 @@ from gptzoo.registry import Registry
 from gptzoo.training import distributed, run_dir
 from gptzoo.training.data import TokenData, Windows, eval_batches, n_windows, rank_slice
 from gptzoo.training.optim import lr_at, make_optimizer
+from gptzoo.untrusted import check_utf8_path
 
 RESUMABLE_CHANGES = (
     "max_steps",
@@ -548,7 +549,9 @@ class Trainer:
 
 
 def check_out(out: Path, *, resume: bool) -> None:
-    """--out is a run with checkpoints to resume, or (without --resume) new or empty (but for its lock)."""
+    """--out is a run with checkpoints to resume, or (without --resume) new or empty (but for its lock);
+    its name is one safetensors can write checkpoints under."""
+    check_utf8_path(out)
     if resume:
         if not run_dir.checkpoint_dirs(out):
             raise GptzooError(
