@@ -1108,6 +1108,13 @@ def test_compile_without_a_cpp_compiler(
     )
     assert not out.exists()
     monkeypatch.setattr(train_mod, "check_compile", lambda device: None)  # a failure only torch.compile finds
+    from torch._inductor.exc import InvalidCxxCompiler
+
+    def no_compiler(gm: Any, example_inputs: Any) -> Any:  # as inductor fails (its caches may hold a kernel already)
+        raise InvalidCxxCompiler
+
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model: real_compile(model, backend=no_compiler))
     failed = (
         "error: torch.compile failed (InvalidCxxCompiler: No working C++ compiler found in "
         "torch._inductor.config.cpp.cxx: (None, '/nonexistent/g++')); "

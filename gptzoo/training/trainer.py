@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gptzoo.errors import CheckpointError, GptzooError, Interrupted, NonFiniteError, RecipeError
+from gptzoo.errors import CheckpointError, GptzooError, Interrupted, NonFiniteError, RecipeError, exception_text
 from gptzoo.flops import TRAIN_FORWARD_RATIO, forward_flops
 from gptzoo.memory import available_bytes, format_bytes
 from gptzoo.model.build import build_model
@@ -483,7 +483,8 @@ class Trainer:
         try:
             yield
         except BackendCompilerFailed as exc:
-            line = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+            inner = getattr(exc, "inner_exception", None) or exc  # what the backend (inductor) raised
+            line = " ".join(f"{type(inner).__name__}: {exception_text(inner)}".split())
             again = "resume with --resume" if run_dir.latest(self.out) else "train again with"
             raise GptzooError(
                 f"torch.compile failed ({line}); {self._kept()}: {again} --set train.compile=false"
