@@ -19,7 +19,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TextIO
 
 from rich.console import Console
 from rich.markup import escape
@@ -104,6 +104,9 @@ def _finite_float(text: str) -> float:
 
 
 class _Console(Console):
+    json_document = False
+    """This console writes the one JSON document of a --json command."""
+
     def on_broken_pipe(self) -> None:  # rich would exit 1, the status of a bug: main() handles it
         raise BrokenPipeError
 
@@ -637,16 +640,37 @@ def cmd_recipes(args: argparse.Namespace, out: Console, err: Console) -> None:
     )
 
 
-def _fail(args_json: bool, out: Console, err: Console, line: str, message: str, code: int) -> int:
+def _first_process(args: argparse.Namespace) -> bool:
+    """False in the other processes of a torchrun training (only the first one reports)."""
+    if args is None or args.command != "train":
+        return True
+    return _env_int("RANK", 0) == 0
+
+
+def _env_int(name: str, default: int) -> int:
+    """An integer that torchrun sets in the environment, or ``default`` when it is unset or not one."""
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+def _fail(args: argparse.Namespace | None, out: Console, err: Console, line: str, message: str, code: int) -> int:
     """Report an error on one stderr line (and as a JSON object on stdout with --json); its exit status."""
     err.print(line, highlight=False)
-    if args_json and int(os.environ.get("RANK", "0")) == 0:  # under torchrun, one document from the first process
+    if out.json_document and _first_process(args):
         _print_json(out, {"error": message, "exit": code})
     return code
 
 
+def _debug(args: argparse.Namespace) -> None:
+    """With --debug, the traceback of the exception being handled, its control characters escaped."""
+    if args.debug:
+        sys.stderr.write(terminal_text(traceback.format_exc(), lines=True))
+
+
 def _run(args: argparse.Namespace, out: Console, err: Console) -> None:
-    """The command; with --json, whatever else writes to stdout meanwhile goes to stderr."""
+    """The command; with --json, whatever else writes to sys.stdout meanwhile goes to stderr."""
     if not args.json:
         args.func(args, out, err)
         return
@@ -657,11 +681,68 @@ def _run(args: argparse.Namespace, out: Console, err: Console) -> None:
         sys.stdout = stdout
 
 
+def _document_stream() -> TextIO:
+    """Where --json writes its one document: the real stdout, whose file descriptor 1 now leads to
+    stderr for everything else in this process (a plugin's os.write, a subprocess, an atexit
+    print). When stdout is no file descriptor (a test's capture), sys.stdout itself."""
+    if sys.stdout is not sys.__stdout__:  # a caller's own stream (a test's capture): leave its descriptors be
+        return sys.stdout
+    try:
+        fd = sys.stdout.fileno()
+        sys.stdout.flush()
+        kept = os.dup(fd)
+        os.dup2(sys.stderr.fileno(), fd)
+    except (AttributeError, OSError, ValueError):
+        return sys.stdout
+    return os.fdopen(kept, "w", encoding="utf-8")
+
+
+def _sane_terminal() -> None:
+    """What rich reads from the environment and the streams, made safe: a COLUMNS or LINES that is not a
+    positive integer is ignored (COLUMNS=0 would print nothing), and a character the terminal's encoding
+    cannot show is written as an escape rather than failing the command."""
+    for name in ("COLUMNS", "LINES"):
+        value = os.environ.get(name)
+        if value is not None and not (value.isdigit() and int(value) > 0):
+            del os.environ[name]
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    # Model text must reach the terminal as it is: no emoji codes, no highlighting, no hard wraps.
-    out = _Console(file=sys.stdout, emoji=False, highlight=False, soft_wrap=True)
+    _sane_terminal()
     err = _Console(stderr=True, emoji=False, highlight=False, soft_wrap=True)  # one message, one line
+    if sys.stdout is None:  # started with stdout closed (>&-)
+        err.print("[red]error:[/red] standard output is closed; give the command somewhere to write", highlight=False)
+        return EXIT_USER_ERROR
+    json_document = "--json" in argv  # flags are spelled out: this is exactly what argparse will see
+    # Model text must reach the terminal as it is: no emoji codes, no highlighting, no hard wraps.
+    out = _Console(
+        file=_document_stream() if json_document else sys.stdout, emoji=False, highlight=False, soft_wrap=True
+    )
+    out.json_document = json_document
+    try:
+        code = _main(argv, out, err)
+        out.file.flush()
+    except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as other commands do
+        try:  # and the interpreter's last flush finds nowhere to fail
+            os.dup2(os.open(os.devnull, os.O_WRONLY), out.file.fileno())
+        except (OSError, ValueError):
+            pass
+        return EXIT_BROKEN_PIPE
+    except OSError as exc:  # writing the output itself failed (stdout on a full disk)
+        try:
+            err.print(f"[red]error:[/red] cannot write the output: {_text(exc.strerror or str(exc))}", highlight=False)
+        except OSError:
+            pass
+        return EXIT_USER_ERROR
+    return code
+
+
+def _main(argv: list[str], out: Console, err: Console) -> int:
+    """Parse and run the command; its exit status, every error reported (output errors propagate)."""
     try:
         args = make_parser().parse_args(argv)
     except UsageError as exc:
@@ -670,7 +751,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if exc.parser.prog == "gptzoo" and argv and argv[0] in ("--json", "--debug"):
             message += f"; {argv[0]} goes after the command (gptzoo COMMAND {argv[0]} ...)"
         line = _text(f"{exc.parser.prog}: error: {message.removeprefix(exc.parser.prog + ': ')}")
-        return _fail("--json" in argv, out, err, line, message, EXIT_USER_ERROR)
+        return _fail(None, out, err, line, message, EXIT_USER_ERROR)
     code = 0
     try:
         try:
@@ -680,28 +761,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise
             # a path the command was given or wrote to, refused by the system: a full disk, a permission...
             raise GptzooError(f"cannot use {exc.filename}: {exc.strerror}; check the path and its permissions") from exc
-        out.file.flush()
     except GptzooError as exc:
-        if args.debug:
-            traceback.print_exc()
+        _debug(args)
         message = exception_text(exc)
         line = f"[red]error:[/red] {escape(terminal_text(message, lines=exc.multiline))}"
-        code = _fail(args.json, out, err, line, message, EXIT_USER_ERROR)
+        code = _fail(args, out, err, line, message, EXIT_USER_ERROR)
     except KeyboardInterrupt as exc:  # gptzoo.errors.Interrupted says what was kept
-        if args.debug:
-            traceback.print_exc()
+        _debug(args)
         text = exception_text(exc)
         message = f"interrupted: {text}" if text else "interrupted"
-        code = _fail(args.json, out, err, f"[yellow]{_text(message)}[/yellow]", message, 130)
-    except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as other commands do
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        code = EXIT_BROKEN_PIPE
-    except OSError as exc:  # writing the output itself failed (stdout on a full disk)
-        err.print(f"[red]error:[/red] cannot write the output: {_text(exc.strerror or str(exc))}", highlight=False)
-        code = EXIT_USER_ERROR
-    if args.command == "train" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        code = _fail(args, out, err, f"[yellow]{_text(message)}[/yellow]", message, EXIT_INTERRUPTED)
+    if args.command == "train" and _env_int("WORLD_SIZE", 1) > 1:
         # torch 2.13 with gloo aborted at interpreter exit after DDP in 1 to 3 runs of 6, although the work
         # was done ("terminate called without an active exception"): leave right away, with the run's own status.
+        out.file.flush()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

@@ -66,11 +66,12 @@ class DownloadError(GptzooError):
 
 def terminal_text(text: str, *, lines: bool = False) -> str:
     """``text`` safe to print as a message: control and format characters (escape sequences, carriage
-    returns, newlines unless ``lines``) written as escapes, so a name from a file or a command line
-    can neither move the cursor nor split the message."""
+    returns, newlines unless ``lines``) and lone surrogates (undecodable bytes of a file name) written
+    as escapes, so a name from a file or a command line can neither move the cursor nor split the
+    message, and every terminal encoding can show it."""
     return "".join(
         ch
-        if (ch == "\n" and lines) or unicodedata.category(ch) not in ("Cc", "Cf", "Zl", "Zp")
+        if (ch == "\n" and lines) or unicodedata.category(ch) not in ("Cc", "Cf", "Cs", "Zl", "Zp")
         else ch.encode("unicode_escape").decode("ascii")
         for ch in text
     )

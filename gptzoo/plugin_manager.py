@@ -96,7 +96,8 @@ def env_flag(name: str) -> bool:
 
 
 def warn_seconds() -> float:
-    """$GPTZOO_PLUGIN_WARN_S: seconds a plugin may take before a line on stderr names it (0: never)."""
+    """$GPTZOO_PLUGIN_WARN_S: seconds a plugin may take before a line on stderr names it (0, or more than a
+    timer can wait, ~292 years: never)."""
     raw = os.environ.get(WARN_ENV, "").strip()
     if not raw:
         return DEFAULT_WARN_S
@@ -106,7 +107,7 @@ def warn_seconds() -> float:
         value = math.nan
     if not math.isfinite(value) or value < 0:
         raise PluginError(f"{WARN_ENV}={raw!r} is not a number of seconds; set it to e.g. 5, or 0 for no warning")
-    return value
+    return 0.0 if value > threading.TIMEOUT_MAX else value  # longer than a timer can wait: never
 
 
 def gptzoo_version() -> str:
