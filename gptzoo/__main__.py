@@ -3,9 +3,11 @@
 It imports the command line, and with it torch, inside a Ctrl-C handler, so an interrupt while
 torch loads is the same one line and exit status 130 as one during the command; once the command
 has returned, Ctrl-C while the interpreter shuts down (waiting for a plugin's thread, say) leaves at
-once with the command's own status: the work is done.
+once with the command's own status, and once only modules are left to unload it is ignored: the
+work is done.
 """
 
+import atexit
 import os
 import signal
 import sys
@@ -14,12 +16,13 @@ import sys
 def main() -> int:
     try:
         from gptzoo.cli import main as run
-    except KeyboardInterrupt:
+
+        code = run()  # it reports a Ctrl-C during the command itself, saying what was kept
+    except KeyboardInterrupt:  # while torch loads, or before the command started
         sys.stderr.write("interrupted: nothing was done\n")
         if "--json" in sys.argv[1:]:
             sys.stdout.write('{\n  "error": "interrupted: nothing was done",\n  "exit": 130\n}\n')
         return 130
-    code = run()
 
     def leave(signum: int, frame: object) -> None:  # the work is done: Ctrl-C only stops the shutdown
         for stream in (sys.stdout, sys.stderr):
@@ -30,6 +33,10 @@ def main() -> int:
         os._exit(code)
 
     signal.signal(signal.SIGINT, leave)
+    # atexit runs after the wait for other threads and before Python puts the default Ctrl-C action back
+    # to unload its modules (torch takes a while); an ignored Ctrl-C stays ignored (for every thread) until
+    # the process is gone.
+    atexit.register(signal.signal, signal.SIGINT, signal.SIG_IGN)
     return code
 
 

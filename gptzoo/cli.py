@@ -752,6 +752,9 @@ def _main(argv: list[str], out: Console, err: Console) -> int:
             message += f"; {argv[0]} goes after the command (gptzoo COMMAND {argv[0]} ...)"
         line = _text(f"{exc.parser.prog}: error: {message.removeprefix(exc.parser.prog + ': ')}")
         return _fail(None, out, err, line, message, EXIT_USER_ERROR)
+    except KeyboardInterrupt:
+        message = "interrupted: nothing was done"
+        return _fail(None, out, err, f"[yellow]{message}[/yellow]", message, EXIT_INTERRUPTED)
     code = 0
     try:
         try:
