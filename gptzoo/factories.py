@@ -71,8 +71,10 @@ def signature(entry: Entry) -> inspect.Signature | None:
 
 
 def check(entry: Entry, kwargs: Mapping[str, Any]) -> list[str]:
-    """The problems the factory's optional ``check(**kwargs)`` finds (none without a check). A check
-    that raises, or returns anything but a list or tuple of str, is a PluginError."""
+    """The problems the factory's optional ``check(**kwargs)`` finds (none without a check), as plain
+    str copies: formatting them later runs nothing of the plugin's (a str subclass may override
+    ``__format__``). A check that raises, or returns anything but a list or tuple of str, is a
+    PluginError."""
     with running(entry, "has a broken check"):
         method = getattr(entry.factory, "check", None)
     if method is None:
@@ -88,18 +90,20 @@ def check(entry: Entry, kwargs: Mapping[str, Any]) -> list[str]:
         raise PluginError(
             f"{culprit(entry)} has a broken check: it returned {show_plain(result)}, not a list of str; {fix(entry)}"
         )
-    bad = [p for p in problems if not isinstance(p, str)]
+    bad = [p for p in problems if not issubclass(type(p), str)]  # type(): isinstance would ask its __class__
     if bad:
         raise PluginError(
             f"{culprit(entry)} has a broken check: it returned a list holding {show_plain(bad[0])}, not only str; "
             f"{fix(entry)}"
         )
-    return problems
+    with running(entry, "has a broken check"):
+        return [str.__str__(p) for p in problems]
 
 
 def check_contract(entry: Entry, built: object) -> None:
-    """The built object has every member its kind's contract requires, and is an nn.Module (a model's
-    component) or callable (a sampler)."""
+    """The built object has every member its kind's contract requires, of the type its interface
+    declares, and is an nn.Module (a model's component) or callable (a sampler); a module's
+    parameters and persistent buffers are floating point (a checkpoint holds nothing else)."""
     contract = CONTRACTS[entry.kind]
     with running(entry, "built an object that cannot be inspected"):
         missing = [member for member in contract.members if not hasattr(built, member)]

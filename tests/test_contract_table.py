@@ -16,7 +16,7 @@ from fakedist import FakeSite
 from torch import nn
 
 import gptzoo
-from gptzoo import hookspecs, interfaces
+from gptzoo import factories, hookspecs, interfaces
 from gptzoo.hookspecs import CONTRACTS, KINDS
 from gptzoo.inference.sampling import SamplerChain
 from gptzoo.model.build import build_model
@@ -372,6 +372,10 @@ BROKEN_CHECKS = {
     "returns-str": ("staticmethod(lambda **params: 'eps is bad')", "it returned 'eps is bad', not a list of str"),
     "returns-non-str": ("staticmethod(lambda **params: ['fine', 42])", "it returned a list holding 42, not only str"),
     "not-callable": ("42", "it is 42, not a function"),
+    "claims-to-be-str": (
+        "staticmethod(lambda **params: [type('Liar', (), {'__class__': property(lambda self: str)})()])",
+        "it returned a list holding an object of type Liar, not only str",
+    ),
     "wrong-signature": (
         "staticmethod(lambda: [])",
         "TypeError: {cls}.<lambda>() got an unexpected keyword argument '{arg}'",
@@ -417,6 +421,35 @@ def test_a_check_may_return_a_tuple_of_problems(site: FakeSite, kind: str) -> No
         load_recipe("gpt2-tiny", [CHECKED_RECIPE[kind]])
     where = "[model] norm" if kind == "norm" else "[generate] samplers[0]"
     assert excinfo.value.problems == [f"{where} (checked): too odd"]
+
+
+STR_SUBCLASS = (
+    "staticmethod(lambda **params: [type('Loud', (str,), dict.fromkeys(('__format__', '__str__', '__repr__'), "
+    "lambda *args: 1 / 0))('too odd')])"
+)
+"""A check whose problem is a str subclass that cannot be formatted, printed or shown."""
+
+
+@pytest.mark.parametrize("kind", CHECKED_RECIPE)
+def test_a_checks_problems_are_kept_as_plain_text(
+    site: FakeSite, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    site.add("check", "gptzoo_fake_check", CHECKED.format(check=STR_SUBCLASS))
+    entry = gptzoo.get_registry().get(kind, "checked")
+    problems = factories.check(entry, {"dim": 8} if kind == "norm" else {"p": 0.25})
+    assert problems == ["too odd"] and type(problems[0]) is str
+    where = "[model] norm" if kind == "norm" else "[generate] samplers[0]"
+    with pytest.raises(gptzoo.RecipeError) as excinfo:
+        load_recipe("gpt2-tiny", [CHECKED_RECIPE[kind]])
+    assert excinfo.value.problems == [f"{where} (checked): too odd"]
+    if kind == "sampler":
+        with pytest.raises(gptzoo.GptzooError) as excinfo:
+            SamplerChain.from_registry(gptzoo.get_registry(), [("checked", {"p": 0.25})])
+        assert str(excinfo.value) == "sampler 'checked': too odd"
+    from cli_run import run_error
+
+    message = run_error(capsys, "build", "gpt2-tiny", "--set", CHECKED_RECIPE[kind])
+    assert message.endswith(f"{where} (checked): too odd")
 
 
 # --- samplers are held to their contract like model components -----------------------------------------------
