@@ -58,6 +58,9 @@ def test_interface_declares_the_members(kind: str) -> None:
     assert interface is not None, f"gptzoo.interfaces has no {contract.interface} for kind {kind!r}"
     declared = set(dir(interface)) | set(getattr(interface, "__annotations__", {}))
     assert set(contract.members) <= declared, f"{contract.interface} lacks {set(contract.members) - declared}"
+    typed = factories.declared_members(contract.interface)  # what check_contract holds each member to
+    assert set(contract.members) <= set(typed), f"{contract.interface} neither types nor defines {contract.members}"
+    assert set(contract.positive) <= set(contract.members)
 
 
 def test_recipe_schema_has_one_component_key_per_model_kind() -> None:
@@ -332,6 +335,158 @@ def test_ctrl_c_in_a_factory_stays_an_interrupt(site: FakeSite, capsys: pytest.C
     assert capsys.readouterr().err == "interrupted\n"
 
 
+# --- members of the type their interface declares, tensors a checkpoint can hold ---------------------------
+
+TYPED = """
+import torch
+from torch import nn
+from gptzoo.builtins.attentions import CausalSelfAttention
+from gptzoo.builtins.mlps import DenseMLP
+from gptzoo.interfaces import Position
+
+
+def mlp(**members):
+    def factory(d_model, d_ff, *, activation, bias):
+        module = DenseMLP(d_model, d_ff, activation=activation, bias=bias)
+        for name, value in members.items():
+            setattr(module, name, value(module) if callable(value) else value)
+        return module
+
+    return factory
+
+
+def seqattention(d_model, n_head, *, n_kv_head, head_dim, bias):
+    module = CausalSelfAttention(d_model, n_head, n_kv_head=n_kv_head, head_dim=head_dim, bias=bias)
+    module.c_proj = nn.Sequential(module.c_proj)
+    return module
+
+
+class Limited(Position):
+    limit = None
+
+    def __init__(self, *, n_embd, n_head, head_dim, context_length):
+        super().__init__()
+        self.max_positions = self.limit
+
+
+class IntBuffer(nn.Module):
+    def __init__(self, dim, *, persistent=True):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.register_buffer("calls", torch.zeros((), dtype=torch.long), persistent=persistent)
+
+    def forward(self, x):
+        return x * self.weight
+
+
+class IntParameter(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.inner = nn.Module()
+        self.inner.steps = nn.Parameter(torch.zeros(dim, dtype=torch.bool), requires_grad=False)
+
+    def forward(self, x):
+        return x
+
+
+class Aliased(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.scale = self.weight
+
+    def forward(self, x):
+        return x * self.scale
+
+
+@gptzoo.hookimpl
+def register_mlps(register):
+    register("seqproj", mlp(c_proj=lambda m: nn.Sequential(m.c_proj)), doc="c_proj is a Sequential")
+    register("noproj", mlp(c_proj=None), doc="c_proj is None")
+    register("flopsnumber", mlp(flops=3), doc="flops is a number")
+
+
+@gptzoo.hookimpl
+def register_attentions(register):
+    register("seqproj", seqattention, doc="c_proj is a Sequential")
+
+
+@gptzoo.hookimpl
+def register_positions(register):
+    for name, limit in (("lots", "lots"), ("negative", -3), ("zero", 0), ("yes", True), ("float", 64.0)):
+        register(name, type(name, (Limited,), {"limit": limit}), doc="max_positions is wrong")
+    register("one", type("one", (Limited,), {"limit": 1}), doc="max_positions is 1")
+
+
+@gptzoo.hookimpl
+def register_norms(register):
+    register("intbuf", IntBuffer, doc="an int64 persistent buffer")
+    register("intparam", IntParameter, doc="a bool parameter")
+    register("aliased", Aliased, doc="one parameter under two names")
+"""
+TYPED_FROM = "from gptzoo_fake_typed (gptzoo-fake-typed 1.0)"
+TYPED_FIX = "fix the plugin, or choose another"
+TYPED_CASES = {
+    "model.mlp=seqproj": f"mlp 'seqproj' {TYPED_FROM} built a DenseMLP: its c_proj is a Sequential, the mlp contract "
+    f"says nn.Linear (gptzoo.interfaces.MLP); {TYPED_FIX} mlp",
+    "model.mlp=noproj": f"mlp 'noproj' {TYPED_FROM} built a DenseMLP: its c_proj is None, the mlp contract says "
+    f"nn.Linear (gptzoo.interfaces.MLP); {TYPED_FIX} mlp",
+    "model.mlp=flopsnumber": f"mlp 'flopsnumber' {TYPED_FROM} built a DenseMLP: its flops is 3, the mlp contract says "
+    f"a method (gptzoo.interfaces.MLP); {TYPED_FIX} mlp",
+    "model.attention=seqproj": f"attention 'seqproj' {TYPED_FROM} built a CausalSelfAttention: its c_proj is a "
+    f"Sequential, the attention contract says nn.Linear (gptzoo.interfaces.Attention); {TYPED_FIX} attention",
+    **{
+        f"model.position={name}": f"position {name!r} {TYPED_FROM} built {built}: its max_positions is {shown}, the "
+        "position contract says int | None, and at least 1 when an int (gptzoo.interfaces.Position); "
+        f"{TYPED_FIX} position"
+        for name, built, shown in (
+            ("lots", "a lots", "'lots'"),
+            ("negative", "a negative", "-3"),
+            ("zero", "a zero", "0"),
+            ("yes", "a yes", "True"),
+            ("float", "a float", "64.0"),
+        )
+    },
+    "model.norm=intbuf": f"norm 'intbuf' {TYPED_FROM} built an IntBuffer whose persistent buffer 'calls' holds int64 "
+    "values, and a checkpoint's weights are floating point: register it with register_buffer(..., "
+    f"persistent=False), or make it floating point; {TYPED_FIX} norm",
+    "model.norm=intparam": f"norm 'intparam' {TYPED_FROM} built an IntParameter whose parameter 'inner.steps' holds "
+    f"bool values, and a checkpoint's weights are floating point: make it floating point; {TYPED_FIX} norm",
+}
+
+
+@pytest.mark.parametrize("override", TYPED_CASES)
+def test_a_member_of_the_wrong_type_or_a_tensor_no_checkpoint_holds_is_refused_at_build(
+    site: FakeSite, tmp_path: Path, capsys: pytest.CaptureFixture[str], override: str
+) -> None:
+    """Held to gptzoo.interfaces' annotations (not only hasattr), and to floating-point state, on the
+    first built instance: before ``build --out`` writes a checkpoint that loading would refuse, or
+    GPT.init_weights fails on a c_proj without .weight."""
+    site.add("typed", "gptzoo_fake_typed", TYPED)
+    for device in ("meta", "cpu"):
+        with pytest.raises(gptzoo.PluginError) as excinfo:
+            build_model(load_recipe("gpt2-tiny", [override]), device=device)
+        assert str(excinfo.value) == TYPED_CASES[override]
+    from cli_run import run_error
+
+    out = tmp_path / "out"
+    assert run_error(capsys, "build", "gpt2-tiny", "--set", override, "--out", str(out)) == (
+        f"error: {TYPED_CASES[override]}"
+    )
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "override", ["model.position=one", "model.norm=aliased", 'model.norm={ name = "intbuf", persistent = false }']
+)
+def test_what_the_interfaces_allow_builds(site: FakeSite, override: str) -> None:
+    """max_positions 1; one parameter under two names (the checkpoint writer copies it); an integer
+    buffer kept out of the state dict."""
+    site.add("typed", "gptzoo_fake_typed", TYPED)
+    model = build_model(load_recipe("gpt2-tiny", [override]), device="cpu")
+    assert all(t.is_floating_point() for t in model.state_dict().values())
+
+
 # --- a factory's check ---------------------------------------------------------------------------------------
 
 CHECKED = """
@@ -479,7 +634,26 @@ BROKEN_SAMPLERS = {
         "def factory():\n    return lambda logits, input_ids: logits",
         " built a function without picks, pick" + CONTRACT_TAIL,
     ),
-    "object": ("factory = object", " built a object without __call__, picks, pick" + CONTRACT_TAIL),
+    "object": ("factory = object", " built an object without __call__, picks, pick" + CONTRACT_TAIL),
+    "picks-a-tensor": (
+        "import torch\nfrom gptzoo.interfaces import Sampler\n\n\nclass Ambiguous(Sampler):\n"
+        "    picks = torch.tensor([True, False])\n\n\nfactory = Ambiguous",
+        " built an Ambiguous: its picks is a Tensor, the sampler contract says bool (gptzoo.interfaces.Sampler); "
+        "fix the plugin, or choose another sampler",
+    ),
+    "picks-unbooleable": (
+        "from gptzoo.interfaces import Sampler\n\n\nclass Unbooleable:\n    def __bool__(self):\n"
+        "        raise RuntimeError('no truth')\n\n\nclass Stubborn(Sampler):\n    picks = Unbooleable()\n\n\n"
+        "factory = Stubborn",
+        " built a Stubborn: its picks is an Unbooleable, the sampler contract says bool (gptzoo.interfaces.Sampler); "
+        "fix the plugin, or choose another sampler",
+    ),
+    "pick-not-callable": (
+        "from gptzoo.interfaces import Sampler\n\n\nclass Greedyish(Sampler):\n    picks = True\n"
+        "    pick = 'argmax'\n\n\nfactory = Greedyish",
+        " built a Greedyish: its pick is 'argmax', the sampler contract says a method (gptzoo.interfaces.Sampler); "
+        "fix the plugin, or choose another sampler",
+    ),
     "gptzoo-error": (
         "def factory():\n    raise gptzoo.GptzooError('broken needs a GPU; generate with --device cuda')",
         ": broken needs a GPU; generate with --device cuda",
