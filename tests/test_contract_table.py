@@ -769,3 +769,78 @@ def test_an_override_that_breaks_a_shipped_recipe_is_named(site: FakeSite) -> No
             for p in step.kwargs
         ),
     ]
+
+
+# --- a factory's parameters -----------------------------------------------------------------------------------
+
+PARAMETERS = """
+from torch import nn
+
+
+class Refusing(type):
+    def __instancecheck__(cls, obj):
+        raise RuntimeError("instancecheck boom")
+
+
+class Unhashable(type):
+    def __hash__(cls):
+        raise RuntimeError("hash boom")
+
+    __eq__ = type.__eq__
+
+
+class Norm(nn.Module):
+    def __init__(self, dim, **kwargs):
+        super().__init__()
+        self.kwargs = kwargs
+
+    def forward(self, x):
+        return x
+
+
+def with_default(default):
+    def factory(dim, *, eps=1e-5, opt=default):
+        return Norm(dim)
+
+    return factory
+
+
+@gptzoo.hookimpl
+def register_norms(register):
+    register("refusing", with_default(Refusing("Odd", (), {})()), doc="a default whose class refuses isinstance")
+    register("unhashable", with_default(Unhashable("Odd", (), {})()), doc="a default whose class cannot be hashed")
+    register("anything", Norm, doc="takes **kwargs")
+"""
+
+
+@pytest.mark.parametrize(("name", "raised"), [("refusing", "instancecheck boom"), ("unhashable", "hash boom")])
+def test_a_default_of_an_exotic_type_is_a_plugin_error(
+    site: FakeSite, capsys: pytest.CaptureFixture[str], name: str, raised: str
+) -> None:
+    site.add("parameters", "gptzoo_fake_parameters", PARAMETERS)
+    override = f'model.norm={{ name = "{name}", opt = 1 }}'
+    message = (
+        f"norm {name!r} from gptzoo_fake_parameters (gptzoo-fake-parameters 1.0) has a parameter 'opt' whose default "
+        f"cannot be inspected: RuntimeError: {raised}; fix the plugin, or choose another norm"
+    )
+    with pytest.raises(gptzoo.PluginError) as excinfo:
+        load_recipe("gpt2-tiny", [override])
+    assert str(excinfo.value) == message
+    from cli_run import run_error
+
+    assert run_error(capsys, "build", "gpt2-tiny", "--set", override) == f"error: {message}"
+    assert load_recipe("gpt2-tiny", [f"model.norm={name}"]).model.norm.name == name  # not given: never inspected
+
+
+def test_a_factory_taking_kwargs_accepts_any_parameter(site: FakeSite) -> None:
+    """Passed through unchecked against the signature; still plain finite values, and never one the model passes."""
+    site.add("parameters", "gptzoo_fake_parameters", PARAMETERS)
+    recipe = load_recipe("gpt2-tiny", ['model.norm={ name = "anything", eps = 1e-3, label = "x" }'])
+    model = build_model(recipe, device="meta")
+    assert model.blocks[0].ln_1.kwargs == {"eps": 1e-3, "label": "x"}
+    with pytest.raises(gptzoo.RecipeError) as excinfo:
+        load_recipe("gpt2-tiny", ['model.norm={ name = "anything", eps = nan, dim = 3 }'])
+    assert excinfo.value.problems == [
+        "[model] norm.eps must be a finite number, got nan",
+        "[model] norm.dim: norm 'anything' has no parameter 'dim'; the model passes it: set [model] n_embd",
+    ]

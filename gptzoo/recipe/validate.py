@@ -256,19 +256,22 @@ class _Validator:
                 )
 
     def component_params(self, where: str, entry: Entry, params: dict[str, Any]) -> None:
-        """Check the recipe's parameters against the factory's signature and the defaults' types."""
+        """Check the recipe's parameters against the factory's signature and the defaults' types. A
+        factory taking ``**kwargs`` accepts any other parameter, untyped."""
         signature = factories.signature(entry)
         if signature is None:  # a builtin without a signature: the factory will judge
             return
         kind, note = entry.kind, factories.overridden(entry)
         given_by_model = CONTRACTS[kind].given_by_model
-        accepted = {
-            p.name: p
-            for p in signature.parameters.values()
-            if p.name not in given_by_model and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
-        }
+        with factories.running(entry, "has a signature that cannot be read"):
+            accepted = {
+                str.__str__(p.name): p.default
+                for p in signature.parameters.values()
+                if p.name not in given_by_model and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+            }
+            any_keyword = any(p.kind == p.VAR_KEYWORD for p in signature.parameters.values())
         for param, value in params.items():
-            if param not in accepted:
+            if param in given_by_model or (param not in accepted and not any_keyword):
                 hint = did_you_mean(param, list(accepted)) if accepted else " (it takes none)"
                 if param in given_by_model:
                     hint = f"; the model passes it: set [model] {dict(CONTRACTS[kind].structural).get(param, param)}"
@@ -276,13 +279,13 @@ class _Validator:
                     f"{where}.{key_text(param)}: {kind} {show(entry.name)} has no parameter {show(param)}{hint}{note}"
                 )
                 continue
-            default = accepted[param].default
-            expected = None if default is inspect.Parameter.empty or default is None else type(default)
-            if expected is not None and not _type_ok(value, expected):
-                self.problems.append(
-                    f"{where}.{param} must be {_TYPE_NAMES.get(expected, expected.__name__)}, got "
-                    f"{describe(value)}{note}"
-                )
+            default = accepted.get(param)  # None: taken by **kwargs, untyped
+            with factories.running(entry, f"has a parameter {show(param)} whose default cannot be inspected"):
+                expected = None if default is inspect.Parameter.empty or default is None else type(default)
+                ok = expected is None or _type_ok(value, expected)
+                must_be = None if ok else f"{_TYPE_NAMES.get(expected, expected.__name__)}"
+            if must_be is not None:
+                self.problems.append(f"{where}.{param} must be {must_be}, got {describe(value)}{note}")
             elif problem := _value_problem(value, expected):
                 self.problems.append(f"{where}.{param} {problem}{note}")
             elif expected is float:
