@@ -35,7 +35,7 @@ from gptzoo.recipe.schema import (
     Recipe,
     TrainSpec,
 )
-from gptzoo.registry import Entry, Registry, default_registry
+from gptzoo.registry import NAME, Entry, Registry, default_registry
 from gptzoo.tokenizer import TOKENIZER_NAMES
 
 _TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
@@ -131,6 +131,18 @@ def _value_problem(value: Any, expected: type | None) -> str | None:
     return f"must be text, a finite number, true or false, or an array or table of those, got {describe(value)}"
 
 
+def _quote_hint(section: str, key: str, value: Any) -> str:
+    """For a number or boolean written as it would be a component name (``--set model.norm=inf``,
+    which TOML reads as a float), how to write that name as text; else ``""``."""
+    if not isinstance(value, (bool, int, float)):
+        return ""
+    text = str(value).lower() if isinstance(value, bool) else show(value)
+    if not NAME.fullmatch(text):  # -3, -inf: no component is named so
+        return ""
+    example = f"""{section}.{key}='"{text}"'""" if section == "model" else f'"{text}"'
+    return f"; write a name that reads as a number or boolean in quotes: {example}"
+
+
 def _float(value: int | float) -> float | None:
     """``value`` as a finite float, or None."""
     try:
@@ -187,6 +199,7 @@ class _Validator:
         else:
             self.problems.append(
                 f'{where} must be a component name or a table {{ name = "...", ... }}, got {describe(value)}'
+                f"{_quote_hint(section, key, value)}"
             )
             return None
         try:
