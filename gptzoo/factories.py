@@ -11,13 +11,19 @@ own messages already say what to fix).
 
 from __future__ import annotations
 
+import functools
 import inspect
+import types
+import typing
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import nn
 
+from gptzoo import interfaces
 from gptzoo.errors import GptzooError, PluginError, exception_text
 from gptzoo.hookspecs import CONTRACTS
 from gptzoo.plugin_manager import describe_raised, exit_guard
@@ -71,8 +77,10 @@ def signature(entry: Entry) -> inspect.Signature | None:
 
 
 def check(entry: Entry, kwargs: Mapping[str, Any]) -> list[str]:
-    """The problems the factory's optional ``check(**kwargs)`` finds (none without a check). A check
-    that raises, or returns anything but a list or tuple of str, is a PluginError."""
+    """The problems the factory's optional ``check(**kwargs)`` finds (none without a check), as plain
+    str copies: formatting them later runs nothing of the plugin's (a str subclass may override
+    ``__format__``). A check that raises, or returns anything but a list or tuple of str, is a
+    PluginError."""
     with running(entry, "has a broken check"):
         method = getattr(entry.factory, "check", None)
     if method is None:
@@ -88,18 +96,20 @@ def check(entry: Entry, kwargs: Mapping[str, Any]) -> list[str]:
         raise PluginError(
             f"{culprit(entry)} has a broken check: it returned {show_plain(result)}, not a list of str; {fix(entry)}"
         )
-    bad = [p for p in problems if not isinstance(p, str)]
+    bad = [p for p in problems if not issubclass(type(p), str)]  # type(): isinstance would ask its __class__
     if bad:
         raise PluginError(
             f"{culprit(entry)} has a broken check: it returned a list holding {show_plain(bad[0])}, not only str; "
             f"{fix(entry)}"
         )
-    return problems
+    with running(entry, "has a broken check"):
+        return [str.__str__(p) for p in problems]
 
 
 def check_contract(entry: Entry, built: object) -> None:
-    """The built object has every member its kind's contract requires, and is an nn.Module (a model's
-    component) or callable (a sampler)."""
+    """The built object has every member its kind's contract requires, of the type its interface
+    declares, and is an nn.Module (a model's component) or callable (a sampler); a module's
+    parameters and persistent buffers are floating point (a checkpoint holds nothing else)."""
     contract = CONTRACTS[entry.kind]
     with running(entry, "built an object that cannot be inspected"):
         missing = [member for member in contract.members if not hasattr(built, member)]
@@ -107,12 +117,94 @@ def check_contract(entry: Entry, built: object) -> None:
         missing.insert(0, "nn.Module")
     elif not contract.module and not callable(built):
         missing.insert(0, "__call__")
+    what = f"{culprit(entry)} built {a(type(built).__name__)}"
     if missing:
         raise PluginError(
-            f"{culprit(entry)} built a {type(built).__name__} without {', '.join(missing)}, which the {entry.kind} "
-            f"contract requires (gptzoo.hookspecs.CONTRACTS, interface gptzoo.interfaces.{contract.interface}); "
-            f"{fix(entry)}"
+            f"{what} without {', '.join(missing)}, which the {entry.kind} contract requires "
+            f"(gptzoo.hookspecs.CONTRACTS, interface gptzoo.interfaces.{contract.interface}); {fix(entry)}"
         )
+    declared = declared_members(contract.interface)
+    for member in contract.members:
+        positive = member in contract.positive
+        with running(entry, "built an object that cannot be inspected"):
+            problem = member_problem(getattr(built, member), declared[member], positive=positive)
+        if problem:
+            says = f"{declared[member].text}{', and at least 1 when an int' if positive else ''}"
+            raise PluginError(
+                f"{what}: its {member} is {problem}, the {entry.kind} contract says {says} "
+                f"(gptzoo.interfaces.{contract.interface}); {fix(entry)}"
+            )
+    if contract.module:
+        with running(entry, "built a module whose state dict cannot be read"):
+            problem = state_problem(built.state_dict(keep_vars=True))
+        if problem:
+            raise PluginError(f"{what} whose {problem}; {fix(entry)}")
+
+
+def state_problem(state: Mapping[str, Any]) -> str | None:
+    """Why a tensor of a module's state dict (its parameters and persistent buffers) is not one a
+    checkpoint holds, or None."""
+    for key, tensor in state.items():
+        if isinstance(tensor, torch.Tensor) and not tensor.is_floating_point():
+            if isinstance(tensor, nn.Parameter):
+                which, remedy = "parameter", "make it floating point"
+            else:
+                which = "persistent buffer"
+                remedy = "register it with register_buffer(..., persistent=False), or make it floating point"
+            dtype = str(tensor.dtype).removeprefix("torch.")
+            return f"{which} {key!r} holds {dtype} values, and a checkpoint's weights are floating point: {remedy}"
+    return None
+
+
+@dataclass(frozen=True)
+class Declared:
+    """What an interface says one of its members is: an instance of ``classes``, or a method (no classes)."""
+
+    text: str
+    """How the contract says it: ``nn.Linear``, ``int | None``, ``a method``."""
+    classes: tuple[type, ...] = ()
+
+
+@functools.cache
+def declared_members(interface: str) -> dict[str, Declared]:
+    """The members that the class gptzoo.interfaces.``interface`` defines as a method, or annotates
+    with a class or a union of classes, and what it declares of each."""
+    cls = getattr(interfaces, interface)
+    declared = {name: Declared("a method") for name, value in vars(cls).items() if inspect.isfunction(value)}
+    for name, hint in typing.get_type_hints(cls).items():
+        union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+        classes = typing.get_args(hint) if union else (hint,)
+        if all(isinstance(c, type) for c in classes):
+            declared[name] = Declared(" | ".join(map(class_text, classes)), classes)
+    return declared
+
+
+def class_text(cls: type) -> str:
+    """``nn.Linear``, ``int``, ``None``: a class as gptzoo.interfaces writes it."""
+    if cls is type(None):
+        return "None"
+    if cls.__module__.startswith("torch.nn."):
+        return f"nn.{cls.__qualname__}"
+    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+
+
+def member_problem(value: object, declared: Declared, *, positive: bool) -> str | None:
+    """What ``value`` is (``a Sequential``, ``-3``) when it is not what the interface declares, else
+    None. A bool is no int here, as in a recipe; the int of a ``positive`` member is at least 1."""
+    if not declared.classes:
+        ok = callable(value)
+    elif isinstance(value, bool) and bool not in declared.classes:
+        ok = False
+    else:
+        ok = isinstance(value, declared.classes) and not (positive and isinstance(value, int) and value < 1)
+    if ok:
+        return None
+    return show_plain(value) if type(value) in (int, float, bool, str, type(None)) else a(type(value).__name__)
+
+
+def a(noun: str) -> str:
+    """``a Sequential``, ``an object``."""
+    return f"{'an' if noun[:1] in tuple('AEIOUaeiou') else 'a'} {noun}"
 
 
 def overridden(entry: Entry) -> str:

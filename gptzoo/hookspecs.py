@@ -22,7 +22,11 @@ A plugin implements any of these hooks and calls ``register`` once per component
 the members a built object must expose (``members``) and the optional methods it may have
 (``optional``). Recipe validation, the builder, the contract tests and ``gptzoo list`` read it; a
 test checks that every hook's docstring below says the same. The typed shape of each kind's built
-object is the Protocol (or base class) named by ``interface`` in gptzoo.interfaces.
+object is the Protocol (or base class) named by ``interface`` in gptzoo.interfaces: a member it
+annotates with a class (or a union of classes) must be an instance of one, a member it defines as
+a method must be callable (gptzoo.factories.check_contract). Every parameter and persistent buffer
+of a built module is floating point, as a checkpoint's weights are: a buffer of integers or
+booleans is registered with ``persistent=False``.
 
 Optional methods, for every kind:
 
@@ -76,6 +80,8 @@ class Contract:
     """Attributes and methods the built object must have."""
     optional: tuple[str, ...] = ("check", "hf_weights")
     """Methods it may have (see the module docstring)."""
+    positive: tuple[str, ...] = ()
+    """Members that count something: when the member holds an int, it is at least 1."""
     module: bool = True
     """Whether the built object must be a torch nn.Module (a model's component); if not, it must be callable."""
 
@@ -113,6 +119,7 @@ CONTRACTS: dict[str, Contract] = {
                 ("context_length", "context_length"),
             ),
             members=("max_positions", "embed", "rotary", "attn_bias"),
+            positive=("max_positions",),
         ),
         Contract(
             "attention",
@@ -192,8 +199,8 @@ def register_positions(register: Register) -> None:
     default: ``embed(positions)`` adds (T, n_embd) to the token embeddings (learned, sinusoidal);
     ``rotary(positions)`` returns a Rotary that rotates q and k (rope); ``attn_bias(q_pos, k_pos)``
     returns an additive (n_head, Tq, Tk) bias (alibi). Positions are absolute, so the encoding
-    works with a KV cache. ``max_positions`` declares the longest sequence it can encode
-    (None: no limit); the model refuses longer inputs with a clear error.
+    works with a KV cache. ``max_positions`` declares the longest sequence it can encode,
+    an int of at least 1 (None: no limit); the model refuses longer inputs with a clear error.
     The model computes these once per forward pass and hands them to every attention layer
     through an AttentionContext, so one position module serves all layers.
 

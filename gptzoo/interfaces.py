@@ -251,7 +251,7 @@ class Sampler:
     the token itself (greedy) overrides :meth:`pick`; it must then be the last step of a chain.
     """
 
-    picks = False
+    picks: bool = False
     """True when this step chooses the token (and so must end the chain)."""
 
     def __call__(self, logits: Tensor, input_ids: Tensor) -> Tensor:

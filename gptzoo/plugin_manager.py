@@ -6,12 +6,12 @@ Third-party plugins are distributions that declare an entry point in the group `
     sqrelu = "gptzoo_sqrelu"
 
 They are loaded one at a time: a plugin that fails to import (whatever it raises, KeyboardInterrupt
-and SystemExit included), implements a misspelled hook, has a bad hook signature or declares a hook
-a wrapper (which gptzoo never runs) is reported as failed (name, distribution, error) and the others
-keep working; so is a distribution whose ``entry_points.txt`` declares the group but cannot be
-parsed. ``GPTZOO_NO_PLUGINS=1`` skips third-party plugins; ``GPTZOO_STRICT_PLUGINS=1`` (or
-strict=True) makes any failure fatal. Nothing is loaded at import time: each call builds a fresh
-manager.
+and SystemExit included), implements a misspelled hook, has a bad hook signature or a hook that
+calling would not run (a wrapper, an ``async def``, a generator) is reported as failed (name,
+distribution, error) and the others keep working; so is a distribution whose ``entry_points.txt``
+declares the group but cannot be parsed. ``GPTZOO_NO_PLUGINS=1`` skips third-party plugins;
+``GPTZOO_STRICT_PLUGINS=1`` (or strict=True) makes any failure fatal. Nothing is loaded at import
+time: each call builds a fresh manager.
 
 While a third-party plugin's code runs (its import, its registration, its register hooks: see
 :func:`guarded`), ``os._exit`` raises :class:`PluginExit` instead of ending the process, so the
@@ -27,6 +27,7 @@ plugin runs in the gptzoo process with all its rights.
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 import os
 import re
@@ -205,7 +206,7 @@ def get_plugin_manager(*, third_party: bool | None = None, strict: bool | None =
     for module_name in DEFAULT_PLUGINS:
         module = importlib.import_module(module_name)
         pm.register(module, name=module_name)
-        refuse_wrappers(pm, module)
+        refuse_unrun_hooks(pm, module)
         pm.reports.append(PluginInfo(module_name, module_name, "gptzoo", version, builtin=True))
     pm.check_pending()
     if third_party:
@@ -217,16 +218,34 @@ def get_plugin_manager(*, third_party: bool | None = None, strict: bool | None =
     return pm
 
 
-def refuse_wrappers(pm: GptzooPluginManager, plugin: object) -> None:
-    """Refuse a register hook declared with ``wrapper=True`` or ``hookwrapper=True``: gptzoo calls each
-    plugin's hooks itself, once, so such a hook would never run and the plugin would register nothing."""
+def refuse_unrun_hooks(pm: GptzooPluginManager, plugin: object) -> None:
+    """Refuse a register hook that calling once would not run: one declared with ``wrapper=True`` or
+    ``hookwrapper=True`` (gptzoo calls each plugin's hooks itself, once), a coroutine function (nobody
+    awaits it) or a generator function (nobody iterates it). Such a hook would register nothing."""
     for caller in pm.get_hookcallers(plugin) or ():
         for impl in caller.get_hookimpls():
-            if impl.plugin is plugin and (impl.wrapper or impl.hookwrapper):
+            if impl.plugin is not plugin:
+                continue
+            if impl.wrapper or impl.hookwrapper:
                 option = "wrapper" if impl.wrapper else "hookwrapper"
                 raise PluginError(
                     f"its {caller.name} is declared with {option}=True, which gptzoo never runs; declare it with a "
                     "plain @gptzoo.hookimpl"
+                )
+            if inspect.isasyncgenfunction(impl.function):
+                raise PluginError(
+                    f"its {caller.name} is an async generator function (async def with yield), which gptzoo never "
+                    "iterates; define it with a plain def, without yield"
+                )
+            if inspect.iscoroutinefunction(impl.function):
+                raise PluginError(
+                    f"its {caller.name} is a coroutine function (async def), which gptzoo never awaits; define it "
+                    "with a plain def"
+                )
+            if inspect.isgeneratorfunction(impl.function):
+                raise PluginError(
+                    f"its {caller.name} is a generator function (it yields), which gptzoo never iterates; define it "
+                    "without yield"
                 )
 
 
@@ -287,7 +306,7 @@ def _load_entry_point(pm: GptzooPluginManager, ep: metadata.EntryPoint) -> None:
             plugin = ep.load()
             pm.register(plugin, name=ep.name)
             pm.check_pending()
-            refuse_wrappers(pm, plugin)
+            refuse_unrun_hooks(pm, plugin)
     except BaseException as exc:  # a plugin's import may raise anything, even KeyboardInterrupt: report it and go on
         if plugin is not None and pm.get_plugin(ep.name) is plugin:
             pm.unregister(name=ep.name)  # register() can fail half-way (a bad hook signature)

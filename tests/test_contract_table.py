@@ -16,7 +16,7 @@ from fakedist import FakeSite
 from torch import nn
 
 import gptzoo
-from gptzoo import hookspecs, interfaces
+from gptzoo import factories, hookspecs, interfaces
 from gptzoo.hookspecs import CONTRACTS, KINDS
 from gptzoo.inference.sampling import SamplerChain
 from gptzoo.model.build import build_model
@@ -58,6 +58,9 @@ def test_interface_declares_the_members(kind: str) -> None:
     assert interface is not None, f"gptzoo.interfaces has no {contract.interface} for kind {kind!r}"
     declared = set(dir(interface)) | set(getattr(interface, "__annotations__", {}))
     assert set(contract.members) <= declared, f"{contract.interface} lacks {set(contract.members) - declared}"
+    typed = factories.declared_members(contract.interface)  # what check_contract holds each member to
+    assert set(contract.members) <= set(typed), f"{contract.interface} neither types nor defines {contract.members}"
+    assert set(contract.positive) <= set(contract.members)
 
 
 def test_recipe_schema_has_one_component_key_per_model_kind() -> None:
@@ -332,6 +335,158 @@ def test_ctrl_c_in_a_factory_stays_an_interrupt(site: FakeSite, capsys: pytest.C
     assert capsys.readouterr().err == "interrupted\n"
 
 
+# --- members of the type their interface declares, tensors a checkpoint can hold ---------------------------
+
+TYPED = """
+import torch
+from torch import nn
+from gptzoo.builtins.attentions import CausalSelfAttention
+from gptzoo.builtins.mlps import DenseMLP
+from gptzoo.interfaces import Position
+
+
+def mlp(**members):
+    def factory(d_model, d_ff, *, activation, bias):
+        module = DenseMLP(d_model, d_ff, activation=activation, bias=bias)
+        for name, value in members.items():
+            setattr(module, name, value(module) if callable(value) else value)
+        return module
+
+    return factory
+
+
+def seqattention(d_model, n_head, *, n_kv_head, head_dim, bias):
+    module = CausalSelfAttention(d_model, n_head, n_kv_head=n_kv_head, head_dim=head_dim, bias=bias)
+    module.c_proj = nn.Sequential(module.c_proj)
+    return module
+
+
+class Limited(Position):
+    limit = None
+
+    def __init__(self, *, n_embd, n_head, head_dim, context_length):
+        super().__init__()
+        self.max_positions = self.limit
+
+
+class IntBuffer(nn.Module):
+    def __init__(self, dim, *, persistent=True):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.register_buffer("calls", torch.zeros((), dtype=torch.long), persistent=persistent)
+
+    def forward(self, x):
+        return x * self.weight
+
+
+class IntParameter(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.inner = nn.Module()
+        self.inner.steps = nn.Parameter(torch.zeros(dim, dtype=torch.bool), requires_grad=False)
+
+    def forward(self, x):
+        return x
+
+
+class Aliased(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.scale = self.weight
+
+    def forward(self, x):
+        return x * self.scale
+
+
+@gptzoo.hookimpl
+def register_mlps(register):
+    register("seqproj", mlp(c_proj=lambda m: nn.Sequential(m.c_proj)), doc="c_proj is a Sequential")
+    register("noproj", mlp(c_proj=None), doc="c_proj is None")
+    register("flopsnumber", mlp(flops=3), doc="flops is a number")
+
+
+@gptzoo.hookimpl
+def register_attentions(register):
+    register("seqproj", seqattention, doc="c_proj is a Sequential")
+
+
+@gptzoo.hookimpl
+def register_positions(register):
+    for name, limit in (("lots", "lots"), ("negative", -3), ("zero", 0), ("yes", True), ("float", 64.0)):
+        register(name, type(name, (Limited,), {"limit": limit}), doc="max_positions is wrong")
+    register("one", type("one", (Limited,), {"limit": 1}), doc="max_positions is 1")
+
+
+@gptzoo.hookimpl
+def register_norms(register):
+    register("intbuf", IntBuffer, doc="an int64 persistent buffer")
+    register("intparam", IntParameter, doc="a bool parameter")
+    register("aliased", Aliased, doc="one parameter under two names")
+"""
+TYPED_FROM = "from gptzoo_fake_typed (gptzoo-fake-typed 1.0)"
+TYPED_FIX = "fix the plugin, or choose another"
+TYPED_CASES = {
+    "model.mlp=seqproj": f"mlp 'seqproj' {TYPED_FROM} built a DenseMLP: its c_proj is a Sequential, the mlp contract "
+    f"says nn.Linear (gptzoo.interfaces.MLP); {TYPED_FIX} mlp",
+    "model.mlp=noproj": f"mlp 'noproj' {TYPED_FROM} built a DenseMLP: its c_proj is None, the mlp contract says "
+    f"nn.Linear (gptzoo.interfaces.MLP); {TYPED_FIX} mlp",
+    "model.mlp=flopsnumber": f"mlp 'flopsnumber' {TYPED_FROM} built a DenseMLP: its flops is 3, the mlp contract says "
+    f"a method (gptzoo.interfaces.MLP); {TYPED_FIX} mlp",
+    "model.attention=seqproj": f"attention 'seqproj' {TYPED_FROM} built a CausalSelfAttention: its c_proj is a "
+    f"Sequential, the attention contract says nn.Linear (gptzoo.interfaces.Attention); {TYPED_FIX} attention",
+    **{
+        f"model.position={name}": f"position {name!r} {TYPED_FROM} built {built}: its max_positions is {shown}, the "
+        "position contract says int | None, and at least 1 when an int (gptzoo.interfaces.Position); "
+        f"{TYPED_FIX} position"
+        for name, built, shown in (
+            ("lots", "a lots", "'lots'"),
+            ("negative", "a negative", "-3"),
+            ("zero", "a zero", "0"),
+            ("yes", "a yes", "True"),
+            ("float", "a float", "64.0"),
+        )
+    },
+    "model.norm=intbuf": f"norm 'intbuf' {TYPED_FROM} built an IntBuffer whose persistent buffer 'calls' holds int64 "
+    "values, and a checkpoint's weights are floating point: register it with register_buffer(..., "
+    f"persistent=False), or make it floating point; {TYPED_FIX} norm",
+    "model.norm=intparam": f"norm 'intparam' {TYPED_FROM} built an IntParameter whose parameter 'inner.steps' holds "
+    f"bool values, and a checkpoint's weights are floating point: make it floating point; {TYPED_FIX} norm",
+}
+
+
+@pytest.mark.parametrize("override", TYPED_CASES)
+def test_a_member_of_the_wrong_type_or_a_tensor_no_checkpoint_holds_is_refused_at_build(
+    site: FakeSite, tmp_path: Path, capsys: pytest.CaptureFixture[str], override: str
+) -> None:
+    """Held to gptzoo.interfaces' annotations (not only hasattr), and to floating-point state, on the
+    first built instance: before ``build --out`` writes a checkpoint that loading would refuse, or
+    GPT.init_weights fails on a c_proj without .weight."""
+    site.add("typed", "gptzoo_fake_typed", TYPED)
+    for device in ("meta", "cpu"):
+        with pytest.raises(gptzoo.PluginError) as excinfo:
+            build_model(load_recipe("gpt2-tiny", [override]), device=device)
+        assert str(excinfo.value) == TYPED_CASES[override]
+    from cli_run import run_error
+
+    out = tmp_path / "out"
+    assert run_error(capsys, "build", "gpt2-tiny", "--set", override, "--out", str(out)) == (
+        f"error: {TYPED_CASES[override]}"
+    )
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "override", ["model.position=one", "model.norm=aliased", 'model.norm={ name = "intbuf", persistent = false }']
+)
+def test_what_the_interfaces_allow_builds(site: FakeSite, override: str) -> None:
+    """max_positions 1; one parameter under two names (the checkpoint writer copies it); an integer
+    buffer kept out of the state dict."""
+    site.add("typed", "gptzoo_fake_typed", TYPED)
+    model = build_model(load_recipe("gpt2-tiny", [override]), device="cpu")
+    assert all(t.is_floating_point() for t in model.state_dict().values())
+
+
 # --- a factory's check ---------------------------------------------------------------------------------------
 
 CHECKED = """
@@ -372,6 +527,10 @@ BROKEN_CHECKS = {
     "returns-str": ("staticmethod(lambda **params: 'eps is bad')", "it returned 'eps is bad', not a list of str"),
     "returns-non-str": ("staticmethod(lambda **params: ['fine', 42])", "it returned a list holding 42, not only str"),
     "not-callable": ("42", "it is 42, not a function"),
+    "claims-to-be-str": (
+        "staticmethod(lambda **params: [type('Liar', (), {'__class__': property(lambda self: str)})()])",
+        "it returned a list holding an object of type Liar, not only str",
+    ),
     "wrong-signature": (
         "staticmethod(lambda: [])",
         "TypeError: {cls}.<lambda>() got an unexpected keyword argument '{arg}'",
@@ -419,6 +578,35 @@ def test_a_check_may_return_a_tuple_of_problems(site: FakeSite, kind: str) -> No
     assert excinfo.value.problems == [f"{where} (checked): too odd"]
 
 
+STR_SUBCLASS = (
+    "staticmethod(lambda **params: [type('Loud', (str,), dict.fromkeys(('__format__', '__str__', '__repr__'), "
+    "lambda *args: 1 / 0))('too odd')])"
+)
+"""A check whose problem is a str subclass that cannot be formatted, printed or shown."""
+
+
+@pytest.mark.parametrize("kind", CHECKED_RECIPE)
+def test_a_checks_problems_are_kept_as_plain_text(
+    site: FakeSite, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    site.add("check", "gptzoo_fake_check", CHECKED.format(check=STR_SUBCLASS))
+    entry = gptzoo.get_registry().get(kind, "checked")
+    problems = factories.check(entry, {"dim": 8} if kind == "norm" else {"p": 0.25})
+    assert problems == ["too odd"] and type(problems[0]) is str
+    where = "[model] norm" if kind == "norm" else "[generate] samplers[0]"
+    with pytest.raises(gptzoo.RecipeError) as excinfo:
+        load_recipe("gpt2-tiny", [CHECKED_RECIPE[kind]])
+    assert excinfo.value.problems == [f"{where} (checked): too odd"]
+    if kind == "sampler":
+        with pytest.raises(gptzoo.GptzooError) as excinfo:
+            SamplerChain.from_registry(gptzoo.get_registry(), [("checked", {"p": 0.25})])
+        assert str(excinfo.value) == "sampler 'checked': too odd"
+    from cli_run import run_error
+
+    message = run_error(capsys, "build", "gpt2-tiny", "--set", CHECKED_RECIPE[kind])
+    assert message.endswith(f"{where} (checked): too odd")
+
+
 # --- samplers are held to their contract like model components -----------------------------------------------
 
 
@@ -446,7 +634,26 @@ BROKEN_SAMPLERS = {
         "def factory():\n    return lambda logits, input_ids: logits",
         " built a function without picks, pick" + CONTRACT_TAIL,
     ),
-    "object": ("factory = object", " built a object without __call__, picks, pick" + CONTRACT_TAIL),
+    "object": ("factory = object", " built an object without __call__, picks, pick" + CONTRACT_TAIL),
+    "picks-a-tensor": (
+        "import torch\nfrom gptzoo.interfaces import Sampler\n\n\nclass Ambiguous(Sampler):\n"
+        "    picks = torch.tensor([True, False])\n\n\nfactory = Ambiguous",
+        " built an Ambiguous: its picks is a Tensor, the sampler contract says bool (gptzoo.interfaces.Sampler); "
+        "fix the plugin, or choose another sampler",
+    ),
+    "picks-unbooleable": (
+        "from gptzoo.interfaces import Sampler\n\n\nclass Unbooleable:\n    def __bool__(self):\n"
+        "        raise RuntimeError('no truth')\n\n\nclass Stubborn(Sampler):\n    picks = Unbooleable()\n\n\n"
+        "factory = Stubborn",
+        " built a Stubborn: its picks is an Unbooleable, the sampler contract says bool (gptzoo.interfaces.Sampler); "
+        "fix the plugin, or choose another sampler",
+    ),
+    "pick-not-callable": (
+        "from gptzoo.interfaces import Sampler\n\n\nclass Greedyish(Sampler):\n    picks = True\n"
+        "    pick = 'argmax'\n\n\nfactory = Greedyish",
+        " built a Greedyish: its pick is 'argmax', the sampler contract says a method (gptzoo.interfaces.Sampler); "
+        "fix the plugin, or choose another sampler",
+    ),
     "gptzoo-error": (
         "def factory():\n    raise gptzoo.GptzooError('broken needs a GPU; generate with --device cuda')",
         ": broken needs a GPU; generate with --device cuda",
@@ -561,4 +768,79 @@ def test_an_override_that_breaks_a_shipped_recipe_is_named(site: FakeSite) -> No
             f"(sampler {step.name!r} {by})"
             for p in step.kwargs
         ),
+    ]
+
+
+# --- a factory's parameters -----------------------------------------------------------------------------------
+
+PARAMETERS = """
+from torch import nn
+
+
+class Refusing(type):
+    def __instancecheck__(cls, obj):
+        raise RuntimeError("instancecheck boom")
+
+
+class Unhashable(type):
+    def __hash__(cls):
+        raise RuntimeError("hash boom")
+
+    __eq__ = type.__eq__
+
+
+class Norm(nn.Module):
+    def __init__(self, dim, **kwargs):
+        super().__init__()
+        self.kwargs = kwargs
+
+    def forward(self, x):
+        return x
+
+
+def with_default(default):
+    def factory(dim, *, eps=1e-5, opt=default):
+        return Norm(dim)
+
+    return factory
+
+
+@gptzoo.hookimpl
+def register_norms(register):
+    register("refusing", with_default(Refusing("Odd", (), {})()), doc="a default whose class refuses isinstance")
+    register("unhashable", with_default(Unhashable("Odd", (), {})()), doc="a default whose class cannot be hashed")
+    register("anything", Norm, doc="takes **kwargs")
+"""
+
+
+@pytest.mark.parametrize(("name", "raised"), [("refusing", "instancecheck boom"), ("unhashable", "hash boom")])
+def test_a_default_of_an_exotic_type_is_a_plugin_error(
+    site: FakeSite, capsys: pytest.CaptureFixture[str], name: str, raised: str
+) -> None:
+    site.add("parameters", "gptzoo_fake_parameters", PARAMETERS)
+    override = f'model.norm={{ name = "{name}", opt = 1 }}'
+    message = (
+        f"norm {name!r} from gptzoo_fake_parameters (gptzoo-fake-parameters 1.0) has a parameter 'opt' whose default "
+        f"cannot be inspected: RuntimeError: {raised}; fix the plugin, or choose another norm"
+    )
+    with pytest.raises(gptzoo.PluginError) as excinfo:
+        load_recipe("gpt2-tiny", [override])
+    assert str(excinfo.value) == message
+    from cli_run import run_error
+
+    assert run_error(capsys, "build", "gpt2-tiny", "--set", override) == f"error: {message}"
+    assert load_recipe("gpt2-tiny", [f"model.norm={name}"]).model.norm.name == name  # not given: never inspected
+
+
+def test_a_factory_taking_kwargs_accepts_any_parameter(site: FakeSite) -> None:
+    """Passed through unchecked against the signature; still plain finite values, and never one the model passes."""
+    site.add("parameters", "gptzoo_fake_parameters", PARAMETERS)
+    recipe = load_recipe("gpt2-tiny", ['model.norm={ name = "anything", eps = 1e-3, label = "x" }'])
+    model = build_model(recipe, device="meta")
+    assert model.blocks[0].ln_1.kwargs == {"eps": 1e-3, "label": "x"}
+    with pytest.raises(gptzoo.RecipeError) as excinfo:
+        load_recipe("gpt2-tiny", ['model.norm={ name = "anything", eps = nan, dim = 3 }'])
+    assert excinfo.value.problems == [
+        "[model] norm.eps must be a finite number, got nan",
+        "[model] norm.dim: norm 'anything' has no parameter 'dim'; the model passes it: set [model] n_embd",
     ]

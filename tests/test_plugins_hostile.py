@@ -70,6 +70,20 @@ IMPORT_CASES = {
         )
         for option in ("wrapper", "hookwrapper")
     },
+    "asynchook": (
+        "@gptzoo.hookimpl\nasync def register_norms(register):\n    register('fine', object)\n",
+        "its register_norms is a coroutine function (async def), which gptzoo never awaits; define it with a plain def",
+    ),
+    "generatorhook": (
+        "@gptzoo.hookimpl\ndef register_activations(register):\n    yield\n    register('fine', object)\n",
+        "its register_activations is a generator function (it yields), which gptzoo never iterates; define it "
+        "without yield",
+    ),
+    "asyncgeneratorhook": (
+        "@gptzoo.hookimpl\nasync def register_norms(register):\n    register('fine', object)\n    yield\n",
+        "its register_norms is an async generator function (async def with yield), which gptzoo never iterates; "
+        "define it with a plain def, without yield",
+    ),
 }
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fakedist import FakeSite
 
 import gptzoo
 from gptzoo.errors import RecipeError
@@ -524,3 +525,58 @@ def test_a_parameter_the_model_passes_points_at_its_model_key() -> None:
     assert _override_problems("model.mlp.d_model=2") == [
         "[model] mlp.d_model: mlp 'dense' has no parameter 'd_model'; the model passes it: set [model] n_embd"
     ]
+
+
+QUOTE_HINT = "; write a name that reads as a number or boolean in quotes: "
+
+
+@pytest.mark.parametrize(
+    ("override", "got", "quoted"),
+    [
+        ("model.norm=inf", "inf (float)", "inf"),
+        ("model.norm=true", "True (bool)", "true"),
+        ("model.norm=1e5", "100000.0 (float)", "100000.0"),
+        ("model.mlp=7", "7 (int)", "7"),
+    ],
+)
+def test_a_component_name_read_as_a_number_or_boolean_says_to_quote_it(override: str, got: str, quoted: str) -> None:
+    key = override.split("=")[0]
+    assert _override_problems(override) == [
+        f'[model] {key.removeprefix("model.")} must be a component name or a table {{ name = "...", ... }}, got '
+        f"{got}{QUOTE_HINT}{key}='\"{quoted}\"'"
+    ]
+
+
+def test_a_number_no_component_could_be_named_gets_no_quoting_hint() -> None:
+    assert _override_problems("model.norm=-inf") == [
+        '[model] norm must be a component name or a table { name = "...", ... }, got -inf (float)'
+    ]
+
+
+def test_a_sampler_name_read_as_a_number_or_boolean_says_to_quote_it() -> None:
+    assert _override_problems("generate.samplers=[false, [1]]") == [
+        '[generate] samplers[0] must be a component name or a table { name = "...", ... }, got False (bool)'
+        f'{QUOTE_HINT}"false"',
+        '[generate] samplers[1] must be a component name or a table { name = "...", ... }, got [1] (list)',
+    ]
+
+
+def test_a_component_whose_name_reads_as_a_number_is_chosen_in_quotes(
+    fake_site: FakeSite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("GPTZOO_NO_PLUGINS", raising=False)
+    fake_site.add("numbers", "gptzoo_fake_numbers", NUMBER_NAMES)
+    registry = gptzoo.get_registry()
+    for name in ("inf", "true", "1e5"):
+        assert load_recipe("gpt2-tiny", [f'model.norm="{name}"'], registry=registry).model.norm.name == name
+
+
+NUMBER_NAMES = """
+from gptzoo.builtins.norms import LayerNorm
+
+
+@gptzoo.hookimpl
+def register_norms(register):
+    for name in ("inf", "true", "1e5"):
+        register(name, LayerNorm)
+"""

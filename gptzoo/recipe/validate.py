@@ -35,7 +35,7 @@ from gptzoo.recipe.schema import (
     Recipe,
     TrainSpec,
 )
-from gptzoo.registry import Entry, Registry, default_registry
+from gptzoo.registry import NAME, Entry, Registry, default_registry
 from gptzoo.tokenizer import TOKENIZER_NAMES
 
 _TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
@@ -131,6 +131,18 @@ def _value_problem(value: Any, expected: type | None) -> str | None:
     return f"must be text, a finite number, true or false, or an array or table of those, got {describe(value)}"
 
 
+def _quote_hint(section: str, key: str, value: Any) -> str:
+    """For a number or boolean written as it would be a component name (``--set model.norm=inf``,
+    which TOML reads as a float), how to write that name as text; else ``""``."""
+    if not isinstance(value, (bool, int, float)):
+        return ""
+    text = str(value).lower() if isinstance(value, bool) else show(value)
+    if not NAME.fullmatch(text):  # -3, -inf: no component is named so
+        return ""
+    example = f"""{section}.{key}='"{text}"'""" if section == "model" else f'"{text}"'
+    return f"; write a name that reads as a number or boolean in quotes: {example}"
+
+
 def _float(value: int | float) -> float | None:
     """``value`` as a finite float, or None."""
     try:
@@ -187,6 +199,7 @@ class _Validator:
         else:
             self.problems.append(
                 f'{where} must be a component name or a table {{ name = "...", ... }}, got {describe(value)}'
+                f"{_quote_hint(section, key, value)}"
             )
             return None
         try:
@@ -256,19 +269,22 @@ class _Validator:
                 )
 
     def component_params(self, where: str, entry: Entry, params: dict[str, Any]) -> None:
-        """Check the recipe's parameters against the factory's signature and the defaults' types."""
+        """Check the recipe's parameters against the factory's signature and the defaults' types. A
+        factory taking ``**kwargs`` accepts any other parameter, untyped."""
         signature = factories.signature(entry)
         if signature is None:  # a builtin without a signature: the factory will judge
             return
         kind, note = entry.kind, factories.overridden(entry)
         given_by_model = CONTRACTS[kind].given_by_model
-        accepted = {
-            p.name: p
-            for p in signature.parameters.values()
-            if p.name not in given_by_model and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
-        }
+        with factories.running(entry, "has a signature that cannot be read"):
+            accepted = {
+                str.__str__(p.name): p.default
+                for p in signature.parameters.values()
+                if p.name not in given_by_model and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+            }
+            any_keyword = any(p.kind == p.VAR_KEYWORD for p in signature.parameters.values())
         for param, value in params.items():
-            if param not in accepted:
+            if param in given_by_model or (param not in accepted and not any_keyword):
                 hint = did_you_mean(param, list(accepted)) if accepted else " (it takes none)"
                 if param in given_by_model:
                     hint = f"; the model passes it: set [model] {dict(CONTRACTS[kind].structural).get(param, param)}"
@@ -276,13 +292,13 @@ class _Validator:
                     f"{where}.{key_text(param)}: {kind} {show(entry.name)} has no parameter {show(param)}{hint}{note}"
                 )
                 continue
-            default = accepted[param].default
-            expected = None if default is inspect.Parameter.empty or default is None else type(default)
-            if expected is not None and not _type_ok(value, expected):
-                self.problems.append(
-                    f"{where}.{param} must be {_TYPE_NAMES.get(expected, expected.__name__)}, got "
-                    f"{describe(value)}{note}"
-                )
+            default = accepted.get(param)  # None: taken by **kwargs, untyped
+            with factories.running(entry, f"has a parameter {show(param)} whose default cannot be inspected"):
+                expected = None if default is inspect.Parameter.empty or default is None else type(default)
+                ok = expected is None or _type_ok(value, expected)
+                must_be = None if ok else f"{_TYPE_NAMES.get(expected, expected.__name__)}"
+            if must_be is not None:
+                self.problems.append(f"{where}.{param} must be {must_be}, got {describe(value)}{note}")
             elif problem := _value_problem(value, expected):
                 self.problems.append(f"{where}.{param} {problem}{note}")
             elif expected is float:
