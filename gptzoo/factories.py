@@ -28,6 +28,7 @@ from gptzoo.errors import GptzooError, PluginError, exception_text
 from gptzoo.hookspecs import CONTRACTS
 from gptzoo.plugin_manager import describe_raised, exit_guard
 from gptzoo.registry import Entry, show_plain
+from gptzoo.untrusted import WEIGHT_DTYPES, WEIGHT_DTYPES_TEXT
 
 GPTZOO_DISTRIBUTION = "gptzoo"
 """The distribution of the built-in components."""
@@ -109,7 +110,7 @@ def check(entry: Entry, kwargs: Mapping[str, Any]) -> list[str]:
 def check_contract(entry: Entry, built: object) -> None:
     """The built object has every member its kind's contract requires, of the type its interface
     declares, and is an nn.Module (a model's component) or callable (a sampler); a module's
-    parameters and persistent buffers are floating point (a checkpoint holds nothing else)."""
+    parameters and persistent buffers are of a dtype a checkpoint holds (or the default dtype)."""
     contract = CONTRACTS[entry.kind]
     with running(entry, "built an object that cannot be inspected"):
         missing = [member for member in contract.members if not hasattr(built, member)]
@@ -144,15 +145,20 @@ def check_contract(entry: Entry, built: object) -> None:
 def state_problem(state: Mapping[str, Any]) -> str | None:
     """Why a tensor of a module's state dict (its parameters and persistent buffers) is not one a
     checkpoint holds, or None."""
+    usable = {*(getattr(torch, name) for name in WEIGHT_DTYPES), torch.get_default_dtype()}
     for key, tensor in state.items():
-        if isinstance(tensor, torch.Tensor) and not tensor.is_floating_point():
+        if isinstance(tensor, torch.Tensor) and tensor.dtype not in usable:
+            kind = "floating point" if tensor.is_floating_point() else "not floating point"
             if isinstance(tensor, nn.Parameter):
-                which, remedy = "parameter", "make it floating point"
+                which, remedy = "parameter", "create it in the default dtype"
             else:
                 which = "persistent buffer"
-                remedy = "register it with register_buffer(..., persistent=False), or make it floating point"
+                remedy = "register it with register_buffer(..., persistent=False), or create it in the default dtype"
             dtype = str(tensor.dtype).removeprefix("torch.")
-            return f"{which} {key!r} holds {dtype} values, and a checkpoint's weights are floating point: {remedy}"
+            return (
+                f"{which} {key!r} holds {dtype} values ({kind}), and a checkpoint's weights are "
+                f"{WEIGHT_DTYPES_TEXT}: {remedy}"
+            )
     return None
 
 

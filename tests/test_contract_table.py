@@ -369,6 +369,16 @@ class Limited(Position):
         self.max_positions = self.limit
 
 
+class F64Buffer(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.register_buffer("scale", torch.ones(dim, dtype=torch.float64))
+
+    def forward(self, x):
+        return x * self.weight
+
+
 class IntBuffer(nn.Module):
     def __init__(self, dim, *, persistent=True):
         super().__init__()
@@ -421,6 +431,7 @@ def register_positions(register):
 @gptzoo.hookimpl
 def register_norms(register):
     register("intbuf", IntBuffer, doc="an int64 persistent buffer")
+    register("f64buf", F64Buffer, doc="a float64 persistent buffer")
     register("intparam", IntParameter, doc="a bool parameter")
     register("aliased", Aliased, doc="one parameter under two names")
 """
@@ -448,10 +459,14 @@ TYPED_CASES = {
         )
     },
     "model.norm=intbuf": f"norm 'intbuf' {TYPED_FROM} built an IntBuffer whose persistent buffer 'calls' holds int64 "
-    "values, and a checkpoint's weights are floating point: register it with register_buffer(..., "
-    f"persistent=False), or make it floating point; {TYPED_FIX} norm",
+    "values (not floating point), and a checkpoint's weights are float32, bfloat16 or float16: register it with "
+    f"register_buffer(..., persistent=False), or create it in the default dtype; {TYPED_FIX} norm",
+    "model.norm=f64buf": f"norm 'f64buf' {TYPED_FROM} built a F64Buffer whose persistent buffer 'scale' holds float64 "
+    "values (floating point), and a checkpoint's weights are float32, bfloat16 or float16: register it with "
+    f"register_buffer(..., persistent=False), or create it in the default dtype; {TYPED_FIX} norm",
     "model.norm=intparam": f"norm 'intparam' {TYPED_FROM} built an IntParameter whose parameter 'inner.steps' holds "
-    f"bool values, and a checkpoint's weights are floating point: make it floating point; {TYPED_FIX} norm",
+    "bool values (not floating point), and a checkpoint's weights are float32, bfloat16 or float16: create it in the "
+    f"default dtype; {TYPED_FIX} norm",
 }
 
 
