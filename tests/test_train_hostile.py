@@ -188,6 +188,41 @@ def test_the_lock_is_held_for_the_whole_run_with_its_pid(
     assert seen == [f"{os.getpid()}\n"] * 4 and leftovers(out) == []
 
 
+LOCKS: dict[str, tuple[Callable[[Path, Path], Any], str]] = {
+    "symlink": (lambda lock, victim: lock.symlink_to(victim), "a symbolic link"),
+    "dangling symlink": (lambda lock, victim: lock.symlink_to(victim.with_name("created")), "a symbolic link"),
+    "hard link": (
+        lambda lock, victim: os.link(victim, lock),
+        "a file with 2 hard links (its contents live under another name too)",
+    ),
+    "directory": (lambda lock, victim: lock.mkdir(), "a directory"),
+    "fifo": (lambda lock, victim: os.mkfifo(lock), "a named pipe (FIFO)"),
+    "text": (lambda lock, victim: lock.write_text("my notes\n"), "a file holding something other than a process id"),
+}
+"""A RUN/.lock that is not a lock file gptzoo made (how to make one, and what the message calls it)."""
+
+
+@pytest.mark.parametrize("kind", LOCKS)
+def test_a_lock_that_is_not_a_lock_file_gptzoo_made_is_refused_unwritten(
+    run: Path, docs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    """A run directory received from elsewhere: its .lock is neither followed nor written, for a resume as for a
+    new run (whose emptiness check passes over the lock)."""
+    make, what = LOCKS[kind]
+    (tmp_path / "new").mkdir()
+    for out, resume in ((run, True), (tmp_path / "new", False)):
+        victim = tmp_path / f"victim-{out.name}.txt"
+        victim.write_text("precious")
+        make(out / ".lock", victim)
+        before = snapshot(out)
+        assert run_error(capsys, *argv(out, docs, "train.max_steps=6", resume=resume)) == (
+            f"error: {out / '.lock'} is not a lock file gptzoo made: it is {what}; move it away, or choose another "
+            "--out"
+        )
+        assert victim.read_text() == "precious" and snapshot(out) == before and os.path.lexists(out / ".lock")
+    assert not (tmp_path / "created").exists()  # O_CREAT did not follow the dangling link
+
+
 # --- 2. memory ----------------------------------------------------------------------------------
 
 
@@ -821,17 +856,115 @@ def test_plot_of_a_run_whose_losses_are_all_null(run: Path, capsys: pytest.Captu
 
 
 def test_incomplete_checkpoints_older_than_the_newest_complete_one_are_pruned(docs: Path, tmp_path: Path) -> None:
+    """Of what they hold, only the files a save writes go; a directory that then still holds files stays."""
     out = tmp_path / "run"
     keep = ["train.checkpoint_every=1", "train.eval_every=0"]
-    train(recipe("train.max_steps=2", "train.keep_checkpoints=5", *keep), out=out, data=docs)
+    train(recipe("train.max_steps=3", "train.keep_checkpoints=5", *keep), out=out, data=docs)
     root = out / "checkpoints"
     (root / "step-000001" / "model.safetensors").unlink()  # half-deleted by hand
-    (root / "step-000004").mkdir()  # where a later checkpoint goes: replaced when that step is saved
-    (root / "step-000004" / "train_state.pt").write_bytes(b"junk")
-    (root / "step-000009").mkdir()  # newer than anything complete: left alone
-    train(recipe("train.max_steps=4", "train.keep_checkpoints=2", *keep), out=out, data=docs, resume=True)
-    assert sorted(p.name for p in root.iterdir()) == ["step-000003", "step-000004", "step-000009"]
-    assert [s for s, _ in run_dir.checkpoint_dirs(out)] == [3, 4]
+    (root / "step-000002" / "train_state.pt").unlink()
+    (root / "step-000002" / "NOTES.txt").write_text("mine")
+    (root / "step-000003" / "NOTES.txt").write_text("mine too")  # a complete one, pruned later
+    train(recipe("train.max_steps=5", "train.keep_checkpoints=2", *keep), out=out, data=docs, resume=True)
+    assert sorted(p.name for p in root.iterdir()) == ["step-000002", "step-000003", "step-000004", "step-000005"]
+    assert [p.name for p in (root / "step-000002").iterdir()] == ["NOTES.txt"]
+    assert [p.name for p in (root / "step-000003").iterdir()] == ["NOTES.txt"]
+    assert (root / "step-000003" / "NOTES.txt").read_text() == "mine too"
+    assert [s for s, _ in run_dir.checkpoint_dirs(out)] == [4, 5]
+
+
+def fifo(path: Path) -> None:
+    os.mkfifo(path)
+
+
+def dangling(path: Path) -> None:
+    path.symlink_to(path.parent / "nowhere")
+
+
+@pytest.mark.parametrize(
+    ("make", "lack"),
+    [
+        (None, "its train_state.pt is missing"),
+        (dangling, "its train_state.pt is a symbolic link to nothing"),
+        (fifo, "its train_state.pt is a named pipe (FIFO)"),
+        (Path.mkdir, "its train_state.pt is a directory"),
+    ],
+    ids=["deleted", "dangling", "fifo", "directory"],
+)
+def test_an_incomplete_checkpoint_newer_than_the_newest_complete_one_is_refused(
+    run: Path,
+    docs: Path,
+    capsys: pytest.CaptureFixture[str],
+    make: Callable[[Path], Any] | None,
+    lack: str,
+) -> None:
+    """A save never leaves a visible incomplete step-N: one newer than the newest complete checkpoint is
+    someone's files, which a resume from the older one would later replace."""
+    newest, older = run / "checkpoints" / "step-000004", run / "checkpoints" / "step-000002"
+    (newest / "train_state.pt").unlink()
+    if make is not None:
+        make(newest / "train_state.pt")
+    (newest / "NOTES.txt").write_text("mine")
+    before = snapshot(run)
+    assert run_error(capsys, *argv(run, docs, "train.max_steps=6", resume=True)) == (
+        f"error: {newest} is incomplete ({lack}), yet newer than the last complete checkpoint {older}: a resume "
+        f"would go back to step-000002 and later replace it; restore what it lacks, or move it away to resume from "
+        f"{older}"
+    )
+    assert snapshot(run) == before and leftovers(run) == []
+
+
+def test_an_incomplete_checkpoint_and_no_complete_one(
+    run: Path, docs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shutil.rmtree(run / "checkpoints" / "step-000002")
+    newest = run / "checkpoints" / "step-000004"
+    (newest / "model.safetensors").unlink()
+    (newest / "train_state.pt").unlink()
+    assert run_error(capsys, *argv(run, docs, "train.max_steps=6", resume=True)) == (
+        f"error: {newest} is incomplete (its model.safetensors is missing and its train_state.pt is missing) and "
+        f"{run} has no complete checkpoint to resume: restore what it lacks, or remove {run} and train without "
+        "--resume"
+    )
+    assert sorted(p.name for p in newest.iterdir()) == ["recipe.toml"]
+
+
+def test_checkpoints_that_are_symbolic_links_are_refused_untouched(
+    trained: Path, run: Path, docs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A resume reads, writes and prunes only inside its run: RUN/checkpoints and every step-* in it are real
+    directories."""
+    other = Path(shutil.copytree(trained, tmp_path / "other"))  # another run, whose checkpoints must stay as they are
+    (other / "checkpoints" / "step-000001").mkdir()
+    (other / "checkpoints" / "step-000001" / "notes.txt").write_text("notes")
+    before = snapshot(other)
+    shutil.rmtree(run / "checkpoints")
+    (run / "checkpoints").symlink_to(other / "checkpoints")
+    assert run_error(capsys, *argv(run, docs, "train.max_steps=8", "train.keep_checkpoints=1", resume=True)) == (
+        f"error: {run / 'checkpoints'} is a symbolic link, not a directory; a resume reads and prunes only "
+        f"checkpoints inside {run}: put a copy of the checkpoints there instead, or start a new --out"
+    )
+    (run / "checkpoints").unlink()
+    (run / "checkpoints").write_text("a file")
+    assert run_error(capsys, *argv(run, docs, "train.max_steps=8", resume=True)) == (
+        f"error: {run / 'checkpoints'} is a file, not a directory; a resume reads and prunes only checkpoints inside "
+        f"{run}: put a copy of the checkpoints there instead, or start a new --out"
+    )
+    (run / "checkpoints").unlink()
+    (run / "checkpoints").mkdir()
+    for step in ("step-000002", "step-000006"):  # an older one, and one newer than anything in the run
+        (run / "checkpoints" / step).symlink_to(other / "checkpoints" / "step-000004")
+    assert run_error(capsys, *argv(run, docs, "train.max_steps=8", resume=True)) == (
+        f"error: {run / 'checkpoints' / 'step-000002'} is a symbolic link, not a checkpoint directory; a resume reads "
+        f"and prunes only checkpoints inside {run}: move it away (a copy of a checkpoint may take its place)"
+    )
+    (run / "checkpoints" / "step-000002").unlink()
+    (run / "checkpoints" / "step-000002").write_text("a file")
+    assert run_error(capsys, *argv(run, docs, "train.max_steps=8", resume=True)) == (
+        f"error: {run / 'checkpoints' / 'step-000002'} is a file, not a checkpoint directory; a resume reads and "
+        f"prunes only checkpoints inside {run}: move it away (a copy of a checkpoint may take its place)"
+    )
+    assert snapshot(other) == before and leftovers(run) == []
 
 
 # --- 9. Ctrl-C ----------------------------------------------------------------------------------
@@ -875,8 +1008,25 @@ def test_ctrl_c_during_a_save_or_before_any_checkpoint(
     stop_at(monkeypatch, 1, KeyboardInterrupt())
     with pytest.raises(Interrupted) as exc:
         train(recipe(*STEPS), out=tmp_path / "fresh", data=docs)
-    assert str(exc.value) == f"at step 1; no checkpoint was written (remove {tmp_path / 'fresh'} to start over)"
-    assert leftovers(tmp_path / "fresh") == []
+    assert str(exc.value) == "at step 1; no checkpoint had been written, so nothing was kept"
+    assert not (tmp_path / "fresh").exists()  # so that the same command can run again
+
+
+def test_ctrl_c_before_the_first_checkpoint_leaves_nothing(
+    docs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As a failure does: there is nothing to resume, and the same command can run again."""
+    (tmp_path / "empty").mkdir()  # a directory the person made: it stays, as empty as it was
+    stop_at(monkeypatch, 1, KeyboardInterrupt())
+    for out in (tmp_path / "new", tmp_path / "empty"):
+        assert main(argv(out, docs, *STEPS)) == 130
+        assert (
+            capsys.readouterr().err == "interrupted: at step 1; no checkpoint had been written, so nothing was kept\n"
+        )
+    assert sorted(tmp_path.iterdir()) == [tmp_path / "empty"] and list((tmp_path / "empty").iterdir()) == []
+    monkeypatch.undo()
+    assert main(argv(tmp_path / "new", docs, *STEPS)) == 0  # the same command again
+    assert json.loads(capsys.readouterr().out)["steps"] == 4
 
 
 class InterruptedFile:

@@ -554,6 +554,7 @@ def check_out(out: Path, *, resume: bool) -> None:
     its name is one safetensors can write checkpoints under."""
     check_utf8_path(out)
     if resume:
+        run_dir.check_checkpoints(out)
         if not run_dir.checkpoint_dirs(out):
             raise GptzooError(
                 f"{out} has no checkpoints to resume; check --out, or remove {out} and train without --resume"
@@ -621,8 +622,9 @@ def train(
     has passed. Under torchrun, call it in every process (the first one holds the lock).
     ``registry`` builds the model (default: gptzoo.registry.default_registry()).
 
-    Nothing changes on disk before every check has passed. A new run that fails before its first
-    checkpoint removes what it wrote (there is nothing to resume), so it can simply run again.
+    Nothing changes on disk before every check has passed. A new run that fails or is interrupted
+    before its first checkpoint removes what it wrote (there is nothing to resume), so it can simply
+    run again.
 
     Raises:
         GptzooError: bad input, found before the first step; or a failure while training (the message says what
@@ -664,7 +666,7 @@ def train(
                 if started is not None:
                     started(trainer.step)
                 result = trainer.run()
-            except Exception:
+            except BaseException:  # Ctrl-C too
                 if procs.is_main and not resume:
                     run_dir.discard(out)  # nothing to resume: leave nothing that refuses the next try
                 raise
@@ -673,6 +675,8 @@ def train(
         raise run_dir.WriteError(f"{exc}; {run_dir.intact(out)}") from None
     except KeyboardInterrupt:
         distributed.stop(procs, wait=False)
+        if trainer is None and not resume:
+            raise Interrupted("before the first step; nothing was written") from None
         reached = f"at step {trainer.step}" if trainer is not None else "before the first step"
         raise Interrupted(f"{reached}; {run_dir.kept(out)}") from None
     except BaseException:
