@@ -820,28 +820,82 @@ def test_plot_out_under_a_file_or_a_loop_or_over_a_file_that_is_not_a_plot(
         f"error: cannot write {tmp_path / 'loop' / 'x.png'}: Too many levels of symbolic links; give another --out FILE"
     )
     assert run_error(capsys, "plot", str(run), "--out", str(tmp_path / "file")) == (
-        f"error: {tmp_path / 'file'} already exists and is not a PNG image; plot replaces only a previous plot: "
+        f"error: {tmp_path / 'file'} already exists and is not a previous plot (a PNG image drawn by matplotlib); "
         "remove it or give another --out FILE"
     )
     assert (tmp_path / "file").read_text() == "mine"
     (run / "loss.png").write_text("notes")
     assert run_error(capsys, "plot", str(run)) == (
-        f"error: {run / 'loss.png'} already exists and is not a PNG image; plot replaces only a previous plot: "
+        f"error: {run / 'loss.png'} already exists and is not a previous plot (a PNG image drawn by matplotlib); "
         "remove it or give --out FILE"
     )
-    (tmp_path / "old.svg").write_text("<svg/>")
-    assert run_error(capsys, "plot", str(run), "--out", str(tmp_path / "old.svg")) == (
-        f"error: {tmp_path / 'old.svg'} already exists, and plot replaces only a previous plot it recognizes (a PNG "
-        "image or a PDF); remove it or give another --out FILE"
+    (tmp_path / "old.eps").write_text("%!PS")
+    assert run_error(capsys, "plot", str(run), "--out", str(tmp_path / "old.eps")) == (
+        f"error: {tmp_path / 'old.eps'} already exists, and plot replaces only a previous plot it recognizes (a PNG "
+        "image, a PDF or an SVG image); remove it or give another --out FILE"
     )
+    others = {
+        "photo.png": b"\x89PNG\r\n\x1a\n" + bytes(100),
+        "doc.pdf": b"%PDF-1.4\n%%EOF\n",
+        "art.svg": b"<?xml ?><svg/>",
+    }
+    for name, content in others.items():  # the right format, but not drawn by matplotlib: someone else's
+        (tmp_path / name).write_bytes(content)
+        what = {"png": "a PNG image", "pdf": "a PDF", "svg": "an SVG image"}[name[-3:]]
+        assert run_error(capsys, "plot", str(run), "--out", str(tmp_path / name)) == (
+            f"error: {tmp_path / name} already exists and is not a previous plot ({what} drawn by matplotlib); "
+            "remove it or give another --out FILE"
+        )
+        assert (tmp_path / name).read_bytes() == content
     (run / "loss.png").unlink()
     for _ in range(2):  # the second time over the first one's plot
         assert main(["plot", str(run), "--json"]) == 0
         assert json.loads(capsys.readouterr().out) == {"png": str(run / "loss.png")}
-        assert main(["plot", str(run), "--out", str(tmp_path / "loss.pdf"), "--json"]) == 0
-        capsys.readouterr()
+        for name in ("loss.pdf", "loss.svg"):
+            assert main(["plot", str(run), "--out", str(tmp_path / name), "--json"]) == 0
+            capsys.readouterr()
     assert (tmp_path / "loss.pdf").read_bytes().startswith(b"%PDF-")
+    assert b"<svg" in (tmp_path / "loss.svg").read_bytes()
     assert leftovers(run) == [] and leftovers(tmp_path) == [] and (tmp_path / "file").read_text() == "mine"
+    (tmp_path / "link.png").symlink_to(run / "loss.png")  # a previous plot, but through a link: the link is not one
+    assert run_error(capsys, "plot", str(run), "--out", str(tmp_path / "link.png")) == (
+        f"error: {tmp_path / 'link.png'} already exists and is not a previous plot (a PNG image drawn by matplotlib); "
+        "remove it or give another --out FILE"
+    )
+
+
+def test_plot_where_the_default_loss_png_is_a_directory(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (run / "loss.png").mkdir()
+    assert run_error(capsys, "plot", str(run)) == (
+        f"error: {run / 'loss.png'} is a directory, where plot writes its PNG by default; move it away, or give "
+        "--out FILE"
+    )
+
+
+def test_ctrl_c_while_plot_writes_leaves_nothing(
+    run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from matplotlib.figure import Figure
+
+    def interrupted(self: Figure, fname: Any, **kwargs: Any) -> None:
+        fname.write(b"<?xml half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Figure, "savefig", interrupted)
+    for out in (tmp_path / "x.svg", run / "loss.png"):
+        assert main(["plot", str(run), "--out", str(out)]) == 130
+        assert capsys.readouterr().err == f"interrupted: nothing was written to {out}\n"
+        assert not out.exists()
+    assert leftovers(run) == [] and leftovers(tmp_path) == []
+
+    def failing(self: Figure, fname: Any, **kwargs: Any) -> None:
+        fname.write(b"<?xml half")
+        raise ValueError("matplotlib's own failure")
+
+    monkeypatch.setattr(Figure, "savefig", failing)
+    with pytest.raises(ValueError, match="matplotlib's own failure"):  # a bug, not a user's error: it keeps its trace
+        main(["plot", str(run), "--out", str(tmp_path / "x.svg")])
+    assert leftovers(tmp_path) == [] and not (tmp_path / "x.svg").exists()
 
 
 def test_plot_of_a_run_whose_losses_are_all_null(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
