@@ -327,7 +327,9 @@ def test_cli_refuses_to_overwrite_or_to_resume_another_recipe(
         )
         == 2
     )
-    assert "is a checkpoint of a different recipe: [model] differs" in capsys.readouterr().err.replace("\n", " ")
+    assert "is a checkpoint of a different recipe: [model] n_layer is 2 there, 3 here; resume with" in " ".join(
+        capsys.readouterr().err.split()
+    )
     assert (
         main(["train", "gpt2-tiny", *sets, "--set", "train.lr=0.1", "--data", str(docs), "--out", str(run), "--resume"])
         == 2

@@ -389,6 +389,24 @@ C_ATTN = "optimizer.state['blocks.0.attn.c_attn.weight']"
 """The first parameter's AdamW state, as messages name it."""
 
 
+def test_a_resume_with_another_model_names_the_keys_that_differ(
+    run: Path, docs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    checkpoint = run / "checkpoints" / "step-000004"
+    changed = ["model.attention=eager", "model.norm={name='rmsnorm', eps=1e-6}", "model.n_kv_head=2"]
+    assert run_error(capsys, *argv(run, docs, "train.max_steps=6", *changed, resume=True)) == (
+        f"error: {checkpoint} is a checkpoint of a different recipe: [model] norm is {{'name': 'layernorm', 'eps': "
+        "1e-05} there, {'name': 'rmsnorm', 'eps': 1e-06} here; [model] attention is 'causal' there, 'eager' here; "
+        f"[model] n_kv_head is unset there, 2 here; resume with the run's own recipe ({run / 'recipe.toml'}) or start "
+        "a new --out"
+    )
+    with pytest.raises(GptzooError) as exc:  # the data says it first, through the command line
+        train_mod.check_resumable(recipe("tokenizer.name=gpt2"), recipe(), checkpoint)
+    assert str(exc.value).startswith(
+        f"{checkpoint} is a checkpoint of a different recipe: [tokenizer] name is 'bytes' there, 'gpt2' here; "
+    )
+
+
 @pytest.mark.parametrize(
     ("change", "problem"),
     [
@@ -465,6 +483,11 @@ C_ATTN = "optimizer.state['blocks.0.attn.c_attn.weight']"
         (
             lambda s: {**s, "optimizer": {**s["optimizer"], "state": {0: {}}}},
             "optimizer.state holds 0, which is not a parameter of this model",
+        ),
+        (
+            lambda s: {**s, "skipped": 4},
+            "optimizer.state holds the moments of 'blocks.0.attn.c_attn.weight', expected none: no update was applied "
+            "(skipped is the step: every step was skipped)",
         ),
     ],
 )

@@ -652,6 +652,12 @@ def optimizer_state(
         if problem is not None:
             return problem
     state = saved["state"]
+    if applied == 0 and state:
+        name = next(iter(state))
+        return (
+            f"optimizer.state holds the moments of {_shown(str(name))}, expected none: no update was applied "
+            "(skipped is the step: every step was skipped)"
+        )
     for name, moments in state.items():
         param = params.get(str(name).removeprefix("module."))
         if param is None:

@@ -174,10 +174,13 @@ def check_memory(recipe: Recipe, device: torch.device, registry: Registry | None
 def check_resumable(recipe: Recipe, saved: Recipe, where: Path) -> None:
     """The checkpoint trained this recipe: same model, same math (lr, batch, schedule, seed...)."""
     problems = []
-    if saved.model != recipe.model:
-        problems.append("[model] differs")
-    if (saved.tokenizer and saved.tokenizer.name) != (recipe.tokenizer and recipe.tokenizer.name):
-        problems.append("[tokenizer] differs")
+    for section in ("model", "tokenizer"):
+        theirs, ours = saved.to_dict().get(section) or {}, recipe.to_dict().get(section) or {}
+        problems += [
+            f"[{section}] {key} is {_setting(theirs, key)} there, {_setting(ours, key)} here"
+            for key in dict.fromkeys([*theirs, *ours])
+            if theirs.get(key, _UNSET) != ours.get(key, _UNSET)
+        ]
     for f in fields(TrainSpec):
         ours, theirs = getattr(recipe.train, f.name), getattr(saved.train, f.name)
         if f.name == "seq_len":
@@ -189,6 +192,17 @@ def check_resumable(recipe: Recipe, saved: Recipe, where: Path) -> None:
             f"{where} is a checkpoint of a different recipe: {'; '.join(problems)}; resume with the run's own recipe "
             f"({where.parent.parent / RECIPE}) or start a new --out"
         )
+
+
+_UNSET = object()
+
+
+def _setting(section: dict[str, Any], key: str) -> str:
+    """A recipe value in a message, as its TOML gives it: its repr, cut after 60 characters; or unset."""
+    if key not in section:
+        return "unset"
+    text = repr(section[key])
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 PRECISION_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
