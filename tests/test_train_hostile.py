@@ -30,6 +30,7 @@ from test_train import TINY
 import gptzoo
 from gptzoo.cli import main
 from gptzoo.errors import GptzooError, Interrupted
+from gptzoo.tokenizer import HFTokenizer, load_tokenizer
 from gptzoo.training import data as data_mod
 from gptzoo.training import run_dir
 from gptzoo.training import trainer as train_mod
@@ -291,6 +292,83 @@ def test_token_ids_beyond_the_vocabulary_are_refused_before_the_first_step(
         "vocab_size is 256; use a recipe with vocab_size >= 1000 or prepare the data with the recipe's tokenizer"
     )
     assert not out.exists()
+
+
+def test_data_of_a_tokenizer_of_the_same_name_but_another_vocabulary(
+    docs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """meta.json records the sha256 of the tokenizer's vocabulary; data from before it did still trains."""
+    ours = data_mod.vocab_sha256(load_tokenizer("bytes"))
+    assert json.loads((docs / "meta.json").read_text())["tokenizer"] == {"name": "bytes", "vocab_sha256": ours}
+    data = damaged_copy(docs, tmp_path, tokenizer={"name": "bytes", "vocab_sha256": "0" * 64})
+    assert run_error(capsys, *argv(tmp_path / "run", data, *STEPS)) == (
+        f"error: {data} was prepared with the tokenizer 'bytes', whose vocabulary differs from that of the tokenizer "
+        f"'bytes' the model uses (vocab_sha256 000000000000... in meta.json, {ours[:12]}... here): the same ids are "
+        "other tokens; run `gptzoo prepare ... --tokenizer bytes` for it"
+    )
+    old = damaged_copy(docs, tmp_path / "old", tokenizer={"name": "bytes"})
+    assert main(argv(tmp_path / "run", old, *STEPS)) == 0
+
+
+WORDS = [f"w{i}" for i in range(255)]
+
+
+def hf_model_dir(path: Path, order: list[str]) -> Path:
+    """A tiny GPT-2 Hugging Face checkpoint whose tokenizer gives id 1 + i to the word order[i] (0 is unknown)."""
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        n_layer=2, n_embd=64, n_head=4, vocab_size=256, n_positions=128, bos_token_id=None, eos_token_id=None
+    )
+    transformers.GPT2LMHeadModel(config).save_pretrained(path)
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0, **{w: 1 + i for i, w in enumerate(order)}}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(path)
+    return path
+
+
+def test_data_of_another_hugging_face_tokenizer_of_the_same_size(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Both are "hf" with 256 tokens: the vocabularies tell them apart. The advice for the wrong tokenizer
+    works, with the directory the weights come from or without one."""
+    mine, theirs = hf_model_dir(tmp_path / "mine", WORDS), hf_model_dir(tmp_path / "theirs", WORDS[::-1])
+    capsys.readouterr()  # transformers' progress bars
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(" ".join(WORDS[i % 97 * 2 % 255] for i in range(3000)))
+    prepare(str(corpus), tmp_path / "data", tokenizer=str(theirs))
+    data, hf = tmp_path / "data", ["tokenizer.name=hf", "train.max_steps=1", "train.eval_every=0"]
+    a = data_mod.vocab_sha256(HFTokenizer.from_dir(mine))
+    b = json.loads((data / "meta.json").read_text())["tokenizer"]["vocab_sha256"]
+    init = ["--init-from-hf", str(mine)]
+    assert run_error(capsys, *argv(tmp_path / "run", data, *hf), *init) == (
+        f"error: {data} was prepared with the tokenizer of {theirs}, whose vocabulary differs from that of the "
+        f"tokenizer of {mine} the model uses (vocab_sha256 {b[:12]}... in meta.json, {a[:12]}... here): the same ids "
+        f"are other tokens; run `gptzoo prepare ... --tokenizer {mine}` for it"
+    )
+    docs = damaged_copy(data, tmp_path / "bytes", tokenizer={"name": "bytes"})
+    assert run_error(capsys, *argv(tmp_path / "run", docs, *hf), *init) == (
+        f"error: {docs} was prepared with the 'bytes' tokenizer, but recipe 'gpt2-tiny' uses 'hf'; run `gptzoo "
+        f"prepare ... --tokenizer {mine}` for it"
+    )
+    assert run_error(capsys, *argv(tmp_path / "run", docs, *hf)) == (
+        f"error: {docs} was prepared with the 'bytes' tokenizer, but recipe 'gpt2-tiny' uses 'hf'; its 'hf' tokenizer "
+        "is the one of the Hugging Face weights it starts from: run `gptzoo prepare ... --tokenizer DIR` with their "
+        "directory DIR, and train with --init-from-hf DIR"
+    )
+    smollm2 = gptzoo.load_recipe("smollm2-135m")  # its [weights] hf is a name prepare takes
+    with pytest.raises(GptzooError) as exc:
+        train(smollm2, out=tmp_path / "run", data=docs)
+    assert str(exc.value) == (
+        f"{docs} was prepared with the 'bytes' tokenizer, but recipe 'smollm2-135m' uses 'hf'; run `gptzoo prepare "
+        "... --tokenizer smollm2-135m` for it"
+    )
+    assert not (tmp_path / "run").exists()
+    assert main(["prepare", str(corpus), "--tokenizer", str(mine), "--out", str(tmp_path / "ours")]) == 0
+    assert main([*argv(tmp_path / "run", tmp_path / "ours", *hf), *init]) == 0
+    capsys.readouterr()
 
 
 # --- 4. a corrupted train_state.pt --------------------------------------------------------------
@@ -1201,6 +1279,11 @@ def test_out_or_data_that_is_a_file(docs: Path, tmp_path: Path, capsys: pytest.C
         ({"train_tokens": 0}, "train_tokens is 0, expected a positive integer"),
         ({"vocab_size": True}, "vocab_size is True, expected a positive integer"),
         ({"dtype": None}, "dtype is None, expected 'uint16' or 'uint32'"),
+        (
+            {"tokenizer": {"name": "bytes", "vocab_sha256": "abc"}},
+            "tokenizer.vocab_sha256 is 'abc', expected a sha256 (64 hexadecimal digits)",
+        ),
+        ({"dtype": "u" * 100}, f"dtype is '{'u' * 36}..., expected 'uint16' or 'uint32'"),
     ],
 )
 def test_odd_meta_json_fields(
@@ -1220,6 +1303,30 @@ def test_an_empty_train_bin(docs: Path, tmp_path: Path, capsys: pytest.CaptureFi
         f"error: {data / 'train.bin'} has 0 bytes, but meta.json says {n} uint16 tokens ({2 * n} bytes); "
         "the data is damaged, prepare it again"
     )
+
+
+def test_meta_json_counts_of_hundreds_of_digits(docs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    size = (docs / "train.bin").stat().st_size
+    data = damaged_copy(docs, tmp_path, train_tokens=10**400)
+    assert run_error(capsys, *argv(tmp_path / "run", data, *STEPS)) == (
+        f"error: {data / 'train.bin'} has {size} bytes, but meta.json says 10000000... (401 digits) uint16 tokens "
+        "(20000000... (401 digits) bytes); the data is damaged, prepare it again"
+    )
+    data = damaged_copy(docs, tmp_path / "b", vocab_size=10**400)
+    assert run_error(capsys, *argv(tmp_path / "run", data, *STEPS)) == (
+        f"error: {data} was prepared for a vocabulary of 10000000... (401 digits) tokens (meta.json vocab_size), but "
+        "the model's vocab_size is 256; use a recipe with vocab_size >= 10000000... (401 digits) or prepare the data "
+        "with the recipe's tokenizer"
+    )
+    data = damaged_copy(docs, tmp_path / "c")
+    (data / "meta.json").write_text(
+        (data / "meta.json").read_text().replace('"val_tokens": ', '"val_tokens": 9' + "9" * 5000)
+    )
+    assert run_error(capsys, *argv(tmp_path / "run", data, *STEPS)) == (
+        f"error: {data / 'meta.json'} is corrupt (it holds a number too long to read); run `gptzoo prepare SOURCE "
+        "--out DIR` again into a new DIR"
+    )
+    assert not (tmp_path / "run").exists()
 
 
 def test_resume_when_metrics_jsonl_is_a_directory(run: Path, docs: Path, capsys: pytest.CaptureFixture[str]) -> None:
