@@ -499,13 +499,14 @@ def cmd_train(args: argparse.Namespace, out: Console, err: Console) -> None:
             raise GptzooError(
                 "--resume continues a run from its checkpoint; --init-from-hf starts a new one: give one of them"
             )
-        init = load_model(recipe, hf=args.init_from_hf, registry=registry).model if args.init_from_hf else None
+        loaded = load_model(recipe, hf=args.init_from_hf, registry=registry) if args.init_from_hf else None
     except KeyboardInterrupt:
         raise Interrupted("before the first step; nothing was written") from None
     run = args.out if args.out is not None else Path("runs") / recipe.name  # an empty --out is refused by train
     main_process = int(os.environ.get("RANK", "0")) == 0  # under torchrun, only rank 0 reports
+    init, hf_dir = (loaded.model, loaded.hf_dir) if loaded is not None else (None, None)
     if args.json or not main_process:
-        result = train(recipe, out=run, data=args.data, resume=args.resume, init=init, registry=registry)
+        result = train(recipe, out=run, data=args.data, resume=args.resume, init=init, hf_dir=hf_dir, registry=registry)
     else:
         with TrainDisplay(err, total_steps=recipe.train.max_steps, title=recipe.name) as display:
             result = train(
@@ -514,6 +515,7 @@ def cmd_train(args: argparse.Namespace, out: Console, err: Console) -> None:
                 data=args.data,
                 resume=args.resume,
                 init=init,
+                hf_dir=hf_dir,
                 log=display,
                 started=display.start,
                 registry=registry,

@@ -6,7 +6,9 @@ import errno
 import hashlib
 import json
 import os
+import shutil
 import subprocess
+import sys
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,7 +24,7 @@ from gptzoo import fetch as fx
 from gptzoo.cli import main
 from gptzoo.errors import GptzooError
 from gptzoo.fetch import FETCHABLE
-from gptzoo.tokenizer import GPT2_EOS_ID, gpt2_bpe_files, gpt2_encoding, load_tokenizer
+from gptzoo.tokenizer import GPT2_EOS_ID, HFTokenizer, gpt2_bpe_files, gpt2_encoding, load_tokenizer
 from gptzoo.training import data
 from gptzoo.training.data import NAMED_TOKENIZERS, TokenData, Windows, eval_batches, play_text, prepare, rank_slice
 
@@ -85,7 +87,7 @@ def test_stdlib_docs_prepare_tokens_files_and_meta(tmp_path: Path, capsys: pytes
         for k in ("format_version", "tokenizer", "vocab_size", "eos_token_id", "dtype", "byteorder", "val_fraction")
     } == {
         "format_version": 1,
-        "tokenizer": {"name": "gpt2"},
+        "tokenizer": {"name": "gpt2", "vocab_sha256": VOCAB_SHA256["gpt2"]},
         "vocab_size": 50257,
         "eos_token_id": 50256,
         "dtype": "uint16",
@@ -202,6 +204,21 @@ def test_interrupted_prepare_leaves_nothing(tmp_path: Path, monkeypatch: pytest.
     assert list(tmp_path.iterdir()) == []
 
 
+VOCAB_SHA256 = {
+    "gpt2": "be53098616ac390af3ac33ef9eea0b7b799711b778078c3a7dab8c507b110832",
+    "bytes": "4a3cbc0536c8cd34f62dd3f6d4f79459adb2efc64f5ab030abedd436882794d8",
+}
+"""The sha256 of each named tokenizer's vocabulary: fixed, or the meta.json of data prepared before no longer fits."""
+
+
+def test_vocab_sha256_hashes_each_id_and_its_token() -> None:
+    digest = hashlib.sha256()
+    for i in range(256):
+        digest.update(i.to_bytes(4, "little") + (1).to_bytes(4, "little") + bytes([i]))
+    assert data.vocab_sha256(load_tokenizer("bytes")) == digest.hexdigest() == VOCAB_SHA256["bytes"]
+    assert data.vocab_sha256(load_tokenizer("gpt2")) == VOCAB_SHA256["gpt2"]
+
+
 @pytest.mark.parametrize("name", NAMED_TOKENIZERS)
 def test_named_tokenizers_round_trip(tmp_path: Path, name: str) -> None:
     (tmp_path / "c").mkdir()
@@ -210,7 +227,8 @@ def test_named_tokenizers_round_trip(tmp_path: Path, name: str) -> None:
         (tmp_path / "c" / f"{i}.txt").write_text(doc, encoding="utf-8")
     meta = prepare(str(tmp_path / "c"), tmp_path / "out", tokenizer=name)
     tok = load_tokenizer(name)
-    assert meta["tokenizer"] == {"name": name} and meta["vocab_size"] == tok.vocab_size
+    assert meta["tokenizer"] == {"name": name, "vocab_sha256": VOCAB_SHA256[name]}
+    assert meta["vocab_size"] == tok.vocab_size
     d = TokenData.open(tmp_path / "out")
     ids = [*d.train.tolist(), *d.val.tolist()]
     if tok.eos_token_id is None:
@@ -233,7 +251,9 @@ def test_hf_tokenizer_directory_gives_the_same_ids_as_gpt2(tmp_path: Path) -> No
         "name": "hf",
         "hf": str(tmp_path / "tok"),
         "directory": str((tmp_path / "tok").resolve()),
+        "vocab_sha256": data.vocab_sha256(HFTokenizer.from_dir(tmp_path / "tok")),
     }
+    assert meta["tokenizer"]["vocab_sha256"] != VOCAB_SHA256["gpt2"]  # its tokens are strings ("Ġthe"), not bytes
     assert (meta["vocab_size"], meta["dtype"]) == (50257, "uint16")
     assert read_bins(tmp_path / "out", "<u2").tolist() == gpt2_stream([text])
 
@@ -646,6 +666,38 @@ def test_prepare_reads_only_regular_files_and_refuses_empty_names(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo.txt", "notes.txt"]
     meta = run_json(capsys, "prepare", ".", "--out", out, "--tokenizer", "bytes")  # a directory: the FIFO is skipped
     assert meta["source"]["documents"] == 1
+
+
+UNPRIVILEGED = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"] if os.geteuid() == 0 else []
+"""Root reads unreadable directories: without these two capabilities it is refused as anyone is."""
+
+
+@pytest.mark.skipif(bool(UNPRIVILEGED) and shutil.which("setpriv") is None, reason="root, and no setpriv")
+def test_prepare_refuses_an_unreadable_directory_or_file_by_name(tmp_path: Path) -> None:
+    """As an unreadable file is, not skipped (os.walk would pass over it in silence)."""
+    src = tmp_path / "src"
+    (src / "part2").mkdir(parents=True)
+    (src / "a.txt").write_text("part one")
+    (src / "part2" / "b.txt").write_text("part two")
+
+    def refused(out: str) -> tuple[int, str]:
+        done = subprocess.run(
+            [*UNPRIVILEGED, sys.executable, "-m", "gptzoo", "prepare", str(src), "--tokenizer", "bytes", "--out", out],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        return done.returncode, done.stderr
+
+    (src / "part2").chmod(0)
+    try:
+        assert refused(str(tmp_path / "d")) == (2, f"error: cannot read {src / 'part2'}: Permission denied\n")
+        (src / "part2").chmod(0o755)
+        (src / "part2" / "b.txt").chmod(0)
+        assert refused(str(tmp_path / "d")) == (2, f"error: cannot read {src / 'part2' / 'b.txt'}: Permission denied\n")
+    finally:
+        (src / "part2").chmod(0o755)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
 
 
 def test_prepare_on_a_full_disk(

@@ -151,7 +151,8 @@ def test_a_non_finite_loss_stops_the_run_naming_the_step(
         "train.on_nonfinite=skip to skip such steps, or start a new run with a lower train.lr or in float32"
     )
     assert [s for s, _ in run_dir.checkpoint_dirs(tmp_path / "run")] == [2]
-    (tmp_path / "run" / "checkpoints" / ".step-000004.abc").mkdir()  # what a killed save leaves
+    (tmp_path / "run" / "checkpoints" / ".step-000004.k3j_x9ab").mkdir()  # what a killed save leaves (mkdtemp's)
+    (tmp_path / "run" / "checkpoints" / ".step-notes").mkdir()  # not a save's: it stays
     result = train(
         recipe("train.max_steps=6", "train.checkpoint_every=2", "train.eval_every=0", "train.on_nonfinite=skip"),
         out=tmp_path / "run",
@@ -159,7 +160,11 @@ def test_a_non_finite_loss_stops_the_run_naming_the_step(
         resume=True,
     )
     assert result.steps == 6 and result.skipped == 1  # the advice works: step 3 is skipped this time
-    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step-000004", "step-000006"]
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == [
+        ".step-notes",
+        "step-000004",
+        "step-000006",
+    ]
 
 
 def test_a_non_finite_step_can_be_skipped(docs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -322,7 +327,9 @@ def test_cli_refuses_to_overwrite_or_to_resume_another_recipe(
         )
         == 2
     )
-    assert "is a checkpoint of a different recipe: [model] differs" in capsys.readouterr().err.replace("\n", " ")
+    assert "is a checkpoint of a different recipe: [model] n_layer is 2 there, 3 here; resume with" in " ".join(
+        capsys.readouterr().err.split()
+    )
     assert (
         main(["train", "gpt2-tiny", *sets, "--set", "train.lr=0.1", "--data", str(docs), "--out", str(run), "--resume"])
         == 2

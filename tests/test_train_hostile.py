@@ -30,6 +30,7 @@ from test_train import TINY
 import gptzoo
 from gptzoo.cli import main
 from gptzoo.errors import GptzooError, Interrupted
+from gptzoo.tokenizer import HFTokenizer, load_tokenizer
 from gptzoo.training import data as data_mod
 from gptzoo.training import run_dir
 from gptzoo.training import trainer as train_mod
@@ -188,6 +189,41 @@ def test_the_lock_is_held_for_the_whole_run_with_its_pid(
     assert seen == [f"{os.getpid()}\n"] * 4 and leftovers(out) == []
 
 
+LOCKS: dict[str, tuple[Callable[[Path, Path], Any], str]] = {
+    "symlink": (lambda lock, victim: lock.symlink_to(victim), "a symbolic link"),
+    "dangling symlink": (lambda lock, victim: lock.symlink_to(victim.with_name("created")), "a symbolic link"),
+    "hard link": (
+        lambda lock, victim: os.link(victim, lock),
+        "a file with 2 hard links (its contents live under another name too)",
+    ),
+    "directory": (lambda lock, victim: lock.mkdir(), "a directory"),
+    "fifo": (lambda lock, victim: os.mkfifo(lock), "a named pipe (FIFO)"),
+    "text": (lambda lock, victim: lock.write_text("my notes\n"), "a file holding something other than a process id"),
+}
+"""A RUN/.lock that is not a lock file gptzoo made (how to make one, and what the message calls it)."""
+
+
+@pytest.mark.parametrize("kind", LOCKS)
+def test_a_lock_that_is_not_a_lock_file_gptzoo_made_is_refused_unwritten(
+    run: Path, docs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    """A run directory received from elsewhere: its .lock is neither followed nor written, for a resume as for a
+    new run (whose emptiness check passes over the lock)."""
+    make, what = LOCKS[kind]
+    (tmp_path / "new").mkdir()
+    for out, resume in ((run, True), (tmp_path / "new", False)):
+        victim = tmp_path / f"victim-{out.name}.txt"
+        victim.write_text("precious")
+        make(out / ".lock", victim)
+        before = snapshot(out)
+        assert run_error(capsys, *argv(out, docs, "train.max_steps=6", resume=resume)) == (
+            f"error: {out / '.lock'} is not a lock file gptzoo made: it is {what}; move it away, or choose another "
+            "--out"
+        )
+        assert victim.read_text() == "precious" and snapshot(out) == before and os.path.lexists(out / ".lock")
+    assert not (tmp_path / "created").exists()  # O_CREAT did not follow the dangling link
+
+
 # --- 2. memory ----------------------------------------------------------------------------------
 
 
@@ -256,6 +292,83 @@ def test_token_ids_beyond_the_vocabulary_are_refused_before_the_first_step(
         "vocab_size is 256; use a recipe with vocab_size >= 1000 or prepare the data with the recipe's tokenizer"
     )
     assert not out.exists()
+
+
+def test_data_of_a_tokenizer_of_the_same_name_but_another_vocabulary(
+    docs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """meta.json records the sha256 of the tokenizer's vocabulary; data from before it did still trains."""
+    ours = data_mod.vocab_sha256(load_tokenizer("bytes"))
+    assert json.loads((docs / "meta.json").read_text())["tokenizer"] == {"name": "bytes", "vocab_sha256": ours}
+    data = damaged_copy(docs, tmp_path, tokenizer={"name": "bytes", "vocab_sha256": "0" * 64})
+    assert run_error(capsys, *argv(tmp_path / "run", data, *STEPS)) == (
+        f"error: {data} was prepared with the tokenizer 'bytes', whose vocabulary differs from that of the tokenizer "
+        f"'bytes' the model uses (vocab_sha256 000000000000... in meta.json, {ours[:12]}... here): the same ids are "
+        "other tokens; run `gptzoo prepare ... --tokenizer bytes` for it"
+    )
+    old = damaged_copy(docs, tmp_path / "old", tokenizer={"name": "bytes"})
+    assert main(argv(tmp_path / "run", old, *STEPS)) == 0
+
+
+WORDS = [f"w{i}" for i in range(255)]
+
+
+def hf_model_dir(path: Path, order: list[str]) -> Path:
+    """A tiny GPT-2 Hugging Face checkpoint whose tokenizer gives id 1 + i to the word order[i] (0 is unknown)."""
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        n_layer=2, n_embd=64, n_head=4, vocab_size=256, n_positions=128, bos_token_id=None, eos_token_id=None
+    )
+    transformers.GPT2LMHeadModel(config).save_pretrained(path)
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0, **{w: 1 + i for i, w in enumerate(order)}}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(path)
+    return path
+
+
+def test_data_of_another_hugging_face_tokenizer_of_the_same_size(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Both are "hf" with 256 tokens: the vocabularies tell them apart. The advice for the wrong tokenizer
+    works, with the directory the weights come from or without one."""
+    mine, theirs = hf_model_dir(tmp_path / "mine", WORDS), hf_model_dir(tmp_path / "theirs", WORDS[::-1])
+    capsys.readouterr()  # transformers' progress bars
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(" ".join(WORDS[i % 97 * 2 % 255] for i in range(3000)))
+    prepare(str(corpus), tmp_path / "data", tokenizer=str(theirs))
+    data, hf = tmp_path / "data", ["tokenizer.name=hf", "train.max_steps=1", "train.eval_every=0"]
+    a = data_mod.vocab_sha256(HFTokenizer.from_dir(mine))
+    b = json.loads((data / "meta.json").read_text())["tokenizer"]["vocab_sha256"]
+    init = ["--init-from-hf", str(mine)]
+    assert run_error(capsys, *argv(tmp_path / "run", data, *hf), *init) == (
+        f"error: {data} was prepared with the tokenizer of {theirs}, whose vocabulary differs from that of the "
+        f"tokenizer of {mine} the model uses (vocab_sha256 {b[:12]}... in meta.json, {a[:12]}... here): the same ids "
+        f"are other tokens; run `gptzoo prepare ... --tokenizer {mine}` for it"
+    )
+    docs = damaged_copy(data, tmp_path / "bytes", tokenizer={"name": "bytes"})
+    assert run_error(capsys, *argv(tmp_path / "run", docs, *hf), *init) == (
+        f"error: {docs} was prepared with the 'bytes' tokenizer, but recipe 'gpt2-tiny' uses 'hf'; run `gptzoo "
+        f"prepare ... --tokenizer {mine}` for it"
+    )
+    assert run_error(capsys, *argv(tmp_path / "run", docs, *hf)) == (
+        f"error: {docs} was prepared with the 'bytes' tokenizer, but recipe 'gpt2-tiny' uses 'hf'; its 'hf' tokenizer "
+        "is the one of the Hugging Face weights it starts from: run `gptzoo prepare ... --tokenizer DIR` with their "
+        "directory DIR, and train with --init-from-hf DIR"
+    )
+    smollm2 = gptzoo.load_recipe("smollm2-135m")  # its [weights] hf is a name prepare takes
+    with pytest.raises(GptzooError) as exc:
+        train(smollm2, out=tmp_path / "run", data=docs)
+    assert str(exc.value) == (
+        f"{docs} was prepared with the 'bytes' tokenizer, but recipe 'smollm2-135m' uses 'hf'; run `gptzoo prepare "
+        "... --tokenizer smollm2-135m` for it"
+    )
+    assert not (tmp_path / "run").exists()
+    assert main(["prepare", str(corpus), "--tokenizer", str(mine), "--out", str(tmp_path / "ours")]) == 0
+    assert main([*argv(tmp_path / "run", tmp_path / "ours", *hf), *init]) == 0
+    capsys.readouterr()
 
 
 # --- 4. a corrupted train_state.pt --------------------------------------------------------------
@@ -354,6 +467,24 @@ C_ATTN = "optimizer.state['blocks.0.attn.c_attn.weight']"
 """The first parameter's AdamW state, as messages name it."""
 
 
+def test_a_resume_with_another_model_names_the_keys_that_differ(
+    run: Path, docs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    checkpoint = run / "checkpoints" / "step-000004"
+    changed = ["model.attention=eager", "model.norm={name='rmsnorm', eps=1e-6}", "model.n_kv_head=2"]
+    assert run_error(capsys, *argv(run, docs, "train.max_steps=6", *changed, resume=True)) == (
+        f"error: {checkpoint} is a checkpoint of a different recipe: [model] norm is {{'name': 'layernorm', 'eps': "
+        "1e-05} there, {'name': 'rmsnorm', 'eps': 1e-06} here; [model] attention is 'causal' there, 'eager' here; "
+        f"[model] n_kv_head is unset there, 2 here; resume with the run's own recipe ({run / 'recipe.toml'}) or start "
+        "a new --out"
+    )
+    with pytest.raises(GptzooError) as exc:  # the data says it first, through the command line
+        train_mod.check_resumable(recipe("tokenizer.name=gpt2"), recipe(), checkpoint)
+    assert str(exc.value).startswith(
+        f"{checkpoint} is a checkpoint of a different recipe: [tokenizer] name is 'bytes' there, 'gpt2' here; "
+    )
+
+
 @pytest.mark.parametrize(
     ("change", "problem"),
     [
@@ -430,6 +561,11 @@ C_ATTN = "optimizer.state['blocks.0.attn.c_attn.weight']"
         (
             lambda s: {**s, "optimizer": {**s["optimizer"], "state": {0: {}}}},
             "optimizer.state holds 0, which is not a parameter of this model",
+        ),
+        (
+            lambda s: {**s, "skipped": 4},
+            "optimizer.state holds the moments of 'blocks.0.attn.c_attn.weight', expected none: no update was applied "
+            "(skipped is the step: every step was skipped)",
         ),
     ],
 )
@@ -785,28 +921,82 @@ def test_plot_out_under_a_file_or_a_loop_or_over_a_file_that_is_not_a_plot(
         f"error: cannot write {tmp_path / 'loop' / 'x.png'}: Too many levels of symbolic links; give another --out FILE"
     )
     assert run_error(capsys, "plot", str(run), "--out", str(tmp_path / "file")) == (
-        f"error: {tmp_path / 'file'} already exists and is not a PNG image; plot replaces only a previous plot: "
+        f"error: {tmp_path / 'file'} already exists and is not a previous plot (a PNG image drawn by matplotlib); "
         "remove it or give another --out FILE"
     )
     assert (tmp_path / "file").read_text() == "mine"
     (run / "loss.png").write_text("notes")
     assert run_error(capsys, "plot", str(run)) == (
-        f"error: {run / 'loss.png'} already exists and is not a PNG image; plot replaces only a previous plot: "
+        f"error: {run / 'loss.png'} already exists and is not a previous plot (a PNG image drawn by matplotlib); "
         "remove it or give --out FILE"
     )
-    (tmp_path / "old.svg").write_text("<svg/>")
-    assert run_error(capsys, "plot", str(run), "--out", str(tmp_path / "old.svg")) == (
-        f"error: {tmp_path / 'old.svg'} already exists, and plot replaces only a previous plot it recognizes (a PNG "
-        "image or a PDF); remove it or give another --out FILE"
+    (tmp_path / "old.eps").write_text("%!PS")
+    assert run_error(capsys, "plot", str(run), "--out", str(tmp_path / "old.eps")) == (
+        f"error: {tmp_path / 'old.eps'} already exists, and plot replaces only a previous plot it recognizes (a PNG "
+        "image, a PDF or an SVG image); remove it or give another --out FILE"
     )
+    others = {
+        "photo.png": b"\x89PNG\r\n\x1a\n" + bytes(100),
+        "doc.pdf": b"%PDF-1.4\n%%EOF\n",
+        "art.svg": b"<?xml ?><svg/>",
+    }
+    for name, content in others.items():  # the right format, but not drawn by matplotlib: someone else's
+        (tmp_path / name).write_bytes(content)
+        what = {"png": "a PNG image", "pdf": "a PDF", "svg": "an SVG image"}[name[-3:]]
+        assert run_error(capsys, "plot", str(run), "--out", str(tmp_path / name)) == (
+            f"error: {tmp_path / name} already exists and is not a previous plot ({what} drawn by matplotlib); "
+            "remove it or give another --out FILE"
+        )
+        assert (tmp_path / name).read_bytes() == content
     (run / "loss.png").unlink()
     for _ in range(2):  # the second time over the first one's plot
         assert main(["plot", str(run), "--json"]) == 0
         assert json.loads(capsys.readouterr().out) == {"png": str(run / "loss.png")}
-        assert main(["plot", str(run), "--out", str(tmp_path / "loss.pdf"), "--json"]) == 0
-        capsys.readouterr()
+        for name in ("loss.pdf", "loss.svg"):
+            assert main(["plot", str(run), "--out", str(tmp_path / name), "--json"]) == 0
+            capsys.readouterr()
     assert (tmp_path / "loss.pdf").read_bytes().startswith(b"%PDF-")
+    assert b"<svg" in (tmp_path / "loss.svg").read_bytes()
     assert leftovers(run) == [] and leftovers(tmp_path) == [] and (tmp_path / "file").read_text() == "mine"
+    (tmp_path / "link.png").symlink_to(run / "loss.png")  # a previous plot, but through a link: the link is not one
+    assert run_error(capsys, "plot", str(run), "--out", str(tmp_path / "link.png")) == (
+        f"error: {tmp_path / 'link.png'} already exists and is not a previous plot (a PNG image drawn by matplotlib); "
+        "remove it or give another --out FILE"
+    )
+
+
+def test_plot_where_the_default_loss_png_is_a_directory(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (run / "loss.png").mkdir()
+    assert run_error(capsys, "plot", str(run)) == (
+        f"error: {run / 'loss.png'} is a directory, where plot writes its PNG by default; move it away, or give "
+        "--out FILE"
+    )
+
+
+def test_ctrl_c_while_plot_writes_leaves_nothing(
+    run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from matplotlib.figure import Figure
+
+    def interrupted(self: Figure, fname: Any, **kwargs: Any) -> None:
+        fname.write(b"<?xml half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Figure, "savefig", interrupted)
+    for out in (tmp_path / "x.svg", run / "loss.png"):
+        assert main(["plot", str(run), "--out", str(out)]) == 130
+        assert capsys.readouterr().err == f"interrupted: nothing was written to {out}\n"
+        assert not out.exists()
+    assert leftovers(run) == [] and leftovers(tmp_path) == []
+
+    def failing(self: Figure, fname: Any, **kwargs: Any) -> None:
+        fname.write(b"<?xml half")
+        raise ValueError("matplotlib's own failure")
+
+    monkeypatch.setattr(Figure, "savefig", failing)
+    with pytest.raises(ValueError, match="matplotlib's own failure"):  # a bug, not a user's error: it keeps its trace
+        main(["plot", str(run), "--out", str(tmp_path / "x.svg")])
+    assert leftovers(tmp_path) == [] and not (tmp_path / "x.svg").exists()
 
 
 def test_plot_of_a_run_whose_losses_are_all_null(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -821,17 +1011,115 @@ def test_plot_of_a_run_whose_losses_are_all_null(run: Path, capsys: pytest.Captu
 
 
 def test_incomplete_checkpoints_older_than_the_newest_complete_one_are_pruned(docs: Path, tmp_path: Path) -> None:
+    """Of what they hold, only the files a save writes go; a directory that then still holds files stays."""
     out = tmp_path / "run"
     keep = ["train.checkpoint_every=1", "train.eval_every=0"]
-    train(recipe("train.max_steps=2", "train.keep_checkpoints=5", *keep), out=out, data=docs)
+    train(recipe("train.max_steps=3", "train.keep_checkpoints=5", *keep), out=out, data=docs)
     root = out / "checkpoints"
     (root / "step-000001" / "model.safetensors").unlink()  # half-deleted by hand
-    (root / "step-000004").mkdir()  # where a later checkpoint goes: replaced when that step is saved
-    (root / "step-000004" / "train_state.pt").write_bytes(b"junk")
-    (root / "step-000009").mkdir()  # newer than anything complete: left alone
-    train(recipe("train.max_steps=4", "train.keep_checkpoints=2", *keep), out=out, data=docs, resume=True)
-    assert sorted(p.name for p in root.iterdir()) == ["step-000003", "step-000004", "step-000009"]
-    assert [s for s, _ in run_dir.checkpoint_dirs(out)] == [3, 4]
+    (root / "step-000002" / "train_state.pt").unlink()
+    (root / "step-000002" / "NOTES.txt").write_text("mine")
+    (root / "step-000003" / "NOTES.txt").write_text("mine too")  # a complete one, pruned later
+    train(recipe("train.max_steps=5", "train.keep_checkpoints=2", *keep), out=out, data=docs, resume=True)
+    assert sorted(p.name for p in root.iterdir()) == ["step-000002", "step-000003", "step-000004", "step-000005"]
+    assert [p.name for p in (root / "step-000002").iterdir()] == ["NOTES.txt"]
+    assert [p.name for p in (root / "step-000003").iterdir()] == ["NOTES.txt"]
+    assert (root / "step-000003" / "NOTES.txt").read_text() == "mine too"
+    assert [s for s, _ in run_dir.checkpoint_dirs(out)] == [4, 5]
+
+
+def fifo(path: Path) -> None:
+    os.mkfifo(path)
+
+
+def dangling(path: Path) -> None:
+    path.symlink_to(path.parent / "nowhere")
+
+
+@pytest.mark.parametrize(
+    ("make", "lack"),
+    [
+        (None, "its train_state.pt is missing"),
+        (dangling, "its train_state.pt is a symbolic link to nothing"),
+        (fifo, "its train_state.pt is a named pipe (FIFO)"),
+        (Path.mkdir, "its train_state.pt is a directory"),
+    ],
+    ids=["deleted", "dangling", "fifo", "directory"],
+)
+def test_an_incomplete_checkpoint_newer_than_the_newest_complete_one_is_refused(
+    run: Path,
+    docs: Path,
+    capsys: pytest.CaptureFixture[str],
+    make: Callable[[Path], Any] | None,
+    lack: str,
+) -> None:
+    """A save never leaves a visible incomplete step-N: one newer than the newest complete checkpoint is
+    someone's files, which a resume from the older one would later replace."""
+    newest, older = run / "checkpoints" / "step-000004", run / "checkpoints" / "step-000002"
+    (newest / "train_state.pt").unlink()
+    if make is not None:
+        make(newest / "train_state.pt")
+    (newest / "NOTES.txt").write_text("mine")
+    before = snapshot(run)
+    assert run_error(capsys, *argv(run, docs, "train.max_steps=6", resume=True)) == (
+        f"error: {newest} is incomplete ({lack}), yet newer than the last complete checkpoint {older}: a resume "
+        f"would go back to step-000002 and later replace it; restore what it lacks, or move it away to resume from "
+        f"{older}"
+    )
+    assert snapshot(run) == before and leftovers(run) == []
+
+
+def test_an_incomplete_checkpoint_and_no_complete_one(
+    run: Path, docs: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shutil.rmtree(run / "checkpoints" / "step-000002")
+    newest = run / "checkpoints" / "step-000004"
+    (newest / "model.safetensors").unlink()
+    (newest / "train_state.pt").unlink()
+    assert run_error(capsys, *argv(run, docs, "train.max_steps=6", resume=True)) == (
+        f"error: {newest} is incomplete (its model.safetensors is missing and its train_state.pt is missing) and "
+        f"{run} has no complete checkpoint to resume: restore what it lacks, or remove {run} and train without "
+        "--resume"
+    )
+    assert sorted(p.name for p in newest.iterdir()) == ["recipe.toml"]
+
+
+def test_checkpoints_that_are_symbolic_links_are_refused_untouched(
+    trained: Path, run: Path, docs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A resume reads, writes and prunes only inside its run: RUN/checkpoints and every step-* in it are real
+    directories."""
+    other = Path(shutil.copytree(trained, tmp_path / "other"))  # another run, whose checkpoints must stay as they are
+    (other / "checkpoints" / "step-000001").mkdir()
+    (other / "checkpoints" / "step-000001" / "notes.txt").write_text("notes")
+    before = snapshot(other)
+    shutil.rmtree(run / "checkpoints")
+    (run / "checkpoints").symlink_to(other / "checkpoints")
+    assert run_error(capsys, *argv(run, docs, "train.max_steps=8", "train.keep_checkpoints=1", resume=True)) == (
+        f"error: {run / 'checkpoints'} is a symbolic link, not a directory; a resume reads and prunes only "
+        f"checkpoints inside {run}: put a copy of the checkpoints there instead, or start a new --out"
+    )
+    (run / "checkpoints").unlink()
+    (run / "checkpoints").write_text("a file")
+    assert run_error(capsys, *argv(run, docs, "train.max_steps=8", resume=True)) == (
+        f"error: {run / 'checkpoints'} is a file, not a directory; a resume reads and prunes only checkpoints inside "
+        f"{run}: put a copy of the checkpoints there instead, or start a new --out"
+    )
+    (run / "checkpoints").unlink()
+    (run / "checkpoints").mkdir()
+    for step in ("step-000002", "step-000006"):  # an older one, and one newer than anything in the run
+        (run / "checkpoints" / step).symlink_to(other / "checkpoints" / "step-000004")
+    assert run_error(capsys, *argv(run, docs, "train.max_steps=8", resume=True)) == (
+        f"error: {run / 'checkpoints' / 'step-000002'} is a symbolic link, not a checkpoint directory; a resume reads "
+        f"and prunes only checkpoints inside {run}: move it away (a copy of a checkpoint may take its place)"
+    )
+    (run / "checkpoints" / "step-000002").unlink()
+    (run / "checkpoints" / "step-000002").write_text("a file")
+    assert run_error(capsys, *argv(run, docs, "train.max_steps=8", resume=True)) == (
+        f"error: {run / 'checkpoints' / 'step-000002'} is a file, not a checkpoint directory; a resume reads and "
+        f"prunes only checkpoints inside {run}: move it away (a copy of a checkpoint may take its place)"
+    )
+    assert snapshot(other) == before and leftovers(run) == []
 
 
 # --- 9. Ctrl-C ----------------------------------------------------------------------------------
@@ -875,8 +1163,25 @@ def test_ctrl_c_during_a_save_or_before_any_checkpoint(
     stop_at(monkeypatch, 1, KeyboardInterrupt())
     with pytest.raises(Interrupted) as exc:
         train(recipe(*STEPS), out=tmp_path / "fresh", data=docs)
-    assert str(exc.value) == f"at step 1; no checkpoint was written (remove {tmp_path / 'fresh'} to start over)"
-    assert leftovers(tmp_path / "fresh") == []
+    assert str(exc.value) == "at step 1; no checkpoint had been written, so nothing was kept"
+    assert not (tmp_path / "fresh").exists()  # so that the same command can run again
+
+
+def test_ctrl_c_before_the_first_checkpoint_leaves_nothing(
+    docs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As a failure does: there is nothing to resume, and the same command can run again."""
+    (tmp_path / "empty").mkdir()  # a directory the person made: it stays, as empty as it was
+    stop_at(monkeypatch, 1, KeyboardInterrupt())
+    for out in (tmp_path / "new", tmp_path / "empty"):
+        assert main(argv(out, docs, *STEPS)) == 130
+        assert (
+            capsys.readouterr().err == "interrupted: at step 1; no checkpoint had been written, so nothing was kept\n"
+        )
+    assert sorted(tmp_path.iterdir()) == [tmp_path / "empty"] and list((tmp_path / "empty").iterdir()) == []
+    monkeypatch.undo()
+    assert main(argv(tmp_path / "new", docs, *STEPS)) == 0  # the same command again
+    assert json.loads(capsys.readouterr().out)["steps"] == 4
 
 
 class InterruptedFile:
@@ -974,6 +1279,11 @@ def test_out_or_data_that_is_a_file(docs: Path, tmp_path: Path, capsys: pytest.C
         ({"train_tokens": 0}, "train_tokens is 0, expected a positive integer"),
         ({"vocab_size": True}, "vocab_size is True, expected a positive integer"),
         ({"dtype": None}, "dtype is None, expected 'uint16' or 'uint32'"),
+        (
+            {"tokenizer": {"name": "bytes", "vocab_sha256": "abc"}},
+            "tokenizer.vocab_sha256 is 'abc', expected a sha256 (64 hexadecimal digits)",
+        ),
+        ({"dtype": "u" * 100}, f"dtype is '{'u' * 36}..., expected 'uint16' or 'uint32'"),
     ],
 )
 def test_odd_meta_json_fields(
@@ -993,6 +1303,30 @@ def test_an_empty_train_bin(docs: Path, tmp_path: Path, capsys: pytest.CaptureFi
         f"error: {data / 'train.bin'} has 0 bytes, but meta.json says {n} uint16 tokens ({2 * n} bytes); "
         "the data is damaged, prepare it again"
     )
+
+
+def test_meta_json_counts_of_hundreds_of_digits(docs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    size = (docs / "train.bin").stat().st_size
+    data = damaged_copy(docs, tmp_path, train_tokens=10**400)
+    assert run_error(capsys, *argv(tmp_path / "run", data, *STEPS)) == (
+        f"error: {data / 'train.bin'} has {size} bytes, but meta.json says 10000000... (401 digits) uint16 tokens "
+        "(20000000... (401 digits) bytes); the data is damaged, prepare it again"
+    )
+    data = damaged_copy(docs, tmp_path / "b", vocab_size=10**400)
+    assert run_error(capsys, *argv(tmp_path / "run", data, *STEPS)) == (
+        f"error: {data} was prepared for a vocabulary of 10000000... (401 digits) tokens (meta.json vocab_size), but "
+        "the model's vocab_size is 256; use a recipe with vocab_size >= 10000000... (401 digits) or prepare the data "
+        "with the recipe's tokenizer"
+    )
+    data = damaged_copy(docs, tmp_path / "c")
+    (data / "meta.json").write_text(
+        (data / "meta.json").read_text().replace('"val_tokens": ', '"val_tokens": 9' + "9" * 5000)
+    )
+    assert run_error(capsys, *argv(tmp_path / "run", data, *STEPS)) == (
+        f"error: {data / 'meta.json'} is corrupt (it holds a number too long to read); run `gptzoo prepare SOURCE "
+        "--out DIR` again into a new DIR"
+    )
+    assert not (tmp_path / "run").exists()
 
 
 def test_resume_when_metrics_jsonl_is_a_directory(run: Path, docs: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -6,8 +6,9 @@ A prepared directory holds the token stream of a corpus, split in two, plus what
 
 ``*.bin`` are raw little-endian token ids (uint16 when the tokenizer's vocabulary fits, else
 uint32), as in nanoGPT's ``prepare.py``; ``meta.json`` (written last, so a directory without it is
-not prepared data) records the format version, tokenizer, dtype, token counts and the source's
-size and sha256. The directory appears whole or not at all (:func:`gptzoo.atomic.new_directory`).
+not prepared data) records the format version, tokenizer (with the sha256 of its vocabulary,
+:func:`vocab_sha256`), dtype, token counts and the source's size and sha256. The directory appears
+whole or not at all (:func:`gptzoo.atomic.new_directory`).
 
 The stream: each document (a file, a play, a documentation topic) is encoded as ordinary text
 (a special token's spelling in the text is not its id), and documents are joined with the
@@ -28,6 +29,7 @@ import os
 import re
 import shutil
 import stat
+import struct
 import sys
 import time
 import zipfile
@@ -44,7 +46,14 @@ from gptzoo.atomic import new_directory
 from gptzoo.errors import GptzooError, Interrupted, did_you_mean
 from gptzoo.fetch import FETCHABLE, Log, cache_root
 from gptzoo.plugin_manager import gptzoo_version
-from gptzoo.tokenizer import TOKENIZER_NAMES, HFTokenizer, TiktokenTokenizer, Tokenizer, load_tokenizer
+from gptzoo.tokenizer import (
+    TOKENIZER_NAMES,
+    ByteTokenizer,
+    HFTokenizer,
+    TiktokenTokenizer,
+    Tokenizer,
+    load_tokenizer,
+)
 
 FORMAT_VERSION = 1
 META = "meta.json"
@@ -152,10 +161,7 @@ def text_files(path: Path) -> Corpus:
         GptzooError: a directory without such files, or a file that is not UTF-8 text.
     """
     if path.is_dir():
-        files = sorted(
-            (p for p in path.rglob("*") if p.suffix in TEXT_SUFFIXES and p.is_file()),
-            key=lambda p: p.relative_to(path).as_posix(),
-        )
+        files = sorted(_text_files_under(path), key=lambda p: p.relative_to(path).as_posix())
         if not files:
             raise GptzooError(
                 f"{path} has no {' or '.join('*' + s for s in TEXT_SUFFIXES)} files (searched recursively); "
@@ -164,6 +170,24 @@ def text_files(path: Path) -> Corpus:
     else:
         files = [path]
     return Corpus([_read_text(f) for f in files], str(path.resolve()))
+
+
+def _text_files_under(root: Path) -> Iterator[Path]:
+    """The ``*.txt`` / ``*.md`` files under ``root``, recursively (a symbolic link to a directory is not
+    followed, one to a file is).
+
+    Raises:
+        GptzooError: a directory that cannot be read, named, as an unreadable file is.
+    """
+
+    def refuse(exc: OSError) -> None:
+        raise GptzooError(f"cannot read {exc.filename}: {exc.strerror}") from None
+
+    for top, _, names in os.walk(root, onerror=refuse):
+        for name in names:
+            file = Path(top) / name
+            if file.suffix in TEXT_SUFFIXES and file.is_file():
+                yield file
 
 
 def _read_text(path: Path) -> str:
@@ -291,7 +315,8 @@ def resolve_tokenizer(name: str, say: Log) -> tuple[Tokenizer, dict[str, Any]]:
             "tokenizer directory"
         )
     if name in NAMED_TOKENIZERS:
-        return load_tokenizer(name), {"name": name}
+        tok = load_tokenizer(name)
+        return tok, {"name": name, "vocab_sha256": vocab_sha256(tok)}
     path = Path(name).expanduser()
     if name in FETCHABLE and not path.is_dir():
         path = fetch_mod.fetch(name, log=say)
@@ -305,7 +330,30 @@ def resolve_tokenizer(name: str, say: Log) -> tuple[Tokenizer, dict[str, Any]]:
         raise GptzooError(
             f"unknown tokenizer {name!r}{did_you_mean(name, names)}; or give a Hugging Face tokenizer directory"
         )
-    return load_tokenizer("hf", hf_dir=path), {"name": "hf", "hf": name, "directory": str(path.resolve())}
+    tok = load_tokenizer("hf", hf_dir=path)
+    return tok, {"name": "hf", "hf": name, "directory": str(path.resolve()), "vocab_sha256": vocab_sha256(tok)}
+
+
+def vocab_sha256(tok: Tokenizer) -> str:
+    """The sha256 of ``tok``'s vocabulary, what token data depends on: for each id in order, the id and
+    its token's bytes, as 4 little-endian bytes each (id, length) then the bytes. A token is tiktoken's
+    bytes, a Hugging Face token's string in UTF-8 (added tokens included), the byte itself for the bytes
+    tokenizer, otherwise the id decoded alone. Two tokenizers with the same hash give the same tokens the
+    same ids (merges and templates aside)."""
+    if isinstance(tok, TiktokenTokenizer):
+        tokens = [(i, tok.encoding.decode_single_token_bytes(i)) for i in range(tok.vocab_size)]
+    elif isinstance(tok, HFTokenizer):
+        vocab = tok.tokenizer.get_vocab()
+        tokens = sorted((i, t.encode("utf-8", "surrogatepass")) for t, i in vocab.items())
+    elif isinstance(tok, ByteTokenizer):
+        tokens = [(i, bytes([i])) for i in range(tok.vocab_size)]
+    else:
+        tokens = [(i, tok.decode([i]).encode("utf-8", "surrogatepass")) for i in range(tok.vocab_size)]
+    digest = hashlib.sha256()
+    for i, token in tokens:
+        digest.update(struct.pack("<II", i, len(token)))
+        digest.update(token)
+    return digest.hexdigest()
 
 
 def encode_documents(tokenizer: Tokenizer, documents: Sequence[str]) -> list[list[int]]:
@@ -472,6 +520,8 @@ def _read_meta(path: Path) -> dict[str, Any]:
         meta = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise GptzooError(f"{file} is corrupt ({exc}); {again}") from None
+    except ValueError:  # an integer beyond Python's limit on digits
+        raise GptzooError(f"{file} is corrupt (it holds a number too long to read); {again}") from None
     except RecursionError:
         raise GptzooError(f"{file} is corrupt (its JSON is nested too deeply to read); {again}") from None
     problem = _meta_problem(meta)
@@ -487,15 +537,30 @@ def _meta_problem(meta: Any) -> str | None:
     if meta.get("format_version") != FORMAT_VERSION:
         return f"format_version is {meta.get('format_version')!r}, this gptzoo reads {FORMAT_VERSION}"
     if meta.get("dtype") not in ("uint16", "uint32"):
-        return f"dtype is {meta.get('dtype')!r}, expected 'uint16' or 'uint32'"
+        return f"dtype is {shown(meta.get('dtype'))}, expected 'uint16' or 'uint32'"
     for key in ("train_tokens", "val_tokens", "vocab_size"):
         value = meta.get(key)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            return f"{key} is {value!r}, expected a positive integer"
+            return f"{key} is {shown(value)}, expected a positive integer"
     tokenizer = meta.get("tokenizer")
     if not isinstance(tokenizer, dict) or not isinstance(tokenizer.get("name"), str):
-        return f'tokenizer is {tokenizer!r}, expected an object with the tokenizer\'s name, e.g. {{"name": "gpt2"}}'
+        return (
+            f'tokenizer is {shown(tokenizer)}, expected an object with the tokenizer\'s name, e.g. {{"name": "gpt2"}}'
+        )
+    digest = tokenizer.get("vocab_sha256")
+    if "vocab_sha256" in tokenizer and not (isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest)):
+        return f"tokenizer.vocab_sha256 is {shown(digest)}, expected a sha256 (64 hexadecimal digits)"
     return None
+
+
+def shown(value: Any) -> str:
+    """A value from a file, for a message: an integer of up to 20 digits whole, a longer one by its first
+    digits and its length; anything else as its repr, cut after 40 characters."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        text = str(value)
+        return text if len(text) <= 20 else f"{text[:8]}... ({len(text)} digits)"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _map(path: Path, split: str, meta: dict[str, Any]) -> np.memmap:
@@ -507,8 +572,8 @@ def _map(path: Path, split: str, meta: dict[str, Any]) -> np.memmap:
     size = file.stat().st_size
     if size != count * dtype.itemsize:
         raise GptzooError(
-            f"{file} has {size} bytes, but {META} says {count} {dtype.name} tokens ({count * dtype.itemsize} bytes); "
-            "the data is damaged, prepare it again"
+            f"{file} has {size} bytes, but {META} says {shown(count)} {dtype.name} tokens "
+            f"({shown(count * dtype.itemsize)} bytes); the data is damaged, prepare it again"
         )
     try:
         return np.memmap(file, dtype=dtype, mode="r", shape=(count,))

@@ -15,11 +15,19 @@ every field is checked before it is used.
 
 One run at a time: :func:`locked` holds an exclusive ``fcntl.flock`` on RUN/.lock for the run's
 whole life. The kernel drops the lock when its process ends however it ends (even SIGKILL), so a
-lock file left behind by a killed run is stale and never blocks the next one.
+lock file left behind by a killed run is stale and never blocks the next one. A .lock that is not
+such a file (a symbolic or hard link, a directory, a file holding other text) is refused, never
+written.
+
+Everything a resume reads and prunes lies inside the run: RUN/checkpoints and each step-* in it
+must be real directories (:func:`check_checkpoints`). A save never leaves a visible incomplete
+step-N, so one newer than the newest complete checkpoint is someone's files, and the resume is
+refused; pruning removes only the files a save writes, and a directory it leaves empty.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import math
@@ -27,6 +35,7 @@ import os
 import pickle
 import re
 import shutil
+import stat
 import tempfile
 import warnings
 from collections.abc import Iterator
@@ -50,6 +59,12 @@ CHECKPOINTS = "checkpoints"
 STATE = "train_state.pt"
 LOCK = ".lock"
 _STEP_DIR = re.compile(r"step-(\d+)")
+_PARTIAL = re.compile(r"\.step-\d+\.[a-z0-9_]{8}")
+"""The temporary directory of a save (gptzoo.atomic.new_directory: tempfile.mkdtemp beside step-N)."""
+SAVED = (WEIGHTS, RECIPE, STATE)
+"""The files a save writes into a checkpoint directory: all that pruning removes."""
+_LOCK_TEXT = re.compile(rb"\d{0,20}\n?")
+"""What a lock file holds: nothing, or the pid of the run that holds it (written after the flock)."""
 _LOSSES = ("loss", "val_loss")
 """Metrics keys plot reads: a record whose value there is not a number (or null) is skipped."""
 LOSS_LIMIT = float(torch.finfo(torch.float32).max)
@@ -69,7 +84,8 @@ def locked(run: Path) -> Iterator[None]:
     nothing wrote into is removed again.
 
     Raises:
-        GptzooError: another process holds the lock (named by its pid), ``run`` is a file, or it cannot be written.
+        GptzooError: another process holds the lock (named by its pid), ``run`` is a file, it cannot be written,
+            or its .lock is not a lock file gptzoo made.
     """
     if run.is_symlink():
         raise GptzooError(f"--out {run} is a symbolic link; give the run directory itself, or another --out")
@@ -87,20 +103,37 @@ def locked(run: Path) -> Iterator[None]:
     try:
         yield
     finally:
-        path.unlink(missing_ok=True)  # still locked: a run that opened this file meanwhile sees it replaced
+        with suppress(OSError):  # still locked: a run that opened this file meanwhile sees it replaced
+            if _same_file(os.lstat(path), os.fstat(fd)):  # only the file this run locked
+                path.unlink()
         os.close(fd)
         if created:
             with suppress(OSError):
                 run.rmdir()  # only if empty: the run failed before writing anything
 
 
+def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
 def _acquire(path: Path, run: Path) -> int:
-    """A descriptor of ``path`` holding its exclusive flock, with this process's pid written in."""
+    """A descriptor of ``path`` holding its exclusive flock, with this process's pid written in.
+
+    ``path`` is opened without following a symbolic link, and written only once it is known to be a
+    lock file: a regular file of one name (no hard link elsewhere) holding at most a pid.
+    """
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
     while True:
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(path, flags, 0o644)
         except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.EISDIR):
+                raise _not_a_lock(path, "a symbolic link" if exc.errno == errno.ELOOP else "a directory") from None
             raise GptzooError(f"cannot write {path}: {write_problem(exc)}; choose another --out") from None
+        problem = _lock_problem(fd)
+        if problem is not None:
+            os.close(fd)
+            raise _not_a_lock(path, problem)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -112,7 +145,7 @@ def _acquire(path: Path, run: Path) -> int:
                 f"wait for it to finish or {stop}, or choose another --out"
             ) from None
         try:
-            current = os.stat(path).st_ino == os.fstat(fd).st_ino
+            current = _same_file(os.lstat(path), os.fstat(fd))
         except FileNotFoundError:
             current = False
         if current:
@@ -124,23 +157,86 @@ def _acquire(path: Path, run: Path) -> int:
     return fd
 
 
+def _lock_problem(fd: int) -> str | None:
+    """Why the open file ``fd`` is not a lock file gptzoo made, or None."""
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        return _kind(info.st_mode)
+    if info.st_nlink != 1:
+        return f"a file with {info.st_nlink} hard links (its contents live under another name too)"
+    if not _LOCK_TEXT.fullmatch(os.pread(fd, 32, 0)):
+        return "a file holding something other than a process id"
+    return None
+
+
+def _not_a_lock(path: Path, what: str) -> GptzooError:
+    return GptzooError(f"{path} is not a lock file gptzoo made: it is {what}; move it away, or choose another --out")
+
+
+def _kind(mode: int) -> str:
+    """What a file of ``st_mode`` is, in words."""
+    for test, kind in (
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISREG, "a file"),
+        (stat.S_ISFIFO, "a named pipe (FIFO)"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return kind
+    return "a device"
+
+
 def others(run: Path) -> list[Path]:
-    """What ``run`` holds besides the lock."""
+    """What ``run`` holds besides the lock (which :func:`locked` has checked)."""
     return [p for p in run.iterdir() if p.name != LOCK] if run.is_dir() else []
 
 
 # --- checkpoints ------------------------------------------------------------------------------
 
 
-def _step_dirs(run: Path) -> list[tuple[int, Path, bool]]:
-    """(step, directory, complete) of every ``step-*`` directory, oldest first."""
+def _steps(run: Path) -> list[tuple[int, Path]]:
+    """(step, entry) of every ``step-*`` name in RUN/checkpoints, oldest first; none if that is not a real
+    directory (a symbolic link is never followed)."""
     root = run / CHECKPOINTS
-    found = []
-    for path in root.iterdir() if root.is_dir() else ():
-        match = _STEP_DIR.fullmatch(path.name)
-        if match and path.is_dir():
-            found.append((int(match.group(1)), path, (path / STATE).is_file() and (path / WEIGHTS).is_file()))
+    try:
+        if not stat.S_ISDIR(os.lstat(root).st_mode):
+            return []
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return []
+    found = [(int(m.group(1)), root / name) for name in names if (m := _STEP_DIR.fullmatch(name))]
     return sorted(found)
+
+
+def _real_directory(path: Path) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
+
+
+def _lacks(path: Path) -> str | None:
+    """What checkpoint directory ``path`` lacks of a complete checkpoint (its weights and training state), or None."""
+    problems = []
+    for name in (WEIGHTS, STATE):
+        file = path / name
+        try:
+            mode = os.stat(file).st_mode
+        except FileNotFoundError:
+            problems.append(f"its {name} is {'a symbolic link to nothing' if file.is_symlink() else 'missing'}")
+            continue
+        except OSError as exc:
+            problems.append(f"its {name} cannot be read ({exc.strerror})")
+            continue
+        if not stat.S_ISREG(mode):
+            problems.append(f"its {name} is {_kind(mode)}")
+    return " and ".join(problems) or None
+
+
+def _step_dirs(run: Path) -> list[tuple[int, Path, bool]]:
+    """(step, directory, complete) of every ``step-*`` that is a real directory, oldest first."""
+    return [(step, path, _lacks(path) is None) for step, path in _steps(run) if _real_directory(path)]
 
 
 def checkpoint_dirs(run: Path) -> list[tuple[int, Path]]:
@@ -154,18 +250,60 @@ def latest(run: Path) -> Path | None:
     return found[-1][1] if found else None
 
 
+def check_checkpoints(run: Path) -> None:
+    """Before a resume reads or changes anything: RUN/checkpoints and every ``step-*`` in it are real
+    directories inside ``run`` (what the resume reads, and later prunes), and no incomplete one is newer
+    than the newest complete checkpoint (a save never leaves one: it is someone's files).
+
+    Raises:
+        CheckpointError: naming the entry and the way on.
+    """
+    root = run / CHECKPOINTS
+    try:
+        mode = os.lstat(root).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(mode):
+        raise CheckpointError(
+            f"{root} is {_kind(mode)}, not a directory; a resume reads and prunes only checkpoints inside {run}: "
+            "put a copy of the checkpoints there instead, or start a new --out"
+        )
+    for _, path in _steps(run):
+        mode = os.lstat(path).st_mode
+        if not stat.S_ISDIR(mode):
+            raise CheckpointError(
+                f"{path} is {_kind(mode)}, not a checkpoint directory; a resume reads and prunes only checkpoints "
+                f"inside {run}: move it away (a copy of a checkpoint may take its place)"
+            )
+    found = _step_dirs(run)
+    complete = [(step, path) for step, path, done in found if done]
+    newest, last = complete[-1] if complete else (-1, None)
+    newer = [path for step, path, _ in found if step > newest]  # incomplete, all of them
+    if not newer:
+        return
+    path = newer[-1]
+    if last is None:
+        raise CheckpointError(
+            f"{path} is incomplete ({_lacks(path)}) and {run} has no complete checkpoint to resume: restore what it "
+            f"lacks, or remove {run} and train without --resume"
+        )
+    raise CheckpointError(
+        f"{path} is incomplete ({_lacks(path)}), yet newer than the last complete checkpoint {last}: a resume would "
+        f"go back to {last.name} and later replace it; restore what it lacks, or move it away to resume from {last}"
+    )
+
+
 def save(
     run: Path, step: int, recipe: Recipe, model_state: dict[str, torch.Tensor], state: dict[str, Any], *, keep: int
 ) -> Path:
     """Write checkpoint ``step`` atomically, then prune: all but the newest ``keep`` complete ones go,
-    and so do incomplete ``step-*`` directories older than the newest complete one.
+    and so do incomplete ``step-*`` directories older than the newest complete one (of each, the files
+    a save writes, and the directory if that leaves it empty: a file someone else put there stays).
 
     Raises:
         CheckpointError: a write failed (the disk is full...): nothing of this step is left, the older checkpoints are.
     """
     out = run / CHECKPOINTS / f"step-{step:06d}"
-    if out.is_dir() and not ((out / STATE).is_file() and (out / WEIGHTS).is_file()):
-        shutil.rmtree(out, ignore_errors=True)  # a half-deleted checkpoint where this one goes
     with new_directory(out) as tmp:
         name = WEIGHTS
         try:
@@ -191,8 +329,17 @@ def save(
     complete = [p for _, p, c in found if c]
     stale = [p for s, p, c in found if not c and s < newest]
     for old in [*complete[:-keep], *stale]:
-        shutil.rmtree(old, ignore_errors=True)
+        _prune(old)
     return out
+
+
+def _prune(path: Path) -> None:
+    """Remove what a save wrote into checkpoint directory ``path``, and the directory if that empties it."""
+    for name in SAVED:
+        with suppress(OSError):  # gone already, or not a file (a directory someone made): left as it is
+            (path / name).unlink()
+    with suppress(OSError):
+        path.rmdir()
 
 
 def _hidden(exc: RuntimeError) -> OSError | KeyboardInterrupt | None:
@@ -213,31 +360,35 @@ def intact(run: Path) -> str:
 
 
 def kept(run: Path) -> str:
-    """After Ctrl-C: the last complete checkpoint, or that none was written."""
+    """After Ctrl-C: the last complete checkpoint, or that none was written (a new run leaves nothing then:
+    see :func:`discard`)."""
     last = latest(run)
     if last is not None:
         return f"the last complete checkpoint is {last} (resume with --resume)"
-    if others(run):
-        return f"no checkpoint was written (remove {run} to start over)"
-    return "nothing was written"
+    return "no checkpoint had been written, so nothing was kept"
 
 
 def discard(run: Path) -> None:
-    """Remove what a new run wrote, when it failed before its first checkpoint: nothing a resume could
-    use, and a run directory holding it would refuse the next try."""
+    """Remove what a new run wrote, when it failed or was interrupted before its first checkpoint: nothing
+    a resume could use, and a run directory holding it would refuse the next try."""
     if latest(run) is not None:
         return
-    shutil.rmtree(run / CHECKPOINTS, ignore_errors=True)
+    remove_partial(run)
+    with suppress(OSError):
+        (run / CHECKPOINTS).rmdir()  # only if empty
     for name in (RECIPE, METRICS):
         with suppress(OSError):
             (run / name).unlink(missing_ok=True)
 
 
 def remove_partial(run: Path) -> None:
-    """Delete what saves killed midway left behind (their temporary ``.step-*`` directories)."""
+    """Delete what saves killed midway left behind: their temporary directories (``.step-N.XXXXXXXX``)."""
     root = run / CHECKPOINTS
-    for path in root.glob(".step-*") if root.is_dir() else ():
-        shutil.rmtree(path, ignore_errors=True)
+    if not _real_directory(root):
+        return
+    for name in os.listdir(root):
+        if _PARTIAL.fullmatch(name) and _real_directory(root / name):
+            shutil.rmtree(root / name, ignore_errors=True)
 
 
 # --- reading a checkpoint back ----------------------------------------------------------------
@@ -501,6 +652,12 @@ def optimizer_state(
         if problem is not None:
             return problem
     state = saved["state"]
+    if applied == 0 and state:
+        name = next(iter(state))
+        return (
+            f"optimizer.state holds the moments of {_shown(str(name))}, expected none: no update was applied "
+            "(skipped is the step: every step was skipped)"
+        )
     for name, moments in state.items():
         param = params.get(str(name).removeprefix("module."))
         if param is None:

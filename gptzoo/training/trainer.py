@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gptzoo.errors import CheckpointError, GptzooError, Interrupted, NonFiniteError, RecipeError, exception_text
+from gptzoo.fetch import FETCHABLE
 from gptzoo.flops import TRAIN_FORWARD_RATIO, forward_flops
 from gptzoo.memory import available_bytes, format_bytes
 from gptzoo.model.build import build_model
@@ -40,8 +41,9 @@ from gptzoo.model.checkpoint import RECIPE, WEIGHTS, read_recipe
 from gptzoo.model.gpt import GPT
 from gptzoo.recipe import Recipe, TrainSpec
 from gptzoo.registry import Registry
+from gptzoo.tokenizer import Tokenizer, load_tokenizer
 from gptzoo.training import distributed, run_dir
-from gptzoo.training.data import TokenData, Windows, eval_batches, n_windows, rank_slice
+from gptzoo.training.data import TokenData, Windows, eval_batches, n_windows, rank_slice, shown, vocab_sha256
 from gptzoo.training.optim import lr_at, make_optimizer
 from gptzoo.untrusted import check_utf8_path
 
@@ -103,20 +105,35 @@ def seq_len_of(recipe: Recipe) -> int:
     return recipe.train.seq_len or recipe.model.context_length
 
 
-def check_data(recipe: Recipe, data: TokenData) -> None:
-    """The data's tokenizer is the recipe's, and its ids fit the model's vocabulary: meta.json's
-    vocab_size, and the largest id actually in train.bin and val.bin (one pass over each)."""
-    name, vocab, model_vocab = data.meta["tokenizer"]["name"], data.meta["vocab_size"], recipe.model.vocab_size
-    if recipe.tokenizer is not None and name != recipe.tokenizer.name:
-        raise GptzooError(
-            f"{data.path} was prepared with the {name!r} tokenizer, but recipe {recipe.name!r} uses "
-            f"{recipe.tokenizer.name!r}; run `gptzoo prepare ... --tokenizer {recipe.tokenizer.name}` for it"
-        )
+def check_data(recipe: Recipe, data: TokenData, hf_dir: str | Path | None = None) -> None:
+    """The data's tokenizer is the recipe's, and its ids fit the model's vocabulary: meta.json's tokenizer
+    name and, where it records one and the recipe's tokenizer can be loaded (its "hf" one from ``hf_dir``),
+    the sha256 of its vocabulary; meta.json's vocab_size, and the largest id actually in train.bin and
+    val.bin (one pass over each)."""
+    made_with, vocab, model_vocab = data.meta["tokenizer"], data.meta["vocab_size"], recipe.model.vocab_size
+    name = made_with["name"]
+    if recipe.tokenizer is not None:
+        wanted = recipe.tokenizer.name
+        if name != wanted:
+            raise GptzooError(
+                f"{data.path} was prepared with the {name!r} tokenizer, but recipe {recipe.name!r} uses {wanted!r}; "
+                f"{_prepare_advice(recipe, hf_dir)}"
+            )
+        recorded = made_with.get("vocab_sha256")
+        ours = _loadable(wanted, hf_dir) if recorded is not None else None
+        if ours is not None and (digest := vocab_sha256(ours)) != recorded:
+            theirs = f"of {made_with['directory']}" if isinstance(made_with.get("directory"), str) else f"{name!r}"
+            mine = f"of {hf_dir}" if wanted == "hf" else f"{wanted!r}"
+            raise GptzooError(
+                f"{data.path} was prepared with the tokenizer {theirs}, whose vocabulary differs from that of the "
+                f"tokenizer {mine} the model uses (vocab_sha256 {recorded[:12]}... in meta.json, {digest[:12]}... "
+                f"here): the same ids are other tokens; {_prepare_advice(recipe, hf_dir)}"
+            )
     if vocab > model_vocab:
         raise GptzooError(
-            f"{data.path} was prepared for a vocabulary of {vocab} tokens (meta.json vocab_size), but the model's "
-            f"vocab_size is {model_vocab}; use a recipe with vocab_size >= {vocab} or prepare the data with the "
-            "recipe's tokenizer"
+            f"{data.path} was prepared for a vocabulary of {shown(vocab)} tokens (meta.json vocab_size), but the "
+            f"model's vocab_size is {model_vocab}; use a recipe with vocab_size >= {shown(vocab)} or prepare the data "
+            "with the recipe's tokenizer"
         )
     for split, tokens in (("train", data.train), ("val", data.val)):
         top = int(tokens.max())
@@ -130,6 +147,36 @@ def check_data(recipe: Recipe, data: TokenData) -> None:
                 f"{data.path}: {split}.bin holds token id {top}, beyond meta.json's vocab_size {vocab}; the data is "
                 "damaged: prepare it again"
             )
+
+
+def _loadable(name: str, hf_dir: str | Path | None) -> Tokenizer | None:
+    """The tokenizer a recipe names, if it can be loaded here: "hf" from ``hf_dir`` only."""
+    if name == "hf" and hf_dir is None:
+        return None
+    try:
+        return load_tokenizer(name, hf_dir=hf_dir)
+    except GptzooError:  # an HF directory without a tokenizer, GPT-2's BPE files not installed: nothing to compare
+        return None
+
+
+def _prepare_advice(recipe: Recipe, hf_dir: str | Path | None) -> str:
+    """How to prepare data for ``recipe``'s tokenizer: by name, or the Hugging Face directory that holds it."""
+    assert recipe.tokenizer is not None
+    source: str | Path | None = recipe.tokenizer.name
+    if source == "hf":  # not a name prepare takes: the directory of the weights it comes with, where known
+        weights = recipe.weights.hf if recipe.weights is not None else None
+        if hf_dir is not None:
+            source = Path(hf_dir).resolve()
+        elif weights is not None and (weights in FETCHABLE or Path(weights).expanduser().is_dir()):
+            source = weights
+        else:
+            source = None
+    if source is not None:
+        return f"run `gptzoo prepare ... --tokenizer {source}` for it"
+    return (
+        "its 'hf' tokenizer is the one of the Hugging Face weights it starts from: run `gptzoo prepare ... "
+        "--tokenizer DIR` with their directory DIR, and train with --init-from-hf DIR"
+    )
 
 
 def memory_needed(recipe: Recipe, n_params: int) -> tuple[int, int]:
@@ -174,10 +221,13 @@ def check_memory(recipe: Recipe, device: torch.device, registry: Registry | None
 def check_resumable(recipe: Recipe, saved: Recipe, where: Path) -> None:
     """The checkpoint trained this recipe: same model, same math (lr, batch, schedule, seed...)."""
     problems = []
-    if saved.model != recipe.model:
-        problems.append("[model] differs")
-    if (saved.tokenizer and saved.tokenizer.name) != (recipe.tokenizer and recipe.tokenizer.name):
-        problems.append("[tokenizer] differs")
+    for section in ("model", "tokenizer"):
+        theirs, ours = saved.to_dict().get(section) or {}, recipe.to_dict().get(section) or {}
+        problems += [
+            f"[{section}] {key} is {_setting(theirs, key)} there, {_setting(ours, key)} here"
+            for key in dict.fromkeys([*theirs, *ours])
+            if theirs.get(key, _UNSET) != ours.get(key, _UNSET)
+        ]
     for f in fields(TrainSpec):
         ours, theirs = getattr(recipe.train, f.name), getattr(saved.train, f.name)
         if f.name == "seq_len":
@@ -189,6 +239,17 @@ def check_resumable(recipe: Recipe, saved: Recipe, where: Path) -> None:
             f"{where} is a checkpoint of a different recipe: {'; '.join(problems)}; resume with the run's own recipe "
             f"({where.parent.parent / RECIPE}) or start a new --out"
         )
+
+
+_UNSET = object()
+
+
+def _setting(section: dict[str, Any], key: str) -> str:
+    """A recipe value in a message, as its TOML gives it: its repr, cut after 60 characters; or unset."""
+    if key not in section:
+        return "unset"
+    text = repr(section[key])
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 PRECISION_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -554,6 +615,7 @@ def check_out(out: Path, *, resume: bool) -> None:
     its name is one safetensors can write checkpoints under."""
     check_utf8_path(out)
     if resume:
+        run_dir.check_checkpoints(out)
         if not run_dir.checkpoint_dirs(out):
             raise GptzooError(
                 f"{out} has no checkpoints to resume; check --out, or remove {out} and train without --resume"
@@ -612,6 +674,7 @@ def train(
     data: str | Path | None = None,
     resume: bool = False,
     init: GPT | None = None,
+    hf_dir: str | Path | None = None,
     log: Log | None = None,
     started: Started | None = None,
     registry: Registry | None = None,
@@ -619,10 +682,13 @@ def train(
     """Train ``recipe`` (from ``init``'s weights when given) into the run directory ``out``; every
     record also goes to ``log``, and ``started`` learns the step the run starts from once every check
     has passed. Under torchrun, call it in every process (the first one holds the lock).
-    ``registry`` builds the model (default: gptzoo.registry.default_registry()).
+    ``hf_dir``: the Hugging Face directory ``init`` came from, whose tokenizer is a recipe's "hf" one
+    (the data's is checked against it). ``registry`` builds the model (default:
+    gptzoo.registry.default_registry()).
 
-    Nothing changes on disk before every check has passed. A new run that fails before its first
-    checkpoint removes what it wrote (there is nothing to resume), so it can simply run again.
+    Nothing changes on disk before every check has passed. A new run that fails or is interrupted
+    before its first checkpoint removes what it wrote (there is nothing to resume), so it can simply
+    run again.
 
     Raises:
         GptzooError: bad input, found before the first step; or a failure while training (the message says what
@@ -642,7 +708,7 @@ def train(
             )
         data_dir = data_dir_of(recipe, data)
         tokens = TokenData.open(data_dir)
-        check_data(recipe, tokens)
+        check_data(recipe, tokens, hf_dir)
         check_memory(recipe, procs.device, registry)
         if recipe.train.compile:
             check_compile(procs.device)
@@ -664,7 +730,7 @@ def train(
                 if started is not None:
                     started(trainer.step)
                 result = trainer.run()
-            except Exception:
+            except BaseException:  # Ctrl-C too
                 if procs.is_main and not resume:
                     run_dir.discard(out)  # nothing to resume: leave nothing that refuses the next try
                 raise
@@ -673,6 +739,8 @@ def train(
         raise run_dir.WriteError(f"{exc}; {run_dir.intact(out)}") from None
     except KeyboardInterrupt:
         distributed.stop(procs, wait=False)
+        if trainer is None and not resume:
+            raise Interrupted("before the first step; nothing was written") from None
         reached = f"at step {trainer.step}" if trainer is not None else "before the first step"
         raise Interrupted(f"{reached}; {run_dir.kept(out)}") from None
     except BaseException:
