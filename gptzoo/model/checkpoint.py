@@ -32,7 +32,16 @@ from gptzoo.recipe import COMPONENT_KEYS, ModelSpec, Recipe, override_recipe, va
 from gptzoo.recipe.load import read_resolved_recipe_data
 from gptzoo.registry import Registry, default_registry
 from gptzoo.tokenizer import HF_TOKENIZER_SAVED
-from gptzoo.untrusted import WEIGHT_DTYPES, WEIGHT_DTYPES_TEXT, check_utf8_path, checkpoint_file, first_few, supplies
+from gptzoo.untrusted import (
+    TOKENIZER_CONFIG,
+    WEIGHT_DTYPES,
+    WEIGHT_DTYPES_TEXT,
+    check_tokenizer_config,
+    check_utf8_path,
+    checkpoint_file,
+    first_few,
+    supplies,
+)
 
 WEIGHTS = "model.safetensors"
 RECIPE = "recipe.toml"
@@ -134,6 +143,26 @@ def tokenizer_files(directory: Path) -> list[str]:
     return [name for name in HF_TOKENIZER_SAVED if supplies(directory, name)]
 
 
+def tokenizer_copies(source: str | Path | None) -> dict[str, Path]:
+    """The Hugging Face tokenizer files of the directory ``source`` (none for None), each by name
+    with the real path to copy it from, checked as gptzoo.untrusted requires (the file names in
+    its tokenizer_config.json too, which the copy keeps)."""
+    if source is None:
+        return {}
+    source = Path(source)
+    names = tokenizer_files(source)
+    copies = {name: checkpoint_file(source, name, missing=f"{source / name} is missing") for name in names}
+    if TOKENIZER_CONFIG in copies:
+        check_tokenizer_config(source)
+    return copies
+
+
+def copy_files(copies: dict[str, Path], directory: Path) -> None:
+    """The files of :func:`tokenizer_copies` into ``directory`` (being written atomically)."""
+    for name, real in copies.items():
+        shutil.copyfile(real, directory / name)
+
+
 def save_checkpoint(
     model: GPT, recipe: Recipe, out_dir: str | Path, *, tokenizer_from: str | Path | None = None
 ) -> Path:
@@ -149,16 +178,11 @@ def save_checkpoint(
     check_writable(recipe)
     check_utf8_path(out_dir)
     keys = stored_shapes(model)
-    source = Path(tokenizer_from) if tokenizer_from is not None else None
-    copies = {
-        name: checkpoint_file(source, name, missing=f"{source / name} is missing")
-        for name in (tokenizer_files(source) if source is not None else [])
-    }
+    copies = tokenizer_copies(tokenizer_from)
     try:
         with new_directory(out_dir) as tmp:
             write_files(tmp, {k: v for k, v in model.state_dict().items() if k in keys}, recipe)
-            for name, real in copies.items():
-                shutil.copyfile(real, tmp / name)
+            copy_files(copies, tmp)
     except KeyboardInterrupt:
         raise Interrupted(f"nothing was written to {out_dir}") from None
     return Path(out_dir)
