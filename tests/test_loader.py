@@ -342,3 +342,23 @@ def test_a_checkpoint_built_from_hf_weights_keeps_their_tokenizer(
         f"(tokenizer.json, tokenizer_config.json, tokenizer.model, vocab.json, vocab.txt and the like) into {ck}, "
         "or generate from the Hugging Face checkpoint itself (--hf DIR)"
     )
+
+
+@pytest.mark.parametrize("error", ["torch", "safetensors"])
+def test_a_checkpoint_that_disappears_while_it_is_read(
+    ck: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, error: str
+) -> None:
+    read = checkpoint.load_file
+
+    def pruned(filename: str, **kwargs: object) -> dict[str, torch.Tensor]:  # a training run removes it meanwhile
+        shutil.rmtree(ck)
+        if error == "torch":  # what torch says when the file goes between safetensors' open and its own
+            raise RuntimeError(f"unable to open file <{filename}> in read-only mode: No such file or directory (2)")
+        return read(filename, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "load_file", pruned)
+    assert run_error(capsys, "generate", "--checkpoint", str(ck), "--prompt", "hi") == (
+        f"error: checkpoint {ck} changed or disappeared while it was read (model.safetensors is gone; a training run "
+        "that keeps only its newest checkpoints removes older ones); read one that is kept, or copy it elsewhere "
+        "first"
+    )

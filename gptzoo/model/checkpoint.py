@@ -238,7 +238,13 @@ def load_checkpoint(
             )
     try:
         tensors = load_file(str(weights), device=str(device or "cpu"))
-    except (SafetensorError, OSError) as exc:
+    except (SafetensorError, OSError, RuntimeError) as exc:  # RuntimeError: torch mapping a file that is gone
+        if not weights.is_file():  # checked above: the checkpoint went away meanwhile
+            raise CheckpointError(
+                f"checkpoint {path} changed or disappeared while it was read ({WEIGHTS} is gone; a training "
+                "run that keeps only its newest checkpoints removes older ones); read one that is kept, or copy it "
+                "elsewhere first"
+            ) from None
         raise CheckpointError(f"cannot read {path / WEIGHTS}: {exc}") from None
     missing, unexpected = sorted(expected.keys() - tensors.keys()), sorted(tensors.keys() - expected.keys())
     if missing or unexpected:
