@@ -714,6 +714,7 @@ def test_a_checkpoint_built_before_keeps_its_tokenizer_config_checked(
     )
     capsys.readouterr()
     assert run_error(capsys, "generate", "--checkpoint", str(ck), "--prompt", "w1") == f"error: {message}"
+    assert run_error(capsys, "export", str(ck), "--hf", str(path.parent / "ex")) == f"error: {message}"
     (ck / "tokenizer_config.json").write_text(json.dumps({**config, "fast_tokenizer_files": ["tokenizer.json"]}))
     assert len(run_json(capsys, "generate", "--checkpoint", str(ck), "--prompt", "w1", "--max-new-tokens", "1")) > 0
 

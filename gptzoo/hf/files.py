@@ -22,6 +22,7 @@ from torch import Tensor
 from gptzoo.atomic import new_directory
 from gptzoo.errors import CheckpointError
 from gptzoo.hf import family
+from gptzoo.model.checkpoint import copy_files
 from gptzoo.untrusted import NAME_LIMIT, check_utf8_path, checkpoint_file, pickle_refusal, read_json, supplies
 
 CONFIG = "config.json"
@@ -190,10 +191,12 @@ def _state_dict(obj: Any, file: Path) -> dict[str, Tensor]:
     return obj
 
 
-def write_checkpoint(out: Path, config: Any, tensors: dict[str, Tensor]) -> Path:
-    """Write config (a transformers PretrainedConfig) and tensors to a new directory, atomically."""
+def write_checkpoint(out: Path, config: Any, tensors: dict[str, Tensor], copies: dict[str, Path]) -> Path:
+    """Write config (a transformers PretrainedConfig), tensors and the files ``copies`` (name -> the
+    real path to copy, see gptzoo.model.checkpoint.tokenizer_copies) to a new directory, atomically."""
     check_utf8_path(out)
     with new_directory(out) as tmp:
         config.save_pretrained(tmp)
         save_file(tensors, str(tmp / SAFETENSORS), metadata={"format": "pt"})
+        copy_files(copies, tmp)
     return out
