@@ -221,11 +221,7 @@ def export_hf(model: GPT, out: str | Path, *, tokenizer_from: str | Path | None 
         config = transformers.AutoConfig.for_model(
             family.model_type, **config_fields, architectures=[family.architecture], dtype=model.wte.weight.dtype
         )
-        tensors = {
-            key: t.detach().cpu().contiguous()
-            for ours, theirs, tmap in rows
-            for key, t in zip(theirs, tmap.save(state[ours]), strict=True)
-        }
+        tensors = {key: t for ours, theirs, tmap in rows for key, t in zip(theirs, tmap.save(state[ours]), strict=True)}
         return write_checkpoint(Path(out), config, tensors, copies)
     raise NoEquivalentError("; ".join(reasons))
 

@@ -22,7 +22,7 @@ from torch import Tensor
 from gptzoo.atomic import new_directory
 from gptzoo.errors import CheckpointError
 from gptzoo.hf import family
-from gptzoo.model.checkpoint import copy_files
+from gptzoo.model.checkpoint import copy_files, unshared
 from gptzoo.untrusted import NAME_LIMIT, check_utf8_path, checkpoint_file, pickle_refusal, read_json, supplies
 
 CONFIG = "config.json"
@@ -197,6 +197,6 @@ def write_checkpoint(out: Path, config: Any, tensors: dict[str, Tensor], copies:
     check_utf8_path(out)
     with new_directory(out) as tmp:
         config.save_pretrained(tmp)
-        save_file(tensors, str(tmp / SAFETENSORS), metadata={"format": "pt"})
+        save_file(unshared(tensors), str(tmp / SAFETENSORS), metadata={"format": "pt"})
         copy_files(copies, tmp)
     return out

@@ -79,10 +79,27 @@ def check_writable(recipe: Recipe) -> None:
             ) from None
 
 
+def unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The tensors on the CPU, contiguous, each with memory of its own, as safetensors writes them: a
+    tensor whose memory another name already holds (a component that keeps one parameter under two
+    names) is copied, so the file holds every name (loading then gives each its own tensor)."""
+    held: set[int] = set()
+    out = {}
+    for key, tensor in tensors.items():
+        tensor = tensor.detach().to("cpu").contiguous()
+        storage = tensor.untyped_storage().data_ptr()
+        if storage in held:
+            tensor = tensor.clone()
+        elif tensor.numel():  # an empty tensor holds no memory to share
+            held.add(storage)
+        out[key] = tensor
+    return out
+
+
 def write_files(directory: Path, tensors: dict[str, torch.Tensor], recipe: Recipe) -> None:
     """The checkpoint files (weights and recipe) into ``directory``, which is being written atomically."""
     check_writable(recipe)
-    tensors = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+    tensors = unshared(tensors)
     save_file(tensors, str(directory / WEIGHTS), metadata={"format": "pt", "gptzoo_version": gptzoo_version()})
     (directory / RECIPE).write_text(recipe.to_toml(), encoding="utf-8")
 
