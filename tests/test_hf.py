@@ -202,6 +202,25 @@ def test_export_copies_the_tokenizer_a_checkpoint_holds(tmp_path: Path, capsys: 
     assert transformers.AutoTokenizer.from_pretrained(out)("w3 w4")["input_ids"] == fast("w3 w4")["input_ids"]
 
 
+def test_an_interrupted_export_says_nothing_was_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gptzoo.hf import files
+
+    def interrupt(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    ck, out = tmp_path / "ck", tmp_path / "out"
+    assert main(["build", "gpt2-tiny", "--out", str(ck), "--json"]) == 0
+    capsys.readouterr()
+    for where, name in [(transformers.AutoConfig, "for_model"), (files, "save_file")]:
+        with monkeypatch.context() as patch:
+            patch.setattr(where, name, interrupt)
+            assert main(["export", str(ck), "--hf", str(out)]) == 130
+        assert capsys.readouterr().err == f"interrupted: nothing was written to {out}\n"
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+
+
 def test_cli_build_export_compare(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     hf = save_hf(tmp_path, "llama", llama_config())
     assert main(["build", "--hf", str(hf), "--out", str(tmp_path / "ck"), "--json"]) == 0

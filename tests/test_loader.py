@@ -16,10 +16,12 @@ from fakedist import FakeSite
 from safetensors.torch import load_file, save_file
 
 import gptzoo
+from gptzoo.cli import main
 from gptzoo.errors import CheckpointError, GptzooError, Interrupted, RecipeError
 from gptzoo.hf import export_hf
 from gptzoo.hf.files import write_checkpoint
 from gptzoo.model import checkpoint
+from gptzoo.model.gpt import GPT
 
 DTYPES = "float32, bfloat16 or float16"
 RULE = "every file a checkpoint supplies must be inside its directory (after following symlinks)"
@@ -407,3 +409,16 @@ def test_a_parameter_held_under_two_names_is_saved_under_both(
     assert back.keys() == {"a", "b", "c"} and torch.equal(back["b"], shared) and torch.equal(back["c"], shared[:2])
     write_checkpoint(tmp_path / "hf", transformers.GPT2Config(), {"a": shared, "b": shared}, {})
     assert load_file(tmp_path / "hf" / "model.safetensors").keys() == {"a", "b"}
+
+
+def test_an_interrupted_initialization_says_nothing_was_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def interrupt(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(GPT, "init_weights", interrupt)
+    out = tmp_path / "ck"
+    assert main(["build", "gpt2-tiny", "--out", str(out)]) == 130
+    assert capsys.readouterr().err == f"interrupted: nothing was written to {out}\n"
+    assert list(tmp_path.iterdir()) == []

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from gptzoo import factories
-from gptzoo.errors import CheckpointError, GptzooError, RecipeError, did_you_mean
+from gptzoo.errors import CheckpointError, GptzooError, Interrupted, RecipeError, did_you_mean
 from gptzoo.hf.family import Family, NoEquivalentError, show
 from gptzoo.hf.files import locate, read_config, read_tensors, write_checkpoint
 from gptzoo.hf.gpt2 import GPT2
@@ -200,7 +200,15 @@ def export_hf(model: GPT, out: str | Path, *, tokenizer_from: str | Path | None 
     Raises:
         NoEquivalentError: no Hugging Face architecture expresses the recipe.
         CheckpointError: ``out`` cannot be written, a tokenizer file is not one the directory may supply.
+        Interrupted: Ctrl-C (nothing is left behind).
     """
+    try:
+        return _export(model, Path(out), tokenizer_from)
+    except KeyboardInterrupt:
+        raise Interrupted(f"nothing was written to {out}") from None
+
+
+def _export(model: GPT, out: Path, tokenizer_from: str | Path | None) -> Path:
     import transformers
 
     transformers.utils.logging.disable_progress_bar()
@@ -222,7 +230,7 @@ def export_hf(model: GPT, out: str | Path, *, tokenizer_from: str | Path | None 
             family.model_type, **config_fields, architectures=[family.architecture], dtype=model.wte.weight.dtype
         )
         tensors = {key: t for ours, theirs, tmap in rows for key, t in zip(theirs, tmap.save(state[ours]), strict=True)}
-        return write_checkpoint(Path(out), config, tensors, copies)
+        return write_checkpoint(out, config, tensors, copies)
     raise NoEquivalentError("; ".join(reasons))
 
 
