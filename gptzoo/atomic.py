@@ -77,6 +77,21 @@ def _remove(created: list[Path]) -> None:
             return
 
 
+NAME_MAX = 255
+"""The most bytes of one file name (Linux, macOS)."""
+RANDOM_SUFFIX = 8
+"""The characters tempfile adds after a prefix."""
+
+
+def temporary_prefix(name: str) -> str:
+    """``.NAME.``, the prefix of the temporary sibling of ``name`` (``.step-000200.`` for a training
+    run's step-000200, whose leftovers gptzoo.training.run_dir removes by it), with NAME cut short
+    enough that the temporary name stays within NAME_MAX bytes: a legal name of 250 bytes too."""
+    while len(os.fsencode(f".{name}.")) + RANDOM_SUFFIX > NAME_MAX:  # by characters: none is cut in half
+        name = name[:-1]
+    return f".{name}."
+
+
 @contextmanager
 def new_directory(out: str | Path) -> Iterator[Path]:
     """A temporary directory beside ``out`` to fill in the ``with`` block: renamed to ``out`` when
@@ -89,7 +104,7 @@ def new_directory(out: str | Path) -> Iterator[Path]:
     tmp: Path | None = None
     try:
         created = _make_parents(out.parent)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=temporary_prefix(out.name), dir=out.parent))
         tmp.chmod(stat.S_IMODE(out.stat().st_mode) if out.is_dir() else default_mode(directory=True))
         yield tmp
         _plain_modes(tmp)

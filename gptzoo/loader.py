@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from gptzoo.atomic import check_new_directory
-from gptzoo.errors import GptzooError
+from gptzoo.errors import GptzooError, Interrupted
 from gptzoo.hf import check_recipe_matches, hf_recipe, load_hf, locate
 from gptzoo.model.build import build_model, resolve_components
 from gptzoo.model.checkpoint import load_checkpoint, save_checkpoint, tokenizer_files
@@ -180,7 +180,10 @@ def build(
     if hf is not None:
         summary["hf"] = str(hf)
     if out is not None:
-        real = load_model(loaded.recipe, hf=hf, registry=registry, recipe_weights=False)
+        try:  # initializing a large model's weights takes a while
+            real = load_model(loaded.recipe, hf=hf, registry=registry, recipe_weights=False)
+        except KeyboardInterrupt:
+            raise Interrupted(f"nothing was written to {out}") from None
         uses_hf = loaded.recipe.tokenizer is None or loaded.recipe.tokenizer.name == "hf"
         saved = save_checkpoint(real.model, loaded.recipe, out, tokenizer_from=real.hf_dir if uses_hf else None)
         summary["checkpoint"] = str(saved)

@@ -97,6 +97,7 @@ class Tokenizer(Protocol):
     name: str
     vocab_size: int
     """Number of token ids the tokenizer can produce (0 .. vocab_size - 1), special tokens included."""
+    bos_token_id: int | None
     eos_token_id: int | None
 
     def encode(self, text: str) -> list[int]: ...
@@ -171,10 +172,13 @@ def gpt2_encoding() -> tiktoken.Encoding:
 class TiktokenTokenizer:
     """A tiktoken encoding; special tokens written in the text encode to their ids (HF's behaviour)."""
 
-    def __init__(self, encoding: tiktoken.Encoding, *, eos_token: str | None = None) -> None:
+    def __init__(
+        self, encoding: tiktoken.Encoding, *, bos_token: str | None = None, eos_token: str | None = None
+    ) -> None:
         self.encoding = encoding
         self.name = encoding.name
         self.vocab_size = encoding.n_vocab
+        self.bos_token_id = encoding.encode_single_token(bos_token) if bos_token is not None else None
         self.eos_token_id = encoding.encode_single_token(eos_token) if eos_token is not None else None
 
     def encode(self, text: str) -> list[int]:
@@ -210,6 +214,7 @@ class ByteTokenizer:
 
     name = "bytes"
     vocab_size = 256
+    bos_token_id = None
     eos_token_id = None
 
     def encode(self, text: str) -> list[int]:
@@ -243,6 +248,7 @@ class HFTokenizer:
         self.directory = directory
         self.name = "hf"
         self.vocab_size = len(tokenizer)  # base vocabulary + added tokens
+        self.bos_token_id: int | None = tokenizer.bos_token_id
         self.eos_token_id: int | None = tokenizer.eos_token_id
 
     @classmethod
@@ -322,7 +328,7 @@ def load_tokenizer(name: str, *, hf_dir: str | Path | None = None) -> Tokenizer:
         GptzooError: an unknown name, ``"hf"`` without a directory, or files that fail to load.
     """
     if name == "gpt2":
-        return TiktokenTokenizer(gpt2_encoding(), eos_token=GPT2_EOS)
+        return TiktokenTokenizer(gpt2_encoding(), bos_token=GPT2_EOS, eos_token=GPT2_EOS)  # as GPT2Tokenizer
     if name == "bytes":
         return ByteTokenizer()
     if name == "hf":

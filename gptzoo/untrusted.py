@@ -4,15 +4,19 @@ Every file gptzoo reads from it, and every file transformers may read from it, m
 file inside it once symbolic links are followed (in a Hugging Face cache snapshot,
 ``models--org--name/snapshots/REV``, also inside that repository's ``blobs/`` folder, where the
 cache keeps what the snapshot links to): a checkpoint cannot make gptzoo read ``/etc/passwd`` by
-naming it, nor hang it on a named pipe. Its weights are of a dtype gptzoo runs, and its path is
-UTF-8, the only paths safetensors opens.
+naming it, nor hang it on a named pipe. For transformers, which opens files by name, that holds for
+every entry of every subdirectory and for every file name its tokenizer_config.json gives. Its
+weights are of a dtype gptzoo runs, and its path is UTF-8, the only paths safetensors opens.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from gptzoo.errors import CheckpointError
 
@@ -20,6 +24,10 @@ WEIGHT_DTYPES = ("float32", "bfloat16", "float16")
 """The dtypes of the weights gptzoo reads (by torch name); float64, float8, float4 and integers are refused."""
 WEIGHT_DTYPES_TEXT = "float32, bfloat16 or float16"
 RULE = "every file a checkpoint supplies must be inside its directory (after following symlinks)"
+TOKENIZER_CONFIG = "tokenizer_config.json"
+"""Where an HF tokenizer's saved arguments are, file names among them (``vocab_file``, ``fast_tokenizer_files``)."""
+NAME_LIMIT = 300
+"""The most characters of a name (a tensor's, a file's) a message shows."""
 
 
 def first_few(items: list[str], limit: int = 8, sep: str = "; ") -> str:
@@ -91,7 +99,9 @@ def checkpoint_file(directory: Path, name: str, *, missing: str, entry: str | No
 
     Raises:
         CheckpointError: the name cannot be resolved, leads outside the directory, names nothing
-            (``missing``, or a broken link), or is not a regular file (a directory, a FIFO, a device).
+            (``missing``, or a broken link), is not a regular file (a directory, a FIFO, a device),
+            or cannot be opened for reading (it is opened once to find out: readers such as
+            safetensors report every failure to open as a missing file).
     """
     subject, verb = (entry, "names") if entry is not None else (str(directory / name), "is")
     real, mode = _inspect(directory, name, subject, verb)
@@ -101,7 +111,44 @@ def checkpoint_file(directory: Path, name: str, *, missing: str, entry: str | No
         raise CheckpointError(missing)
     if not stat.S_ISREG(mode):
         raise CheckpointError(f"{subject} {verb} {_kind(mode)}, not a file")
+    try:  # O_NONBLOCK: should it have become a FIFO since, opening it returns at once all the same
+        os.close(os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC))
+    except OSError as exc:
+        raise CheckpointError(f"cannot read {directory / name}: {_reason(exc)}") from None
     return real
+
+
+def read_json(real: Path, file: Path, what: str) -> dict[str, Any]:
+    """A JSON object from a checkpoint file, read at its real path ``real`` (from :func:`checkpoint_file`)
+    and named ``file``; ``what`` it is, for the fix ("config.json", "index"). NaN and Infinity are
+    not JSON and are refused.
+
+    Raises:
+        CheckpointError: the file cannot be read, is not JSON or not a JSON object.
+    """
+    try:
+        text = real.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CheckpointError(f"cannot read {file}: {_reason(exc)}") from None
+    except ValueError as exc:  # UnicodeDecodeError
+        raise CheckpointError(f"{file} is not valid JSON: {_reason(exc)}; fix or replace the {what}") from None
+    try:
+        data = json.loads(text, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as exc:
+        raise CheckpointError(f"{file} is not valid JSON: {_reason(exc)}; fix or replace the {what}") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{file} is not a JSON object; fix or replace the {what}")
+    return data
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _shown(name: str) -> str:
+    """A file name from a checkpoint file, for a message: its repr, cut to NAME_LIMIT characters."""
+    text = repr(name)
+    return text if len(text) <= NAME_LIMIT else text[: NAME_LIMIT - 3] + "..."
 
 
 def supplies(directory: Path, name: str) -> bool:
@@ -110,16 +157,81 @@ def supplies(directory: Path, name: str) -> bool:
 
 
 def check_directory(directory: Path) -> None:
-    """Every entry of ``directory`` is a regular file or a directory inside it, for a reader that
-    opens files by name (transformers): no symbolic link leads outside, nothing is a FIFO or device.
+    """What a reader that opens files by name (transformers) may open in ``directory`` is inside it:
+    every entry of every subdirectory (a symlinked one too, once) is a regular file or a directory
+    inside it, and every file name its tokenizer_config.json gives (:func:`check_tokenizer_config`)
+    leads inside it. No symbolic link leads outside, nothing is a FIFO or a device.
 
     Raises:
-        CheckpointError: naming the first entry that is not.
+        CheckpointError: naming the first entry (in sorted order, depth first) or name that is not.
     """
-    for name in sorted(os.listdir(directory)):
-        _, mode = _inspect(directory, name, str(directory / name), "is")
-        if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-            raise CheckpointError(f"{directory / name} is {_kind(mode)}, not a file")
+    seen: set[Path] = set()
+    pending = [Path()]  # subdirectories, relative to directory, still to list
+    while pending:
+        relative = pending.pop()
+        real = (directory / relative).resolve()
+        if real in seen:  # a symlink back to a directory already listed
+            continue
+        seen.add(real)
+        try:
+            names = sorted(os.listdir(directory / relative))
+        except OSError as exc:
+            raise CheckpointError(f"cannot read {directory / relative}: {_reason(exc)}") from None
+        subdirectories = []
+        for name in names:
+            entry = relative / name
+            _, mode = _inspect(directory, str(entry), str(directory / entry), "is")
+            if mode is not None and stat.S_ISDIR(mode):
+                subdirectories.append(entry)
+            elif mode is not None and not stat.S_ISREG(mode):
+                raise CheckpointError(f"{directory / entry} is {_kind(mode)}, not a file")
+        pending += reversed(subdirectories)
+    if supplies(directory, TOKENIZER_CONFIG):
+        check_tokenizer_config(directory)
+
+
+def check_tokenizer_config(directory: Path) -> None:
+    """Every string under a key ending in ``_file`` or ``_files`` in the directory's
+    tokenizer_config.json (transformers' names for tokenizer files: vocab_file, merges_file,
+    tokenizer_file, fast_tokenizer_files, ...), at any depth, names a file inside ``directory``:
+    relative to it, and leading inside it once resolved (it need not exist: transformers skips one
+    that does not).
+
+    Raises:
+        CheckpointError: naming the entry (e.g. ``fast_tokenizer_files[0] = '../x.json'``) and the fix.
+    """
+    file = directory / TOKENIZER_CONFIG
+    config = read_json(
+        checkpoint_file(directory, TOKENIZER_CONFIG, missing=f"{file} is missing"), file, "tokenizer config"
+    )
+    fix = f"remove the entry, or name a file inside {directory} relative to it"
+    for where, name in _file_names(config):
+        entry = f"{file}: {where} = {_shown(name)}"
+        if os.path.isabs(name):
+            raise CheckpointError(f"{entry} is an absolute path; {RULE}: {fix}")
+        try:
+            _, mode = _inspect(directory, name, entry, "names")
+        except CheckpointError as exc:
+            raise CheckpointError(f"{exc}: {fix}") from None
+        if mode is not None and not stat.S_ISREG(mode):
+            raise CheckpointError(f"{entry} names {_kind(mode)}, not a file: {fix}")
+
+
+def _file_names(config: dict[str, Any]) -> Iterator[tuple[str, str]]:
+    """(key path, string) of every string in ``config`` under a key ending in _file or _files, in
+    the file's order (iteratively: the nesting is the file's to choose)."""
+    pending: list[tuple[str, Any, bool]] = [("", config, False)]  # (key path, value, under such a key)
+    while pending:
+        where, value, named = pending.pop()
+        if isinstance(value, str) and named:
+            yield where, value
+        elif isinstance(value, dict):
+            items = [
+                (f"{where}.{k}" if where else k, v, named or k.endswith(("_file", "_files"))) for k, v in value.items()
+            ]
+            pending += reversed(items)
+        elif isinstance(value, list):
+            pending += reversed([(f"{where}[{i}]", v, named) for i, v in enumerate(value)])
 
 
 def undecodable(text: str, start: int) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gptzoo.atomic import check_new_directory, new_directory
+from gptzoo.atomic import check_new_directory, new_directory, temporary_prefix
 from gptzoo.errors import CheckpointError
 
 
@@ -68,3 +68,20 @@ def test_what_cannot_become_a_new_directory(tmp_path: Path) -> None:
             check_new_directory(out)
         assert str(info.value) == message
     assert (tmp_path / "file").read_text(encoding="utf-8") == "mine" and not (tmp_path / "nowhere").exists()
+
+
+@pytest.mark.parametrize("name", ["a" * 255, "é" * 127 + "a", "step-000200"])
+def test_names_up_to_the_limit_get_a_temporary_sibling_that_fits(tmp_path: Path, name: str) -> None:
+    with new_directory(tmp_path / name) as tmp:
+        assert len(os.fsencode(tmp.name)) <= 255 and tmp.name.startswith(temporary_prefix(name))
+        assert temporary_prefix(name).startswith(f".{name[:100]}")  # run_dir finds leftover ".step-*" by it
+        (tmp / "f").write_bytes(b"x")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]
+
+
+def test_build_writes_a_checkpoint_of_a_250_character_name(tmp_path: Path) -> None:
+    from gptzoo.cli import main
+
+    out = tmp_path / ("c" * 250)
+    assert main(["build", "gpt2-tiny", "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["model.safetensors", "recipe.toml"]

@@ -17,6 +17,7 @@ import gptzoo
 from gptzoo.builtins.samplers import Temperature
 from gptzoo.cli import main
 from gptzoo.errors import GptzooError
+from gptzoo.inference import generate as generate_module
 from gptzoo.inference.generate import (
     check_seed,
     encode_prompts,
@@ -190,6 +191,19 @@ def test_prompt_ids_beyond_the_models_vocabulary(capsys: pytest.CaptureFixture[s
     assert str(exc.value) == "prompt 2 has token id 300, outside the bytes tokenizer's vocabulary (0..255)"
 
 
+def test_prompt_ids_are_checked_before_anything_is_printed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ck = tmp_path / "ck"
+    run_json(capsys, "build", "llama-tiny", "--set", "tokenizer.name=bytes", "--out", str(ck))  # vocab_size 512
+    assert main(["generate", "--checkpoint", str(ck), "--set", "tokenizer.name=gpt2", "--prompt", "hello"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # neither the prompt nor the sampler line went out first
+    assert captured.err == (
+        "error: prompt 1 has token id 31373, outside the model's vocabulary (vocab_size 512), while the gpt2 "
+        "tokenizer has 50257 ids; give the model a vocab_size of at least 50257 or use the tokenizer it was trained "
+        "with\n"
+    )
+
+
 def test_ids_the_tokenizer_cannot_decode_are_never_chosen(capsys: pytest.CaptureFixture[str]) -> None:
     model = tiny_model("llama-tiny")
     head = nn.Linear(64, 512, bias=True)
@@ -301,6 +315,30 @@ def test_the_default_number_of_new_tokens_is_capped_to_the_context() -> None:
         with pytest.raises(GptzooError) as exc:
             generate_text(model, load_tokenizer("bytes"), prompts, 2)
         assert str(exc.value) == "every prompt needs at least one token"
+
+
+def test_a_kv_cache_beyond_the_free_memory_is_refused_before_it_is_allocated(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(generate_module, "available_bytes", lambda device: 2**30)
+    unlimited = ["llama-tiny", "--set", "model.context_length=2147483647", "--set", "tokenizer.name=bytes"]
+    # RoPE has no position limit; 2 layers x (k, v) x 2 KV heads x head_dim 16 x 4 bytes = 512 bytes a token
+    message = cli_error(
+        capsys, "generate", *unlimited, "--prompt", "hi", "--prompt", "hello", "--max-new-tokens", "2000000000"
+    )
+    assert message == (
+        "error: 2000000000 new tokens after 2 prompts of up to 5 tokens need a KV cache of 1.86 TiB, but 1.00 GiB of "
+        "memory is available (cpu); ask for fewer new tokens (--max-new-tokens) or give fewer prompts"
+    )
+    model = tiny_model("llama-tiny")
+    assert model.init_cache(2, 2000000005, device="meta").nbytes == 2 * 2000000005 * 512
+    message = cli_error(capsys, "generate", *unlimited, "--prompt", "hi", "--max-new-tokens", "4000000")
+    assert message == (
+        "error: 4000000 new tokens after a prompt of 2 tokens need a KV cache of 1.91 GiB, but 1.00 GiB of memory is "
+        "available (cpu); ask for fewer new tokens (--max-new-tokens) or give fewer prompts"
+    )
+    out = run_json(capsys, "generate", *unlimited, "--prompt", "hi", "--max-new-tokens", "3")
+    assert len(out["tokens"][0]) == 3
 
 
 # --- 8, 9. recipes and their tokenizers --------------------------------------------------------

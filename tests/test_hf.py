@@ -167,6 +167,60 @@ def test_export_round_trip(tmp_path: Path, recipe: str) -> None:
     assert again.keys() == before.keys() and all(torch.equal(again[k], before[k]) for k in before)
 
 
+def test_export_writes_the_tokenizers_own_special_ids(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for recipe, overrides, ids in [
+        ("shakespeare-bytes", [], (None, None)),  # the bytes tokenizer has none (GPT2Config's default is 50256)
+        ("gpt2-tiny", [], (50256, 50256)),  # GPT-2's <|endoftext|>
+        ("llama-tiny", ["--set", "tokenizer.name=gpt2"], (None, None)),  # 50256 is not an id of vocab_size 512
+        ("llama-tiny", [], (None, None)),  # "hf", and no tokenizer files to read them from (LlamaConfig says 1, 2)
+    ]:
+        ck, out = tmp_path / f"ck-{recipe}-{len(overrides)}", tmp_path / f"hf-{recipe}-{len(overrides)}"
+        assert main(["build", recipe, *overrides, "--out", str(ck), "--json"]) == 0
+        assert main(["export", str(ck), "--hf", str(out), "--json"]) == 0
+        capsys.readouterr()
+        config = json.loads((out / "config.json").read_text())
+        assert (config["bos_token_id"], config["eos_token_id"]) == ids, recipe
+        assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+
+
+def test_export_copies_the_tokenizer_a_checkpoint_holds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tokenizers import Tokenizer as RawTokenizer
+    from tokenizers import models, pre_tokenizers
+
+    hf = save_hf(tmp_path, "llama", llama_config(bos_token_id=7, eos_token_id=8))
+    raw = RawTokenizer(models.WordLevel({"<unk>": 0, **{f"w{i}": i for i in range(1, 512)}}, unk_token="<unk>"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="<unk>", bos_token="w1", eos_token="w2")
+    fast.save_pretrained(hf)
+    ck, out = tmp_path / "ck", tmp_path / "back"
+    assert main(["build", "--hf", str(hf), "--out", str(ck), "--json"]) == 0
+    assert main(["export", str(ck), "--hf", str(out), "--json"]) == 0
+    capsys.readouterr()
+    assert {"tokenizer.json", "tokenizer_config.json"} <= {p.name for p in out.iterdir()}
+    config = json.loads((out / "config.json").read_text())
+    assert (config["bos_token_id"], config["eos_token_id"]) == (1, 2)  # the tokenizer's, which generate stops at
+    assert transformers.AutoTokenizer.from_pretrained(out)("w3 w4")["input_ids"] == fast("w3 w4")["input_ids"]
+
+
+def test_an_interrupted_export_says_nothing_was_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gptzoo.hf import files
+
+    def interrupt(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    ck, out = tmp_path / "ck", tmp_path / "out"
+    assert main(["build", "gpt2-tiny", "--out", str(ck), "--json"]) == 0
+    capsys.readouterr()
+    for where, name in [(transformers.AutoConfig, "for_model"), (files, "save_file")]:
+        with monkeypatch.context() as patch:
+            patch.setattr(where, name, interrupt)
+            assert main(["export", str(ck), "--hf", str(out)]) == 130
+        assert capsys.readouterr().err == f"interrupted: nothing was written to {out}\n"
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+
+
 def test_cli_build_export_compare(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     hf = save_hf(tmp_path, "llama", llama_config())
     assert main(["build", "--hf", str(hf), "--out", str(tmp_path / "ck"), "--json"]) == 0

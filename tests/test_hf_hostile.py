@@ -8,15 +8,18 @@ import json
 import os
 import pickle
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 import transformers
-from cli_run import run_error
+from cli_run import run_error, run_json
 from safetensors.torch import load_file, save_file
 
+from gptzoo.cli import main
 from gptzoo.errors import CheckpointError, GptzooError
 from gptzoo.hf import hf_recipe, load_hf
 
@@ -464,6 +467,50 @@ def test_single_files_symlinked_outside_the_directory_are_refused(
     assert_refused(capsys, path, f"{path / name} links to {outside}, outside {path}; {RULE}")
 
 
+UNPRIVILEGED = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"] if os.geteuid() == 0 else []
+"""Root reads files it may not: without these two capabilities it is refused as anyone is."""
+UNREADABLE = """
+import contextlib, io, json, os, sys
+from gptzoo.cli import main
+messages = []
+for name, argv in json.loads(sys.argv[1]):
+    os.chmod(name, 0)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = main(argv)
+    os.chmod(name, 0o755 if os.path.isdir(name) else 0o644)
+    messages.append([code, err.getvalue()])
+print(json.dumps(messages))
+"""
+
+
+@pytest.mark.skipif(bool(UNPRIVILEGED) and shutil.which("setpriv") is None, reason="root, and no setpriv")
+def test_files_that_cannot_be_read_are_named_as_such(make: Callable[..., Path], tmp_path: Path) -> None:
+    path = make("whole")
+    save_word_tokenizer(path)
+    ck, out = tmp_path / "built", tmp_path / "out"
+    assert main(["build", "--hf", str(path), "--out", str(ck)]) == 0
+    (path / "sub").mkdir()
+    generate = ["generate", "--hf", str(path), "--prompt", "w1", "--max-new-tokens", "1"]
+    cases = [
+        (path / "config.json", generate),
+        (path / "model.safetensors", generate),
+        (path / "tokenizer_config.json", ["build", "--hf", str(path), "--out", str(out)]),
+        (path / "sub", generate),
+        (ck / "model.safetensors", ["generate", "--checkpoint", str(ck), "--prompt", "w1"]),
+        (ck / "recipe.toml", ["export", str(ck), "--hf", str(out)]),
+    ]
+    done = subprocess.run(
+        [*UNPRIVILEGED, sys.executable, "-c", UNREADABLE, json.dumps([(str(f), argv) for f, argv in cases])],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [[2, f"error: cannot read {f}: Permission denied\n"] for f, _ in cases]
+    assert not out.exists()
+
+
 def test_weights_that_are_not_regular_files_are_refused_unopened(
     make: Callable[..., Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -603,6 +650,99 @@ def test_tokenizer_files_symlinked_outside_the_directory_are_refused(
     assert run_error(capsys, "generate", "--hf", str(path), "--prompt", "w1") == (
         f"error: {path / 'tokenizer.json'} links to {outside}, outside {path}; {RULE}"
     )
+
+
+FIX = "remove the entry, or name a file inside {} relative to it"
+
+
+@pytest.mark.parametrize(
+    ("entry", "value", "refusal"),
+    [
+        ("fast_tokenizer_files", ["../outside/tokenizer.1.json"], "names a file outside {path}; {RULE}"),
+        ("fast_tokenizer_files", ["{outside}/tokenizer.1.json"], "is an absolute path; {RULE}"),
+        ("vocab_file", "sub/../../outside/tokenizer.1.json", "names a file outside {path}; {RULE}"),
+        (
+            "init_kwargs",
+            {"merges_file": "ok.txt", "tokenizer_file": "x\u0000"},
+            "cannot be resolved (embedded null byte)",
+        ),
+        ("special_tokens_map_file", ".", "names a directory, not a file"),
+    ],
+)
+def test_file_names_in_tokenizer_config_json_must_lead_inside(
+    make: Callable[..., Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    entry: str,
+    value: object,
+    refusal: str,
+) -> None:
+    path = make("whole")
+    save_word_tokenizer(path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    shutil.copy(path / "tokenizer.json", outside / "tokenizer.1.json")  # transformers would read it instead
+    value = json.loads(json.dumps(value).replace("{outside}", str(outside)))
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    (path / "tokenizer_config.json").write_text(json.dumps({**config, entry: value, "tokenizer_file": None}))
+    where = {"fast_tokenizer_files": f"{entry}[0]", "init_kwargs": "init_kwargs.tokenizer_file"}.get(entry, entry)
+    shown = value[0] if isinstance(value, list) else value["tokenizer_file"] if isinstance(value, dict) else value
+    refused = refusal.format(path=path, RULE=RULE)
+    message = f"{path / 'tokenizer_config.json'}: {where} = {shown!r} {refused}: {FIX.format(path)}"
+    assert run_error(capsys, "generate", "--hf", str(path), "--prompt", "w1") == f"error: {message}"
+    (tmp_path / "text.txt").write_text("w1 w2")
+    data = tmp_path / "data"
+    assert run_error(capsys, "prepare", str(tmp_path / "text.txt"), "--tokenizer", str(path), "--out", str(data)) == (
+        f"error: {message}"
+    )
+    assert run_error(capsys, "build", "--hf", str(path), "--out", str(tmp_path / "ck2")) == f"error: {message}"
+    assert not data.exists() and not (tmp_path / "ck2").exists()
+
+
+def test_a_checkpoint_built_before_keeps_its_tokenizer_config_checked(
+    make: Callable[..., Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = make("whole")
+    save_word_tokenizer(path)
+    ck = path.parent / "built"
+    assert main(["build", "--hf", str(path), "--out", str(ck)]) == 0
+    config = json.loads((ck / "tokenizer_config.json").read_text())
+    (ck / "tokenizer_config.json").write_text(json.dumps({**config, "fast_tokenizer_files": ["../ck/tokenizer.json"]}))
+    message = (
+        f"{ck / 'tokenizer_config.json'}: fast_tokenizer_files[0] = '../ck/tokenizer.json' names a file outside "
+        f"{ck}; {RULE}: {FIX.format(ck)}"
+    )
+    capsys.readouterr()
+    assert run_error(capsys, "generate", "--checkpoint", str(ck), "--prompt", "w1") == f"error: {message}"
+    assert run_error(capsys, "export", str(ck), "--hf", str(path.parent / "ex")) == f"error: {message}"
+    (ck / "tokenizer_config.json").write_text(json.dumps({**config, "fast_tokenizer_files": ["tokenizer.json"]}))
+    assert len(run_json(capsys, "generate", "--checkpoint", str(ck), "--prompt", "w1", "--max-new-tokens", "1")) > 0
+
+
+def test_every_entry_of_every_subdirectory_is_held_to_the_rule(
+    make: Callable[..., Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = make("whole")
+    save_word_tokenizer(path)
+    (tmp_path / "secret.jinja").write_text('{{ "SECRET" }}')
+    templates = path / "additional_chat_templates"
+    templates.mkdir()
+    (templates / "a.jinja").write_text("{{ messages[0].content }}")
+    (templates / "sub").mkdir()
+    os.symlink("..", templates / "sub" / "loop")  # inside: listed once
+    os.symlink(templates / "sub", path / "elsewhere")
+    argv = ["generate", "--hf", str(path), "--prompt", "w1", "--max-new-tokens", "1"]
+    assert len(run_json(capsys, *argv)["tokens"][0]) == 1
+    os.symlink(tmp_path / "secret.jinja", templates / "sub" / "x.jinja")
+    assert run_error(capsys, *argv) == (
+        f"error: {templates / 'sub' / 'x.jinja'} links to {tmp_path / 'secret.jinja'}, outside {path}; {RULE}"
+    )
+    (templates / "sub" / "x.jinja").unlink()
+    os.mkfifo(templates / "sub" / "x.jinja")  # transformers would block reading it
+    assert run_error(capsys, *argv) == f"error: {templates / 'sub' / 'x.jinja'} is a named pipe (FIFO), not a file"
+    (templates / "sub" / "x.jinja").unlink()
+    os.symlink(tmp_path, templates / "sub" / "up")  # a symlinked subdirectory outside
+    assert run_error(capsys, *argv) == f"error: {templates / 'sub' / 'up'} links to {tmp_path}, outside {path}; {RULE}"
 
 
 @pytest.mark.parametrize(

@@ -10,13 +10,18 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from cli_run import run_error, run_json
+from fakedist import FakeSite
 from safetensors.torch import load_file, save_file
 
 import gptzoo
+from gptzoo.cli import main
 from gptzoo.errors import CheckpointError, GptzooError, Interrupted, RecipeError
 from gptzoo.hf import export_hf
+from gptzoo.hf.files import write_checkpoint
 from gptzoo.model import checkpoint
+from gptzoo.model.gpt import GPT
 
 DTYPES = "float32, bfloat16 or float16"
 RULE = "every file a checkpoint supplies must be inside its directory (after following symlinks)"
@@ -342,3 +347,78 @@ def test_a_checkpoint_built_from_hf_weights_keeps_their_tokenizer(
         f"(tokenizer.json, tokenizer_config.json, tokenizer.model, vocab.json, vocab.txt and the like) into {ck}, "
         "or generate from the Hugging Face checkpoint itself (--hf DIR)"
     )
+
+
+@pytest.mark.parametrize("error", ["torch", "safetensors"])
+def test_a_checkpoint_that_disappears_while_it_is_read(
+    ck: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, error: str
+) -> None:
+    read = checkpoint.load_file
+
+    def pruned(filename: str, **kwargs: object) -> dict[str, torch.Tensor]:  # a training run removes it meanwhile
+        shutil.rmtree(ck)
+        if error == "torch":  # what torch says when the file goes between safetensors' open and its own
+            raise RuntimeError(f"unable to open file <{filename}> in read-only mode: No such file or directory (2)")
+        return read(filename, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "load_file", pruned)
+    assert run_error(capsys, "generate", "--checkpoint", str(ck), "--prompt", "hi") == (
+        f"error: checkpoint {ck} changed or disappeared while it was read (model.safetensors is gone; a training run "
+        "that keeps only its newest checkpoints removes older ones); read one that is kept, or copy it elsewhere "
+        "first"
+    )
+
+
+ALIASNORM = '''
+import torch
+from torch import nn
+
+
+class AliasNorm(nn.Module):
+    """RMS-free scaling whose one parameter is registered under two names."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.rand(dim))
+        self.scale = self.weight  # the same tensor: safetensors refuses to write shared memory
+
+    def forward(self, x):
+        return self.scale * x
+
+
+@gptzoo.hookimpl
+def register_norms(register):
+    register("aliasnorm", AliasNorm)
+'''
+
+
+def test_a_parameter_held_under_two_names_is_saved_under_both(
+    fake_site: FakeSite, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake_site.add("alias", "gptzoo_fake_alias", ALIASNORM)
+    out = tmp_path / "ck"
+    run_json(capsys, "build", "gpt2-tiny", "--set", "model.norm=aliasnorm", "--out", str(out))
+    stored = load_file(out / "model.safetensors")
+    assert torch.equal(stored["ln_f.weight"], stored["ln_f.scale"])
+    loaded = gptzoo.load_checkpoint(out)
+    assert all(torch.equal(stored[k], v) for k, v in loaded.state_dict().items() if k != "lm_head.weight")
+    assert len(run_json(capsys, "generate", "--checkpoint", str(out), "--prompt", "hi", "--max-new-tokens", "2")) > 0
+    shared = torch.ones(4)
+    checkpoint.write_files(tmp_path, {"a": shared, "b": shared, "c": shared[:2]}, loaded.recipe)
+    back = load_file(tmp_path / "model.safetensors")
+    assert back.keys() == {"a", "b", "c"} and torch.equal(back["b"], shared) and torch.equal(back["c"], shared[:2])
+    write_checkpoint(tmp_path / "hf", transformers.GPT2Config(), {"a": shared, "b": shared}, {})
+    assert load_file(tmp_path / "hf" / "model.safetensors").keys() == {"a", "b"}
+
+
+def test_an_interrupted_initialization_says_nothing_was_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def interrupt(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(GPT, "init_weights", interrupt)
+    out = tmp_path / "ck"
+    assert main(["build", "gpt2-tiny", "--out", str(out)]) == 130
+    assert capsys.readouterr().err == f"interrupted: nothing was written to {out}\n"
+    assert list(tmp_path.iterdir()) == []

@@ -14,14 +14,15 @@ from typing import Any
 import torch
 
 from gptzoo import factories
-from gptzoo.errors import CheckpointError, GptzooError, RecipeError, did_you_mean
+from gptzoo.errors import CheckpointError, GptzooError, Interrupted, RecipeError, did_you_mean
 from gptzoo.hf.family import Family, NoEquivalentError, show
 from gptzoo.hf.files import locate, read_config, read_tensors, write_checkpoint
 from gptzoo.hf.gpt2 import GPT2
 from gptzoo.hf.llama import Llama
 from gptzoo.model.build import build_model
+from gptzoo.model.checkpoint import tokenizer_copies
 from gptzoo.model.gpt import GPT
-from gptzoo.recipe import COMPONENT_KEYS, ModelSpec, Recipe, apply_overrides, validate
+from gptzoo.recipe import COMPONENT_KEYS, ModelSpec, Recipe, apply_overrides, recipe_tokenizer, validate
 from gptzoo.registry import Registry, default_registry
 from gptzoo.untrusted import WEIGHT_DTYPES, WEIGHT_DTYPES_TEXT, first_few
 
@@ -190,8 +191,24 @@ def load_hf(
     return model
 
 
-def export_hf(model: GPT, out: str | Path) -> Path:
-    """Write config.json + model.safetensors that transformers loads with the same logits."""
+def export_hf(model: GPT, out: str | Path, *, tokenizer_from: str | Path | None = None) -> Path:
+    """Write config.json + model.safetensors that transformers loads with the same logits, and the
+    Hugging Face tokenizer files of the directory ``tokenizer_from`` if it has them (the gptzoo
+    checkpoint the model came from: ``gptzoo build --hf`` copies them there). config.json's
+    bos_token_id and eos_token_id are those of the recipe's tokenizer (:func:`_special_token_ids`).
+
+    Raises:
+        NoEquivalentError: no Hugging Face architecture expresses the recipe.
+        CheckpointError: ``out`` cannot be written, a tokenizer file is not one the directory may supply.
+        Interrupted: Ctrl-C (nothing is left behind).
+    """
+    try:
+        return _export(model, Path(out), tokenizer_from)
+    except KeyboardInterrupt:
+        raise Interrupted(f"nothing was written to {out}") from None
+
+
+def _export(model: GPT, out: Path, tokenizer_from: str | Path | None) -> Path:
     import transformers
 
     transformers.utils.logging.disable_progress_bar()
@@ -206,14 +223,25 @@ def export_hf(model: GPT, out: str | Path) -> Path:
         except NoEquivalentError as exc:
             reasons.append(str(exc))
             continue
+        copies = tokenizer_copies(tokenizer_from)
+        config_fields.update(_special_token_ids(recipe, Path(tokenizer_from) if copies else None))
         state = model.state_dict()
         config = transformers.AutoConfig.for_model(
             family.model_type, **config_fields, architectures=[family.architecture], dtype=model.wte.weight.dtype
         )
-        tensors = {
-            key: t.detach().cpu().contiguous()
-            for ours, theirs, tmap in rows
-            for key, t in zip(theirs, tmap.save(state[ours]), strict=True)
-        }
-        return write_checkpoint(Path(out), config, tensors)
+        tensors = {key: t for ours, theirs, tmap in rows for key, t in zip(theirs, tmap.save(state[ours]), strict=True)}
+        return write_checkpoint(out, config, tensors, copies)
     raise NoEquivalentError("; ".join(reasons))
+
+
+def _special_token_ids(recipe: Recipe, tokenizer_dir: Path | None) -> dict[str, int | None]:
+    """config.json's bos_token_id and eos_token_id: the ids of the recipe's tokenizer (for "hf", of
+    the Hugging Face tokenizer files in ``tokenizer_dir``), where it has them and they are ids of the
+    model; None otherwise (the bytes tokenizer has neither; transformers' own defaults, GPT-2's 50256,
+    would name ids a smaller vocabulary lacks)."""
+    name = recipe.tokenizer.name if recipe.tokenizer is not None else "hf"
+    if name == "hf" and tokenizer_dir is None:
+        return {"bos_token_id": None, "eos_token_id": None}
+    tokenizer = recipe_tokenizer(recipe, tokenizer_dir)
+    ids = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id}
+    return {key: i if i is not None and 0 <= i < recipe.model.vocab_size else None for key, i in ids.items()}

@@ -9,7 +9,6 @@ requires: a regular file inside the checkpoint directory once symlinks are follo
 
 from __future__ import annotations
 
-import json
 import pickle
 import warnings
 from pathlib import Path
@@ -23,15 +22,14 @@ from torch import Tensor
 from gptzoo.atomic import new_directory
 from gptzoo.errors import CheckpointError
 from gptzoo.hf import family
-from gptzoo.untrusted import check_utf8_path, checkpoint_file, pickle_refusal, supplies
+from gptzoo.model.checkpoint import copy_files, unshared
+from gptzoo.untrusted import NAME_LIMIT, check_utf8_path, checkpoint_file, pickle_refusal, read_json, supplies
 
 CONFIG = "config.json"
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 PYTORCH_BIN = "pytorch_model.bin"
 HUB_FILES = ["config.json", "*.safetensors", "*.json", "*.txt", "*.model", "tokenizer*"]
-NAME_LIMIT = 300
-"""The most characters of a name (a tensor's, a shard file's) a message shows."""
 
 
 def locate(source: str | Path) -> Path:
@@ -85,28 +83,12 @@ def _from_hub(name: str) -> Path:
 
 def read_config(path: Path) -> dict[str, Any]:
     missing = f"{path} is not a Hugging Face checkpoint: {CONFIG} is missing"
-    return _read_json(checkpoint_file(path, CONFIG, missing=missing), path / CONFIG, CONFIG)
-
-
-def _read_json(real: Path, file: Path, what: str) -> dict[str, Any]:
-    """A JSON object from a checkpoint file, read at its real path ``real`` and named ``file`` (NaN
-    and Infinity are not JSON and are refused)."""
-    try:
-        data = json.loads(real.read_text(encoding="utf-8"), parse_constant=_refuse_constant)
-    except (ValueError, RecursionError, OSError) as exc:  # ValueError: JSON and UTF-8 decoding errors
-        raise CheckpointError(f"{file} is not valid JSON: {_one_line(exc)}; fix or replace the {what}") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{file} is not a JSON object; fix or replace the {what}")
-    return data
+    return read_json(checkpoint_file(path, CONFIG, missing=missing), path / CONFIG, CONFIG)
 
 
 def show(value: Any) -> str:
     """A name or value from a checkpoint file, for a message."""
     return family.show(value, NAME_LIMIT)
-
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON value")
 
 
 def _one_line(exc: BaseException) -> str:
@@ -140,7 +122,7 @@ def _load_safetensors(real: Path, file: Path | str) -> dict[str, Tensor]:
 
 def _read_sharded(path: Path, real: Path) -> dict[str, Tensor]:
     index = path / SAFETENSORS_INDEX
-    data = _read_json(real, index, "index")
+    data = read_json(real, index, "index")
     if not isinstance(data.get("metadata", {}), dict):  # unused here, but transformers reads it
         raise CheckpointError(f"{index}: metadata={show(data['metadata'])} is not an object; fix or remove it")
     weight_map = data.get("weight_map")
@@ -209,10 +191,12 @@ def _state_dict(obj: Any, file: Path) -> dict[str, Tensor]:
     return obj
 
 
-def write_checkpoint(out: Path, config: Any, tensors: dict[str, Tensor]) -> Path:
-    """Write config (a transformers PretrainedConfig) and tensors to a new directory, atomically."""
+def write_checkpoint(out: Path, config: Any, tensors: dict[str, Tensor], copies: dict[str, Path]) -> Path:
+    """Write config (a transformers PretrainedConfig), tensors and the files ``copies`` (name -> the
+    real path to copy, see gptzoo.model.checkpoint.tokenizer_copies) to a new directory, atomically."""
     check_utf8_path(out)
     with new_directory(out) as tmp:
         config.save_pretrained(tmp)
-        save_file(tensors, str(tmp / SAFETENSORS), metadata={"format": "pt"})
+        save_file(unshared(tensors), str(tmp / SAFETENSORS), metadata={"format": "pt"})
+        copy_files(copies, tmp)
     return out

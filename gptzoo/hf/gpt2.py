@@ -108,7 +108,6 @@ class GPT2(Family):
             "layer_norm_epsilon": m.norm.kwargs.get("eps", 1e-5),
             "initializer_range": m.init_std,
             "tie_word_embeddings": m.tie_embeddings,
-            **({"bos_token_id": 50256, "eos_token_id": 50256} if m.vocab_size == 50257 else {}),
         }
 
     def parts(self, model: GPT) -> list[Part]:

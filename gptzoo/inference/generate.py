@@ -7,7 +7,8 @@ the caller says so (stop strings, see :func:`generate_text`); the batch stops wh
 
 Whatever a user can get wrong is checked before or while generating, each a GptzooError naming it:
 seeds (:func:`check_seed`), prompt texts (:func:`encode_prompts`), lengths (:func:`fit_new_tokens`),
-token ids (:func:`check_prompts`) and non-finite logits (:func:`check_finite`).
+token ids (:func:`check_prompts`), the KV cache's memory (:func:`check_cache_memory`) and non-finite
+logits (:func:`check_finite`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from torch import Tensor
 from gptzoo.errors import GptzooError
 from gptzoo.inference.matvec import blas_decoding
 from gptzoo.inference.sampling import SamplerChain, chain_spec, prompts_of
+from gptzoo.memory import available_bytes, format_bytes
 from gptzoo.model.gpt import GPT
 from gptzoo.recipe import GenerateSpec
 from gptzoo.registry import Registry
@@ -149,6 +151,31 @@ def fit_new_tokens(
         )
     check_lengths(model, prompts, max_new_tokens)
     return max_new_tokens, None
+
+
+def check_cache_memory(model: GPT, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> None:
+    """The KV cache of the prompts and ``max_new_tokens`` new tokens fits in the free memory of the
+    model's device, as its attentions size it (on the meta device, allocating nothing); unchecked
+    where the free memory cannot be known. A model without a position limit (RoPE) takes any length.
+
+    Raises:
+        GptzooError: how much the cache needs and has, and what to ask for instead.
+    """
+    device = model.wte.weight.device
+    free = available_bytes(device)
+    if free is None:
+        return
+    longest = max(len(p) for p in prompts)
+    need = model.init_cache(len(prompts), longest + max_new_tokens, device="meta").nbytes
+    if need > free:
+        rows = (
+            f"{len(prompts)} prompts of up to {longest} tokens" if len(prompts) > 1 else f"a prompt of {longest} tokens"
+        )
+        raise GptzooError(
+            f"{max_new_tokens} new tokens after {rows} need a KV cache of {format_bytes(need)}, but "
+            f"{format_bytes(free)} of memory is available ({device}); ask for fewer new tokens "
+            "(--max-new-tokens) or give fewer prompts"
+        )
 
 
 def check_finite(logits: Tensor, step: int) -> None:
@@ -366,10 +393,11 @@ def plan_generation(
     seed: int | None = None,
     stop: Sequence[str] = (),
 ) -> GenerationPlan:
-    """Prompts encoded, the sampler chain resolved (the recipe's [generate] samplers with the
-    ``sampling`` flags of :func:`gptzoo.inference.sampling.chain_spec`), the seed checked and the number
-    of new tokens fitted to the context: the recipe's ``max_new_tokens`` is cut to what the context
-    leaves, an explicit ``max_new_tokens`` must fit. Every problem is a GptzooError before any decoding.
+    """Prompts encoded and their ids checked, the sampler chain resolved (the recipe's [generate]
+    samplers with the ``sampling`` flags of :func:`gptzoo.inference.sampling.chain_spec`), the seed
+    checked, the number of new tokens fitted to the context (the recipe's ``max_new_tokens`` is cut to
+    what the context leaves, an explicit ``max_new_tokens`` must fit) and the KV cache checked to fit
+    in memory. Every problem is a GptzooError before any decoding.
     """
     recipe = model.recipe
     steps = [(c.name, c.kwargs) for c in recipe.generate.samplers] if recipe is not None else []
@@ -380,7 +408,9 @@ def plan_generation(
     for s in stop:
         utf8(s, "--stop")
     prompts = encode_prompts(tokenizer, texts, chat=chat)
+    check_prompts(model, prompts, tokenizer)
     default = recipe.generate.max_new_tokens if recipe is not None else GenerateSpec.max_new_tokens
     fitted, note = fit_new_tokens(model, prompts, max_new_tokens or default, explicit=max_new_tokens is not None)
+    check_cache_memory(model, prompts, fitted)
     stops = (*(recipe.generate.stop if recipe is not None else ()), *stop)
     return GenerationPlan(model, tokenizer, prompts, chain, generator, fitted, stops, note)

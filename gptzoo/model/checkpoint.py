@@ -32,7 +32,16 @@ from gptzoo.recipe import COMPONENT_KEYS, ModelSpec, Recipe, override_recipe, va
 from gptzoo.recipe.load import read_resolved_recipe_data
 from gptzoo.registry import Registry, default_registry
 from gptzoo.tokenizer import HF_TOKENIZER_SAVED
-from gptzoo.untrusted import WEIGHT_DTYPES, WEIGHT_DTYPES_TEXT, check_utf8_path, checkpoint_file, first_few, supplies
+from gptzoo.untrusted import (
+    TOKENIZER_CONFIG,
+    WEIGHT_DTYPES,
+    WEIGHT_DTYPES_TEXT,
+    check_tokenizer_config,
+    check_utf8_path,
+    checkpoint_file,
+    first_few,
+    supplies,
+)
 
 WEIGHTS = "model.safetensors"
 RECIPE = "recipe.toml"
@@ -70,10 +79,27 @@ def check_writable(recipe: Recipe) -> None:
             ) from None
 
 
+def unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The tensors on the CPU, contiguous, each with memory of its own, as safetensors writes them: a
+    tensor whose memory another name already holds (a component that keeps one parameter under two
+    names) is copied, so the file holds every name (loading then gives each its own tensor)."""
+    held: set[int] = set()
+    out = {}
+    for key, tensor in tensors.items():
+        tensor = tensor.detach().to("cpu").contiguous()
+        storage = tensor.untyped_storage().data_ptr()
+        if storage in held:
+            tensor = tensor.clone()
+        elif tensor.numel():  # an empty tensor holds no memory to share
+            held.add(storage)
+        out[key] = tensor
+    return out
+
+
 def write_files(directory: Path, tensors: dict[str, torch.Tensor], recipe: Recipe) -> None:
     """The checkpoint files (weights and recipe) into ``directory``, which is being written atomically."""
     check_writable(recipe)
-    tensors = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+    tensors = unshared(tensors)
     save_file(tensors, str(directory / WEIGHTS), metadata={"format": "pt", "gptzoo_version": gptzoo_version()})
     (directory / RECIPE).write_text(recipe.to_toml(), encoding="utf-8")
 
@@ -134,6 +160,26 @@ def tokenizer_files(directory: Path) -> list[str]:
     return [name for name in HF_TOKENIZER_SAVED if supplies(directory, name)]
 
 
+def tokenizer_copies(source: str | Path | None) -> dict[str, Path]:
+    """The Hugging Face tokenizer files of the directory ``source`` (none for None), each by name
+    with the real path to copy it from, checked as gptzoo.untrusted requires (the file names in
+    its tokenizer_config.json too, which the copy keeps)."""
+    if source is None:
+        return {}
+    source = Path(source)
+    names = tokenizer_files(source)
+    copies = {name: checkpoint_file(source, name, missing=f"{source / name} is missing") for name in names}
+    if TOKENIZER_CONFIG in copies:
+        check_tokenizer_config(source)
+    return copies
+
+
+def copy_files(copies: dict[str, Path], directory: Path) -> None:
+    """The files of :func:`tokenizer_copies` into ``directory`` (being written atomically)."""
+    for name, real in copies.items():
+        shutil.copyfile(real, directory / name)
+
+
 def save_checkpoint(
     model: GPT, recipe: Recipe, out_dir: str | Path, *, tokenizer_from: str | Path | None = None
 ) -> Path:
@@ -149,16 +195,11 @@ def save_checkpoint(
     check_writable(recipe)
     check_utf8_path(out_dir)
     keys = stored_shapes(model)
-    source = Path(tokenizer_from) if tokenizer_from is not None else None
-    copies = {
-        name: checkpoint_file(source, name, missing=f"{source / name} is missing")
-        for name in (tokenizer_files(source) if source is not None else [])
-    }
+    copies = tokenizer_copies(tokenizer_from)
     try:
         with new_directory(out_dir) as tmp:
             write_files(tmp, {k: v for k, v in model.state_dict().items() if k in keys}, recipe)
-            for name, real in copies.items():
-                shutil.copyfile(real, tmp / name)
+            copy_files(copies, tmp)
     except KeyboardInterrupt:
         raise Interrupted(f"nothing was written to {out_dir}") from None
     return Path(out_dir)
@@ -214,7 +255,13 @@ def load_checkpoint(
             )
     try:
         tensors = load_file(str(weights), device=str(device or "cpu"))
-    except (SafetensorError, OSError) as exc:
+    except (SafetensorError, OSError, RuntimeError) as exc:  # RuntimeError: torch mapping a file that is gone
+        if not weights.is_file():  # checked above: the checkpoint went away meanwhile
+            raise CheckpointError(
+                f"checkpoint {path} changed or disappeared while it was read ({WEIGHTS} is gone; a training "
+                "run that keeps only its newest checkpoints removes older ones); read one that is kept, or copy it "
+                "elsewhere first"
+            ) from None
         raise CheckpointError(f"cannot read {path / WEIGHTS}: {exc}") from None
     missing, unexpected = sorted(expected.keys() - tensors.keys()), sorted(tensors.keys() - expected.keys())
     if missing or unexpected:
