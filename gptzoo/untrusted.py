@@ -46,16 +46,20 @@ def roots(directory: Path) -> list[Path]:
     return found
 
 
-def _kind(mode: int) -> str:
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISFIFO(mode):
-        return "a named pipe (FIFO)"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    return "not a regular file"
+def file_kind(mode: int) -> str:
+    """What a file of ``st_mode`` is, in words: "a directory", "a named pipe (FIFO)", "a character device"..."""
+    for test, kind in (
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISREG, "a file"),
+        (stat.S_ISFIFO, "a named pipe (FIFO)"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return kind
+    return "a special file"
 
 
 def _reason(exc: BaseException) -> str:
@@ -110,7 +114,7 @@ def checkpoint_file(directory: Path, name: str, *, missing: str, entry: str | No
             raise CheckpointError(f"{subject} is a symbolic link to nothing ({real} does not exist)")
         raise CheckpointError(missing)
     if not stat.S_ISREG(mode):
-        raise CheckpointError(f"{subject} {verb} {_kind(mode)}, not a file")
+        raise CheckpointError(f"{subject} {verb} {file_kind(mode)}, not a file")
     try:  # O_NONBLOCK: should it have become a FIFO since, opening it returns at once all the same
         os.close(os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC))
     except OSError as exc:
@@ -184,7 +188,7 @@ def check_directory(directory: Path) -> None:
             if mode is not None and stat.S_ISDIR(mode):
                 subdirectories.append(entry)
             elif mode is not None and not stat.S_ISREG(mode):
-                raise CheckpointError(f"{directory / entry} is {_kind(mode)}, not a file")
+                raise CheckpointError(f"{directory / entry} is {file_kind(mode)}, not a file")
         pending += reversed(subdirectories)
     if supplies(directory, TOKENIZER_CONFIG):
         check_tokenizer_config(directory)
@@ -214,7 +218,7 @@ def check_tokenizer_config(directory: Path) -> None:
         except CheckpointError as exc:
             raise CheckpointError(f"{exc}: {fix}") from None
         if mode is not None and not stat.S_ISREG(mode):
-            raise CheckpointError(f"{entry} names {_kind(mode)}, not a file: {fix}")
+            raise CheckpointError(f"{entry} names {file_kind(mode)}, not a file: {fix}")
 
 
 def _file_names(config: dict[str, Any]) -> Iterator[tuple[str, str]]:

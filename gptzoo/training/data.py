@@ -28,7 +28,6 @@ import json
 import os
 import re
 import shutil
-import stat
 import struct
 import sys
 import time
@@ -54,6 +53,7 @@ from gptzoo.tokenizer import (
     Tokenizer,
     load_tokenizer,
 )
+from gptzoo.untrusted import file_kind
 
 FORMAT_VERSION = 1
 META = "meta.json"
@@ -121,8 +121,8 @@ def corpus_reader(source: str) -> Callable[[Log], Corpus]:
     if path.exists():
         if not (path.is_file() or path.is_dir()):
             raise GptzooError(
-                f"{source} is {_kind(path)}, not a regular file or a directory; prepare reads text files "
-                "(or a directory of them)"
+                f"{source} is {file_kind(path.stat().st_mode)}, not a regular file or a directory; prepare reads "
+                "text files (or a directory of them)"
             )
         return lambda _say: text_files(path)
     if source.startswith((".", "~")) or "/" in source or os.sep in source or path.suffix:
@@ -131,20 +131,6 @@ def corpus_reader(source: str) -> Callable[[Log], Corpus]:
         f"unknown source {source!r}: not a file or directory, and not a corpus name"
         f"{did_you_mean(source, sorted(CORPORA))}"
     )
-
-
-def _kind(path: Path) -> str:
-    """What a path that is neither a regular file nor a directory is."""
-    mode = path.stat().st_mode
-    for test, kind in (
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISFIFO, "a named pipe (FIFO)"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return kind
-    return "a special file"
 
 
 def stdlib_docs() -> Corpus:

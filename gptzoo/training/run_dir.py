@@ -52,7 +52,7 @@ from gptzoo.errors import CheckpointError, GptzooError
 from gptzoo.model.checkpoint import RECIPE, WEIGHTS, write_files
 from gptzoo.recipe import Recipe
 from gptzoo.recipe.schema import MAX_INT
-from gptzoo.untrusted import checkpoint_file, pickle_refusal
+from gptzoo.untrusted import checkpoint_file, file_kind, pickle_refusal
 
 METRICS = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
@@ -161,7 +161,7 @@ def _lock_problem(fd: int) -> str | None:
     """Why the open file ``fd`` is not a lock file gptzoo made, or None."""
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode):
-        return _kind(info.st_mode)
+        return file_kind(info.st_mode)
     if info.st_nlink != 1:
         return f"a file with {info.st_nlink} hard links (its contents live under another name too)"
     if not _LOCK_TEXT.fullmatch(os.pread(fd, 32, 0)):
@@ -171,20 +171,6 @@ def _lock_problem(fd: int) -> str | None:
 
 def _not_a_lock(path: Path, what: str) -> GptzooError:
     return GptzooError(f"{path} is not a lock file gptzoo made: it is {what}; move it away, or choose another --out")
-
-
-def _kind(mode: int) -> str:
-    """What a file of ``st_mode`` is, in words."""
-    for test, kind in (
-        (stat.S_ISLNK, "a symbolic link"),
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISREG, "a file"),
-        (stat.S_ISFIFO, "a named pipe (FIFO)"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return kind
-    return "a device"
 
 
 def others(run: Path) -> list[Path]:
@@ -230,7 +216,7 @@ def _lacks(path: Path) -> str | None:
             problems.append(f"its {name} cannot be read ({exc.strerror})")
             continue
         if not stat.S_ISREG(mode):
-            problems.append(f"its {name} is {_kind(mode)}")
+            problems.append(f"its {name} is {file_kind(mode)}")
     return " and ".join(problems) or None
 
 
@@ -265,14 +251,14 @@ def check_checkpoints(run: Path) -> None:
         return
     if not stat.S_ISDIR(mode):
         raise CheckpointError(
-            f"{root} is {_kind(mode)}, not a directory; a resume reads and prunes only checkpoints inside {run}: "
+            f"{root} is {file_kind(mode)}, not a directory; a resume reads and prunes only checkpoints inside {run}: "
             "put a copy of the checkpoints there instead, or start a new --out"
         )
     for _, path in _steps(run):
         mode = os.lstat(path).st_mode
         if not stat.S_ISDIR(mode):
             raise CheckpointError(
-                f"{path} is {_kind(mode)}, not a checkpoint directory; a resume reads and prunes only checkpoints "
+                f"{path} is {file_kind(mode)}, not a checkpoint directory; a resume reads and prunes only checkpoints "
                 f"inside {run}: move it away (a copy of a checkpoint may take its place)"
             )
     found = _step_dirs(run)
