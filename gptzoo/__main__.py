@@ -8,6 +8,7 @@ work is done.
 """
 
 import atexit
+import json
 import os
 import signal
 import sys
@@ -19,9 +20,10 @@ def main() -> int:
 
         code = run()  # it reports a Ctrl-C during the command itself, saying what was kept
     except KeyboardInterrupt:  # while torch loads, or before the command started
-        sys.stderr.write("interrupted: nothing was done\n")
-        if "--json" in sys.argv[1:]:
-            sys.stdout.write('{\n  "error": "interrupted: nothing was done",\n  "exit": 130\n}\n')
+        message = "interrupted: nothing was done"
+        sys.stderr.write(message + "\n")
+        if "--json" in sys.argv[1:]:  # the document gptzoo.cli writes for an error
+            sys.stdout.write(json.dumps({"error": message, "exit": 130}, indent=2) + "\n")
         return 130
 
     def leave(signum: int, frame: object) -> None:  # the work is done: Ctrl-C only stops the shutdown

@@ -85,8 +85,9 @@ RANDOM_SUFFIX = 8
 
 def temporary_prefix(name: str) -> str:
     """``.NAME.``, the prefix of the temporary sibling of ``name`` (``.step-000200.`` for a training
-    run's step-000200, whose leftovers gptzoo.training.run_dir removes by it), with NAME cut short
-    enough that the temporary name stays within NAME_MAX bytes: a legal name of 250 bytes too."""
+    run's step-000200: gptzoo.training.run_dir recognises a killed save's leftovers by this shape),
+    with NAME cut short enough that the temporary name stays within NAME_MAX bytes: a legal name of
+    250 bytes too."""
     while len(os.fsencode(f".{name}.")) + RANDOM_SUFFIX > NAME_MAX:  # by characters: none is cut in half
         name = name[:-1]
     return f".{name}."

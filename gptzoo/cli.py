@@ -503,7 +503,7 @@ def cmd_train(args: argparse.Namespace, out: Console, err: Console) -> None:
     except KeyboardInterrupt:
         raise Interrupted("before the first step; nothing was written") from None
     run = args.out if args.out is not None else Path("runs") / recipe.name  # an empty --out is refused by train
-    main_process = int(os.environ.get("RANK", "0")) == 0  # under torchrun, only rank 0 reports
+    main_process = _first_process(args)  # under torchrun, only rank 0 reports
     init, hf_dir = (loaded.model, loaded.hf_dir) if loaded is not None else (None, None)
     if args.json or not main_process:
         result = train(recipe, out=run, data=args.data, resume=args.resume, init=init, hf_dir=hf_dir, registry=registry)

@@ -28,7 +28,7 @@ from gptzoo.errors import GptzooError, PluginError, exception_text
 from gptzoo.hookspecs import CONTRACTS
 from gptzoo.plugin_manager import describe_raised, exit_guard
 from gptzoo.registry import Entry, show_plain
-from gptzoo.untrusted import WEIGHT_DTYPES, WEIGHT_DTYPES_TEXT
+from gptzoo.untrusted import WEIGHT_DTYPES, WEIGHT_DTYPES_TEXT, dtype_name
 
 GPTZOO_DISTRIBUTION = "gptzoo"
 """The distribution of the built-in components."""
@@ -154,7 +154,7 @@ def state_problem(state: Mapping[str, Any]) -> str | None:
             else:
                 which = "persistent buffer"
                 remedy = "register it with register_buffer(..., persistent=False), or create it in the default dtype"
-            dtype = str(tensor.dtype).removeprefix("torch.")
+            dtype = dtype_name(tensor.dtype)
             return (
                 f"{which} {key!r} holds {dtype} values ({kind}), and a checkpoint's weights are "
                 f"{WEIGHT_DTYPES_TEXT}: {remedy}"

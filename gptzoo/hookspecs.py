@@ -25,8 +25,8 @@ test checks that every hook's docstring below says the same. The typed shape of 
 object is the Protocol (or base class) named by ``interface`` in gptzoo.interfaces: a member it
 annotates with a class (or a union of classes) must be an instance of one, a member it defines as
 a method must be callable (gptzoo.factories.check_contract). Every parameter and persistent buffer
-of a built module is floating point, as a checkpoint's weights are: a buffer of integers or
-booleans is registered with ``persistent=False``.
+of a built module is float32, bfloat16 or float16 (or torch's default dtype), as a checkpoint's
+weights are: a buffer of integers, booleans or float64 is registered with ``persistent=False``.
 
 Optional methods, for every kind:
 

@@ -23,6 +23,13 @@ from gptzoo.errors import CheckpointError
 WEIGHT_DTYPES = ("float32", "bfloat16", "float16")
 """The dtypes of the weights gptzoo reads (by torch name); float64, float8, float4 and integers are refused."""
 WEIGHT_DTYPES_TEXT = "float32, bfloat16 or float16"
+
+
+def dtype_name(dtype: object) -> str:
+    """A torch dtype by the name WEIGHT_DTYPES uses: torch.float32 -> "float32"."""
+    return str(dtype).removeprefix("torch.")
+
+
 RULE = "every file a checkpoint supplies must be inside its directory (after following symlinks)"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 """Where an HF tokenizer's saved arguments are, file names among them (``vocab_file``, ``fast_tokenizer_files``)."""
@@ -137,7 +144,7 @@ def read_json(real: Path, file: Path, what: str) -> dict[str, Any]:
     except ValueError as exc:  # UnicodeDecodeError
         raise CheckpointError(f"{file} is not valid JSON: {_reason(exc)}; fix or replace the {what}") from None
     try:
-        data = json.loads(text, parse_constant=_refuse_constant)
+        data = json.loads(text, parse_constant=refuse_constant)
     except (ValueError, RecursionError) as exc:
         raise CheckpointError(f"{file} is not valid JSON: {_reason(exc)}; fix or replace the {what}") from None
     if not isinstance(data, dict):
@@ -145,7 +152,9 @@ def read_json(real: Path, file: Path, what: str) -> dict[str, Any]:
     return data
 
 
-def _refuse_constant(name: str) -> Any:
+def refuse_constant(name: str) -> Any:
+    """``json.loads(..., parse_constant=refuse_constant)``: NaN and Infinity, which Python's json reads, are
+    no JSON."""
     raise ValueError(f"{name} is not a JSON value")
 
 

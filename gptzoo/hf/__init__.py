@@ -24,7 +24,7 @@ from gptzoo.model.checkpoint import tokenizer_copies
 from gptzoo.model.gpt import GPT
 from gptzoo.recipe import COMPONENT_KEYS, ModelSpec, Recipe, apply_overrides, recipe_tokenizer, validate
 from gptzoo.registry import Registry, default_registry
-from gptzoo.untrusted import WEIGHT_DTYPES, WEIGHT_DTYPES_TEXT, first_few
+from gptzoo.untrusted import WEIGHT_DTYPES, WEIGHT_DTYPES_TEXT, dtype_name, first_few
 
 FAMILIES: dict[str, Family] = {family.model_type: family for family in (GPT2(), Llama())}
 """config.json model_type -> family."""
@@ -115,10 +115,6 @@ def _tensors(keys: list[str]) -> str:
     return keys[0] if len(keys) == 1 else f"{len(keys)} tensors ({first_few(keys, 3, ', ')})"
 
 
-def _name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
 def _show(value: Any) -> str:
     if isinstance(value, tuple):
         name, params = value
@@ -154,8 +150,8 @@ def load_hf(
     tensors = read_tensors(path)
     refused: dict[str, list[str]] = {}  # dtype -> its tensors, found before any arithmetic (float8 has little)
     for key, t in tensors.items():
-        if _name(t.dtype) not in WEIGHT_DTYPES and not key.endswith(family.ignored_tensors):
-            refused.setdefault(_name(t.dtype), []).append(key)
+        if dtype_name(t.dtype) not in WEIGHT_DTYPES and not key.endswith(family.ignored_tensors):
+            refused.setdefault(dtype_name(t.dtype), []).append(key)
     if refused:
         problems = [f"{_tensors(keys)} {'has' if len(keys) == 1 else 'have'} dtype {d}" for d, keys in refused.items()]
         raise CheckpointError(

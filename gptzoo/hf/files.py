@@ -21,7 +21,7 @@ from torch import Tensor
 
 from gptzoo.atomic import new_directory
 from gptzoo.errors import CheckpointError
-from gptzoo.hf import family
+from gptzoo.hf.family import show as family_show
 from gptzoo.model.checkpoint import copy_files, unshared
 from gptzoo.untrusted import NAME_LIMIT, check_utf8_path, checkpoint_file, pickle_refusal, read_json, supplies
 
@@ -88,7 +88,7 @@ def read_config(path: Path) -> dict[str, Any]:
 
 def show(value: Any) -> str:
     """A name or value from a checkpoint file, for a message."""
-    return family.show(value, NAME_LIMIT)
+    return family_show(value, NAME_LIMIT)
 
 
 def _one_line(exc: BaseException) -> str:

@@ -212,11 +212,12 @@ def generate(
         larger: padded, or trained on fewer ids); None: every id of the model.
 
     Raises:
-        GptzooError: a prompt that is empty, too long or holds an id the model lacks, or logits
-            that are not finite (:func:`check_finite`).
+        GptzooError: a prompt that is empty, too long or holds an id the model lacks, a KV cache
+            larger than the free memory, or logits that are not finite (:func:`check_finite`).
     """
     check_lengths(model, prompts, max_new_tokens)
     check_prompts(model, prompts)
+    check_cache_memory(model, prompts, max_new_tokens)
     B, longest = len(prompts), max(len(p) for p in prompts)
     device = model.wte.weight.device
     # Left padding repeats each row's first token: harmless under the mask, and already in the row

@@ -38,8 +38,8 @@ def build_model(
     A model that does not fit in the device's free memory is refused before anything is allocated.
     Every component is checked against its kind's contract (gptzoo.hookspecs.CONTRACTS): a factory
     that raises (or exits), or whose first product lacks a required member, has one of another type
-    than its interface declares, or holds a parameter or persistent buffer that is not floating
-    point (which no checkpoint could hold), is a PluginError naming its plugin (gptzoo.factories).
+    than its interface declares, or holds a parameter or persistent buffer of a dtype no checkpoint
+    holds (integers, float64), is a PluginError naming its plugin (gptzoo.factories).
     """
     registry = registry if registry is not None else default_registry()
     if not isinstance(recipe, Recipe):

@@ -39,6 +39,7 @@ from gptzoo.untrusted import (
     check_tokenizer_config,
     check_utf8_path,
     checkpoint_file,
+    dtype_name,
     first_few,
     supplies,
 )
@@ -115,10 +116,6 @@ def read_recipe(path: Path, *, registry: Registry | None = None) -> Recipe:
 def stored_shapes(model: GPT) -> dict[str, tuple[int, ...]]:
     """The tensors a checkpoint of this model holds, by name: its state dict without a tied head."""
     return {k: tuple(v.shape) for k, v in model.state_dict().items() if not (model.tied and k == "lm_head.weight")}
-
-
-def _name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def _n_blocks(keys: Iterable[str]) -> int:
@@ -277,15 +274,15 @@ def load_checkpoint(
         tensor = tensors[key]
         if tuple(tensor.shape) != shape:
             raise CheckpointError(f"{path / WEIGHTS}: {key} has shape {tuple(tensor.shape)}, the recipe needs {shape}")
-        if _name(tensor.dtype) not in WEIGHT_DTYPES:
+        if dtype_name(tensor.dtype) not in WEIGHT_DTYPES:
             raise CheckpointError(
-                f"{path / WEIGHTS}: {key} holds {_name(tensor.dtype)} values; a checkpoint's weights are "
+                f"{path / WEIGHTS}: {key} holds {dtype_name(tensor.dtype)} values; a checkpoint's weights are "
                 f"{WEIGHT_DTYPES_TEXT}"
             )
         if tensor.dtype != tensors[first].dtype:
             raise CheckpointError(
-                f"{path / WEIGHTS}: {key} is {_name(tensor.dtype)} but {first} is {_name(tensors[first].dtype)}; "
-                "a checkpoint's weights share one dtype"
+                f"{path / WEIGHTS}: {key} is {dtype_name(tensor.dtype)} but {first} is "
+                f"{dtype_name(tensors[first].dtype)}; a checkpoint's weights share one dtype"
             )
     model.load_weights(tensors, source=str(path))
     if dtype is not None:

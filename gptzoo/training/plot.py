@@ -8,7 +8,7 @@ import tempfile
 from contextlib import suppress
 from pathlib import Path
 
-from gptzoo.atomic import default_mode
+from gptzoo.atomic import default_mode, write_problem
 from gptzoo.errors import GptzooError, Interrupted
 from gptzoo.training import run_dir
 
@@ -87,7 +87,7 @@ def _plot(run: Path, path: Path, *, given: bool) -> Path:
             os.replace(tmp, path)
         except OSError as exc:
             _remove(tmp)
-            raise GptzooError(f"cannot write {path}: {run_dir.write_problem(exc)}; {fix}") from None
+            raise GptzooError(f"cannot write {path}: {write_problem(exc)}; {fix}") from None
         except BaseException:  # Ctrl-C in savefig, or any failure of matplotlib's: no temporary file stays
             _remove(tmp)
             raise

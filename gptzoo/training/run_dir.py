@@ -52,7 +52,7 @@ from gptzoo.errors import CheckpointError, GptzooError
 from gptzoo.model.checkpoint import RECIPE, WEIGHTS, write_files
 from gptzoo.recipe import Recipe
 from gptzoo.recipe.schema import MAX_INT
-from gptzoo.untrusted import checkpoint_file, file_kind, pickle_refusal
+from gptzoo.untrusted import checkpoint_file, dtype_name, file_kind, pickle_refusal, refuse_constant
 
 METRICS = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
@@ -398,7 +398,7 @@ def _shown(value: Any) -> str:
 
 def _a(dtype: torch.dtype) -> str:
     """A dtype with its article: "a float32", "an int64"."""
-    name = str(dtype).removeprefix("torch.")
+    name = dtype_name(dtype)
     return f"{'an' if name.startswith('int') else 'a'} {name}"
 
 
@@ -736,10 +736,6 @@ def _usable(record: Any) -> bool:
     )
 
 
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")  # NaN, Infinity: Python's json reads them, JSON has none
-
-
 def read_metrics(run: Path) -> list[dict[str, Any]]:
     """RUN/metrics.jsonl's records; lines torn by a killed run, and lines that are not usable records, are skipped."""
     path = run / METRICS
@@ -750,7 +746,7 @@ def read_metrics(run: Path) -> list[dict[str, Any]]:
     records = []
     for line in lines:
         try:
-            record = json.loads(line, parse_constant=_refuse_constant)
+            record = json.loads(line, parse_constant=refuse_constant)
         except (ValueError, RecursionError):  # invalid JSON or UTF-8 (a line torn by a killed run), or nested deep
             continue
         if _usable(record):

@@ -576,37 +576,41 @@ class Trainer:
         tokens_per_step = self.global_batch * self.seq_len
         window_steps, window_time = 0, 0.0
         tokens_per_s, mfu = 0.0, None
-        while self.step < spec.max_steps:
-            start = time.perf_counter()
-            with self._compile_errors():
+        with self._compile_errors():  # it compiles at the first step, and again to evaluate
+            while self.step < spec.max_steps:
+                start = time.perf_counter()
                 loss, norm, applied = self.train_step()
-            window_time += time.perf_counter() - start
-            window_steps += 1
-            step, last = self.step, self.step == spec.max_steps
-            if step % spec.log_every == 0 or last or not applied:
-                tokens_per_s = window_steps * tokens_per_step / window_time
-                mfu = tokens_per_s * self.flops_per_token / self.procs.world_size / self.peak
-                self.log(
-                    {
-                        "step": step,
-                        "loss": loss,
-                        "lr": lr_at(step - 1, spec),
-                        "grad_norm": norm,
-                        "tokens_per_s": tokens_per_s,
-                        "mfu": mfu,
-                        "skipped": not applied,
-                        "time": time.time(),
-                    }
-                )
-                window_steps, window_time = 0, 0.0
-            if (spec.checkpoint_every and step % spec.checkpoint_every == 0) or last:
-                checkpoint = self.save() or checkpoint
-            if (spec.eval_every and step % spec.eval_every == 0) or last:
-                with self._compile_errors():
+                window_time += time.perf_counter() - start
+                window_steps += 1
+                step, last = self.step, self.step == spec.max_steps
+                if step % spec.log_every == 0 or last or not applied:
+                    tokens_per_s = window_steps * tokens_per_step / window_time
+                    mfu = tokens_per_s * self.flops_per_token / self.procs.world_size / self.peak
+                    self.log(
+                        {
+                            "step": step,
+                            "loss": loss,
+                            "lr": lr_at(step - 1, spec),
+                            "grad_norm": norm,
+                            "tokens_per_s": tokens_per_s,
+                            "mfu": mfu,
+                            "skipped": not applied,
+                            "time": time.time(),
+                        }
+                    )
+                    window_steps, window_time = 0, 0.0
+                if (spec.checkpoint_every and step % spec.checkpoint_every == 0) or last:
+                    checkpoint = self.save() or checkpoint
+                if (spec.eval_every and step % spec.eval_every == 0) or last:
                     val_loss = self.evaluate()
-                self.log(
-                    {"step": step, "val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 700)), "time": time.time()}
-                )
+                    self.log(
+                        {
+                            "step": step,
+                            "val_loss": val_loss,
+                            "val_ppl": math.exp(min(val_loss, 700)),
+                            "time": time.time(),
+                        }
+                    )
         return TrainResult(self.step, loss, val_loss, tokens_per_s, mfu, self.skipped, checkpoint)
 
 
