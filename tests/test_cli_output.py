@@ -75,6 +75,8 @@ def test_the_environment_cannot_hide_or_break_a_message(tmp_path: Path) -> None:
     env = {**os.environ, "COLUMNS": "0", "LINES": "-3", "RANK": "abc"}
     done = gptzoo("build", "nosuch", env=env)
     assert done.returncode == 2 and done.stderr.startswith("error: nosuch: unknown recipe 'nosuch'")
+    done = gptzoo("train", "gpt2-tiny", "--data", str(tmp_path / "none"), "--json", env=env)
+    assert done.returncode == 2 and json.loads(done.stdout)["error"].startswith("no prepared data at ")
     done = gptzoo("build", "nosuch", "--json", env={**os.environ, "RANK": "1"})  # a shell-out from a torchrun worker
     assert done.returncode == 2 and json.loads(done.stdout)["exit"] == 2
     recipe = tmp_path / "café.toml"
