@@ -28,9 +28,9 @@ a method must be callable (gptzoo.factories.check_contract). Every parameter and
 of a built module is float32, bfloat16 or float16 (or torch's default dtype), as a checkpoint's
 weights are: a buffer of integers, booleans or float64 is registered with ``persistent=False``.
 
-Optional methods, for every kind:
+On the factory, for every kind (optional):
 
-- ``check(**params) -> list[str]`` on the factory (e.g. a staticmethod): it receives the same
+- ``check(**params) -> list[str]`` (e.g. a staticmethod): it receives the same
   arguments as the factory and returns problems found before anything is allocated (e.g. rope
   needs an even head dimension). Recipe validation reports them with the other problems; a check
   that raises, or returns anything but a list (or tuple) of str, is a PluginError naming its plugin
@@ -38,14 +38,28 @@ Optional methods, for every kind:
   any float parameter that is not finite (nan, +-inf) and any integer outside int64, and passes a
   parameter whose default is a float as a Python float; a component that needs "no limit" takes a
   finite sentinel (e.g. 0), not inf.
-- ``hf_weights(family: str) -> list[TensorMap] | None`` on the built module: where its tensors live
+- ``examples: list[dict]``: parameter sets the conformance kit (gptzoo.testing) builds and runs
+  besides the defaults, e.g. ``[{"window": 3}]`` so that a small window really is exercised.
+
+On the built module, for every kind but samplers (optional):
+
+- ``hf_weights(family: str) -> list[TensorMap] | None``: where its tensors live
   in a Hugging Face checkpoint of that family ("gpt2": GPT2LMHeadModel, "llama":
   LlamaForCausalLM), relative to its place there (gptzoo.interfaces.TensorMap). The maps must cover
   its state dict exactly (a contract test checks it); None, or no such method, means the family has
   no equivalent of the component, and import and export refuse it with that reason.
-- ``flops(batch: int, seq_len: int) -> dict[str, int]`` (a member for mlps and attentions): the
-  matmul FLOPs of a cache-less forward over (batch, seq_len) tokens by part name, one multiply-add
-  counted as 2 FLOPs.
+- ``hf_config(family: str) -> dict | None``: the config.json fields of that family the component
+  owns (e.g. ``{"rms_norm_eps": 1e-6}``); export writes them, and None means no equivalent.
+- ``reset_parameters()``: the component initializes its own parameters; the model then leaves them
+  alone (GPT-2's normal(0, init_std) initialization is for components without one), except
+  that it still scales ``c_proj`` of attentions and mlps by 1/sqrt(2 n_layer).
+
+Members that every kind with them shares:
+
+- ``flops(batch: int, seq_len: int) -> dict[str, int]`` (mlps and attentions): the matmul FLOPs
+  that a cache-less forward over (batch, seq_len) tokens executes, by part name, one multiply-add
+  counted as 2 FLOPs (what torch.utils.flop_counter.FlopCounterMode counts; attention scores are
+  counted over the full T x T square, as scaled_dot_product_attention computes them).
 """
 
 from __future__ import annotations
@@ -78,8 +92,10 @@ class Contract:
     """Factory arguments that are themselves components (of the kind of the same name), built first."""
     members: tuple[str, ...] = ()
     """Attributes and methods the built object must have."""
-    optional: tuple[str, ...] = ("check", "hf_weights")
-    """Methods it may have (see the module docstring)."""
+    optional: tuple[str, ...] = ("hf_weights", "hf_config", "reset_parameters")
+    """Methods the built object may have (see the module docstring)."""
+    factory_optional: tuple[str, ...] = ("check", "examples")
+    """Attributes the factory may have (see the module docstring)."""
     positive: tuple[str, ...] = ()
     """Members that count something: when the member holds an int, it is at least 1."""
     module: bool = True
@@ -132,9 +148,17 @@ CONTRACTS: dict[str, Contract] = {
                 ("head_dim", "head_dim"),
                 ("bias", "bias"),
             ),
-            members=("c_proj", "init_cache", "flops"),
+            members=("c_proj", "init_cache", "kv_bytes", "flops"),
         ),
-        Contract("sampler", "Sampler", None, members=("picks", "pick"), optional=("check",), module=False),
+        Contract(
+            "sampler",
+            "Sampler",
+            None,
+            members=("picks", "pick"),
+            optional=(),
+            factory_optional=("check", "examples", "flag", "sampling_only"),
+            module=False,
+        ),
     )
 }
 """kind -> its contract, in the order a model is described."""
@@ -160,7 +184,8 @@ def register_norms(register: Register) -> None:
     layers only, since checkpoints differ on the two.
 
     Members: none.
-    Optional: ``check``, ``hf_weights``.
+    Optional: ``hf_weights``, ``hf_config``, ``reset_parameters``.
+    On the factory: ``check``, ``examples``.
     """
 
 
@@ -171,7 +196,8 @@ def register_activations(register: Register) -> None:
     Factory: ``factory(*, **params) -> Activation``. Forward: any shape -> same shape and dtype.
 
     Members: none.
-    Optional: ``check``, ``hf_weights``.
+    Optional: ``hf_weights``, ``hf_config``, ``reset_parameters``.
+    On the factory: ``check``, ``examples``.
     """
 
 
@@ -186,7 +212,8 @@ def register_mlps(register: Register) -> None:
     module docstring.
 
     Members: ``c_proj``, ``flops``.
-    Optional: ``check``, ``hf_weights``.
+    Optional: ``hf_weights``, ``hf_config``, ``reset_parameters``.
+    On the factory: ``check``, ``examples``.
     """
 
 
@@ -205,7 +232,8 @@ def register_positions(register: Register) -> None:
     through an AttentionContext, so one position module serves all layers.
 
     Members: ``max_positions``, ``embed``, ``rotary``, ``attn_bias``.
-    Optional: ``check``, ``hf_weights``.
+    Optional: ``hf_weights``, ``hf_config``, ``reset_parameters``.
+    On the factory: ``check``, ``examples``.
     """
 
 
@@ -217,12 +245,17 @@ def register_attentions(register: Register) -> None:
     n_head % n_kv_head == 0 (MHA: equal, GQA: fewer, MQA: one).
     Forward: ``forward(x (B, T, d_model), ctx: AttentionContext, cache: LayerKVCache | None)
     -> (B, T, d_model)``. The context carries the rotary embedding, the additive mask and the cache
-    offset; the layer must never let a query see a later key. ``c_proj`` is the output projection
-    (as for mlps); ``init_cache(batch_size, max_len, *, device, dtype) -> LayerKVCache``;
-    ``flops(batch, seq_len)`` as in the module docstring.
+    offset and the positions of queries and keys; the layer must never let a query see a later key.
+    ``c_proj`` is the output projection (as for mlps); ``init_cache(batch_size, max_len, *, device,
+    dtype) -> LayerKVCache`` allocates the layer's cache for sequences of up to max_len tokens (its
+    own shape: a sliding window may keep only its last ``window`` positions) and
+    ``kv_bytes(batch_size, max_len, dtype) -> int`` says exactly how many bytes that cache holds,
+    without allocating it (memory checks and ``gptzoo build`` read it); ``flops(batch, seq_len)``
+    as in the module docstring.
 
-    Members: ``c_proj``, ``init_cache``, ``flops``.
-    Optional: ``check``, ``hf_weights``.
+    Members: ``c_proj``, ``init_cache``, ``kv_bytes``, ``flops``.
+    Optional: ``hf_weights``, ``hf_config``, ``reset_parameters``.
+    On the factory: ``check``, ``examples``.
     """
 
 
@@ -236,7 +269,12 @@ def register_samplers(register: Register) -> None:
     ``pick(logits, generator) -> (B,)``; it must be the last step. A chain whose last step does not
     pick samples from the softmax of the transformed logits with the given torch.Generator.
     Factories raise ValueError for out-of-range parameters (e.g. top_p outside (0, 1]).
+    ``flag`` (a gptzoo.interfaces.SamplerFlag) gives the step a command-line flag of ``gptzoo
+    generate`` (``--top-k`` for ``top_k``) and its place in Hugging Face's order; ``sampling_only``
+    (True for temperature, top_k, ...) drops the step when ``--temperature 0`` asks for greedy.
+    Any step, flagged or not, is reachable as ``--sampler NAME:param=value``.
 
     Members: ``picks``, ``pick``.
-    Optional: ``check``.
+    Optional: none.
+    On the factory: ``check``, ``examples``, ``flag``, ``sampling_only``.
     """

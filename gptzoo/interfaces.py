@@ -10,7 +10,8 @@
 - :class:`AttentionContext`: everything position-dependent that attention needs, computed once per
   forward pass by the model and shared by all layers.
 - :class:`LayerKVCache` and :class:`KVCache`: preallocated key/value storage for prefill and decode.
-- :class:`Sampler`: base class of the sampler chain's steps.
+- :class:`Sampler`: base class of the sampler chain's steps, and :class:`SamplerFlag`, the
+  command-line flag a step may declare.
 - :class:`TensorMap`: how one of a component's tensors is stored in another checkpoint layout.
 """
 
@@ -73,6 +74,10 @@ class Attention(Protocol):
         dtype: torch.dtype | None = None,
     ) -> LayerKVCache:
         """Preallocated key/value storage for batch_size sequences of up to max_len tokens."""
+        ...
+
+    def kv_bytes(self, batch_size: int, max_len: int, dtype: torch.dtype) -> int:
+        """The bytes ``init_cache(batch_size, max_len, dtype=dtype)`` allocates, computed without allocating."""
         ...
 
     def flops(self, batch: int, seq_len: int) -> dict[str, int]:
@@ -244,6 +249,22 @@ class Positions:
         return cls(0, positions, positions, key_mask)
 
 
+@dataclass(frozen=True)
+class SamplerFlag:
+    """A sampler step's command-line flag of ``gptzoo generate``: ``--top-k 50`` sets parameter
+    ``k`` of step ``top_k`` (the flag is the registered name with '-' for '_')."""
+
+    param: str
+    """The factory parameter the flag's value goes to."""
+    order: int
+    """Where the step goes when the chain lacks it: steps are kept in ascending order (Hugging Face's
+    order: repetition_penalty 10, temperature 20, top_k 30, top_p 40, min_p 50)."""
+    help: str
+    """One line for ``gptzoo generate --help``."""
+    type: type = float
+    """int or float: how the flag's text is read."""
+
+
 class Sampler:
     """Base class of a sampler-chain step: a transform of next-token logits.
 
@@ -253,6 +274,12 @@ class Sampler:
 
     picks: bool = False
     """True when this step chooses the token (and so must end the chain)."""
+
+    flag: SamplerFlag | None = None
+    """The step's command-line flag, if it has one (read on the factory, before anything is built)."""
+    sampling_only: bool = False
+    """True for a step that only matters when sampling (temperature, top_k, ...): ``--temperature 0``
+    (greedy) drops it, as Hugging Face does (read on the factory)."""
 
     def __call__(self, logits: Tensor, input_ids: Tensor) -> Tensor:
         return logits

@@ -41,9 +41,11 @@ def test_hook_docstring_says_what_the_table_says(kind: str) -> None:
     assert sorted(args) == sorted(contract.given_by_model), f"{contract.hook} factory arguments {args}"
     assert factory.group(2) == contract.interface
     members = re.search(r"Members: (.*?)(?= Optional:|$)", doc)
-    optional = re.search(r"Optional: (.*?)$", doc)
+    optional = re.search(r"Optional: (.*?)(?= On the factory:|$)", doc)
+    on_factory = re.search(r"On the factory: (.*?)$", doc)
     assert members and _names(members.group(1)) == list(contract.members), f"{contract.hook} Members"
     assert optional and _names(optional.group(1)) == list(contract.optional), f"{contract.hook} Optional"
+    assert on_factory and _names(on_factory.group(1)) == list(contract.factory_optional), f"{contract.hook} factory"
 
 
 def test_every_hook_spec_is_a_kind_of_the_table() -> None:

@@ -60,6 +60,9 @@ class CausalSelfAttention(nn.Module):
     ) -> LayerKVCache:
         return LayerKVCache(batch_size, self.n_kv_head, max_len, self.head_dim, device=device, dtype=dtype)
 
+    def kv_bytes(self, batch_size: int, max_len: int, dtype: torch.dtype) -> int:
+        return 2 * batch_size * self.n_kv_head * max_len * self.head_dim * dtype.itemsize
+
     def flops(self, batch: int, seq_len: int) -> dict[str, int]:
         n_tokens = batch * seq_len
         # Q K^T and att @ V: 2 matmuls of (T x hs) by (hs x T) per head, full T^2 (no causal halving).
