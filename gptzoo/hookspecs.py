@@ -50,9 +50,10 @@ On the built module, for every kind but samplers (optional):
   no equivalent of the component, and import and export refuse it with that reason.
 - ``hf_config(family: str) -> dict | None``: the config.json fields of that family the component
   owns (e.g. ``{"rms_norm_eps": 1e-6}``); export writes them, and None means no equivalent.
-- ``reset_parameters()``: the component initializes its own parameters; the model then leaves them
-  alone (GPT-2's normal(0, init_std) initialization is for components without one), except
-  that it still scales ``c_proj`` of attentions and mlps by 1/sqrt(2 n_layer).
+- ``reset_parameters()``: the component initializes its own parameters, and the model leaves the
+  whole component alone. GPT-2's initialization (normal(0, init_std) for linear weights, zero
+  biases, and std / sqrt(2 n_layer) for the ``c_proj`` of attentions and mlps) is for components
+  without one.
 
 Members that every kind with them shares:
 
