@@ -42,9 +42,10 @@ def run_check(planned: Planned) -> CheckResult:
     detail = one_line(detail)
     if len(detail) > MAX_DETAIL:
         detail = detail[: MAX_DETAIL - 3] + "..."
-    entry = planned.entry
-    provenance = entry.provenance
-    return CheckResult(entry.kind, entry.name, provenance.distribution, provenance.version, planned.check, status, detail)
+    entry, provenance = planned.entry, planned.entry.provenance
+    return CheckResult(
+        entry.kind, entry.name, provenance.distribution, provenance.version, planned.check, status, detail
+    )
 
 
 def run_conformance(registry: Registry, entries: Iterable[Entry]) -> list[CheckResult]:
