@@ -245,8 +245,9 @@ def register_attentions(register: Register) -> None:
     Factory: ``factory(d_model, n_head, *, n_kv_head, head_dim, bias, **params) -> Attention``;
     n_head % n_kv_head == 0 (MHA: equal, GQA: fewer, MQA: one).
     Forward: ``forward(x (B, T, d_model), ctx: AttentionContext, cache: LayerKVCache | None)
-    -> (B, T, d_model)``. The context carries the rotary embedding, the additive mask and the cache
-    offset and the positions of queries and keys; the layer must never let a query see a later key.
+    -> (B, T, d_model)``. The context carries the rotary embedding, the additive mask over every key so
+    far, the cache offset, the positions of queries and keys and the position bias (a layer that keeps
+    only some keys builds its own mask from those); the layer must never let a query see a later key.
     ``c_proj`` is the output projection (as for mlps); ``init_cache(batch_size, max_len, *, device,
     dtype) -> LayerKVCache`` allocates the layer's cache for sequences of up to max_len tokens (its
     own shape: a sliding window may keep only its last ``window`` positions) and

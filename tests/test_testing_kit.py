@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fakedist import SLIDING_WINDOW, FakeSite
+from fakedist import SCALENORM, SLIDING_WINDOW, FakeSite
 
 import gptzoo
 from gptzoo.cli import main
@@ -310,16 +310,16 @@ def test_a_sampler_drawing_from_the_global_generator_fails_the_seeded_check(fake
 AUTHOR_TESTS = """
 from gptzoo.testing import conformance
 
-test_sliding_window = conformance("attention", "sliding_window")
-test_halved = conformance("attention", "halved")
+test_scalenorm = conformance("norm", "scalenorm")
+test_half_mapped = conformance("norm", "half_mapped")
 """
 
 
 def test_a_plugin_authors_test_file_runs_the_kit_under_pytest(fake_site: FakeSite, tmp_path: Path) -> None:
-    fake_site.add("sliding_window", "gz_kit_sw", SLIDING_WINDOW)
-    fake_site.add("halved", "gz_kit_halved", HALVED_FLOPS)
+    fake_site.add("scalenorm", "gz_kit_scalenorm", SCALENORM)
+    fake_site.add("half_mapped", "gz_kit_half_mapped", HALF_MAPPED)
     registry = gptzoo.get_registry()
-    expected = run_conformance(registry, [registry.get("attention", n) for n in ("sliding_window", "halved")])
+    expected = run_conformance(registry, [registry.get("norm", n) for n in ("scalenorm", "half_mapped")])
     (tmp_path / "test_author.py").write_text(AUTHOR_TESTS, encoding="utf-8")
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_author.py"],
@@ -331,23 +331,24 @@ def test_a_plugin_authors_test_file_runs_the_kit_under_pytest(fake_site: FakeSit
     )
     assert done.returncode == 1, done.stdout + done.stderr
     assert f"1 failed, {len(expected) - 1} passed" in done.stdout.splitlines()[-1]
-    assert "FAILED test_author.py::test_halved[attention:halved-flops]" in done.stdout
+    assert "FAILED test_author.py::test_half_mapped[norm:half_mapped-hf_weights]" in done.stdout
 
 
 def test_plugins_check_of_a_good_plugin(
     fake_site: FakeSite, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("COLUMNS", "250")  # no cell wraps
-    fake_site.add("sliding_window", "gz_kit_sw", SLIDING_WINDOW)
-    assert main(["plugins", "--check", "sliding_window", "--json"]) == 0  # by entry-point name
+    fake_site.add("scalenorm", "gz_kit_scalenorm", SCALENORM)
+    assert main(["plugins", "--check", "scalenorm", "--json"]) == 0  # by entry-point name
     document = json.loads(capsys.readouterr().out)
     assert (document["components"], document["failed"]) == (1, 0)
-    assert {(r["kind"], r["name"], r["distribution"], r["status"]) for r in document["results"]} == {
-        ("attention", "sliding_window", "gptzoo-fake-sliding_window", "passed")
+    assert {(r["kind"], r["name"], r["distribution"], r["version"], r["status"]) for r in document["results"]} == {
+        ("norm", "scalenorm", "gptzoo-fake-scalenorm", "1.0", "passed")
     }
-    assert main(["plugins", "--check", "gptzoo-fake-sliding_window"]) == 0  # by distribution
+    assert [r["check"] for r in document["results"]][:3] == ["examples", "build[plain]", "forward[plain]"]
+    assert main(["plugins", "--check", "gptzoo-fake-scalenorm"]) == 0  # by distribution
     out = " ".join(capsys.readouterr().out.split())
-    assert "Conformance" in out and "attention:sliding_window" in out and "cache-padded[rope,window=3]" in out
+    assert "│ norm:scalenorm │ gptzoo-fake-scalenorm 1.0 │ build[mqa] │ passed │" in out
     assert out.endswith(f"{len(document['results'])} passed, 0 failed, 0 skipped")
     # without NAME: every third-party component, whatever else is installed
     code = main(["plugins", "--check", "--json"])
@@ -358,21 +359,30 @@ def test_plugins_check_of_a_good_plugin(
     assert code == (1 if everything["failed"] else 0)
 
 
-def test_plugins_check_of_a_bad_plugin_exits_1(fake_site: FakeSite, capsys: pytest.CaptureFixture[str]) -> None:
-    fake_site.add("halved", "gz_kit_halved", HALVED_FLOPS)
-    assert main(["plugins", "--check", "attention:halved", "--json"]) == 1
+def test_plugins_check_of_a_bad_plugin_exits_1(
+    fake_site: FakeSite, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "250")
+    fake_site.add("half_mapped", "gz_kit_half_mapped", HALF_MAPPED)
+    assert main(["plugins", "--check", "norm:half_mapped", "--json"]) == 1
     document = json.loads(capsys.readouterr().out)
-    failed = [r for r in document["results"] if r["status"] == "failed"]
-    assert document["failed"] == 1 and [r["check"] for r in failed] == ["flops"]
-    assert failed[0]["detail"].startswith("flops(2, 8) declares 36864 FLOPs")
-    assert main(["plugins", "--check", "halved"]) == 1  # by entry-point name
+    failed = [(r["check"], r["detail"]) for r in document["results"] if r["status"] == "failed"]
+    assert document["failed"] == 1
+    assert failed == [("hf_weights", "hf_weights('llama') leaves bias of its state dict unmapped")]
+    assert main(["plugins", "--check", "half_mapped"]) == 1  # by entry-point name
     out = " ".join(capsys.readouterr().out.split())
-    assert "failed" in out and out.endswith(f"{len(document['results']) - 1} passed, 1 failed, 0 skipped")
+    assert (
+        "│ norm:half_mapped │ gptzoo-fake-half_mapped 1.0 │ hf_weights │ failed │ hf_weights('llama') leaves bias of "
+        "its state dict unmapped │"
+    ) in out
+    assert out.endswith(f"{len(document['results']) - 1} passed, 1 failed, 0 skipped")
 
 
 def test_plugins_check_of_an_unknown_name_exits_2(fake_site: FakeSite, capsys: pytest.CaptureFixture[str]) -> None:
-    fake_site.add("halved", "gz_kit_halved", HALVED_FLOPS)
+    fake_site.add("half_mapped", "gz_kit_half_mapped", HALF_MAPPED)
     assert main(["plugins", "--check", "nosuch"]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: --check 'nosuch' names no plugin, distribution or component; plugins and ")
-    assert "gptzoo-fake-halved" in err and "halved" in err and "Traceback" not in err
+    captured = capsys.readouterr()
+    assert captured.err.startswith("error: --check 'nosuch' names no plugin, distribution or component; plugins and ")
+    assert " half_mapped," in captured.err and " gptzoo-fake-half_mapped," in captured.err
+    assert captured.err.rstrip().endswith("components: KIND:NAME as `gptzoo list` shows them")
+    assert "Traceback" not in captured.err and captured.out == ""
