@@ -71,6 +71,8 @@ class PluginInfo:
     builtin: bool
     status: Literal["ok", "failed"] = "ok"
     error: str | None = None
+    warning: str | None = None
+    """What is wrong with a plugin that loaded, e.g. that it implements no hook (it registers nothing)."""
 
 
 class GptzooPluginManager(pluggy.PluginManager):
@@ -90,6 +92,15 @@ class PluginExit(BaseException):
     def __init__(self, code: object) -> None:
         super().__init__(code)
         self.code = code
+
+
+NO_HOOK = "implements no gptzoo hook: did you forget @gptzoo.hookimpl?"
+"""The warning of a plugin that loaded and registers nothing, since pluggy saw none of its functions."""
+
+
+def canonical_name(distribution: str) -> str:
+    """A distribution's name as PEP 503 compares it: lower case, each run of ``-_.`` one ``-``."""
+    return re.sub(r"[-_.]+", "-", distribution).lower()
 
 
 def env_flag(name: str) -> bool:
@@ -262,7 +273,7 @@ def _entry_points() -> tuple[list[metadata.EntryPoint], list[tuple[PluginInfo, s
     broken: list[tuple[PluginInfo, str]] = []
     for dist in metadata.distributions():
         name = _dist_name(dist)
-        key = re.sub(r"[-_.]+", "-", name).lower()
+        key = canonical_name(name)
         if key in seen:
             continue
         seen.add(key)
@@ -312,4 +323,4 @@ def _load_entry_point(pm: GptzooPluginManager, ep: metadata.EntryPoint) -> None:
             pm.unregister(name=ep.name)  # register() can fail half-way (a bad hook signature)
         _failed(pm, info, describe_failure(exc, "at import"), exc)
         return
-    pm.reports.append(info)
+    pm.reports.append(info if pm.get_hookcallers(plugin) else replace(info, warning=NO_HOOK))
