@@ -193,7 +193,7 @@ class Registry:
             info = None
         if info is None and dist is not None:
             info = self.failed_distribution(dist)
-        available = self.available(kind)
+        available = self.available(kind) if dist is None else [e.qualified_name for e in self.all_entries(kind)]
         if info is not None:
             return UnknownComponentError(kind, name, available, reason=failed_reason(kind, name, info))
         note = ""
@@ -307,7 +307,7 @@ class Registry:
                     f"{what} with an override that is not a bool: {show_plain(override)}; use True or False"
                 )
             if required := _without_default(kind, factory):
-                passes = ", ".join(_structural(kind)) or "nothing"
+                passes = f"only {', '.join(_structural(kind))}" if _structural(kind) else "nothing"
                 whose = (
                     f"parameter {required[0]!r} has"
                     if len(required) == 1
@@ -315,7 +315,7 @@ class Registry:
                 )
                 raise RegistryError(
                     f"{what} with a factory whose {whose} no default; give every parameter a default (a recipe may "
-                    f"leave any out, and the model passes only {passes})"
+                    f"leave any out, and the model passes {passes})"
                 )
             given = doc is not None
             if doc is None:
