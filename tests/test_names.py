@@ -192,6 +192,22 @@ def test_a_checkpoint_records_where_each_component_came_from(plugin_checkpoint: 
     assert model.recipe.model.norm.origin == "gptzoo-fake-good 1.0"
 
 
+def test_a_checkpoint_component_may_be_named_qualified(plugin_checkpoint: Path) -> None:
+    """The same entry by another name is no change of structure."""
+    model = gptzoo.load_checkpoint(
+        plugin_checkpoint, overrides=["model.norm=gptzoo-fake-good:scalenorm"], registry=gptzoo.get_registry()
+    )
+    assert model.recipe.model.norm.name == "gptzoo-fake-good:scalenorm"
+    activation = model.recipe.model.activation.name
+    assert activation != "relu"
+    renamed = gptzoo.load_checkpoint(
+        plugin_checkpoint, overrides=[f"model.activation=gptzoo:{activation}"], registry=gptzoo.get_registry()
+    )
+    assert renamed.recipe.model.activation.name == f"gptzoo:{activation}"
+    with pytest.raises(gptzoo.CheckpointError, match=f"model.activation would change from '{activation}' to 'relu'"):
+        gptzoo.load_checkpoint(plugin_checkpoint, overrides=["model.activation=relu"], registry=gptzoo.get_registry())
+
+
 def test_a_checkpoint_whose_plugin_is_uninstalled_names_the_distribution(
     plugin_checkpoint: Path, fake_site: FakeSite, capsys: pytest.CaptureFixture[str]
 ) -> None:
