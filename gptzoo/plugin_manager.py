@@ -9,7 +9,9 @@ They are loaded one at a time: a plugin that fails to import (whatever it raises
 and SystemExit included), implements a misspelled hook, has a bad hook signature or a hook that
 calling would not run (a wrapper, an ``async def``, a generator) is reported as failed (name,
 distribution, error) and the others keep working; so is a distribution whose ``entry_points.txt``
-declares the group but cannot be parsed. ``GPTZOO_NO_PLUGINS=1`` skips third-party plugins;
+declares the group but cannot be parsed. A plugin that loads but implements no hook (its functions
+lack ``@gptzoo.hookimpl``) registers nothing and is reported with a warning (:data:`NO_HOOK`).
+``GPTZOO_NO_PLUGINS=1`` skips third-party plugins;
 ``GPTZOO_STRICT_PLUGINS=1`` (or strict=True) makes any failure fatal. Nothing is loaded at import
 time: each call builds a fresh manager.
 
