@@ -442,7 +442,8 @@ def test_cli_plugins_lists_a_failed_plugin_and_exits_0(plugins_json: subprocess.
         "notes": [],
     }
     assert rows["good"]["status"] == "ok" and rows["good"]["registered"] == ["norm:scalenorm"]
-    assert rows["gptzoo.builtins.norms"]["registered"] == ["norm:layernorm", "norm:rmsnorm"]
+    builtin_norms = gptzoo.get_registry(third_party=False).names("norm")
+    assert rows["gptzoo.builtins.norms"]["registered"] == [f"norm:{name}" for name in builtin_norms]
     assert [name for name, row in rows.items() if row["builtin"]] == list(DEFAULT_PLUGINS)
 
 
