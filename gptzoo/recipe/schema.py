@@ -213,9 +213,12 @@ class Recipe:
                 if getattr(self.train, f.name) != f.default
             }
         provenance: dict[str, Any] = {
-            key: getattr(self.model, key).origin for key in COMPONENT_KEYS if getattr(self.model, key).origin
+            key: getattr(self.model, key).origin
+            for key in COMPONENT_KEYS
+            if ORIGIN.fullmatch(getattr(self.model, key).origin)
         }
-        if "generate" in data and all(c.origin for c in self.generate.samplers) and self.generate.samplers:
+        samplers = self.generate.samplers
+        if "generate" in data and samplers and all(ORIGIN.fullmatch(c.origin) for c in samplers):
             provenance[SAMPLERS] = [c.origin for c in self.generate.samplers]
         if provenance:
             data[PROVENANCE] = provenance
@@ -232,6 +235,9 @@ SECTIONS: dict[str, type] = {
     "generate": GenerateSpec,
     "train": TrainSpec,
 }
+ORIGIN = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,99}) ([A-Za-z0-9][A-Za-z0-9._+!-]{0,63})")
+"""A [provenance] value: ``DISTRIBUTION VERSION`` (an origin that is not, from a distribution of an odd
+name, is left out rather than written as something that reading back would refuse)."""
 TOP_LEVEL_KEYS = ("extends", "description")
 PROVENANCE = "provenance"
 """The table of a resolved recipe that records each component's distribution and version."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import inspect
 import math
-import re
 from collections.abc import Iterable
 from dataclasses import MISSING, fields
 from typing import Any, get_type_hints
@@ -37,6 +36,7 @@ from gptzoo.recipe.schema import (
     MAX_TENSOR,
     NORM_PLACEMENTS,
     ON_NONFINITE,
+    ORIGIN,
     PARALLELISMS,
     PRECISIONS,
     PROVENANCE,
@@ -55,8 +55,6 @@ from gptzoo.tokenizer import TOKENIZER_NAMES
 _TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
 MAX_DEPTH = 32
 """The deepest nesting of tables and arrays a recipe may have (a component parameter's value included)."""
-ORIGIN = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,99}) ([A-Za-z0-9][A-Za-z0-9._+!-]{0,63})")
-"""A [provenance] value: ``DISTRIBUTION VERSION``."""
 ORIGIN_TEXT = '"DISTRIBUTION VERSION" (e.g. "gptzoo 0.1.0")'
 
 
