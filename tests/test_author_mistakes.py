@@ -42,6 +42,19 @@ class Windowed(CausalSelfAttention):
         super().__init__(d_model, n_head, n_kv_head=n_kv_head, head_dim=head_dim, bias=bias)
 
 
+class NoDim(nn.Module):
+    def __init__(self, *, eps=1e-5):
+        super().__init__()
+
+    def forward(self, x):
+        return x
+
+
+@gptzoo.hookimpl
+def register_norms(register):
+    register("nodim", NoDim, doc="does not take dim")
+
+
 @gptzoo.hookimpl
 def register_attentions(register):
     register("nocache", NoCache, doc="no init_cache, no kv_bytes")
@@ -59,6 +72,11 @@ FROM = "from gptzoo_fake_mistakes (gptzoo-fake-mistakes 1.0)"
 FIX = "fix the plugin, or choose another"
 CONTRACT = "which the {kind} contract requires (gptzoo.hookspecs.CONTRACTS, interface gptzoo.interfaces.{interface})"
 CASES = {
+    "wrong-signature": (
+        "model.norm=nodim",
+        f"norm 'nodim' {FROM} has a factory that does not take dim by keyword, which the model passes to every norm "
+        "(gptzoo.hookspecs.register_norms); add it to the factory's parameters, or choose another norm",
+    ),
     "missing-members": (
         'model.attention="nocache"',
         f"attention 'nocache' {FROM} built a NoCache without init_cache, kv_bytes, "
