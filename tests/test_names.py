@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from cli_run import run_error, run_json
-from fakedist import SCALENORM, FakeSite
+from fakedist import SCALENORM, FakeSite, rmsnorm_replacement
 from test_plugins import report
 
 import gptzoo
@@ -331,3 +331,21 @@ def test_json_of_a_plugin_without_hooks_carries_its_warning(
     table = " ".join(capsys.readouterr().out.split())
     assert "warning: implements no gptzoo hook: did you forget @gptzoo.hookimpl?" in table
     assert json.dumps(row)  # plain JSON
+
+
+def test_plugins_and_list_report_a_shadowed_name(fake_site: FakeSite, capsys: pytest.CaptureFixture[str]) -> None:
+    fake_site.add("dup", "gptzoo_fake_dup", rmsnorm_replacement(override=False))
+    note = (
+        f"shadowed: 'rmsnorm' means the norm of {GPTZOO}; write 'gptzoo-fake-dup:rmsnorm' (or register it with "
+        "override=True)"
+    )
+    row = next(r for r in run_json(capsys, "plugins") if r["name"] == "dup")
+    assert (row["status"], row["registered"], row["notes"]) == ("ok", ["norm:rmsnorm"], [f"norm 'rmsnorm' is {note}"])
+    listed = run_json(capsys, "list", "norm", "rmsnorm")
+    assert [(r["qualified_name"], r["note"]) for r in listed] == [
+        ("gptzoo:rmsnorm", None),
+        ("gptzoo-fake-dup:rmsnorm", note),
+    ]
+    summary = run_json(capsys, "build", "llama-tiny")  # the shipped recipe keeps its meaning
+    norm = next(c for c in summary["components"] if c["key"] == "norm")
+    assert (norm["name"], norm["distribution"]) == ("rmsnorm", "gptzoo")
