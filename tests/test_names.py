@@ -285,6 +285,25 @@ def test_renaming_a_component_forgets_its_recorded_origin(plugin_checkpoint: Pat
     assert str(excinfo.value).startswith("--set model.norm=nonorm: [model] norm: unknown norm 'nonorm'")
 
 
+def test_a_checkpoint_of_a_name_that_became_ambiguous_loads_the_recorded_one(
+    fake_site: FakeSite, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake_site.add("a", "gptzoo_fake_a", dyt_plugin("act_a"), dist="gptzoo-a", version="1.0")
+    ck = tmp_path / "ck"
+    assert main(["build", "gpt2-tiny", "--set", "model.norm=dyt", "--set", "model.n_layer=1", "--out", str(ck)]) == 0
+    capsys.readouterr()
+    fake_site.add("b", "gptzoo_fake_b", dyt_plugin("act_b"), dist="gptzoo-b", version="2.0")
+    model = gptzoo.load_checkpoint(ck, registry=gptzoo.get_registry())
+    assert model.recipe.model.norm.name == "gptzoo-a:dyt"
+    assert type(model.blocks[0].ln_1).__module__ == "gptzoo_fake_a"
+    recipe = ck / "recipe.toml"
+    text = recipe.read_text(encoding="utf-8")
+    recipe.write_text(text[: text.index("[provenance]")], encoding="utf-8")  # no record: ambiguous
+    assert run_error(capsys, "generate", "--checkpoint", str(ck), "--prompt", "a") == (
+        f"error: {recipe}: [model] norm: {AMBIGUOUS}"
+    )
+
+
 # --- child recipes and --set change one parameter -------------------------------------------------------------
 
 

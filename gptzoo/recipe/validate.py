@@ -3,7 +3,8 @@ its key path. The one part of recipe handling that consults the registry (compon
 qualified, their parameters against the factory's signature, and each factory's optional ``check``).
 Each resolved component records its entry's distribution and version (``Component.origin``); a
 ``[provenance]`` table read back (a checkpoint's) names the distribution to install for a component
-that no installed plugin registers.
+that no installed plugin registers, and picks the recorded distribution's entry of a name that has
+become ambiguous since (the component is then named qualified).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any, get_type_hints
 
 from gptzoo import factories
 from gptzoo.errors import (
+    AmbiguousComponentError,
     ComponentLookupError,
     PluginError,
     RecipeError,
@@ -262,6 +264,13 @@ class _Validator:
             )
             return None
         try:
+            entry = self.registry.get(kind, name)
+        except AmbiguousComponentError as exc:
+            recorded = origin.split(" ")[0] if origin is not None else None
+            if recorded is None or all(canonical_name(d) != canonical_name(recorded) for d, _ in exc.origins):
+                self.problems.append(f"{where}: {exc}")
+                return None
+            name = f"{recorded}:{name}"  # the recorded distribution says which one it was
             entry = self.registry.get(kind, name)
         except ComponentLookupError as exc:
             dist = split_name(name)[0]
