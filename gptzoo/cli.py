@@ -35,10 +35,10 @@ from gptzoo.inference.generate import SEED_LIMIT, plan_generation
 from gptzoo.loader import build, load_model, resolve_recipe
 from gptzoo.model.checkpoint import load_checkpoint
 from gptzoo.model.summary import DTYPES, render_summary
-from gptzoo.plugin_manager import gptzoo_version
+from gptzoo.plugin_manager import canonical_name, gptzoo_version
 from gptzoo.recipe import load_recipe, read_recipe_data, shipped_recipes
 from gptzoo.recipe.schema import MAX_DIM
-from gptzoo.registry import Registry, get_registry
+from gptzoo.registry import Registry, get_registry, split_name
 from gptzoo.testing import run_conformance
 from gptzoo.training.data import CORPORA, DEFAULT_VAL_FRACTION, NAMED_TOKENIZERS, prepare
 from gptzoo.training.display import TrainDisplay
@@ -288,6 +288,7 @@ def make_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("list", parents=[common], help="list registered components")
     p.add_argument("kind", nargs="?", choices=KINDS, help="only this kind")
+    p.add_argument("name", nargs="?", help="only the components of this name (bare, or qualified: DIST:name)")
     p.set_defaults(func=cmd_list)
 
     p = sub.add_parser("recipes", parents=[common], help="list shipped recipes")
@@ -580,9 +581,15 @@ def cmd_plugins(args: argparse.Namespace, out: Console, err: Console) -> int | N
         return check_plugins(args, out, err)
     registry = get_registry()
     registered: dict[str, list[str]] = {}
-    for entry in registry.entries():
+    notes: dict[str, list[str]] = {}
+    for entry in registry.all_entries():
         registered.setdefault(entry.provenance.plugin, []).append(f"{entry.kind}:{entry.name}")
-    rows = [{**asdict(info), "registered": registered.get(info.module, [])} for info in registry.plugins]
+        if (note := registry.note(entry)) is not None:
+            notes.setdefault(entry.provenance.plugin, []).append(f"{entry.kind} {entry.name!r} is {note}")
+    rows = [
+        {**asdict(info), "registered": registered.get(info.module, []), "notes": notes.get(info.module, [])}
+        for info in registry.plugins
+    ]
     _emit(
         args,
         out,
@@ -593,10 +600,10 @@ def cmd_plugins(args: argparse.Namespace, out: Console, err: Console) -> int | N
                 _text(r["name"]) + (f"\n[dim]{_text(r['module'])}[/dim]" if r["module"] != r["name"] else "")
             ),
             "distribution": lambda r: _text(f"{r['distribution']} {r['version']}"),
-            "status": lambda r: (
-                "[green]ok[/green]" if r["status"] == "ok" else f"[red]failed[/red]: {_text(r['error'] or '')}"
+            "status": _plugin_status,
+            "registered": lambda r: "\n".join(
+                [", ".join(r["registered"]), *(f"[yellow]{_text(n)}[/yellow]" for n in r["notes"])]
             ),
-            "registered": lambda r: ", ".join(r["registered"]),
         },
     )
 
@@ -605,7 +612,7 @@ def check_plugins(args: argparse.Namespace, out: Console, err: Console) -> int:
     """``gptzoo plugins --check [NAME]``: the conformance kit's results as a table (or JSON); exit 1
     when a check failed."""
     registry = _registry(err)
-    entries = list(registry.entries())
+    entries = list(registry.all_entries())
     name = args.check
     if not name:
         chosen = [e for e in entries if e.provenance.distribution != GPTZOO_DISTRIBUTION]
@@ -614,7 +621,8 @@ def check_plugins(args: argparse.Namespace, out: Console, err: Console) -> int:
         chosen = [
             e
             for e in entries
-            if name in (f"{e.kind}:{e.name}", e.provenance.distribution)
+            if name in (f"{e.kind}:{e.name}", f"{e.kind}:{e.qualified_name}")
+            or canonical_name(name) == canonical_name(e.provenance.distribution)
             or (name in plugins and e.provenance.plugin == plugins[name])
         ]
         if not chosen:
@@ -648,17 +656,28 @@ def check_plugins(args: argparse.Namespace, out: Console, err: Console) -> int:
     return 1 if failed else 0
 
 
+def _plugin_status(row: dict[str, Any]) -> str:
+    if row["status"] != "ok":
+        return f"[red]failed[/red]: {_text(row['error'] or '')}"
+    return "[green]ok[/green]" + (f"\n[yellow]warning[/yellow]: {_text(row['warning'])}" if row["warning"] else "")
+
+
 def cmd_list(args: argparse.Namespace, out: Console, err: Console) -> None:
     registry = _registry(err)
+    entries = list(registry.all_entries(args.kind))
+    if args.name is not None:
+        entries = _named(registry, args.kind, args.name, entries)
     rows = [
         {
             "kind": e.kind,
             "name": e.name,
+            "qualified_name": e.qualified_name,
             "doc": e.doc,
             **asdict(e.provenance),
             "overrides": str(e.overrides) if e.overrides else None,
+            "note": registry.note(e),
         }
-        for e in registry.entries(args.kind)
+        for e in entries
     ]
     _emit(
         args,
@@ -667,11 +686,31 @@ def cmd_list(args: argparse.Namespace, out: Console, err: Console) -> None:
         "Components",
         {
             "kind": lambda r: r["kind"],
-            "name": lambda r: _text(r["name"]),
+            "name": lambda r: _text(r["name"]) + (f"\n[dim]{_text(r['qualified_name'])}[/dim]" if r["note"] else ""),
             "description": lambda r: _text(r["doc"]),
-            "from": lambda r: _origin(r) + (_text(f", overrides {r['overrides']}") if r["overrides"] else ""),
+            "from": lambda r: (
+                _origin(r)
+                + (_text(f", overrides {r['overrides']}") if r["overrides"] else "")
+                + (f"\n[yellow]{_text(r['note'])}[/yellow]" if r["note"] else "")
+            ),
         },
     )
+
+
+def _named(registry: Registry, kind: str | None, name: str, entries: list[Any]) -> list[Any]:
+    """The entries ``gptzoo list [KIND] NAME`` shows: the one a qualified name means, or every entry of
+    a bare name (all of an ambiguous one); an unknown name is an error, as in a recipe."""
+    dist, bare = split_name(name)
+    matching = [
+        e
+        for e in entries
+        if e.name == bare and (dist is None or canonical_name(e.provenance.distribution) == canonical_name(dist))
+    ]
+    if not matching and kind is not None:
+        registry.get(kind, name)  # raises the unknown-name error, with what is available
+    if not matching:
+        raise GptzooError(f"no component is named {name!r}; see `gptzoo list`")
+    return matching
 
 
 def cmd_recipes(args: argparse.Namespace, out: Console, err: Console) -> None:

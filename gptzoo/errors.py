@@ -31,12 +31,40 @@ MAX_LISTED = 20
 """The most names an 'unknown name' message lists; it counts the others."""
 
 
-class UnknownComponentError(RegistryError):
-    """A component name that no plugin registered."""
+class ComponentLookupError(RegistryError):
+    """A component name that does not name exactly one registered component."""
 
-    def __init__(self, kind: str, name: str, available: Iterable[str], *, more: str = "") -> None:
+    kind: str
+    name: str
+
+
+class UnknownComponentError(ComponentLookupError):
+    """A component name that no loaded plugin registered. ``reason``, when gptzoo knows why (the plugin
+    that would register it failed to load, the checkpoint's distribution is not installed), is the
+    whole message; otherwise it lists what is available, then ``note``."""
+
+    def __init__(
+        self, kind: str, name: str, available: Iterable[str], *, more: str = "", note: str = "", reason: str = ""
+    ) -> None:
         self.kind, self.name, self.available = kind, name, sorted(available)
-        super().__init__(f"unknown {kind} {name!r}{did_you_mean(name, self.available, more=more)}")
+        super().__init__(reason or f"unknown {kind} {name!r}{did_you_mean(name, self.available, more=more)}{note}")
+
+
+class AmbiguousComponentError(ComponentLookupError):
+    """A bare name that several third-party distributions register: only their qualified names work."""
+
+    def __init__(self, kind: str, name: str, origins: Sequence[tuple[str, str]]) -> None:
+        """``origins``: (distribution, version) of each entry of that name, in registration order."""
+        self.kind, self.name, self.origins = kind, name, list(origins)
+        who = [f"{dist} {version}" for dist, version in self.origins]
+        qualified = [repr(f"{dist}:{name}") for dist, _ in self.origins]
+        both = "both" if len(who) == 2 else "all"
+        super().__init__(f"{kind} {name!r} is ambiguous: {_and(who)} {both} register it; write {_and(qualified, 'or')}")
+
+
+def _and(items: Sequence[str], word: str = "and") -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} {word} {items[-1]}"
 
 
 class RecipeError(GptzooError):
@@ -52,6 +80,11 @@ class RecipeError(GptzooError):
             lines = "\n".join(f"  - {terminal_text(p)}" for p in self.problems)
             text = f"{terminal_text(source)}: {len(self.problems)} problems\n{lines}"
         super().__init__(text)
+
+
+class ParameterError(GptzooError):
+    """A component's factory refused the values the recipe gave it (it raised ValueError, as the
+    contracts say it does for an out-of-range parameter)."""
 
 
 class CheckpointError(GptzooError):

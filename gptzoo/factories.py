@@ -24,14 +24,11 @@ import torch
 from torch import nn
 
 from gptzoo import interfaces
-from gptzoo.errors import GptzooError, PluginError, exception_text
+from gptzoo.errors import GptzooError, ParameterError, PluginError, exception_text
 from gptzoo.hookspecs import CONTRACTS
 from gptzoo.plugin_manager import describe_raised, exit_guard
-from gptzoo.registry import Entry, show_plain
+from gptzoo.registry import GPTZOO_DISTRIBUTION, Entry, show_plain
 from gptzoo.untrusted import WEIGHT_DTYPES, WEIGHT_DTYPES_TEXT, dtype_name
-
-GPTZOO_DISTRIBUTION = "gptzoo"
-"""The distribution of the built-in components."""
 
 
 def culprit(entry: Entry) -> str:
@@ -63,9 +60,57 @@ def running(entry: Entry, what: str, *, user_errors: tuple[type[Exception], ...]
 
 
 def build(entry: Entry, kwargs: Mapping[str, Any], *, user_errors: tuple[type[Exception], ...] = ()) -> Any:
-    """``entry.factory(**kwargs)``; failures as :func:`running` says (``user_errors`` pass through)."""
-    with running(entry, "failed to build", user_errors=user_errors):
-        return entry.factory(**kwargs)
+    """``entry.factory(**kwargs)``; failures as :func:`running` says (``user_errors`` pass through).
+    A ValueError, which the contracts say a factory raises for an out-of-range parameter, is a
+    ParameterError naming the parameters the recipe gave (unless ``user_errors`` has it)."""
+    try:
+        with running(entry, "failed to build", user_errors=(*user_errors, ValueError)):
+            return entry.factory(**kwargs)
+    except ValueError as exc:
+        if isinstance(exc, user_errors):
+            raise
+        raise ParameterError(refused(entry, kwargs, exc)) from exc
+
+
+def refused(entry: Entry, kwargs: Mapping[str, Any], exc: ValueError) -> str:
+    """``attention 'windowed' from P refused window = 0: <its message>; change that parameter, ...``"""
+    given_by_model = CONTRACTS[entry.kind].given_by_model
+    params = {k: v for k, v in kwargs.items() if k not in given_by_model}
+    with running(entry, "raised a ValueError that cannot be printed"):
+        message = " ".join(exception_text(exc).split())
+    structural = [arg for arg, _ in CONTRACTS[entry.kind].structural]
+    if params:
+        given = ", ".join(f"{k} = {show_plain(v)}" for k, v in params.items())
+        change = (
+            f"change {'that parameter' if len(params) == 1 else 'those parameters'}, or choose another {entry.kind}"
+        )
+    elif structural:
+        given = (
+            "the model's dimensions (" + ", ".join(f"{arg}={show_plain(kwargs.get(arg))}" for arg in structural) + ")"
+        )
+        change = f"change the model's dimensions, or choose another {entry.kind}"
+    else:
+        given, change = "its defaults", fix(entry)
+    return f"{culprit(entry)} refused {given}: {message}; {change}"
+
+
+def signature_problem(entry: Entry, signature: inspect.Signature) -> str | None:
+    """Why the factory cannot take what the model passes to every factory of its kind (by keyword:
+    CONTRACTS[kind].given_by_model), or None."""
+    params = signature.parameters.values()
+    if any(p.kind == p.VAR_KEYWORD for p in params):
+        return None
+    by_keyword = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    contract = CONTRACTS[entry.kind]
+    missing = [arg for arg in (*(a for a, _ in contract.structural), *contract.components) if arg not in by_keyword]
+    if not missing:
+        return None
+    them = "it" if len(missing) == 1 else "them"
+    return (
+        f"{culprit(entry)} has a factory that does not take {', '.join(missing)} by keyword, which the model passes "
+        f"to every {entry.kind} (gptzoo.hookspecs.{contract.hook}); add {them} to the factory's parameters, or choose "
+        f"another {entry.kind}"
+    )
 
 
 def signature(entry: Entry) -> inspect.Signature | None:
@@ -136,10 +181,39 @@ def check_contract(entry: Entry, built: object) -> None:
                 f"(gptzoo.interfaces.{contract.interface}); {fix(entry)}"
             )
     if contract.module:
+        with running(entry, "built a module whose forward cannot be inspected"):
+            problem = forward_problem(entry.kind, built)
+        if problem:
+            raise PluginError(f"{what} whose {problem}; {fix(entry)}")
         with running(entry, "built a module whose state dict cannot be read"):
             problem = state_problem(built.state_dict(keep_vars=True))
         if problem:
             raise PluginError(f"{what} whose {problem}; {fix(entry)}")
+
+
+CALLED_WITH = {"norm": "x", "activation": "x", "mlp": "x", "attention": "x, ctx, cache"}
+"""How the model calls a built module of each kind (gptzoo.model.gpt; a position is not called, only
+its embed, rotary and attn_bias, which the contract holds it to)."""
+
+
+def forward_problem(kind: str, module: nn.Module) -> str | None:
+    """Why the model could not call the module as it does (CALLED_WITH), or None. A forward whose
+    signature cannot be read (a builtin) is left to run."""
+    called = CALLED_WITH.get(kind)
+    if called is None:
+        return None
+    if type(module).forward is nn.Module.forward:
+        return f"forward is not defined, and the model calls it as forward({called})"
+    try:
+        signature = inspect.signature(module.forward)
+    except (TypeError, ValueError):
+        return None
+    try:
+        signature.bind(*(None for _ in called.split(", ")))
+    except TypeError:
+        hook = CONTRACTS[kind].hook
+        return f"forward{signature} cannot take ({called}), which the model passes it (gptzoo.hookspecs.{hook})"
+    return None
 
 
 def state_problem(state: Mapping[str, Any]) -> str | None:

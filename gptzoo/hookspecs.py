@@ -9,13 +9,17 @@ A plugin implements any of these hooks and calls ``register`` once per component
         register("rmsnorm", RMSNorm)
 
 ``register(name, factory, *, doc=None, override=False)``:
-    name: the registry key recipes use; names match exactly.
+    name: the registry key recipes use; names match exactly. ``DIST:name`` (the distribution's
+        name, e.g. ``gptzoo-extras:sliding_window``) always reaches it (gptzoo.registry).
     factory: a callable; its signature is the kind's contract below. Every keyword parameter
-        beyond the structural ones must have a default: recipe parameters are passed by name and
-        validated against this signature, and contract tests build each component with defaults.
+        beyond the structural ones must have a default (a plugin whose factory lacks one fails at
+        registration): recipe parameters are passed by name and validated against this signature,
+        and contract tests build each component with defaults.
     doc: one line for listings; defaults to the first line of the factory's docstring.
-    override: replace an entry of the same name registered by an earlier plugin (built-ins come
-        first). Without it a duplicate name is an error naming both plugins.
+    override: take the bare name from an entry of the same name registered by an earlier plugin
+        (built-ins come first); the replaced entry stays reachable qualified. Without it a name a
+        built-in has stays the built-in's, and a name two plugins register is ambiguous: usable
+        only qualified. One plugin registering a name twice fails.
 
 :data:`CONTRACTS` is the single home of what each kind's factory receives from the model
 (``structural``), which of its arguments are other components the builder makes (``components``),

@@ -9,7 +9,9 @@ They are loaded one at a time: a plugin that fails to import (whatever it raises
 and SystemExit included), implements a misspelled hook, has a bad hook signature or a hook that
 calling would not run (a wrapper, an ``async def``, a generator) is reported as failed (name,
 distribution, error) and the others keep working; so is a distribution whose ``entry_points.txt``
-declares the group but cannot be parsed. ``GPTZOO_NO_PLUGINS=1`` skips third-party plugins;
+declares the group but cannot be parsed. A plugin that loads but implements no hook (its functions
+lack ``@gptzoo.hookimpl``) registers nothing and is reported with a warning (:data:`NO_HOOK`).
+``GPTZOO_NO_PLUGINS=1`` skips third-party plugins;
 ``GPTZOO_STRICT_PLUGINS=1`` (or strict=True) makes any failure fatal. Nothing is loaded at import
 time: each call builds a fresh manager.
 
@@ -71,6 +73,8 @@ class PluginInfo:
     builtin: bool
     status: Literal["ok", "failed"] = "ok"
     error: str | None = None
+    warning: str | None = None
+    """What is wrong with a plugin that loaded, e.g. that it implements no hook (it registers nothing)."""
 
 
 class GptzooPluginManager(pluggy.PluginManager):
@@ -90,6 +94,15 @@ class PluginExit(BaseException):
     def __init__(self, code: object) -> None:
         super().__init__(code)
         self.code = code
+
+
+NO_HOOK = "implements no gptzoo hook: did you forget @gptzoo.hookimpl?"
+"""The warning of a plugin that loaded and registers nothing, since pluggy saw none of its functions."""
+
+
+def canonical_name(distribution: str) -> str:
+    """A distribution's name as PEP 503 compares it: lower case, each run of ``-_.`` one ``-``."""
+    return re.sub(r"[-_.]+", "-", distribution).lower()
 
 
 def env_flag(name: str) -> bool:
@@ -262,7 +275,7 @@ def _entry_points() -> tuple[list[metadata.EntryPoint], list[tuple[PluginInfo, s
     broken: list[tuple[PluginInfo, str]] = []
     for dist in metadata.distributions():
         name = _dist_name(dist)
-        key = re.sub(r"[-_.]+", "-", name).lower()
+        key = canonical_name(name)
         if key in seen:
             continue
         seen.add(key)
@@ -312,4 +325,4 @@ def _load_entry_point(pm: GptzooPluginManager, ep: metadata.EntryPoint) -> None:
             pm.unregister(name=ep.name)  # register() can fail half-way (a bad hook signature)
         _failed(pm, info, describe_failure(exc, "at import"), exc)
         return
-    pm.reports.append(info)
+    pm.reports.append(info if pm.get_hookcallers(plugin) else replace(info, warning=NO_HOOK))

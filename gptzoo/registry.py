@@ -2,13 +2,26 @@
 
 It is filled by calling each plugin's ``register_<kind>s`` hook with a ``register`` function bound
 to that plugin, so every entry knows which plugin, distribution and version it came from. A plugin's
-registrations are accepted all together or not at all: a plugin that registers a duplicate name
+registrations are accepted all together or not at all: a plugin that registers one name twice itself
 (without ``override=True``), registers something malformed (a name that is not a plain word, a
-factory that is not callable, a doc that is not a str or holds a control character, an override that
-is not a bool) or raises is marked failed, and the entries of the others stand. A ``register``
-called after its hook returned (a plugin that kept it) raises a PluginError instead of registering
-what nobody would see. A third-party plugin's hooks run under :func:`gptzoo.plugin_manager.guarded`
-(os._exit is caught, a slow one is named on stderr).
+factory that is not callable or has a parameter without a default, a doc that is not a str or holds
+a control character, an override that is not a bool) or raises is marked failed, and the entries of
+the others stand; the names it registered before failing are remembered, so that using one says
+which plugin failed. A ``register`` called after its hook returned (a plugin that kept it) raises a
+PluginError instead of registering what nobody would see. A third-party plugin's hooks run under
+:func:`gptzoo.plugin_manager.guarded` (os._exit is caught, a slow one is named on stderr).
+
+Names. Every entry has a qualified name ``DISTRIBUTION:name`` (``gptzoo:layernorm``,
+``gptzoo-extras:sliding_window``; the distribution compared as PEP 503 normalizes it), which always
+reaches it. A bare name reaches the entry it resolves to:
+
+- one entry of that name: that one;
+- a third-party entry of a name a built-in has: the built-in's stays (shipped recipes keep their
+  meaning); the plugin's is *shadowed*, reachable qualified;
+- two third-party entries of one name, neither with ``override=True``: the bare name is *ambiguous*,
+  an error naming both qualified names;
+- ``override=True``: the bare name means the later entry; the one it *replaced* stays reachable
+  qualified.
 """
 
 from __future__ import annotations
@@ -21,13 +34,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gptzoo.errors import PluginError, RegistryError, UnknownComponentError
+from gptzoo.errors import AmbiguousComponentError, PluginError, RegistryError, UnknownComponentError
 from gptzoo.hookspecs import CONTRACTS, KINDS
 from gptzoo.plugin_manager import (
     NO_PLUGINS_ENV,
     STRICT_ENV,
     GptzooPluginManager,
     PluginInfo,
+    canonical_name,
     describe_failure,
     env_flag,
     get_plugin_manager,
@@ -37,6 +51,8 @@ from gptzoo.plugin_manager import (
 
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}")
 """A component name: what a recipe, a --set override and a table show without quoting."""
+GPTZOO_DISTRIBUTION = "gptzoo"
+"""The distribution of the built-in components."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +63,11 @@ class Provenance:
 
     def __str__(self) -> str:
         return f"{self.plugin} ({self.distribution} {self.version})"
+
+    @property
+    def origin(self) -> str:
+        """``gptzoo-extras 1.2.0``: the distribution and version, as a checkpoint records them."""
+        return f"{self.distribution} {self.version}"
 
 
 @dataclass(frozen=True)
@@ -59,31 +80,103 @@ class Entry:
     overrides: Provenance | None = None
     """The provenance of the entry this one replaced, if it was registered with override=True."""
 
+    @property
+    def qualified_name(self) -> str:
+        """``gptzoo-extras:sliding_window``: the name that reaches this entry whatever else is installed."""
+        return f"{self.provenance.distribution}:{self.name}"
+
+
+def split_name(name: str) -> tuple[str | None, str]:
+    """``"gptzoo-a:dyt"`` -> ``("gptzoo-a", "dyt")``; a bare name -> ``(None, name)``."""
+    dist, sep, bare = name.partition(":")
+    return (dist, bare) if sep else (None, name)
+
 
 class Registry:
     """kind -> name -> :class:`Entry`, plus the load report of every plugin consulted."""
 
     def __init__(self) -> None:
         self._entries: dict[str, dict[str, Entry]] = {kind: {} for kind in KINDS}
+        """kind -> bare name -> the entry it resolves to."""
+        self._qualified: dict[str, dict[tuple[str, str], Entry]] = {kind: {} for kind in KINDS}
+        """kind -> (normalized distribution, name) -> every entry, reachable or not by its bare name."""
+        self._ambiguous: dict[str, dict[str, list[Entry]]] = {kind: {} for kind in KINDS}
+        self._shadowed: set[tuple[str, tuple[str, str]]] = set()
+        self._failed_names: dict[tuple[str, str], PluginInfo] = {}
+        """(kind, name) -> the failed plugin that registered it before failing."""
         self.plugins: list[PluginInfo] = []
 
     def get(self, kind: str, name: str) -> Entry:
+        """The entry a bare or qualified name means; an UnknownComponentError or
+        AmbiguousComponentError says why there is none."""
         entries = self._kind(kind)
-        try:
+        dist, bare = split_name(name)
+        if dist is not None:
+            entry = self._qualified[kind].get((canonical_name(dist), bare))
+            if entry is None:
+                raise self._unknown(kind, name)
+            return entry
+        if name in entries:
             return entries[name]
-        except KeyError:
-            raise UnknownComponentError(kind, name, entries, more=f"see `gptzoo list {kind}`") from None
+        if name in self._ambiguous[kind]:
+            origins = [(e.provenance.distribution, e.provenance.version) for e in self._ambiguous[kind][name]]
+            raise AmbiguousComponentError(kind, name, origins)
+        raise self._unknown(kind, name)
 
     def names(self, kind: str) -> list[str]:
+        """The bare names that resolve, sorted."""
         return sorted(self._kind(kind))
 
     def entries(self, kind: str | None = None) -> Iterator[Entry]:
+        """The entries bare names resolve to, by kind and name (one per name)."""
         for k in (kind,) if kind is not None else KINDS:
             yield from (self._kind(k)[name] for name in self.names(k))
+
+    def all_entries(self, kind: str | None = None) -> Iterator[Entry]:
+        """Every entry, reachable by its bare name or only qualified (shadowed, ambiguous, replaced),
+        by kind and name, entries of one name in the order they were registered (built-ins first)."""
+        for k in (kind,) if kind is not None else KINDS:
+            self._kind(k)
+            yield from sorted(self._qualified[k].values(), key=lambda e: e.name)  # stable: in registration order
+
+    def available(self, kind: str) -> list[str]:
+        """What a name of this kind may be: the bare names that resolve, and the qualified names of
+        entries no bare name reaches."""
+        return [*self.names(kind), *(e.qualified_name for e in self.all_entries(kind) if self.note(e) is not None)]
+
+    def note(self, entry: Entry) -> str | None:
+        """How an entry's bare name fails to reach it (shadowed, ambiguous, replaced), with the name
+        that does; None when its bare name reaches it."""
+        kind, name = entry.kind, entry.name
+        current = self._entries[kind].get(name)
+        if current is entry:
+            return None
+        write = f"write {entry.qualified_name!r}"
+        rivals = self._ambiguous[kind].get(name, [])
+        if any(e is entry for e in rivals):
+            others = [e.provenance.origin for e in rivals if e is not entry]
+            return f"ambiguous: {', '.join(others)} also register{'s' if len(others) == 1 else ''} it; {write}"
+        assert current is not None  # an entry that is neither reachable nor ambiguous lost its name to another
+        if (kind, _key(entry)) in self._shadowed:
+            return (
+                f"shadowed: {name!r} means the {kind} of {current.provenance.origin}; {write} (or register it with "
+                "override=True)"
+            )
+        return f"replaced by {current.provenance} (override=True); {write}"
 
     @property
     def failed(self) -> list[PluginInfo]:
         return [p for p in self.plugins if p.status == "failed"]
+
+    def failed_distribution(self, distribution: str) -> PluginInfo | None:
+        """The first failed plugin of that distribution, or None."""
+        key = canonical_name(distribution)
+        return next((p for p in self.failed if canonical_name(p.distribution) == key), None)
+
+    def loaded_distribution(self, distribution: str) -> PluginInfo | None:
+        """The first plugin of that distribution that loaded, or None."""
+        key = canonical_name(distribution)
+        return next((p for p in self.plugins if p.status == "ok" and canonical_name(p.distribution) == key), None)
 
     def _kind(self, kind: str) -> dict[str, Entry]:
         try:
@@ -91,37 +184,91 @@ class Registry:
         except KeyError:
             raise UnknownComponentError("component kind", kind, KINDS) from None
 
-    def add_plugin(self, pm: GptzooPluginManager, plugin_name: str, provenance: Provenance) -> None:
-        """Call every register hook of one plugin; commit its entries only if all are valid."""
+    def _unknown(self, kind: str, name: str) -> UnknownComponentError:
+        """Why no entry has this name: the failed plugin that would register it when gptzoo can know
+        it, else what is available and which plugins failed to load."""
+        dist, bare = split_name(name)
+        info = self._failed_names.get((kind, bare))
+        if info is not None and dist is not None and canonical_name(dist) != canonical_name(info.distribution):
+            info = None
+        if info is None and dist is not None:
+            info = self.failed_distribution(dist)
+        available = self.available(kind) if dist is None else [e.qualified_name for e in self.all_entries(kind)]
+        if info is not None:
+            return UnknownComponentError(kind, name, available, reason=failed_reason(kind, name, info))
+        note = ""
+        if self.failed:
+            listed = ", ".join(f"{p.distribution} {p.version}" for p in self.failed)
+            note = f"; plugins that failed to load, which may register it: {listed} (see `gptzoo plugins`)"
+        return UnknownComponentError(kind, name, available, more=f"see `gptzoo list {kind}`", note=note)
+
+    def add_plugin(
+        self,
+        pm: GptzooPluginManager,
+        plugin_name: str,
+        provenance: Provenance,
+        *,
+        builtin: bool = False,
+        attempted: list[tuple[str, str]] | None = None,
+    ) -> None:
+        """Call every register hook of one plugin; commit its entries only if all are valid.
+        ``attempted`` receives the (kind, name) of each registration with a valid name, even when
+        the plugin then fails."""
         plugin = pm.get_plugin(plugin_name)
         staged: list[tuple[Entry, bool]] = []
         for kind in KINDS:
             caller = getattr(pm.hook, f"register_{kind}s")
             for impl in caller.get_hookimpls():
                 if impl.plugin is plugin:
-                    register, close = self._stager(kind, provenance, staged)
+                    register, close = self._stager(kind, provenance, staged, attempted)
                     try:
                         impl.function(register=register)
                     finally:
                         close()
-        seen: dict[tuple[str, str], Entry] = {}
+        seen: set[tuple[str, str]] = set()
         for entry, override in staged:
             key = (entry.kind, entry.name)
             if key in seen:
                 raise RegistryError(f"{entry.kind} {entry.name!r} is registered twice by {entry.provenance}")
-            current = self._entries[entry.kind].get(entry.name)
-            if current is not None and not override:
+            seen.add(key)
+            current = self._qualified[entry.kind].get(_key(entry))
+            if current is not None and not override:  # another plugin of the same distribution
                 raise RegistryError(
                     f"{entry.kind} {entry.name!r} is registered by both {current.provenance} and "
                     f"{entry.provenance}; rename one, or register the later one with override=True"
                 )
-            seen[key] = replace(entry, overrides=current.provenance) if current is not None else entry
-        for (kind, name), entry in seen.items():
-            self._entries[kind][name] = entry
+            if builtin and entry.name in self._entries[entry.kind] and not override:
+                raise RegistryError(f"{entry.kind} {entry.name!r} is registered by two built-in plugins")
+        for entry, override in staged:
+            self._place(entry, override)
+
+    def _place(self, entry: Entry, override: bool) -> None:
+        """Give a committed entry its qualified name, and its bare name as the module docstring says."""
+        kind, name = entry.kind, entry.name
+        bare, ambiguous = self._entries[kind], self._ambiguous[kind]
+        current = bare.get(name)
+        if override:
+            if current is not None:
+                entry = replace(entry, overrides=current.provenance)
+            ambiguous.pop(name, None)
+            bare[name] = entry
+        elif name in ambiguous:
+            ambiguous[name].append(entry)
+        elif current is None:
+            bare[name] = entry
+        elif (GPTZOO_DISTRIBUTION, name) in self._qualified[kind]:
+            self._shadowed.add((kind, _key(entry)))
+        else:
+            del bare[name]
+            ambiguous[name] = [current, entry]
+        self._qualified[kind][_key(entry)] = entry
 
     @staticmethod
     def _stager(
-        kind: str, provenance: Provenance, staged: list[tuple[Entry, bool]]
+        kind: str,
+        provenance: Provenance,
+        staged: list[tuple[Entry, bool]],
+        attempted: list[tuple[str, str]] | None,
     ) -> tuple[Callable[..., None], Callable[[], None]]:
         """The ``register`` one hook call receives, and what closes it when the hook returns: a plugin
         that kept it and calls it later gets an error instead of a registration nobody would see."""
@@ -142,6 +289,8 @@ class Registry:
                     f"{provenance} registered an invalid {kind} name: {show_plain(name)}; a name is 1 to 64 letters, "
                     "digits, '_', '-' or '.', starting with a letter, digit or '_'"
                 )
+            if attempted is not None:
+                attempted.append((kind, name))
             what = f"{provenance} registered {kind} {name!r}"
             if not callable(factory):
                 raise RegistryError(
@@ -156,6 +305,17 @@ class Registry:
             if not isinstance(override, bool):
                 raise RegistryError(
                     f"{what} with an override that is not a bool: {show_plain(override)}; use True or False"
+                )
+            if required := _without_default(kind, factory):
+                passes = f"only {', '.join(_structural(kind))}" if _structural(kind) else "nothing"
+                whose = (
+                    f"parameter {required[0]!r} has"
+                    if len(required) == 1
+                    else (f"parameters {', '.join(map(repr, required))} have")
+                )
+                raise RegistryError(
+                    f"{what} with a factory whose {whose} no default; give every parameter a default (a recipe may "
+                    f"leave any out, and the model passes {passes})"
                 )
             given = doc is not None
             if doc is None:
@@ -173,6 +333,40 @@ class Registry:
 
         register.__qualname__ = "register"  # what a TypeError about its arguments calls it
         return register, close
+
+
+def _key(entry: Entry) -> tuple[str, str]:
+    return canonical_name(entry.provenance.distribution), entry.name
+
+
+def _structural(kind: str) -> list[str]:
+    """The arguments the model passes to a factory of this kind, in the contract's order."""
+    contract = CONTRACTS[kind]
+    return [arg for arg, _ in contract.structural] + list(contract.components)
+
+
+def _without_default(kind: str, factory: Callable[..., Any]) -> list[str]:
+    """The factory's parameters that neither have a default nor are passed by the model. A signature
+    that cannot be read is judged when the component is used (gptzoo.factories.signature)."""
+    try:
+        signature = inspect.signature(factory)
+    except Exception:
+        return []
+    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    given = CONTRACTS[kind].given_by_model
+    return [
+        str.__str__(p.name)
+        for p in signature.parameters.values()
+        if p.default is p.empty and p.kind not in variadic and p.name not in given
+    ]
+
+
+def failed_reason(kind: str, name: str, info: PluginInfo) -> str:
+    """``norm 'dyt' would come from gptzoo-dyt 1.0, which failed to load: ...``"""
+    return (
+        f"{kind} {name!r} would come from {info.distribution} {info.version}, which failed to load: {info.error}; "
+        f"fix or uninstall it (see `gptzoo plugins`)"
+    )
 
 
 def _first_line(text: str) -> str:
@@ -233,15 +427,18 @@ def registry_from(pm: GptzooPluginManager) -> Registry:
             continue
         provenance = Provenance(info.module, info.distribution, info.version)
         if info.builtin:
-            registry.add_plugin(pm, info.name, provenance)  # an error here is a bug in gptzoo itself
+            registry.add_plugin(pm, info.name, provenance, builtin=True)  # an error here is a bug in gptzoo itself
             continue
+        attempted: list[tuple[str, str]] = []
         try:
             with guarded(info, "registering", pm.warn_s):
-                registry.add_plugin(pm, info.name, provenance)
+                registry.add_plugin(pm, info.name, provenance, attempted=attempted)
         except BaseException as exc:  # a plugin's own code may raise anything, even KeyboardInterrupt
             message = describe_failure(exc, "while registering")
             if pm.strict:
                 raise PluginError(strict_failure(info, f"failed while registering: {message}")) from exc
             pm.reports[i] = replace(info, status="failed", error=message)
+            for key in attempted:
+                registry._failed_names.setdefault(key, pm.reports[i])
     registry.plugins = list(pm.reports)
     return registry

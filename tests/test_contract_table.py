@@ -208,8 +208,9 @@ def site(fake_site: FakeSite, monkeypatch: pytest.MonkeyPatch) -> FakeSite:
         (
             NO_DIM,
             "model.norm=nodim",
-            "norm 'nodim' from gptzoo_fake_nodim (gptzoo-fake-nodim 1.0) failed to build: TypeError: "
-            "NoDim.__init__() got an unexpected keyword argument 'dim'; fix the plugin, or choose another norm",
+            "norm 'nodim' from gptzoo_fake_nodim (gptzoo-fake-nodim 1.0) has a factory that does not take dim by "
+            "keyword, which the model passes to every norm (gptzoo.hookspecs.register_norms); add it to the factory's "
+            "parameters, or choose another norm",
         ),
         (
             RAISES,

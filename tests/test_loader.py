@@ -102,8 +102,10 @@ def test_checkpoint_overrides_that_change_the_tensors_are_refused(ck: Path, over
 def test_checkpoint_overrides_are_validated(ck: Path) -> None:
     with pytest.raises(RecipeError) as info:
         gptzoo.load_checkpoint(ck, overrides=["model.attention=nonexistent"])
+    available = ", ".join(gptzoo.get_registry().available("attention"))
     assert str(info.value) == (
-        f"{ck / 'recipe.toml'}: [model] attention: unknown attention 'nonexistent' (available: causal, eager)"
+        "--set model.attention=nonexistent: [model] attention: unknown attention 'nonexistent' "
+        f"(available: {available})"
     )
 
 

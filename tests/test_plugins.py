@@ -173,7 +173,7 @@ def test_plugin_failing_on_import_is_reported_and_others_keep_working(fake_site:
     assert report(registry, "good").status == "ok"
     assert [p.name for p in registry.plugins if p.builtin] == list(DEFAULT_PLUGINS)
     assert all(p.status == "ok" for p in registry.plugins if p.builtin)
-    assert registry.names("norm") == ["layernorm", "rmsnorm", "scalenorm"]
+    assert registry.get("norm", "scalenorm").provenance.distribution == "gptzoo-fake-good"
     recipe = gptzoo.load_recipe("gpt2-tiny", ["model.norm=scalenorm"], registry=registry)
     assert type(gptzoo.build_model(recipe, device="meta", registry=registry).ln_f).__name__ == "ScaleNorm"
 
@@ -219,7 +219,7 @@ def test_no_plugins_env_skips_third_party_plugins(fake_site: FakeSite, monkeypat
     monkeypatch.setenv("GPTZOO_STRICT_PLUGINS", "1")  # the broken plugin is not even imported
     registry = gptzoo.get_registry()
     assert [p.name for p in registry.plugins] == list(DEFAULT_PLUGINS)
-    assert registry.names("norm") == ["layernorm", "rmsnorm"]
+    assert registry.names("norm") == gptzoo.get_registry(third_party=False).names("norm")
     assert "squared_relu" not in registry.names("activation")
     assert "gptzoo_fake_good" not in sys.modules and "gptzoo_fake_broken" not in sys.modules
     # third_party=True beats the environment
@@ -305,23 +305,33 @@ def test_plugin_raising_in_its_hook_is_reported(fake_site: FakeSite) -> None:
         gptzoo.get_registry(strict=True)
 
 
-def test_duplicate_name_fails_the_later_plugin_naming_both(fake_site: FakeSite) -> None:
+def test_a_builtin_name_registered_again_is_shadowed_not_a_failure(fake_site: FakeSite) -> None:
+    """Without override=True the bare name stays the built-in's (shipped recipes keep their meaning);
+    the plugin's is reachable qualified, and reported shadowed."""
     fake_site.add("dup", "gptzoo_fake_dup", rmsnorm_replacement(override=False))
-    registry = gptzoo.get_registry()
-    info = report(registry, "dup")
-    assert info.status == "failed"
-    assert info.error == (
-        f"norm 'rmsnorm' is registered by both gptzoo.builtins.norms (gptzoo {GPTZOO_VERSION}) and "
-        "gptzoo_fake_dup (gptzoo-fake-dup 1.0); rename one, or register the later one with override=True"
-    )
+    registry = gptzoo.get_registry(strict=True)
+    assert report(registry, "dup").status == "ok"
     entry = registry.get("norm", "rmsnorm")
     assert entry.provenance == BUILTIN_NORMS and entry.overrides is None
-    assert entry.factory.__module__ == "gptzoo.builtins.norms"
-    with pytest.raises(
-        gptzoo.PluginError,
-        match=r"^plugin 'dup' \(gptzoo-fake-dup 1\.0\) failed while registering: norm 'rmsnorm' is registered by both",
-    ):
-        gptzoo.get_registry(strict=True)
+    assert registry.get("norm", "gptzoo:rmsnorm") is entry
+    theirs = registry.get("norm", "gptzoo-fake-dup:rmsnorm")
+    assert theirs.factory.__name__ == "MyRMSNorm" and theirs.qualified_name == "gptzoo-fake-dup:rmsnorm"
+    assert registry.get("norm", "GPTZOO_Fake.Dup:rmsnorm") is theirs  # the distribution as PEP 503 compares it
+    assert registry.note(entry) is None
+    assert registry.note(theirs) == (
+        f"shadowed: 'rmsnorm' means the norm of gptzoo {GPTZOO_VERSION}; write 'gptzoo-fake-dup:rmsnorm' (or register "
+        "it with override=True)"
+    )
+    assert [e.qualified_name for e in registry.all_entries("norm") if e.name == "rmsnorm"] == [
+        "gptzoo:rmsnorm",
+        "gptzoo-fake-dup:rmsnorm",
+    ]
+    model = gptzoo.build_model(
+        gptzoo.load_recipe("llama-tiny", ["model.norm=gptzoo-fake-dup:rmsnorm"], registry=registry),
+        device="meta",
+        registry=registry,
+    )
+    assert type(model.blocks[0].ln_1).__name__ == "MyRMSNorm"
 
 
 def test_override_replaces_the_builtin_and_records_it(fake_site: FakeSite) -> None:
@@ -334,6 +344,11 @@ def test_override_replaces_the_builtin_and_records_it(fake_site: FakeSite) -> No
     assert str(entry.overrides) == f"gptzoo.builtins.norms (gptzoo {GPTZOO_VERSION})"
     assert entry.factory.__name__ == "MyRMSNorm"
     assert registry.get("norm", "layernorm").overrides is None
+    replaced = registry.get("norm", "gptzoo:rmsnorm")  # the replaced entry stays reachable qualified
+    assert replaced.provenance == BUILTIN_NORMS
+    assert registry.note(replaced) == (
+        "replaced by gptzoo_fake_override (gptzoo-fake-override 1.0) (override=True); write 'gptzoo:rmsnorm'"
+    )
     recipe = gptzoo.load_recipe("llama-tiny", registry=registry)  # norm = { name = "rmsnorm", eps = 1e-5 }
     model = gptzoo.build_model(recipe, device="meta", registry=registry)
     assert type(model.blocks[0].ln_1).__name__ == "MyRMSNorm" and model.blocks[0].ln_1.eps == 1e-5
@@ -341,24 +356,26 @@ def test_override_replaces_the_builtin_and_records_it(fake_site: FakeSite) -> No
 
 def test_unknown_component_suggests_the_closest_name(fake_site: FakeSite) -> None:
     builtin_only = gptzoo.get_registry(third_party=False)
+    norms = builtin_only.names("norm")
+    assert "rmsnorm" in norms
     with pytest.raises(gptzoo.UnknownComponentError) as excinfo:
         builtin_only.get("norm", "rmsnrom")
-    assert str(excinfo.value) == "unknown norm 'rmsnrom'; did you mean 'rmsnorm'? (available: layernorm, rmsnorm)"
-    assert (excinfo.value.kind, excinfo.value.name, excinfo.value.available) == (
-        "norm",
-        "rmsnrom",
-        ["layernorm", "rmsnorm"],
-    )
+    assert str(excinfo.value) == f"unknown norm 'rmsnrom'; did you mean 'rmsnorm'? (available: {', '.join(norms)})"
+    assert (excinfo.value.kind, excinfo.value.name, excinfo.value.available) == ("norm", "rmsnrom", norms)
     with pytest.raises(gptzoo.UnknownComponentError, match=r"^unknown norm 'RMSNorm'"):
         builtin_only.get("norm", "RMSNorm")  # names match exactly
-    with pytest.raises(gptzoo.UnknownComponentError, match=r"^unknown norm 'zzz' \(available: layernorm, rmsnorm\)$"):
+    with pytest.raises(gptzoo.UnknownComponentError) as excinfo:
         builtin_only.get("norm", "zzz")
+    assert str(excinfo.value) == f"unknown norm 'zzz' (available: {', '.join(norms)})"
     # plugin names are listed too, and a recipe reports the problem with its key path
     fake_site.add("good", "gptzoo_fake_good", SCALENORM)
     with pytest.raises(gptzoo.RecipeError) as excinfo:
         gptzoo.load_recipe("gpt2-tiny", ["model.norm=rmsnrom"])
-    assert str(excinfo.value).endswith(
-        ": [model] norm: unknown norm 'rmsnrom'; did you mean 'rmsnorm'? (available: layernorm, rmsnorm, scalenorm)"
+    available = gptzoo.get_registry().available("norm")
+    assert "scalenorm" in available
+    assert str(excinfo.value) == (
+        f"--set model.norm=rmsnrom: [model] norm: unknown norm 'rmsnrom'; did you mean 'rmsnorm'? (available: "
+        f"{', '.join(available)})"
     )
 
 
@@ -403,7 +420,9 @@ def test_cli_plugins_lists_the_example_plugin(plugins_json: subprocess.Completed
         "builtin": False,
         "status": "ok",
         "error": None,
+        "warning": None,
         "registered": ["activation:squared_relu"],
+        "notes": [],
     }
 
 
@@ -418,10 +437,13 @@ def test_cli_plugins_lists_a_failed_plugin_and_exits_0(plugins_json: subprocess.
         "builtin": False,
         "status": "failed",
         "error": f"RuntimeError: {BROKEN_MESSAGE}",
+        "warning": None,
         "registered": [],
+        "notes": [],
     }
     assert rows["good"]["status"] == "ok" and rows["good"]["registered"] == ["norm:scalenorm"]
-    assert rows["gptzoo.builtins.norms"]["registered"] == ["norm:layernorm", "norm:rmsnorm"]
+    builtin_norms = gptzoo.get_registry(third_party=False).names("norm")
+    assert rows["gptzoo.builtins.norms"]["registered"] == [f"norm:{name}" for name in builtin_norms]
     assert [name for name, row in rows.items() if row["builtin"]] == list(DEFAULT_PLUGINS)
 
 

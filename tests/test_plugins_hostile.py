@@ -107,7 +107,8 @@ def test_cli_keeps_going_after_a_plugin_interrupts_its_import(
     fake_site.add("zgood", "gptzoo_fake_zgood", SCALENORM)
     assert main(["list", "norm", "--json"]) == 0
     captured = capsys.readouterr()
-    assert [row["name"] for row in json.loads(captured.out)] == ["layernorm", "rmsnorm", "scalenorm"]
+    names = [row["name"] for row in json.loads(captured.out)]
+    assert "scalenorm" in names and names == [e.name for e in gptzoo.get_registry().all_entries("norm")]
     assert (
         captured.err
         == "warning: plugin 'ctrlc' (gptzoo-fake-ctrlc 1.0) failed: KeyboardInterrupt; see `gptzoo plugins`\n"

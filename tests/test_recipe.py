@@ -152,7 +152,7 @@ name = "gpt2"
     )
     assert problems == [
         "unknown section or key 'tokeniser'; did you mean 'tokenizer'?"
-        " (available: model, tokenizer, weights, generate, train, extends, description)",
+        " (available: model, tokenizer, weights, generate, train, provenance, extends, description)",
         "[model] unknown key 'n_layers'; did you mean 'n_layer'? (available: vocab_size, context_length, n_layer,"
         " n_head, n_embd, d_ff, bias, tie_embeddings, norm, activation, mlp, position, attention, norm_placement,"
         " n_kv_head, head_dim, init_std)",
@@ -248,8 +248,8 @@ def test_component_parameter_values_are_checked_before_building(tmp_path: Path) 
     with pytest.raises(RecipeError) as info:
         load_recipe("gpt2-tiny", ["model.norm.eps=-1e-5", "model.position=sinusoidal", "model.position.base=0.5"])
     assert info.value.problems == [
-        "[model] norm (layernorm): eps must be a positive number, got -1e-05",
-        "[model] position (sinusoidal): base must be a number > 1, got 0.5",
+        "--set model.norm.eps=-1e-5: [model] norm (layernorm): eps must be a positive number, got -1e-05",
+        "--set model.position.base=0.5: [model] position (sinusoidal): base must be a number > 1, got 0.5",
     ]
     with pytest.raises(RecipeError, match=r"eps must be a positive number, got 0.0"):
         load_recipe("llama-tiny", ["model.norm.eps=0.0"])
@@ -380,8 +380,8 @@ def test_tokenizer_and_weights_are_checked() -> None:
         "[tokenizer] name: unknown tokenizer 'gtp2'; did you mean 'gpt2'? (available: gpt2, hf, bytes)"
     ]
     assert _override_problems("weights.hf=", 'train.data="a\\u0000b"') == [
-        "[train] data must be a directory path, without NUL, got 'a\\x00b'",
-        "[weights] hf must not be empty, got ''",
+        "--set train.data=\"a\\u0000b\": [train] data must be a directory path, without NUL, got 'a\\x00b'",
+        "--set weights.hf=: [weights] hf must not be empty, got ''",
     ]
     assert load_recipe("gpt2-tiny", ["tokenizer.name=bytes"]).tokenizer.name == "bytes"
 
@@ -459,8 +459,8 @@ def test_a_long_extends_chain(tmp_path: Path) -> None:
 def test_a_billion_layers_is_refused_before_building(capsys: pytest.CaptureFixture[str]) -> None:
     from cli_run import run_error
 
-    assert run_error(capsys, "build", "llama-tiny", "--set", "model.n_layer=1000000000").endswith(
-        "llama-tiny.toml: [model] n_layer=1000000000 must be between 1 and 4096"
+    assert run_error(capsys, "build", "llama-tiny", "--set", "model.n_layer=1000000000") == (
+        "error: --set model.n_layer=1000000000: [model] n_layer=1000000000 must be between 1 and 4096"
     )
     assert gptzoo.load_recipe("llama-tiny", ["model.n_layer=4096"]).model.n_layer == 4096
 
@@ -473,8 +473,8 @@ def test_dimensions_whose_product_no_tensor_could_hold_are_refused() -> None:
     assert _override_problems("model.n_embd=2147483647", "model.n_head=1", "model.d_ff=1") == [
         "[model] vocab_size x n_embd = 50257 x 2147483647 = 1.08e+14 elements in one tensor, more than the 2**40 "
         "gptzoo builds; make them smaller",
-        "[model] n_embd x n_head x head_dim = 2147483647 x 1 x 2147483647 = 4.61e+18 elements in one tensor, more "
-        "than the 2**40 gptzoo builds; make them smaller",
+        "--set model.n_embd=2147483647: [model] n_embd x n_head x head_dim = 2147483647 x 1 x 2147483647 = 4.61e+18 "
+        "elements in one tensor, more than the 2**40 gptzoo builds; make them smaller",
     ]
     assert _override_problems("model.n_head=2147483647", "model.head_dim=1") == [
         "[model] n_head=2147483647 must be between 1 and 65536"

@@ -1,5 +1,7 @@
 """gptzoo checkpoints: a directory with model.safetensors and the resolved recipe.toml (and, for
-weights from Hugging Face, that checkpoint's tokenizer files).
+weights from Hugging Face, that checkpoint's tokenizer files). The recipe.toml ends with a
+``[provenance]`` table: the distribution and version of each component (gptzoo.recipe.schema), so
+that loading a checkpoint whose plugin is missing names what to install.
 
 Writes are atomic: everything goes to a temporary sibling directory that is renamed into place
 only when complete, so an interrupted save leaves nothing half-written. A tied LM head is not
@@ -122,14 +124,17 @@ def _n_blocks(keys: Iterable[str]) -> int:
     return len({m.group(1) for k in keys if (m := re.match(r"blocks\.(\d+)\.", k))})
 
 
-def structural_change(saved: ModelSpec, wanted: ModelSpec) -> str | None:
+def structural_change(saved: ModelSpec, wanted: ModelSpec, registry: Registry) -> str | None:
     """How an overridden [model] first changes what a checkpoint's weights mean, or None: a
-    component other than attention renamed, or any other key changed but FREE_MODEL_KEYS."""
+    component other than attention that resolves to another entry (``dyt`` written
+    ``gptzoo-a:dyt`` is the same one), or any other key changed but FREE_MODEL_KEYS."""
     for f in fields(ModelSpec):
         if f.name in FREE_MODEL_KEYS:
             continue
         before, after = getattr(saved, f.name), getattr(wanted, f.name)
         if f.name in COMPONENT_KEYS:
+            if registry.get(f.name, before.name) is registry.get(f.name, after.name):
+                continue
             before, after = before.name, after.name
         if before != after:
             return f"model.{f.name} would change from {before!r} to {after!r}"
@@ -244,7 +249,7 @@ def load_checkpoint(
         difference = first_difference(expected, stored_shapes(model))
         if difference is not None:
             raise CheckpointError(f"{refused}: {difference} (a checkpoint's shapes cannot change)")
-        change = structural_change(saved.model, recipe.model)
+        change = structural_change(saved.model, recipe.model, registry)
         if change is not None:
             raise CheckpointError(
                 f"{refused}: a checkpoint's structure cannot change: {change} (on a checkpoint, [model] takes only "

@@ -2,14 +2,19 @@
 ``--set`` overrides applied; then gptzoo.recipe.validate makes it a Recipe.
 
 ``extends = "NAME_OR_PATH"`` inherits from another recipe: each section's keys override the
-parent's (a component value is replaced whole). Overrides ``model.n_layer=6`` apply last; a value
-is one TOML value, falling back to a bare string (``model.norm=rmsnorm``); a third part sets a
-[model] component's parameter (``model.norm.eps=1e-6``).
+parent's. A component value is replaced whole, unless it is a table without a name
+(``position = { theta = 5e5 }``), which changes those parameters of the parent's component and keeps
+its name and other parameters. Overrides ``model.n_layer=6`` apply last; a value is one TOML value,
+falling back to a bare string (``model.norm=rmsnorm``); a third part sets a [model] component's
+parameter (``model.norm.eps=1e-6``), and a table without a name changes parameters as in a child
+recipe. A problem that an override causes names that override (``--set model.norm=nope: ...``),
+not the recipe file it was applied to.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 import tomllib
 from collections.abc import Iterable
@@ -17,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gptzoo.errors import RecipeError, did_you_mean
-from gptzoo.recipe.schema import COMPONENT_KEYS, SECTIONS, TOP_LEVEL_KEYS, Recipe
+from gptzoo.recipe.schema import COMPONENT_KEYS, PROVENANCE, SAMPLERS, SECTIONS, TOP_LEVEL_KEYS, Recipe
 from gptzoo.recipe.validate import describe, show, validate
 from gptzoo.registry import Registry
 
@@ -114,6 +119,7 @@ def read_recipe_data(path: Path) -> dict[str, Any]:
     merged = layers.pop()
     for layer in reversed(layers):
         merged.pop("weights", None)
+        merged.pop(PROVENANCE, None)  # where a parent's components came from says nothing of the child's
         merged = merge(merged, layer)
     return merged
 
@@ -144,14 +150,33 @@ def _paths_from(data: dict[str, Any], path: Path) -> dict[str, Any]:
 
 
 def merge(base: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
-    """Child over base, section by section; values (components included) are replaced whole."""
+    """Child over base, section by section; values are replaced whole, but for a [model] component
+    given as a table without a name (see :func:`merge_component`)."""
     merged = dict(base)
     for key, value in child.items():
         if isinstance(value, dict) and isinstance(merged.get(key), dict) and key in SECTIONS:
-            merged[key] = {**merged[key], **value}
+            section = {**merged[key], **value}
+            if key == "model":
+                for component in COMPONENT_KEYS:
+                    if component in value:
+                        section[component] = merge_component(merged[key].get(component), value[component])
+            merged[key] = section
         else:
             merged[key] = value
     return merged
+
+
+def merge_component(base: Any, child: Any) -> Any:
+    """A component value over its parent's: a table without ``name`` changes the parent component's
+    parameters (``{ theta = 5e5 }`` over ``{ name = "rope", theta = 1e4 }``); anything else replaces it.
+    Over no parent component (or a malformed one) the child stands as written, for validation to judge."""
+    if not isinstance(child, dict) or "name" in child:
+        return child
+    if isinstance(base, str):
+        return {"name": base, **child}
+    if isinstance(base, dict) and "name" in base:
+        return {**base, **child}
+    return child
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -195,7 +220,9 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> tuple[dic
         if not isinstance(section, dict):
             problems.append(f"--set {show(text)}: {show(path[0])} is not a section")
         elif len(path) == 2:
-            section[path[1]] = value
+            component = path[0] == "model" and path[1] in COMPONENT_KEYS
+            section[path[1]] = merge_component(section.get(path[1]), value) if component else value
+            _forget_origin(data, path)
         else:  # a component parameter: model.norm.eps=1e-6
             current = section.get(path[1])
             component = dict(current) if isinstance(current, dict) else {} if current is None else {"name": current}
@@ -204,14 +231,67 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> tuple[dic
     return data, problems
 
 
+def _forget_origin(data: dict[str, Any], path: list[str]) -> None:
+    """Drop what [provenance] says of a component an override renames: it was the old one's."""
+    provenance = data.get(PROVENANCE)
+    if not isinstance(provenance, dict):
+        return
+    if path[0] == "model" and path[1] in COMPONENT_KEYS:
+        data[PROVENANCE] = {k: v for k, v in provenance.items() if k != path[1]}
+    elif path == ["generate", "samplers"]:
+        data[PROVENANCE] = {k: v for k, v in provenance.items() if k != SAMPLERS}
+
+
+def override_paths(overrides: Iterable[str]) -> dict[tuple[str, str], str]:
+    """(section, key) -> the last override that sets it (or one of its parameters)."""
+    paths = {}
+    for text in overrides:
+        try:
+            path, _ = parse_override(text)
+        except ValueError:
+            continue
+        paths[(path[0], path[1])] = text
+    return paths
+
+
+def attributed(exc: RecipeError, overrides: Iterable[str]) -> RecipeError:
+    """The error with each problem an override caused named by that override: all of them (the
+    recipe file is not at fault), as the source; some, each prefixed with its override."""
+    paths = override_paths(overrides)
+    if not paths:
+        return exc
+    problems: list[tuple[str | None, str]] = []
+    for problem in exc.problems:
+        if problem.startswith("--set "):  # an override that could not be applied says so itself
+            problems.append(("", problem))
+            continue
+        match = re.match(r"\[(\w+)\] (\w+)(?=$|[ .=:\[(])", problem)
+        problems.append((paths.get((match.group(1), match.group(2))) if match else None, problem))
+    if all(text is not None for text, _ in problems):
+        named = dict.fromkeys(text for text, _ in problems if text)
+        if not named:
+            return exc
+        source = ", ".join(f"--set {t}" for t in named)
+        return RecipeError(source, [p if not t or len(named) == 1 else f"--set {t}: {p}" for t, p in problems])
+    return RecipeError(exc.source, [f"--set {t}: {p}" if t else p for t, p in problems])
+
+
 def load_recipe(name_or_path: str | Path, overrides: Iterable[str] = (), *, registry: Registry | None = None) -> Recipe:
     """Load, merge (extends), override and validate a recipe by shipped name or file path."""
     path = resolve_recipe_path(name_or_path)
+    overrides = list(overrides)
     data, problems = apply_overrides(read_recipe_data(path), overrides)
-    return validate(data, str(path), name=path.stem, registry=registry, problems=problems)
+    try:
+        return validate(data, str(path), name=path.stem, registry=registry, problems=problems)
+    except RecipeError as exc:
+        raise attributed(exc, overrides) from None
 
 
 def override_recipe(recipe: Recipe, overrides: Iterable[str], *, registry: Registry | None = None) -> Recipe:
     """A resolved recipe with ``--set`` style overrides applied and validated again."""
+    overrides = list(overrides)
     data, problems = apply_overrides(recipe.to_dict(), overrides)
-    return validate(data, recipe.source, name=recipe.name, registry=registry, problems=problems)
+    try:
+        return validate(data, recipe.source, name=recipe.name, registry=registry, problems=problems)
+    except RecipeError as exc:
+        raise attributed(exc, overrides) from None

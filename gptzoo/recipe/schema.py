@@ -1,15 +1,28 @@
 """The recipe's shape: frozen dataclasses for each section, and writing a resolved recipe as TOML.
 
 A recipe names components by registry key, either as a string (``norm = "rmsnorm"``) or as a table
-whose other keys are the component's parameters (``norm = { name = "layernorm", eps = 1e-5 }``).
+whose other keys are the component's parameters (``norm = { name = "layernorm", eps = 1e-5 }``); a
+key is a bare name or one qualified by its distribution (``gptzoo-extras:sliding_window``).
 Nothing here reads files or consults the registry: see gptzoo.recipe.load and gptzoo.recipe.validate.
+
+A resolved recipe records where each component came from (validation fills ``Component.origin``
+from the registry), and its TOML ends with that as a ``[provenance]`` table, by [model] key, with
+one entry per sampler step::
+
+    [provenance]
+    norm = "gptzoo 0.1.0"
+    attention = "gptzoo-extras 1.2.0"
+    samplers = ["gptzoo 0.1.0"]
+
+Reading it back, validation only uses it to say which distribution to install when a component is
+missing (gptzoo.recipe.validate); a recipe without one (written before it existed) reads as before.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 MAX_DIM = 2**31 - 1
@@ -37,6 +50,9 @@ class Component:
     name: str
     params: tuple[tuple[str, Any], ...] = ()
     """(parameter, value) pairs in recipe order: immutable, hashable and copyable."""
+    origin: str = field(default="", compare=False)
+    """``gptzoo-extras 1.2.0``: the distribution and version of the entry validation resolved the name
+    to ("" before validation); not part of a recipe's identity (an upgraded plugin builds the same model)."""
 
     @property
     def kwargs(self) -> dict[str, Any]:
@@ -196,6 +212,16 @@ class Recipe:
                 for f in fields(TrainSpec)
                 if getattr(self.train, f.name) != f.default
             }
+        provenance: dict[str, Any] = {
+            key: getattr(self.model, key).origin
+            for key in COMPONENT_KEYS
+            if ORIGIN.fullmatch(getattr(self.model, key).origin)
+        }
+        samplers = self.generate.samplers
+        if "generate" in data and samplers and all(ORIGIN.fullmatch(c.origin) for c in samplers):
+            provenance[SAMPLERS] = [c.origin for c in self.generate.samplers]
+        if provenance:
+            data[PROVENANCE] = provenance
         return data
 
     def to_toml(self) -> str:
@@ -209,7 +235,14 @@ SECTIONS: dict[str, type] = {
     "generate": GenerateSpec,
     "train": TrainSpec,
 }
+ORIGIN = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,99}) ([A-Za-z0-9][A-Za-z0-9._+!-]{0,63})")
+"""A [provenance] value: ``DISTRIBUTION VERSION`` (an origin that is not, from a distribution of an odd
+name, is left out rather than written as something that reading back would refuse)."""
 TOP_LEVEL_KEYS = ("extends", "description")
+PROVENANCE = "provenance"
+"""The table of a resolved recipe that records each component's distribution and version."""
+SAMPLERS = "samplers"
+"""The [provenance] key of the sampler chain's steps (the others are [model] component keys)."""
 COMPONENT_KEYS = tuple(f.name for f in fields(ModelSpec) if f.type in ("Component", Component))
 """[model] keys that name a component; each is the recipe_key of one kind in gptzoo.hookspecs.CONTRACTS."""
 

@@ -1,6 +1,10 @@
 """Validation: resolved recipe data -> a frozen Recipe, or a RecipeError listing every problem with
-its key path. The one part of recipe handling that consults the registry (component names, their
-parameters against the factory's signature, and each factory's optional ``check``).
+its key path. The one part of recipe handling that consults the registry (component names, bare or
+qualified, their parameters against the factory's signature, and each factory's optional ``check``).
+Each resolved component records its entry's distribution and version (``Component.origin``); a
+``[provenance]`` table read back (a checkpoint's) names the distribution to install for a component
+that no installed plugin registers, and picks the recorded distribution's entry of a name that has
+become ambiguous since (the component is then named qualified).
 """
 
 from __future__ import annotations
@@ -12,8 +16,17 @@ from dataclasses import MISSING, fields
 from typing import Any, get_type_hints
 
 from gptzoo import factories
-from gptzoo.errors import RecipeError, UnknownComponentError, did_you_mean, exception_text
+from gptzoo.errors import (
+    AmbiguousComponentError,
+    ComponentLookupError,
+    PluginError,
+    RecipeError,
+    UnknownComponentError,
+    did_you_mean,
+    exception_text,
+)
 from gptzoo.hookspecs import CONTRACTS
+from gptzoo.plugin_manager import canonical_name
 from gptzoo.recipe.schema import (
     BARE_KEY,
     COMPONENT_KEYS,
@@ -25,8 +38,11 @@ from gptzoo.recipe.schema import (
     MAX_TENSOR,
     NORM_PLACEMENTS,
     ON_NONFINITE,
+    ORIGIN,
     PARALLELISMS,
     PRECISIONS,
+    PROVENANCE,
+    SAMPLERS,
     SECTIONS,
     TOP_LEVEL_KEYS,
     Component,
@@ -35,12 +51,13 @@ from gptzoo.recipe.schema import (
     Recipe,
     TrainSpec,
 )
-from gptzoo.registry import NAME, Entry, Registry, default_registry
+from gptzoo.registry import NAME, Entry, Registry, default_registry, split_name
 from gptzoo.tokenizer import TOKENIZER_NAMES
 
 _TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
 MAX_DEPTH = 32
 """The deepest nesting of tables and arrays a recipe may have (a component parameter's value included)."""
+ORIGIN_TEXT = '"DISTRIBUTION VERSION" (e.g. "gptzoo 0.1.0")'
 
 
 def _type_ok(value: Any, expected: type) -> bool:
@@ -158,6 +175,46 @@ class _Validator:
     def __init__(self, registry: Registry) -> None:
         self.registry = registry
         self.problems: list[str] = []
+        self.origins: dict[str, str] = {}
+        """[provenance]: [model] key -> the ``DISTRIBUTION VERSION`` its component came from."""
+        self.sampler_origins: list[str] = []
+
+    def provenance(self, data: Any) -> None:
+        """Read a [provenance] table (untrusted: a checkpoint's) into ``origins``; refuse a malformed one."""
+        if not isinstance(data, dict):
+            self.problems.append(f"[{PROVENANCE}] must be a table, got {describe(data)}")
+            return
+        keys = [*COMPONENT_KEYS, SAMPLERS]
+        for key, value in data.items():
+            if key not in keys:
+                self.problems.append(f"[{PROVENANCE}] unknown key {show(key)}{did_you_mean(key, keys)}")
+            elif key != SAMPLERS:
+                if isinstance(value, str) and ORIGIN.fullmatch(value):
+                    self.origins[key] = value
+                else:
+                    self.problems.append(f"[{PROVENANCE}] {key} must be {ORIGIN_TEXT}, got {describe(value)}")
+            elif isinstance(value, list) and all(isinstance(v, str) and ORIGIN.fullmatch(v) for v in value):
+                self.sampler_origins = value
+            else:
+                self.problems.append(f"[{PROVENANCE}] {key} must be a list of {ORIGIN_TEXT}, got {describe(value)}")
+
+    def missing(self, kind: str, name: str, origin: str) -> str:
+        """Why a component the recipe's [provenance] says came from ``origin`` is not registered, and
+        what to install."""
+        dist, version = origin.split(" ")
+        failed = self.registry.failed_distribution(dist)
+        if failed is not None:
+            return (
+                f"{kind} {name!r} came from {origin}, which is installed but failed to load: {failed.error}; fix or "
+                "reinstall it (see `gptzoo plugins`)"
+            )
+        loaded = self.registry.loaded_distribution(dist)
+        if loaded is not None:
+            return (
+                f"{kind} {name!r} came from {origin}, and the installed {loaded.distribution} {loaded.version} does "
+                f"not register it: pip install '{dist}=={version}'"
+            )
+        return f"{kind} {name!r} came from {origin}, which is not installed: pip install {dist}"
 
     def section(self, name: str, cls: type, data: Any) -> dict[str, Any] | None:
         if not isinstance(data, dict):
@@ -177,7 +234,7 @@ class _Validator:
             expected = hints[key]
             value = data[key]
             if expected is Component:
-                component = self.component(name, key, value)
+                component = self.component(name, key, value, origin=self.origins.get(key))
                 if component is not None:
                     values[key] = component
             elif not _type_ok(value, expected):
@@ -188,7 +245,11 @@ class _Validator:
                 values[key] = float(value) if expected is float else value
         return values
 
-    def component(self, section: str, key: str, value: Any, *, kind: str | None = None) -> Component | None:
+    def component(
+        self, section: str, key: str, value: Any, *, kind: str | None = None, origin: str | None = None
+    ) -> Component | None:
+        """The component a recipe value names, or None (its problems recorded); ``origin``: where
+        [provenance] says it came from."""
         where = f"[{section}] {key}"
         kind = kind or key
         if isinstance(value, str):
@@ -204,12 +265,26 @@ class _Validator:
             return None
         try:
             entry = self.registry.get(kind, name)
-        except UnknownComponentError as exc:
-            self.problems.append(f"{where}: {exc}")
+        except AmbiguousComponentError as exc:
+            recorded = origin.split(" ")[0] if origin is not None else None
+            if recorded is None or all(canonical_name(d) != canonical_name(recorded) for d, _ in exc.origins):
+                self.problems.append(f"{where}: {exc}")
+                return None
+            name = f"{recorded}:{name}"  # the recorded distribution says which one it was
+            entry = self.registry.get(kind, name)
+        except ComponentLookupError as exc:
+            dist = split_name(name)[0]
+            stale = origin is None or (
+                dist is not None and canonical_name(dist) != canonical_name(origin.split(" ")[0])
+            )
+            known = isinstance(exc, UnknownComponentError) and not stale
+            self.problems.append(f"{where}: {self.missing(kind, name, origin) if known else exc}")
             return None
         before = len(self.problems)
         self.component_params(where, entry, params)
-        return Component(name, tuple(params.items())) if len(self.problems) == before else None
+        if len(self.problems) > before:
+            return None
+        return Component(name, tuple(params.items()), origin=entry.provenance.origin)
 
     def model(self, values: dict[str, Any]) -> ModelSpec | None:
         """Check dimensions; with a complete, consistent [model], check component parameters."""
@@ -274,6 +349,10 @@ class _Validator:
         signature = factories.signature(entry)
         if signature is None:  # a builtin without a signature: the factory will judge
             return
+        with factories.running(entry, "has a signature that cannot be read"):
+            wrong = factories.signature_problem(entry, signature)
+        if wrong is not None:
+            raise PluginError(wrong)
         kind, note = entry.kind, factories.overridden(entry)
         given_by_model = CONTRACTS[kind].given_by_model
         with factories.running(entry, "has a signature that cannot be read"):
@@ -321,8 +400,10 @@ class _Validator:
                 f"[generate] samplers must be a list of sampler names or tables, got {describe(samplers)}"
             )
             samplers = []
+        origins = self.sampler_origins if len(self.sampler_origins) == len(samplers) else []
         steps = [
-            self.component("generate", f"samplers[{i}]", value, kind="sampler") for i, value in enumerate(samplers)
+            self.component("generate", f"samplers[{i}]", value, kind="sampler", origin=origins[i] if origins else None)
+            for i, value in enumerate(samplers)
         ]
         if not _type_ok(max_new_tokens, int) or not 1 <= max_new_tokens <= MAX_DIM:
             self.problems.append(
@@ -439,9 +520,12 @@ def validate(
         raise RecipeError(source, [*v.problems, f"a recipe must be a table of sections, got {describe(data)}"])
     if unreadable := text_problems(data):
         raise RecipeError(source, [*v.problems, *unreadable])
+    known = [*SECTIONS, PROVENANCE, *TOP_LEVEL_KEYS]
     for key in data:
-        if key not in SECTIONS and key not in TOP_LEVEL_KEYS:
-            v.problems.append(f"unknown section or key {show(key)}{did_you_mean(key, [*SECTIONS, *TOP_LEVEL_KEYS])}")
+        if key not in known:
+            v.problems.append(f"unknown section or key {show(key)}{did_you_mean(key, known)}")
+    if PROVENANCE in data:
+        v.provenance(data[PROVENANCE])
     if "extends" in data:
         v.problems.append(f"extends = {show(data['extends'])} is followed when a recipe file is read, not here")
     description = data.get("description", "")

@@ -75,7 +75,7 @@ def model_data(size: Size, choices: Mapping[str, Choice]) -> dict[str, Any]:
         **size.model_values(),
     }
     for kind, (entry, params) in choices.items():
-        model[kind] = {"name": entry.name, **params}
+        model[kind] = {"name": entry.qualified_name, **params}  # the entry itself, whatever else shares its name
     return {**data, "model": model}
 
 
