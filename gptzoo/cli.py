@@ -529,8 +529,9 @@ def cmd_generate(args: argparse.Namespace, out: Console, err: Console) -> None:
 
 
 def cmd_export(args: argparse.Namespace, out: Console, err: Console) -> None:
-    model = load_checkpoint(args.checkpoint, registry=_registry(err))
-    path = export_hf(model, args.hf, tokenizer_from=args.checkpoint)
+    registry = _registry(err)
+    model = load_checkpoint(args.checkpoint, registry=registry)
+    path = export_hf(model, args.hf, tokenizer_from=args.checkpoint, registry=registry)
     if args.json:
         _print_json(out, {"hf": str(path)})
         return
