@@ -308,3 +308,23 @@ def test_the_chain_of_the_flags_is_hugging_faces(registry: gptzoo.Registry, flag
         hf = [HF_PROCESSORS[type(p).__name__] for p in model._get_logits_processor(generation, device="cpu")]
     ours = [name for name, _ in chain_spec([], flags, registry=registry)]
     assert ours == [*hf, *([] if sampling else ["greedy"])]
+
+
+def test_only_generate_builds_the_registry_before_parsing_and_only_once(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    calls = []
+    real = gptzoo.cli.get_registry
+
+    def counting(*args: object, **kwargs: object) -> gptzoo.Registry:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gptzoo.cli, "get_registry", counting)
+    for argv in (["--help"], ["build", "--help"], ["recipes", "--help"]):
+        with pytest.raises(SystemExit):
+            main(argv)
+    assert calls == []  # `gptzoo --help` and other commands do not load plugins to parse
+    capsys.readouterr()
+    run_json(capsys, *ARGV, "--top-k", "3")
+    assert calls == [1]

@@ -61,22 +61,18 @@ def traits(entry: Entry) -> Traits:
 
 def _flag_problem(entry: Entry, flag: SamplerFlag) -> str | None:
     """Why a SamplerFlag cannot be a command-line flag of this sampler, or None."""
-    if flag.type not in (int, float):
+    if not (flag.type is int or flag.type is float):
         return f"its flag's type is {show_plain(flag.type)}, not int or float"
     if type(flag.order) is not int:
         return f"its flag's order is {show_plain(flag.order)}, not an int"
     if type(flag.help) is not str or "\n" in flag.help:
         return f"its flag's help is {show_plain(flag.help)}, not one line of text"
     signature = factories.signature(entry)
-    if signature is not None and type(flag.param) is str:
-        takes = flag.param in signature.parameters or any(
-            p.kind == p.VAR_KEYWORD for p in signature.parameters.values()
-        )
-        if takes:
-            return None
-    elif signature is None and type(flag.param) is str:
-        return None
-    return f"its flag's param {show_plain(flag.param)} is not a parameter of its factory"
+    params = signature.parameters.values() if signature is not None else ()
+    takes = signature is None or any(p.name == flag.param or p.kind == p.VAR_KEYWORD for p in params)
+    if type(flag.param) is not str or not takes:
+        return f"its flag's param {show_plain(flag.param)} is not a parameter of its factory"
+    return None
 
 
 def option(name: str) -> str:
