@@ -14,7 +14,9 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
+import tomllib
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -25,13 +27,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from gptzoo.errors import GptzooError, Interrupted, exception_text, terminal_text
-from gptzoo.factories import GPTZOO_DISTRIBUTION
+from gptzoo.errors import GptzooError, Interrupted, PluginError, exception_text, terminal_text
+from gptzoo.factories import GPTZOO_DISTRIBUTION, culprit
 from gptzoo.fetch import FETCHABLE, fetch
 from gptzoo.hf import export_hf
 from gptzoo.hf.compare import DEFAULT_PROMPT, compare
 from gptzoo.hookspecs import KINDS
 from gptzoo.inference.generate import SEED_LIMIT, plan_generation
+from gptzoo.inference.sampling import flagged, option
 from gptzoo.loader import build, load_model, resolve_recipe
 from gptzoo.model.checkpoint import load_checkpoint
 from gptzoo.model.summary import DTYPES, render_summary
@@ -113,7 +116,90 @@ class _Console(Console):
         raise BrokenPipeError
 
 
-def make_parser() -> argparse.ArgumentParser:
+_STEP_PARAMS = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+"""What the parameters after ``NAME:`` of ``--sampler`` start with (a ':' before anything else is part of the name)."""
+
+
+def _sampler_step(text: str) -> tuple[str, dict[str, Any]]:
+    """``top_k:k=40,x=0.5`` -> ("top_k", {"k": 40, "x": 0.5}): the name ends at the first ':' that
+    parameters follow (so a qualified ``dist:name`` stays whole); each value is a TOML scalar."""
+    cut = next((i for i, ch in enumerate(text) if ch == ":" and _STEP_PARAMS.match(text, i + 1)), None)
+    name, rest = (text, "") if cut is None else (text[:cut], text[cut + 1 :])
+    if not name:
+        raise argparse.ArgumentTypeError(f"{_cut(text)!r} has no sampler name; write NAME or NAME:K=V,...")
+    params: dict[str, Any] = {}
+    for item in rest.split(",") if rest else ():
+        key, eq, value = item.partition("=")
+        key = key.strip()
+        if not eq or not _STEP_PARAMS.fullmatch(key + "="):
+            raise argparse.ArgumentTypeError(f"{_cut(text)!r}: {_cut(item)!r} is not K=V (e.g. top_k:k=40)")
+        if key in params:
+            raise argparse.ArgumentTypeError(f"{_cut(text)!r} sets {key} twice")
+        try:
+            parsed = tomllib.loads(f"v = {value}")["v"]
+        except tomllib.TOMLDecodeError:
+            parsed = None
+        if not isinstance(parsed, (bool, int, float, str)):
+            raise argparse.ArgumentTypeError(
+                f"{_cut(text)!r}: {key}={_cut(value)} is not a TOML number, true/false or quoted string"
+            )
+        params[key] = parsed
+    return name, params
+
+
+def _flag_dest(name: str) -> str:
+    return f"sampler flag {name}"
+
+
+def _add_sampler_flags(parser: argparse.ArgumentParser, registry: Registry) -> None:
+    """One flag per registered sampler that declares one (gptzoo.interfaces.SamplerFlag)."""
+    group = parser.add_argument_group(
+        "sampler flags", "each sets a sampler step's parameter, inserted in Hugging Face's order if the chain lacks it"
+    )
+    steps = flagged(registry)
+    for entry, _ in steps:
+        same = [culprit(other) for other, _ in steps if option(other.name) == option(entry.name)]
+        if len(same) > 1:
+            raise PluginError(
+                f"{' and '.join(same)} declare the same flag {option(entry.name)}; rename one of the samplers "
+                "(each stays usable as --sampler)"
+            )
+    for entry, flag in steps:
+        source = "" if entry.provenance.distribution == GPTZOO_DISTRIBUTION else f" (from {entry.provenance})"
+        try:
+            group.add_argument(
+                option(entry.name),
+                dest=_flag_dest(entry.name),
+                type=_int if flag.type is int else _finite_float,
+                metavar=flag.param.upper(),
+                help=escape_help(flag.help) + source,
+            )
+        except argparse.ArgumentError:
+            raise PluginError(
+                f"{culprit(entry)} declares the flag {option(entry.name)}, which gptzoo generate already has; "
+                "rename the sampler (it stays usable as --sampler)"
+            ) from None
+
+
+def _unflagged_hint(registry: Registry, argv: Sequence[str]) -> str:
+    """For ``--ban`` where sampler ``ban`` has no flag: how to give it instead; else ``""``."""
+    unflagged = {option(e.name): e.name for e in registry.entries("sampler")} | {
+        option(e.name): None for e, _ in flagged(registry)
+    }
+    for arg in argv:
+        name = unflagged.get(arg.partition("=")[0])
+        if name is not None:
+            return f" (sampler {name!r} has no flag of its own: give it as --sampler {name}:PARAM=VALUE)"
+    return ""
+
+
+def escape_help(text: str) -> str:
+    """A plugin's help line as argparse shows it literally (it formats '%')."""
+    return text.replace("%", "%%")
+
+
+def make_parser(registry: Registry | None = None) -> argparse.ArgumentParser:
+    """The command line; with a registry, ``generate`` also has the flags of its samplers."""
     common = Parser(add_help=False)
     common.add_argument("--debug", action="store_true", help="show tracebacks of user errors")
     common.add_argument("--json", action="store_true", help="print JSON for machines instead of tables")
@@ -188,11 +274,16 @@ def make_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="default: the recipe's [generate] max_new_tokens (128)",
     )
-    p.add_argument("--temperature", type=_finite_float, metavar="T", help="0 means greedy")
-    p.add_argument("--top-k", type=_int, metavar="K")
-    p.add_argument("--top-p", type=_finite_float, metavar="P")
-    p.add_argument("--min-p", type=_finite_float, metavar="P")
-    p.add_argument("--repetition-penalty", type=_finite_float, metavar="R")
+    p.add_argument(
+        "--sampler",
+        dest="samplers",
+        action="append",
+        default=[],
+        type=_sampler_step,
+        metavar="NAME[:K=V,...]",
+        help="add a registered sampler step, or set the parameters of the chain's one, e.g. top_k:k=40 "
+        "(repeatable; values are TOML: 0.9, 3, true, 'text'; see `gptzoo list sampler`)",
+    )
     p.add_argument(
         "--stop", action="append", default=[], metavar="TEXT", help="end a row's text at this string (repeatable)"
     )
@@ -204,6 +295,8 @@ def make_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--dtype", choices=DTYPES, default="float32")
     p.add_argument("--chat", action="store_true", help="wrap each prompt in the tokenizer's chat template")
+    if registry is not None:
+        _add_sampler_flags(p, registry)
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("export", parents=[common], help="write a gptzoo checkpoint as a Hugging Face checkpoint")
@@ -380,7 +473,7 @@ def cmd_compare(args: argparse.Namespace, out: Console, err: Console) -> None:
 
 
 def cmd_generate(args: argparse.Namespace, out: Console, err: Console) -> None:
-    registry = _registry(err)
+    registry = args.registry  # built once, before the command line was parsed (it has the sampler flags)
     loaded = load_model(
         args.recipe,
         hf=args.hf,
@@ -390,13 +483,7 @@ def cmd_generate(args: argparse.Namespace, out: Console, err: Console) -> None:
         dtype=DTYPES[args.dtype],
         seed=args.seed,
     )
-    sampling = {
-        "temperature": args.temperature,
-        "top_k": args.top_k,
-        "top_p": args.top_p,
-        "min_p": args.min_p,
-        "repetition_penalty": args.repetition_penalty,
-    }
+    sampling = {entry.name: getattr(args, _flag_dest(entry.name)) for entry, _ in flagged(registry)}
     plan = plan_generation(
         loaded.model,
         loaded.tokenizer(),
@@ -405,6 +492,7 @@ def cmd_generate(args: argparse.Namespace, out: Console, err: Console) -> None:
         chat=args.chat,
         max_new_tokens=args.max_new_tokens,
         sampling=sampling,
+        samplers=args.samplers,
         seed=args.seed,
         stop=args.stop,
     )
@@ -452,8 +540,9 @@ def cmd_generate(args: argparse.Namespace, out: Console, err: Console) -> None:
 
 
 def cmd_export(args: argparse.Namespace, out: Console, err: Console) -> None:
-    model = load_checkpoint(args.checkpoint, registry=_registry(err))
-    path = export_hf(model, args.hf, tokenizer_from=args.checkpoint)
+    registry = _registry(err)
+    model = load_checkpoint(args.checkpoint, registry=registry)
+    path = export_hf(model, args.hf, tokenizer_from=args.checkpoint, registry=registry)
     if args.json:
         _print_json(out, {"hf": str(path)})
         return
@@ -844,13 +933,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: list[str], out: Console, err: Console) -> int:
     """Parse and run the command; its exit status, every error reported (output errors propagate)."""
+    registry = None
     try:
-        args = make_parser().parse_args(argv)
+        registry = _registry(err) if argv[:1] == ["generate"] else None  # its flags come from the samplers
+        args = make_parser(registry).parse_args(argv)
+        args.registry = registry
+    except GptzooError as exc:  # a plugin failing in strict mode, a sampler's malformed flag
+        message = exception_text(exc)
+        return _fail(None, out, err, f"[red]error:[/red] {_text(message)}", message, EXIT_USER_ERROR)
     except UsageError as exc:
         exc.parser.print_usage(sys.stderr)
         message = str(exc)
         if exc.parser.prog == "gptzoo" and argv and argv[0] in ("--json", "--debug"):
             message += f"; {argv[0]} goes after the command (gptzoo COMMAND {argv[0]} ...)"
+        if registry is not None and "unrecognized arguments" in message:
+            message += _unflagged_hint(registry, argv)
         line = _text(f"{exc.parser.prog}: error: {message.removeprefix(exc.parser.prog + ': ')}")
         return _fail(None, out, err, line, message, EXIT_USER_ERROR)
     except KeyboardInterrupt:

@@ -713,10 +713,11 @@ def test_a_sampler_check_judges_the_command_line_flags(site: FakeSite, capsys: p
         "evenk",
         "gptzoo_fake_evenk",
         """
-from gptzoo.interfaces import Sampler
+from gptzoo.interfaces import Sampler, SamplerFlag
 
 
 class EvenTopK(Sampler):
+    flag = SamplerFlag("k", 30, "keep this many most likely tokens (an even number)", int)
     check = staticmethod(lambda *, k=50: [] if k % 2 == 0 else [f"k must be even, got {k}"])
 
     def __init__(self, k=50):

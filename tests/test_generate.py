@@ -114,26 +114,29 @@ def test_streaming_never_splits_a_multibyte_character() -> None:
 def test_seeded_sampling_repeats() -> None:
     model = tiny_model("gpt2-tiny")
     registry = gptzoo.get_registry()
-    chain = SamplerChain.from_registry(registry, chain_spec([], {"temperature": 1.5, "top_k": 100}))
+    chain = SamplerChain.from_registry(registry, chain_spec([], {"temperature": 1.5, "top_k": 100}, registry=registry))
     draw = lambda seed: generate(model, [[1, 2, 3]], 16, sampler=chain, generator=torch.Generator().manual_seed(seed))
     assert draw(7) == draw(7) and draw(7) != draw(8)
 
 
-def test_chain_spec_from_recipe_and_flags() -> None:
+def test_chain_spec_from_recipe_and_flags(registry: gptzoo.Registry) -> None:
     recipe = [("temperature", {"temperature": 0.7}), ("top_p", {"p": 0.9})]
-    assert chain_spec([], {}) == [("greedy", {})]
-    assert chain_spec(recipe, {"top_k": 20, "repetition_penalty": 1.2}) == [
+    assert chain_spec([], {}, registry=registry) == [("greedy", {})]
+    assert chain_spec(recipe, {"top_k": 20, "repetition_penalty": 1.2}, registry=registry) == [
         ("repetition_penalty", {"penalty": 1.2}),
         ("temperature", {"temperature": 0.7}),
         ("top_k", {"k": 20}),
         ("top_p", {"p": 0.9}),
     ]
-    assert chain_spec(recipe, {"temperature": 1.1}) == [("temperature", {"temperature": 1.1}), ("top_p", {"p": 0.9})]
-    assert chain_spec(recipe, {"temperature": 0, "repetition_penalty": 1.3}) == [
+    assert chain_spec(recipe, {"temperature": 1.1}, registry=registry) == [
+        ("temperature", {"temperature": 1.1}),
+        ("top_p", {"p": 0.9}),
+    ]
+    assert chain_spec(recipe, {"temperature": 0, "repetition_penalty": 1.3}, registry=registry) == [
         ("repetition_penalty", {"penalty": 1.3}),
         ("greedy", {}),
     ]
-    chain = SamplerChain.from_registry(gptzoo.get_registry(), chain_spec(recipe, {"top_k": 5}))
+    chain = SamplerChain.from_registry(registry, chain_spec(recipe, {"top_k": 5}, registry=registry))
     assert chain.describe() == "temperature(temperature=0.7) -> top_k(k=5) -> top_p(p=0.9) -> sample"
 
 
@@ -245,9 +248,13 @@ def test_sentencepiece_style_continuations_keep_their_leading_space() -> None:
     assert "".join(decoder.push(t) for t in (2, 3)) == " world again"
 
 
-def test_flags_override_a_recipe_that_ends_in_greedy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert chain_spec([("greedy", {})], {"temperature": 0.9}) == [("temperature", {"temperature": 0.9})]
-    assert chain_spec([("greedy", {})], {"repetition_penalty": 1.2}) == [
+def test_flags_override_a_recipe_that_ends_in_greedy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], registry: gptzoo.Registry
+) -> None:
+    assert chain_spec([("greedy", {})], {"temperature": 0.9}, registry=registry) == [
+        ("temperature", {"temperature": 0.9})
+    ]
+    assert chain_spec([("greedy", {})], {"repetition_penalty": 1.2}, registry=registry) == [
         ("repetition_penalty", {"penalty": 1.2}),
         ("greedy", {}),
     ]

@@ -49,8 +49,8 @@ def _chains() -> list[SamplerChain | None]:
     registry = gptzoo.get_registry()
     return [
         None,
-        SamplerChain.from_registry(registry, chain_spec([], {"temperature": 0})),
-        SamplerChain.from_registry(registry, chain_spec([], {"temperature": 0.8, "top_k": 20})),
+        SamplerChain.from_registry(registry, chain_spec([], {"temperature": 0}, registry=registry)),
+        SamplerChain.from_registry(registry, chain_spec([], {"temperature": 0.8, "top_k": 20}, registry=registry)),
     ]
 
 

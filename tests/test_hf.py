@@ -305,9 +305,10 @@ def test_rope_scaling_is_refused_wherever_it_is_written(tmp_path: Path) -> None:
 
 def test_exports_without_an_hf_equivalent_are_refused(tmp_path: Path) -> None:
     for overrides, reason in [
-        (["model.position=alibi"], "position 'alibi' (GPT-2 learns absolute positions)"),
+        (["model.position=alibi"], "position 'alibi' (it has no hf_weights: GPT2LMHeadModel has no equivalent of it)"),
         (["model.norm_placement=post"], "norm_placement 'post' (GPT-2 is Pre-LN)"),
-        (["model.position=sinusoidal"], "position 'sinusoidal'"),
+        (["model.position=sinusoidal"], "position 'sinusoidal' (it has no hf_weights"),
+        (["model.norm.bias=false"], "norm 'layernorm' (its hf_weights('gpt2') is None: GPT2LMHeadModel has no"),
     ]:
         model = gptzoo.build_model(gptzoo.load_recipe("gpt2-tiny", overrides), device="meta")
         with pytest.raises(

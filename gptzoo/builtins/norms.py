@@ -35,9 +35,12 @@ class LayerNorm(nn.Module):
         return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
 
     def hf_weights(self, family: str) -> list[TensorMap] | None:
-        if family != "gpt2":
+        if family != "gpt2" or self.bias is None:  # GPT-2's LayerNorms have a bias
             return None
-        return [TensorMap("weight", ("weight",))] + ([TensorMap("bias", ("bias",))] if self.bias is not None else [])
+        return [TensorMap("weight", ("weight",)), TensorMap("bias", ("bias",))]
+
+    def hf_config(self, family: str) -> dict[str, float] | None:
+        return {"layer_norm_epsilon": self.eps} if family == "gpt2" else None
 
 
 class RMSNorm(nn.Module):
@@ -57,6 +60,9 @@ class RMSNorm(nn.Module):
 
     def hf_weights(self, family: str) -> list[TensorMap] | None:
         return [TensorMap("weight", ("weight",))] if family == "llama" else None
+
+    def hf_config(self, family: str) -> dict[str, float] | None:
+        return {"rms_norm_eps": self.eps} if family == "llama" else None
 
 
 @hookimpl

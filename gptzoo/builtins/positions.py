@@ -99,6 +99,9 @@ class RoPE(Position):
     def hf_weights(self, family: str) -> list[TensorMap] | None:
         return [] if family == "llama" else None  # computed, not stored
 
+    def hf_config(self, family: str) -> dict[str, float] | None:
+        return {"rope_theta": self.theta} if family == "llama" else None
+
     def rotary(self, positions: Tensor) -> RotateHalf:
         exponents = torch.arange(0, self.head_dim, 2, dtype=torch.int64, device=positions.device).float()
         inv_freq = 1.0 / (self.theta ** (exponents / self.head_dim))  # (hs/2,)

@@ -2,7 +2,9 @@
 
 Transforms: temperature, top_k, top_p (nucleus; Holtzman et al., 2020), min_p (Nguyen et al., 2024),
 repetition_penalty (Keskar et al., 2019, CTRL). Selection: greedy picks the argmax; a chain that
-does not end in greedy samples from the softmax of its transformed logits.
+does not end in greedy samples from the softmax of its transformed logits. Each transform has a
+``gptzoo generate`` flag, in Hugging Face's order (repetition penalty, temperature, top-k, top-p,
+min-p); all but the repetition penalty only apply when sampling (``sampling_only``).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import torch
 from torch import Tensor
 
 from gptzoo.hookspecs import hookimpl
-from gptzoo.interfaces import Sampler
+from gptzoo.interfaces import Sampler, SamplerFlag
 
 
 class Greedy(Sampler):
@@ -31,6 +33,9 @@ class Temperature(Sampler):
     subtracted first, which keeps the most likely tokens at 0 and sends the others towards -inf:
     the limit of sampling as the temperature goes to 0, i.e. greedy.
     """
+
+    flag = SamplerFlag("temperature", 20, "divide the logits by this (0 means greedy: the sampling steps are dropped)")
+    sampling_only = True
 
     def __init__(self, temperature: float = 1.0) -> None:
         if not 0 < temperature < float("inf"):
@@ -53,6 +58,9 @@ class Temperature(Sampler):
 class TopK(Sampler):
     """Keep the k most likely tokens (and any tied with the k-th)."""
 
+    flag = SamplerFlag("k", 30, "keep this many most likely tokens", int)
+    sampling_only = True
+
     def __init__(self, k: int = 50) -> None:
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"top_k k must be an integer >= 1, got {k!r}")
@@ -65,6 +73,9 @@ class TopK(Sampler):
 
 class TopP(Sampler):
     """Keep the smallest set of most likely tokens whose probability mass reaches p (nucleus)."""
+
+    flag = SamplerFlag("p", 40, "keep the most likely tokens whose probabilities sum to this (nucleus)")
+    sampling_only = True
 
     def __init__(self, p: float = 0.9) -> None:
         if not 0 < p <= 1:
@@ -84,6 +95,9 @@ class TopP(Sampler):
 class MinP(Sampler):
     """Drop tokens whose probability is below p times that of the most likely token."""
 
+    flag = SamplerFlag("p", 50, "drop tokens less likely than this times the most likely one")
+    sampling_only = True
+
     def __init__(self, p: float = 0.05) -> None:
         if not 0 <= p <= 1:
             raise ValueError(f"min_p p must be in [0, 1], got {p}")
@@ -97,6 +111,8 @@ class MinP(Sampler):
 
 class RepetitionPenalty(Sampler):
     """Penalize tokens already present: positive logits divided by penalty, negative multiplied (CTRL)."""
+
+    flag = SamplerFlag("penalty", 10, "divide the logits of tokens already present by this (negative ones: multiply)")
 
     def __init__(self, penalty: float = 1.1) -> None:
         if not 0 < penalty < float("inf"):

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from gptzoo import factories
 from gptzoo.errors import CheckpointError, GptzooError, Interrupted, RecipeError, did_you_mean
@@ -19,11 +20,11 @@ from gptzoo.hf.family import Family, NoEquivalentError, show
 from gptzoo.hf.files import locate, read_config, read_tensors, write_checkpoint
 from gptzoo.hf.gpt2 import GPT2
 from gptzoo.hf.llama import Llama
-from gptzoo.model.build import build_model
+from gptzoo.model.build import assemble, build_model
 from gptzoo.model.checkpoint import tokenizer_copies
 from gptzoo.model.gpt import GPT
 from gptzoo.recipe import COMPONENT_KEYS, ModelSpec, Recipe, apply_overrides, recipe_tokenizer, validate
-from gptzoo.registry import Registry, default_registry
+from gptzoo.registry import Entry, Registry, default_registry
 from gptzoo.untrusted import WEIGHT_DTYPES, WEIGHT_DTYPES_TEXT, dtype_name, first_few
 
 FAMILIES: dict[str, Family] = {family.model_type: family for family in (GPT2(), Llama())}
@@ -187,11 +188,18 @@ def load_hf(
     return model
 
 
-def export_hf(model: GPT, out: str | Path, *, tokenizer_from: str | Path | None = None) -> Path:
+def export_hf(
+    model: GPT, out: str | Path, *, tokenizer_from: str | Path | None = None, registry: Registry | None = None
+) -> Path:
     """Write config.json + model.safetensors that transformers loads with the same logits, and the
     Hugging Face tokenizer files of the directory ``tokenizer_from`` if it has them (the gptzoo
     checkpoint the model came from: ``gptzoo build --hf`` copies them there). config.json's
     bos_token_id and eos_token_id are those of the recipe's tokenizer (:func:`_special_token_ids`).
+
+    The first family (GPT-2, then Llama) that every component of the recipe has an equivalent in is
+    written: each component's ``hf_weights`` places its tensors, its ``hf_config`` gives the
+    config.json fields it owns (gptzoo.hf.family.Family.config); ``registry`` (default: the shared
+    one) builds the recipe's components on the meta device to ask them.
 
     Raises:
         NoEquivalentError: no Hugging Face architecture expresses the recipe.
@@ -199,22 +207,24 @@ def export_hf(model: GPT, out: str | Path, *, tokenizer_from: str | Path | None 
         Interrupted: Ctrl-C (nothing is left behind).
     """
     try:
-        return _export(model, Path(out), tokenizer_from)
+        return _export(model, Path(out), tokenizer_from, registry if registry is not None else default_registry())
     except KeyboardInterrupt:
         raise Interrupted(f"nothing was written to {out}") from None
 
 
-def _export(model: GPT, out: Path, tokenizer_from: str | Path | None) -> Path:
+def _export(model: GPT, out: Path, tokenizer_from: str | Path | None, registry: Registry) -> Path:
     import transformers
 
     transformers.utils.logging.disable_progress_bar()
     recipe = model.recipe
     if recipe is None:
         raise GptzooError("the model has no recipe; build it with gptzoo.build_model or load a checkpoint")
+    components: list[tuple[Entry, nn.Module]] = []
+    assemble(recipe, registry, torch.device("meta"), components)
     reasons = []
     for family in FAMILIES.values():
         try:
-            config_fields = family.config(recipe)
+            config_fields = family.config(recipe, components)
             rows = family.tensor_map(model)
         except NoEquivalentError as exc:
             reasons.append(str(exc))

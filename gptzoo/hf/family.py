@@ -2,25 +2,30 @@
 and where each component's tensors live in its checkpoints.
 
 A family owns only the skeleton of a checkpoint (``transformer.h.3.attn.`` is GPT-2's layer 3
-attention); the tensors inside each part are described by the component that owns them
-(its ``hf_weights(family)`` method, see gptzoo.interfaces.TensorMap). A component without an
-equivalent in a family returns None, and export refuses the recipe with that reason.
+attention) and its structural config.json fields (sizes, layer count); the tensors inside each
+part are described by the component that owns them (its ``hf_weights(family)`` method, see
+gptzoo.interfaces.TensorMap), and so are the config.json fields it owns (``hf_config(family)``:
+a norm's epsilon, the activation's name, rope's theta). A component without an equivalent in a
+family returns None (or lacks the method), and export refuses the recipe naming it. Import maps
+config.json to the family's own components (:meth:`Family.recipe_data`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from torch import Tensor, nn
 
-from gptzoo.errors import CheckpointError, GptzooError, did_you_mean
+from gptzoo import factories
+from gptzoo.errors import CheckpointError, GptzooError, PluginError, did_you_mean
 from gptzoo.interfaces import TensorMap
 from gptzoo.model.gpt import GPT
 from gptzoo.recipe import Recipe
+from gptzoo.registry import Entry, show_plain
 from gptzoo.untrusted import WEIGHT_DTYPES_TEXT
 
 
@@ -52,29 +57,90 @@ class Family:
     """Their key of the token embedding."""
     ignored_tensors: tuple[str, ...] = ()
     """Suffixes of non-weight tensors some files carry (masks, rotary tables); dropped on import."""
-    expected: dict[str, tuple[tuple[str, ...], str]] = {}
-    """[model] key -> (the values this architecture can express, why), checked by ``reasons``."""
+    title: str
+    """How messages name it ("GPT-2", "Llama")."""
+    required: dict[str, str] = {}
+    """config.json fields that components own and the family needs -> the kind that owns them."""
 
     def recipe_data(self, config: Mapping[str, Any]) -> dict[str, Any]:
         """Recipe data equivalent to config.json; GptzooError naming any unsupported field."""
         raise NotImplementedError
 
-    def config(self, recipe: Recipe) -> dict[str, Any]:
-        """config.json fields equivalent to the recipe; NoEquivalentError naming what is not."""
+    def structure(self, recipe: Recipe) -> dict[str, Any]:
+        """The config.json fields the family writes from the recipe itself (sizes, layer count, ties)."""
         raise NotImplementedError
+
+    def structural_reasons(self, recipe: Recipe) -> list[str]:
+        """Why the recipe's structure (norm placement, head layout, biases) has no equivalent here."""
+        return []
 
     def parts(self, model: GPT) -> list[Part]:
         raise NotImplementedError
 
-    def reasons(self, recipe: Recipe) -> list[str]:
-        """Why the recipe's components (and norm placement) have no equivalent here, if they don't."""
-        reasons = []
-        for key, (allowed, why) in self.expected.items():
-            value = getattr(recipe.model, key)
-            name = getattr(value, "name", value)
-            if name not in allowed:
-                reasons.append(f"{key} {name!r} ({why})")
-        return reasons
+    def config(self, recipe: Recipe, components: Sequence[tuple[Entry, nn.Module]]) -> dict[str, Any]:
+        """config.json fields equivalent to the recipe: the structural ones merged with what each
+        component (``components``: every module a factory built for the recipe, with its entry) owns.
+
+        Raises:
+            NoEquivalentError: naming the structure, each component without an equivalent here (its
+                ``hf_weights`` or ``hf_config`` gives None), components that disagree on a field, and a
+                field the family needs that no component owns.
+            PluginError: a component whose hf_weights or hf_config raises or returns something else.
+        """
+        reasons = self.structural_reasons(recipe)
+        owned: dict[str, tuple[Any, str]] = {}
+        structural = self.structure(recipe)
+        refused: set[str] = set()
+        for entry, module in components:
+            who = f"{entry.kind} {entry.name!r}"
+            fields = self._component_fields(entry, module)
+            if isinstance(fields, str):
+                if who not in refused:
+                    refused.add(who)
+                    reasons.append(f"{who} ({fields}: {self.architecture} has no equivalent of it)")
+                continue
+            for key, value in fields.items():
+                if key in structural:
+                    raise PluginError(
+                        f"{factories.culprit(entry)} has an hf_config({self.name!r}) that sets {key}, which "
+                        f"{self.architecture} takes from the recipe's structure; {factories.fix(entry)}"
+                    )
+                if key in owned and owned[key][0] != value:
+                    reason = f"{owned[key][1]} sets {key}={show(owned[key][0])}, {who} sets {key}={show(value)}"
+                    if reason not in reasons:
+                        reasons.append(reason)
+                owned.setdefault(key, (value, who))
+        kinds_refused = {who.split(" ", 1)[0] for who in refused}
+        reasons += [
+            f"config.json needs {key}, which the {kind}'s hf_config({self.name!r}) gives, and none does"
+            for key, kind in self.required.items()
+            if key not in owned and kind not in kinds_refused
+        ]
+        if reasons:
+            raise NoEquivalentError(
+                f"recipe {recipe.name!r} has no Hugging Face {self.title} equivalent: {'; '.join(reasons)}"
+            )
+        return {**structural, **{key: value for key, (value, _) in owned.items()}}
+
+    def _component_fields(self, entry: Entry, module: nn.Module) -> dict[str, Any] | str:
+        """The config.json fields one component owns in this family, or why it has no equivalent."""
+        with factories.running(entry, f"has a broken hf_weights({self.name!r})"):
+            hf_weights = getattr(module, "hf_weights", None)
+            maps = hf_weights(self.name) if hf_weights is not None else None
+        if maps is None:
+            return f"its hf_weights({self.name!r}) is None" if hf_weights is not None else "it has no hf_weights"
+        with factories.running(entry, f"has a broken hf_config({self.name!r})"):
+            hf_config = getattr(module, "hf_config", None)
+            fields = hf_config(self.name) if hf_config is not None else {}
+        if fields is None:
+            return f"its hf_config({self.name!r}) is None"
+        plain = (str, int, float, bool, type(None))
+        if type(fields) is not dict or not all(type(k) is str and type(v) in plain for k, v in fields.items()):
+            raise PluginError(
+                f"{factories.culprit(entry)} has an hf_config({self.name!r}) that returned {show_plain(fields)}, not "
+                f"a dict of config.json field names to numbers, text, booleans or None; {factories.fix(entry)}"
+            )
+        return dict(fields)
 
     def tensor_map(self, model: GPT) -> list[tuple[str, tuple[str, ...], TensorMap]]:
         """(our key, their keys, map) for every tensor of the model's state dict."""

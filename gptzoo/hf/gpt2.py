@@ -13,7 +13,7 @@ from typing import Any
 
 from torch import Tensor
 
-from gptzoo.hf.family import Family, Fields, NoEquivalentError, Part, refuse
+from gptzoo.hf.family import Family, Fields, Part, refuse
 from gptzoo.interfaces import TensorMap
 from gptzoo.model.gpt import GPT
 from gptzoo.recipe import Recipe
@@ -28,7 +28,6 @@ ACTIVATIONS = {
     "swish": "silu",
 }
 """config.json activation_function -> gptzoo activation (HF ACT2FN semantics)."""
-TO_HF_ACTIVATION = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu", "silu": "silu"}
 PREFIX = "transformer."
 
 
@@ -38,14 +37,8 @@ class GPT2(Family):
     architecture = "GPT2LMHeadModel"
     embedding = PREFIX + "wte.weight"
     ignored_tensors = (".attn.bias", ".attn.masked_bias")
-    expected = {
-        "norm": (("layernorm",), "GPT-2 has LayerNorm with bias"),
-        "norm_placement": (("pre",), "GPT-2 is Pre-LN"),
-        "activation": (tuple(TO_HF_ACTIVATION), "GPT2Config's activation_function has no such value"),
-        "mlp": (("dense",), "GPT-2's is dense"),
-        "position": (("learned",), "GPT-2 learns absolute positions"),
-        "attention": (("causal", "eager"), "transformers runs its own attention"),
-    }
+    title = "GPT-2"
+    required = {"layer_norm_epsilon": "norm", "activation_function": "activation"}
 
     def recipe_data(self, config: Mapping[str, Any]) -> dict[str, Any]:
         f = Fields(config)
@@ -84,19 +77,17 @@ class GPT2(Family):
         f.check()
         return {"model": model, "tokenizer": {"name": "gpt2" if vocab_size == 50257 else "hf"}}
 
-    def config(self, recipe: Recipe) -> dict[str, Any]:
+    def structural_reasons(self, recipe: Recipe) -> list[str]:
         m = recipe.model
-        reasons = self.reasons(recipe)
-        if m.norm.name == "layernorm" and m.norm.kwargs.get("bias", True) is not True:
-            reasons.append("layernorm without bias (GPT-2 has LayerNorm with bias)")
+        reasons = [] if m.norm_placement == "pre" else [f"norm_placement {m.norm_placement!r} (GPT-2 is Pre-LN)"]
         if m.n_kv_head != m.n_head or m.head_dim * m.n_head != m.n_embd:
             reasons.append(f"n_kv_head={m.n_kv_head}, head_dim={m.head_dim} (GPT-2 has n_head heads of n_embd/n_head)")
         if not m.bias:
             reasons.append("bias=false (GPT-2 has biases everywhere)")
-        if reasons:
-            raise NoEquivalentError(
-                f"recipe {recipe.name!r} has no Hugging Face GPT-2 equivalent: {'; '.join(reasons)}"
-            )
+        return reasons
+
+    def structure(self, recipe: Recipe) -> dict[str, Any]:
+        m = recipe.model
         return {
             "vocab_size": m.vocab_size,
             "n_positions": m.context_length,
@@ -104,8 +95,6 @@ class GPT2(Family):
             "n_layer": m.n_layer,
             "n_head": m.n_head,
             "n_inner": m.d_ff,
-            "activation_function": TO_HF_ACTIVATION[m.activation.name],
-            "layer_norm_epsilon": m.norm.kwargs.get("eps", 1e-5),
             "initializer_range": m.init_std,
             "tie_word_embeddings": m.tie_embeddings,
         }

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gptzoo.hf.family import Family, Fields, NoEquivalentError, Part, refuse, show
+from gptzoo.hf.family import Family, Fields, Part, refuse, show
 from gptzoo.interfaces import TensorMap
 from gptzoo.model.gpt import GPT
 from gptzoo.recipe import Recipe
@@ -24,7 +24,6 @@ ACTIVATIONS = {
     "relu": "relu",
 }
 """config.json hidden_act -> gptzoo activation (HF ACT2FN semantics)."""
-TO_HF_ACTIVATION = {"silu": "silu", "gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "relu": "relu"}
 PREFIX = "model."
 
 
@@ -49,14 +48,8 @@ class Llama(Family):
     architecture = "LlamaForCausalLM"
     embedding = PREFIX + "embed_tokens.weight"
     ignored_tensors = (".rotary_emb.inv_freq",)
-    expected = {
-        "norm": (("rmsnorm",), "Llama has RMSNorm"),
-        "norm_placement": (("pre",), "Llama is Pre-LN"),
-        "activation": (tuple(TO_HF_ACTIVATION), "LlamaConfig's hidden_act has no such value"),
-        "mlp": (("gated",), "Llama's is gated"),
-        "position": (("rope",), "Llama rotates q and k"),
-        "attention": (("causal", "eager"), "transformers runs its own attention"),
-    }
+    title = "Llama"
+    required = {"rms_norm_eps": "norm", "hidden_act": "activation", "rope_theta": "position"}
 
     def recipe_data(self, config: Mapping[str, Any]) -> dict[str, Any]:
         f = Fields(config)
@@ -91,13 +84,12 @@ class Llama(Family):
         f.check()
         return {"model": model, "tokenizer": {"name": "hf"}}
 
-    def config(self, recipe: Recipe) -> dict[str, Any]:
+    def structural_reasons(self, recipe: Recipe) -> list[str]:
+        placement = recipe.model.norm_placement
+        return [] if placement == "pre" else [f"norm_placement {placement!r} (Llama is Pre-LN)"]
+
+    def structure(self, recipe: Recipe) -> dict[str, Any]:
         m = recipe.model
-        reasons = self.reasons(recipe)
-        if reasons:
-            raise NoEquivalentError(
-                f"recipe {recipe.name!r} has no Hugging Face Llama equivalent: {'; '.join(reasons)}"
-            )
         return {
             "vocab_size": m.vocab_size,
             "hidden_size": m.n_embd,
@@ -106,10 +98,7 @@ class Llama(Family):
             "num_attention_heads": m.n_head,
             "num_key_value_heads": m.n_kv_head,
             "head_dim": m.head_dim,
-            "hidden_act": TO_HF_ACTIVATION[m.activation.name],
             "max_position_embeddings": m.context_length,
-            "rms_norm_eps": m.norm.kwargs.get("eps", 1e-6),
-            "rope_theta": m.position.kwargs.get("theta", 10000.0),
             "attention_bias": m.bias,
             "mlp_bias": m.bias,
             "tie_word_embeddings": m.tie_embeddings,

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -393,18 +394,20 @@ def plan_generation(
     chat: bool = False,
     max_new_tokens: int | None = None,
     sampling: Mapping[str, float | int | None] | None = None,
+    samplers: Sequence[tuple[str, Mapping[str, Any]]] = (),
     seed: int | None = None,
     stop: Sequence[str] = (),
 ) -> GenerationPlan:
     """Prompts encoded and their ids checked, the sampler chain resolved (the recipe's [generate]
-    samplers with the ``sampling`` flags of :func:`gptzoo.inference.sampling.chain_spec`), the seed
+    samplers with the ``sampling`` flags and the ``samplers`` steps (``--sampler``) of
+    :func:`gptzoo.inference.sampling.chain_spec`), the seed
     checked, the number of new tokens fitted to the context (the recipe's ``max_new_tokens`` is cut to
     what the context leaves, an explicit ``max_new_tokens`` must fit) and the KV cache checked to fit
     in memory. Every problem is a GptzooError before any decoding.
     """
     recipe = model.recipe
     steps = [(c.name, c.kwargs) for c in recipe.generate.samplers] if recipe is not None else []
-    chain = SamplerChain.from_registry(registry, chain_spec(steps, sampling or {}))
+    chain = SamplerChain.from_registry(registry, chain_spec(steps, sampling or {}, registry=registry, given=samplers))
     generator = make_generator(seed, model.wte.weight.device)
     if any(not s for s in stop):
         raise GptzooError("--stop is empty; give some text")

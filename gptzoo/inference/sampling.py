@@ -8,22 +8,82 @@ softmax of the result with a torch.Generator; a chain ending in ``greedy`` takes
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from gptzoo import factories
-from gptzoo.errors import GptzooError, exception_text
-from gptzoo.interfaces import Sampler
-from gptzoo.registry import Registry
+from gptzoo.errors import GptzooError, PluginError, exception_text
+from gptzoo.interfaces import Sampler, SamplerFlag
+from gptzoo.recipe.validate import step_problems
+from gptzoo.registry import Entry, Registry, show_plain
 
 Spec = list[tuple[str, dict[str, Any]]]
 """A chain as (sampler name, parameters) pairs, in order."""
 
-FLAG_ORDER = ("repetition_penalty", "temperature", "top_k", "top_p", "min_p")
-"""Where a step given by a command-line flag goes when the chain lacks it (HF's order)."""
-SAMPLING_STEPS = ("temperature", "top_k", "top_p", "min_p")
+GREEDY = "greedy"
+"""The step a chain ends in when nothing samples (Hugging Face's do_sample=False): the argmax."""
+TEMPERATURE = "temperature"
+"""The step whose flag's value 0 asks for greedy decoding, as Hugging Face's temperature=0 does."""
+
+
+@dataclass(frozen=True)
+class Traits:
+    """What a sampler's factory declares about its place in a chain (read before anything is built)."""
+
+    flag: SamplerFlag | None
+    sampling_only: bool
+    picks: bool
+    """The factory's ``picks`` (a Sampler class's): the step chooses the token, so it ends the chain."""
+
+
+def traits(entry: Entry) -> Traits:
+    """The factory's ``flag``, ``sampling_only`` and ``picks``; a PluginError naming the sampler when
+    one is not what gptzoo.interfaces.Sampler says (a SamplerFlag of an int or float parameter the
+    factory takes, a bool)."""
+    with factories.running(entry, "has a broken flag"):
+        flag = getattr(entry.factory, "flag", None)
+        sampling_only = getattr(entry.factory, "sampling_only", False)
+        picks = getattr(entry.factory, "picks", False) is True  # a factory that is no Sampler class: unknown
+    problem = None
+    if flag is not None and type(flag) is not SamplerFlag:
+        problem = f"its flag is {show_plain(flag)}, not a gptzoo.interfaces.SamplerFlag"
+    elif flag is not None:
+        problem = _flag_problem(entry, flag)
+    if problem is None and type(sampling_only) is not bool:
+        problem = f"its sampling_only is {show_plain(sampling_only)}, not True or False"
+    if problem:
+        raise PluginError(f"{factories.culprit(entry)} {problem}; {factories.fix(entry)}")
+    return Traits(flag, sampling_only, picks)
+
+
+def _flag_problem(entry: Entry, flag: SamplerFlag) -> str | None:
+    """Why a SamplerFlag cannot be a command-line flag of this sampler, or None."""
+    if not (flag.type is int or flag.type is float):
+        return f"its flag's type is {show_plain(flag.type)}, not int or float"
+    if type(flag.order) is not int:
+        return f"its flag's order is {show_plain(flag.order)}, not an int"
+    if type(flag.help) is not str or "\n" in flag.help:
+        return f"its flag's help is {show_plain(flag.help)}, not one line of text"
+    signature = factories.signature(entry)
+    params = signature.parameters.values() if signature is not None else ()
+    takes = signature is None or any(p.name == flag.param or p.kind == p.VAR_KEYWORD for p in params)
+    if type(flag.param) is not str or not takes:
+        return f"its flag's param {show_plain(flag.param)} is not a parameter of its factory"
+    return None
+
+
+def option(name: str) -> str:
+    """``--top-k``: the command-line flag of a sampler named ``top_k``."""
+    return "--" + name.replace("_", "-")
+
+
+def flagged(registry: Registry) -> list[tuple[Entry, SamplerFlag]]:
+    """Every registered sampler with a flag, in the flags' order (then by name)."""
+    steps = [(entry, traits(entry).flag) for entry in registry.entries("sampler")]
+    return sorted(((e, f) for e, f in steps if f is not None), key=lambda ef: (ef[1].order, ef[0].name))
 
 
 class SamplerChain:
@@ -96,33 +156,87 @@ def prompts_of(rows: Tensor) -> str:
     return f"prompt{'s' if len(picked) > 1 else ''} {', '.join(picked)}"
 
 
-def chain_spec(recipe_steps: Spec, flags: Mapping[str, float | int | None]) -> Spec:
-    """The effective chain: the recipe's steps, with command-line flags replacing the parameters of
-    a step they name or inserting it in HF's order; temperature 0 means greedy. A chain with no
-    other step than a repetition penalty (or none at all) ends in greedy, as HF's default does.
+def chain_spec(
+    recipe_steps: Spec,
+    flags: Mapping[str, float | int | None],
+    *,
+    registry: Registry,
+    given: Sequence[tuple[str, Mapping[str, Any]]] = (),
+) -> Spec:
+    """The effective chain: the recipe's steps, changed by the command line.
 
-    flags: temperature, top_k, top_p, min_p, repetition_penalty (None: not given).
+    flags: sampler name -> the value of its flag (``--top-k 50``: ``{"top_k": 50}``; None: not given).
+    given: steps of ``--sampler NAME:k=v``, in the order given.
+
+    A step the command line names replaces the parameters of the chain's step of that sampler, or
+    is inserted: a flagged sampler by its flag's order (before the first step that has no flag or a
+    later order: Hugging Face's order for the built-ins), any other after the chain's steps and
+    before a step that picks the token (a picking step replaces the chain's last one, if that picks).
+    ``--temperature 0`` drops every ``sampling_only`` step and any picking step and ends in greedy,
+    as Hugging Face does; a sampling_only step from the command line drops a final greedy of the
+    recipe; a chain in which nothing samples (no sampling_only step, no picking step: only a
+    repetition penalty, or nothing at all) ends in greedy, as Hugging Face's default does.
+
+    Raises:
+        GptzooError: a step given twice (by a flag and ``--sampler``, or twice by ``--sampler``), an
+            unknown sampler.
+        PluginError: a sampler whose flag, sampling_only or picks is malformed.
     """
-    params = {"repetition_penalty": "penalty", "temperature": "temperature", "top_k": "k", "top_p": "p", "min_p": "p"}
+
+    def resolve(name: str) -> tuple[Entry, Traits]:
+        entry = registry.get("sampler", name)
+        return entry, traits(entry)
+
     steps = [(name, dict(p)) for name, p in recipe_steps]
-    for name in FLAG_ORDER:
-        value = flags.get(name)
-        if value is None:
-            continue
-        found = [i for i, (step, _) in enumerate(steps) if step == name]
-        if found:
-            steps[found[0]] = (name, {params[name]: value})
-            continue
-        rank = FLAG_ORDER.index(name)
-        at = next(
-            (i for i, (step, _) in enumerate(steps) if step not in FLAG_ORDER or FLAG_ORDER.index(step) > rank),
-            len(steps),
+    options = {entry.name: flag for entry, flag in flagged(registry)}
+    unknown = [name for name, value in flags.items() if value is not None and name not in options]
+    if unknown:
+        raise GptzooError(
+            f"no registered sampler has the flag {option(unknown[0])}; flags: {', '.join(map(option, options))}"
         )
-        steps.insert(at, (name, {params[name]: value}))
-    if flags.get("temperature") == 0:
-        steps = [(name, p) for name, p in steps if name not in SAMPLING_STEPS and name != "greedy"] + [("greedy", {})]
-    elif any(flags.get(name) is not None for name in SAMPLING_STEPS) and steps[-1][0] == "greedy":
+    asked: list[tuple[str, dict[str, Any], str]] = []  # (name, params, how it was asked for)
+    for name, flag in options.items():
+        value = flags.get(name)
+        if value is not None:
+            asked.append((name, {flag.param: value}, f"{option(name)} {value}"))
+    asked += [(name, dict(params), f"--sampler {name}") for name, params in given]
+    seen: dict[str, str] = {}
+    sampling_asked = False
+    for name, params, how in asked:
+        entry, info = resolve(name)
+        if how.startswith("--sampler") and (problems := step_problems(how, entry, params, registry)):
+            raise GptzooError("; ".join(problems))
+        if entry.name in seen:
+            raise GptzooError(f"{seen[entry.name]} and {how} both set sampler {entry.name!r}; give it once")
+        seen[entry.name] = how
+        sampling_asked |= info.sampling_only
+        found = [i for i, (step, _) in enumerate(steps) if resolve(step)[0] == entry]
+        if found:
+            steps[found[0]] = (name, params)
+        elif info.flag is not None and not info.picks:
+            at = next(
+                (
+                    i
+                    for i, (step, _) in enumerate(steps)
+                    if (other := resolve(step)[1].flag) is None or other.order > info.flag.order
+                ),
+                len(steps),
+            )
+            steps.insert(at, (name, params))
+        elif info.picks and steps and resolve(steps[-1][0])[1].picks:
+            steps[-1] = (name, params)
+        else:
+            steps.insert(len(steps) - 1 if steps and resolve(steps[-1][0])[1].picks else len(steps), (name, params))
+    if flags.get(TEMPERATURE) == 0:
+        temperature = registry.get("sampler", TEMPERATURE)
+        kept = []
+        for name, params in steps:
+            entry, info = resolve(name)
+            if not (info.sampling_only or info.picks or entry == temperature):
+                kept.append((name, params))
+        return [*kept, (GREEDY, {})]
+    if sampling_asked and steps and steps[-1][0] == GREEDY and GREEDY not in seen:
         steps.pop()  # asking for sampling overrides a recipe that ends in greedy
-    elif all(name == "repetition_penalty" for name, _ in steps):
-        steps.append(("greedy", {}))
+    elif not any(info.sampling_only or info.picks for info in (resolve(name)[1] for name, _ in steps)):
+        steps.append((GREEDY, {}))
     return steps

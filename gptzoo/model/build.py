@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from gptzoo.errors import GptzooError
-from gptzoo.factories import build, check_contract
+from gptzoo.factories import build, check_contract, running
 from gptzoo.hookspecs import CONTRACTS
 from gptzoo.memory import available_bytes, format_bytes
 from gptzoo.model.gpt import BLOCKS, GPT
@@ -47,17 +47,27 @@ def build_model(
     device = torch.device(device) if device is not None else torch.get_default_device()
     if device.type != "meta":
         check_fits(assemble(recipe, registry, torch.device("meta")), recipe, device)
-    model = assemble(recipe, registry, device)
+    built: list[tuple[Entry, nn.Module]] = []
+    model = assemble(recipe, registry, device, built)
     if device.type != "meta":
-        model.init_weights(recipe.model.init_std)
+        owner = {id(module): entry for entry, module in built}
+
+        def reset(module: nn.Module) -> None:
+            with running(owner[id(module)], "failed to reset its parameters"):
+                module.reset_parameters()
+
+        model.init_weights(recipe.model.init_std, components=[module for _, module in built], reset=reset)
     if dtype is not None:
         model.to(dtype)
     model.recipe = recipe
     return model
 
 
-def assemble(recipe: Recipe, registry: Registry, device: torch.device) -> GPT:
-    """The modules of the recipe on ``device``, uninitialized."""
+def assemble(
+    recipe: Recipe, registry: Registry, device: torch.device, built: list[tuple[Entry, nn.Module]] | None = None
+) -> GPT:
+    """The modules of the recipe on ``device``, uninitialized; ``built`` receives each component a
+    factory built (nested ones too, such as an mlp's activation) with its entry."""
     spec = recipe.model
     entries = resolve_components(recipe, registry)
     checked: set[str] = set()
@@ -69,6 +79,8 @@ def assemble(recipe: Recipe, registry: Registry, device: torch.device) -> GPT:
         if kind not in checked:
             check_contract(entry, module)
             checked.add(kind)
+        if built is not None:
+            built.append((entry, module))
         return module
 
     block_cls = BLOCKS[spec.norm_placement]

@@ -19,6 +19,7 @@ nh n_head, nkv n_kv_head, hs head_dim.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -49,6 +50,27 @@ class PostNormBlock(PreNormBlock):
     def forward(self, x: Tensor, ctx: AttentionContext, cache: LayerKVCache | None = None) -> Tensor:
         x = self.ln_1(x + self.attn(x, ctx, cache))
         return self.ln_2(x + self.mlp(x))
+
+
+def _resets_itself(module: nn.Module) -> bool:
+    return callable(getattr(module, "reset_parameters", None))
+
+
+def _modules_outside(
+    root: nn.Module, own: set[int], reset: Callable[[nn.Module], None], seen: set[int] | None = None
+) -> Iterator[nn.Module]:
+    """``root.modules()`` in its order (each module once), except that a module in ``own`` is reset
+    where it first comes and neither it nor anything inside it is yielded."""
+    seen = set() if seen is None else seen
+    if id(root) in seen:
+        return
+    seen.add(id(root))
+    if id(root) in own:
+        reset(root)
+        return
+    yield root
+    for child in root.children():
+        yield from _modules_outside(child, own, reset, seen)
 
 
 BLOCKS: dict[str, type[PreNormBlock]] = {"pre": PreNormBlock, "post": PostNormBlock}
@@ -170,11 +192,39 @@ class GPT(nn.Module):
         if left:
             raise CheckpointError(f"{source}: nothing loaded into {left}; every tensor of the model needs a weight")
 
+    def components(self) -> list[nn.Module]:
+        """The model's parts that factories built: the position, each block's norms, attention and
+        mlp, and the final norm (components nested in these, such as an mlp's activation, are known
+        to the builder only)."""
+        blocks = [part for b in self.blocks for part in (b.ln_1, b.attn, b.ln_2, b.mlp)]
+        return [self.position, *blocks, self.ln_f]
+
     @torch.no_grad()
-    def init_weights(self, std: float = 0.02) -> None:
-        """GPT-2 initialization: normal(0, std) for linear and embedding weights, zero biases, and
-        std / sqrt(2 n_layer) for the projections that write into the residual stream."""
-        for module in self.modules():
+    def init_weights(
+        self,
+        std: float = 0.02,
+        *,
+        components: Sequence[nn.Module] | None = None,
+        reset: Callable[[nn.Module], None] | None = None,
+    ) -> None:
+        """Initialize every weight: each component that initializes itself, GPT-2's rule for the rest.
+
+        A component (what a factory built: ``components``, by default :meth:`components`; the
+        builder also passes the nested ones, such as an mlp's activation) that has a
+        ``reset_parameters()`` method, its own or inherited from a torch module (a norm subclassing
+        nn.LayerNorm), is reset by it (through ``reset``, which the builder runs under the plugin's
+        name) and left whole: nothing below initializes any of its tensors. Everything else gets
+        GPT-2's initialization, in the order of ``modules()``: normal(0, std) for the weights of
+        nn.Linear and nn.Embedding layers (the token embedding, and the tied head with it), zeros for
+        their biases, then normal(0, std / sqrt(2 n_layer)) for the ``c_proj`` weight of each
+        attention and mlp without ``reset_parameters``: the projections that write into the residual
+        stream (GPT-2's residual scaling). Other tensors (a norm's weight and bias) keep what their
+        constructor gave them. No built-in component has ``reset_parameters``, so built-in models
+        draw exactly GPT-2's random numbers.
+        """
+        reset = reset if reset is not None else (lambda module: module.reset_parameters())
+        own = {id(m) for m in (components if components is not None else self.components()) if _resets_itself(m)}
+        for module in _modules_outside(self, own, reset):
             if isinstance(module, nn.Linear):
                 nn.init.normal_(module.weight, mean=0.0, std=std)
                 if module.bias is not None:
@@ -183,8 +233,9 @@ class GPT(nn.Module):
                 nn.init.normal_(module.weight, mean=0.0, std=std)
         residual_std = std / math.sqrt(2 * len(self.blocks))
         for block in self.blocks:
-            nn.init.normal_(block.attn.c_proj.weight, mean=0.0, std=residual_std)
-            nn.init.normal_(block.mlp.c_proj.weight, mean=0.0, std=residual_std)
+            for part in (block.attn, block.mlp):
+                if id(part) not in own:
+                    nn.init.normal_(part.c_proj.weight, mean=0.0, std=residual_std)
 
     def init_cache(
         self,

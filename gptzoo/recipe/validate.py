@@ -508,6 +508,15 @@ def structural_args(spec: ModelSpec, kind: str) -> dict[str, Any]:
     return {arg: getattr(spec, attr) for arg, attr in CONTRACTS[kind].structural}
 
 
+def step_problems(where: str, entry: Entry, params: dict[str, Any], registry: Registry) -> list[str]:
+    """The problems of a sampler step given on the command line (``--sampler NAME:k=v``), found as
+    a recipe's [generate] samplers' are (parameters against the factory's signature and the
+    defaults' types); an integer given for a float parameter becomes a float in ``params``."""
+    v = _Validator(registry)
+    v.component_params(where, entry, params)
+    return v.problems
+
+
 def validate(
     data: dict[str, Any], source: str, *, name: str, registry: Registry | None = None, problems: Iterable[str] = ()
 ) -> Recipe:

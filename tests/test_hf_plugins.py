@@ -1,0 +1,205 @@
+"""Hugging Face export follows each component: a plugin norm with Llama weight maps and config
+fields exports, loads in transformers with the same logits, and imports back; components without
+an equivalent, disagreeing or missing config fields are refused by name."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from cli_run import run_error
+from fakedist import FakeSite
+
+import gptzoo
+from gptzoo.cli import main
+from gptzoo.errors import PluginError
+from gptzoo.hf import NoEquivalentError, export_hf, load_hf
+
+transformers.utils.logging.set_verbosity_error()
+
+PLUGIN = '''
+import torch
+from torch import nn
+
+from gptzoo.interfaces import TensorMap
+
+
+class ScaledRMS(nn.Module):
+    """RMSNorm written anew: x / sqrt(mean(x^2) + epsilon) * scale, in float32."""
+
+    def __init__(self, dim: int, *, epsilon: float = 1e-5) -> None:
+        super().__init__()
+        self.epsilon = epsilon
+        self.scale = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        h = x.float()
+        return self.scale * (h * (h.square().mean(-1, keepdim=True) + self.epsilon).rsqrt()).to(x.dtype)
+
+    def hf_weights(self, family):
+        return [TensorMap("scale", ("weight",))] if family == "llama" else None
+
+    def hf_config(self, family):
+        return {"rms_norm_eps": self.epsilon} if family == "llama" else None
+
+
+class Unmapped(ScaledRMS):
+    """The same norm without Hugging Face maps."""
+
+    hf_weights = None
+
+
+class Unconfigured(ScaledRMS):
+    """The same norm, mapped, but owning no config field."""
+
+    hf_config = None
+
+
+class Greedy(ScaledRMS):
+    """A norm whose config claims what is the activation's."""
+
+    def hf_config(self, family):
+        return {"rms_norm_eps": self.epsilon, "hidden_act": "relu"}
+
+
+class Broken(ScaledRMS):
+    """A norm whose hf_config returns a list."""
+
+    def hf_config(self, family):
+        return ["rms_norm_eps"]
+
+
+class Sizer(ScaledRMS):
+    """A norm whose hf_config sets a structural field."""
+
+    def hf_config(self, family):
+        return {"rms_norm_eps": self.epsilon, "hidden_size": 3}
+
+
+@gptzoo.hookimpl
+def register_norms(register):
+    register("scaled_rms", ScaledRMS)
+    register("unmapped", Unmapped)
+    register("unconfigured", Unconfigured)
+    register("greedy_norm", Greedy)
+    register("broken_config", Broken)
+    register("sizer", Sizer)
+'''
+
+WHO = "from gptzoo_fake_hfnorm (gptzoo-fake-hfnorm 1.0)"
+
+
+@pytest.fixture
+def registry(fake_site: FakeSite, monkeypatch: pytest.MonkeyPatch) -> gptzoo.Registry:
+    monkeypatch.delenv("GPTZOO_NO_PLUGINS", raising=False)
+    fake_site.add("hfnorm", "gptzoo_fake_hfnorm", PLUGIN)
+    return gptzoo.get_registry()
+
+
+def plugin_model(registry: gptzoo.Registry, norm: str, *overrides: str) -> gptzoo.GPT:
+    recipe = gptzoo.load_recipe("llama-tiny", [f"model.norm={norm}", *overrides], registry=registry)
+    torch.manual_seed(0)
+    model = gptzoo.build_model(recipe, registry=registry).eval()
+    with torch.no_grad():  # norm scales that are not ones, so that a misplaced one changes the logits
+        for name, p in model.named_parameters():
+            if name.endswith(".scale"):
+                p.add_(torch.randn_like(p) * 0.1)
+    return model
+
+
+def test_a_plugin_norm_exports_to_llama_with_the_same_logits_and_imports_back(
+    registry: gptzoo.Registry, tmp_path: Path
+) -> None:
+    model = plugin_model(registry, "scaled_rms", "model.norm.epsilon=1e-4")
+    export_hf(model, tmp_path / "hf", registry=registry)
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"]
+    theta = config.get("rope_theta", config.get("rope_parameters", {}).get("rope_theta"))  # transformers 4.x, 5.x
+    assert (config["rms_norm_eps"], config["hidden_act"], theta) == (1e-4, "silu", 10000.0)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    idx = torch.randint(0, model.recipe.model.vocab_size, (2, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ours = model(idx)
+        torch.testing.assert_close(hf(idx).logits, ours, rtol=0, atol=1e-4)
+        back = load_hf(tmp_path / "hf", registry=registry).eval()  # the family's own rmsnorm
+        assert back.recipe.model.norm.name == "rmsnorm" and back.recipe.model.norm.kwargs == {"eps": 1e-4}
+        torch.testing.assert_close(back(idx), ours, rtol=0, atol=1e-5)
+    assert torch.equal(back.blocks[1].ln_2.weight, model.blocks[1].ln_2.scale)
+
+
+def test_export_through_the_command_line(registry: gptzoo.Registry, tmp_path: Path) -> None:
+    ckpt, out = tmp_path / "ckpt", tmp_path / "hf"
+    argv = ["build", "llama-tiny", "--set", "model.norm=scaled_rms", "--out", str(ckpt), "--json"]
+    assert main(argv) == 0
+    assert main(["export", str(ckpt), "--hf", str(out), "--json"]) == 0
+    assert json.loads((out / "config.json").read_text())["rms_norm_eps"] == 1e-5
+
+
+def _refusal(registry: gptzoo.Registry, tmp_path: Path, norm: str, *overrides: str) -> str:
+    model = plugin_model(registry, norm, *overrides)
+    with pytest.raises(NoEquivalentError) as excinfo:
+        export_hf(model, tmp_path / "out", registry=registry)
+    assert not (tmp_path / "out").exists()
+    return str(excinfo.value)
+
+
+GPT2_REFUSAL = (
+    "recipe 'llama-tiny' has no Hugging Face GPT-2 equivalent: n_kv_head=2, head_dim=16 (GPT-2 has n_head heads of "
+    "n_embd/n_head); bias=false (GPT-2 has biases everywhere); {norm}; mlp 'gated' (its hf_weights('gpt2') is None: "
+    "GPT2LMHeadModel has no equivalent of it); position 'rope' (its hf_weights('gpt2') is None: GPT2LMHeadModel has "
+    "no equivalent of it); "
+)
+
+
+def test_a_plugin_component_without_hf_weights_is_refused_by_name(registry: gptzoo.Registry, tmp_path: Path) -> None:
+    norm = "norm 'unmapped' (it has no hf_weights: {} has no equivalent of it)"
+    assert _refusal(registry, tmp_path, "unmapped") == (
+        GPT2_REFUSAL.format(norm=norm.format("GPT2LMHeadModel"))
+        + "recipe 'llama-tiny' has no Hugging Face Llama equivalent: "
+        + norm.format("LlamaForCausalLM")
+    )
+
+
+@pytest.mark.parametrize(
+    ("norm", "llama"),
+    [
+        ("unconfigured", "config.json needs rms_norm_eps, which the norm's hf_config('llama') gives, and none does"),
+        ("greedy_norm", "norm 'greedy_norm' sets hidden_act='relu', activation 'silu' sets hidden_act='silu'"),
+    ],
+)
+def test_missing_and_disagreeing_config_fields_are_refused_by_name(
+    registry: gptzoo.Registry, tmp_path: Path, norm: str, llama: str
+) -> None:
+    message = _refusal(registry, tmp_path, norm)
+    assert message.endswith(f"recipe 'llama-tiny' has no Hugging Face Llama equivalent: {llama}"), message
+
+
+@pytest.mark.parametrize(
+    ("norm", "problem"),
+    [
+        (
+            "broken_config",
+            "has an hf_config('llama') that returned an object of type list, not a dict of config.json field names "
+            "to numbers, text, booleans or None",
+        ),
+        (
+            "sizer",
+            "has an hf_config('llama') that sets hidden_size, which LlamaForCausalLM takes from the recipe's structure",
+        ),
+    ],
+)
+def test_a_broken_hf_config_names_its_plugin(
+    registry: gptzoo.Registry, tmp_path: Path, capsys: pytest.CaptureFixture[str], norm: str, problem: str
+) -> None:
+    model = plugin_model(registry, norm)
+    with pytest.raises(PluginError) as excinfo:
+        export_hf(model, tmp_path / "out", registry=registry)
+    assert str(excinfo.value) == f"norm {norm!r} {WHO} {problem}; fix the plugin, or choose another norm"
+    ckpt = tmp_path / "ckpt"
+    assert main(["build", "llama-tiny", "--set", f"model.norm={norm}", "--out", str(ckpt), "--json"]) == 0
+    capsys.readouterr()
+    assert run_error(capsys, "export", str(ckpt), "--hf", str(tmp_path / "out")) == f"error: {excinfo.value}"
+    assert not (tmp_path / "out").exists()
