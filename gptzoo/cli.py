@@ -654,7 +654,7 @@ def cmd_recipes(args: argparse.Namespace, out: Console, err: Console) -> None:
 
 
 def cmd_new_plugin(args: argparse.Namespace, out: Console, err: Console) -> None:
-    scaffold = new_plugin(args.name, args.kind, args.out)
+    scaffold = new_plugin(args.name, args.kind, args.out, registry=_registry(err))
     if args.json:
         _print_json(out, {**asdict(scaffold), "directory": str(scaffold.directory), "next": scaffold.next_steps})
         return

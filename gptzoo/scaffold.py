@@ -18,6 +18,7 @@ from string import Template as Text
 from gptzoo.atomic import new_directory
 from gptzoo.errors import GptzooError, did_you_mean
 from gptzoo.hookspecs import CONTRACTS, KINDS
+from gptzoo.registry import Registry, default_registry
 from gptzoo.scaffold_templates import MODULE_DOC, PYPROJECT, README, TEMPLATES, TEST
 
 PLUGIN_NAME = re.compile(r"[a-z](?:[a-z0-9_]{0,62}[a-z0-9])?")
@@ -100,11 +101,20 @@ def plugin_files(name: str, kind: str) -> dict[str, str]:
     }
 
 
-def new_plugin(name: str, kind: str, out: str | Path | None = None) -> Scaffold:
+def new_plugin(name: str, kind: str, out: str | Path | None = None, *, registry: Registry | None = None) -> Scaffold:
     """Write a new plugin distribution for the ``kind`` component ``name`` into ``out`` (default:
-    ``gptzoo-NAME`` in the current directory), which must not exist yet. Bad input is a
-    GptzooError, raised before anything is written; a failed write leaves nothing behind."""
+    ``gptzoo-NAME`` in the current directory), which must not exist yet. A name that ``registry``
+    (default: the installed plugins') already has for that kind is refused: the new plugin's tests
+    would not reach its component by it. Bad input is a GptzooError, raised before anything is
+    written; a failed write leaves nothing behind."""
     files = plugin_files(name, kind)
+    registry = registry if registry is not None else default_registry()
+    if name in registry.names(kind):
+        taken = registry.get(kind, name).provenance
+        raise GptzooError(
+            f"{kind} {name!r} is already registered by {taken}: choose another name for the new plugin "
+            f"(`gptzoo list {kind}` shows the names taken)"
+        )
     module, distribution = names(name)
     directory = Path(out) if out is not None else Path(distribution)
     if os.path.lexists(directory):

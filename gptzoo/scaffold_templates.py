@@ -330,8 +330,9 @@ README = Text("""\
 
 A gptzoo plugin: the $kind `$name`, $summary
 
-    pip install -e .              # `gptzoo plugins` now lists $module ($dist)
-    python -m pytest              # tests/: the conformance kit's checks on `$name`
+    pip install -e .                 # `gptzoo plugins` now lists $module ($dist)
+    python -m pytest                 # tests/: the conformance kit's checks on `$name`
+    gptzoo plugins --check $dist     # the same checks, as a table
 
 Once it is installed, a model uses it with
 

@@ -22,7 +22,7 @@ from gptzoo.testing import run_conformance
 import gptzoo
 from gptzoo.cli import main
 from gptzoo.hookspecs import CONTRACTS, KINDS
-from gptzoo.scaffold import new_plugin
+from gptzoo.scaffold import PLUGIN_NAME, new_plugin
 from gptzoo.scaffold_templates import TEMPLATES
 
 REPO = Path(gptzoo.__file__).resolve().parents[1]
@@ -95,7 +95,9 @@ def _venv(root: Path) -> Path:
     return python
 
 
-def test_a_scaffold_installs_with_pip_into_a_venv_and_its_own_tests_pass(tmp_path: Path, fake_site) -> None:
+def test_a_scaffold_installs_with_pip_into_a_venv_and_its_own_tests_pass(
+    tmp_path: Path, fake_site, capsys: pytest.CaptureFixture[str]
+) -> None:
     scaffold = new_plugin("my_attention", "attention", tmp_path / "gptzoo-my-attention")
     python = _venv(tmp_path / "venv")
     env = {k: v for k, v in os.environ.items() if k not in ("GPTZOO_NO_PLUGINS", "GPTZOO_STRICT_PLUGINS", "COLUMNS")}
@@ -120,10 +122,11 @@ def test_a_scaffold_installs_with_pip_into_a_venv_and_its_own_tests_pass(tmp_pat
     report = run(str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider")
     assert importlib.util.find_spec("gptzoo_my_attention") is None  # pip installed into the venv only
 
-    install_project(fake_site, scaffold.directory)  # here too, to count the kit's checks
-    registry = gptzoo.get_registry()
-    n_checks = len(run_conformance(registry, [registry.get("attention", "my_attention")]))
-    assert re.fullmatch(rf"{n_checks} passed in [\d.]+s", report.splitlines()[-1]), report
+    install_project(fake_site, scaffold.directory)  # here too: the README's `gptzoo plugins --check` counts them
+    assert main(["plugins", "--check", "gptzoo-my-attention", "--json"]) == 0
+    checked = json.loads(capsys.readouterr().out)
+    assert (checked["components"], checked["failed"]) == (1, 0)
+    assert re.fullmatch(rf"{len(checked['results'])} passed in [\d.]+s", report.splitlines()[-1]), report
 
 
 def test_the_command_writes_the_package_and_says_what_next(
@@ -150,6 +153,8 @@ def test_the_command_writes_the_package_and_says_what_next(
         "files": ["pyproject.toml", "README.md", "gptzoo_top_eta.py", "tests/test_top_eta.py"],
         "next": "cd deep/er/eta && pip install -e . && python -m pytest",
     }
+    readme = (tmp_path / "gptzoo-sliding-window" / "README.md").read_text(encoding="utf-8")
+    assert "\n    gptzoo plugins --check gptzoo-sliding-window     # the same checks, as a table\n" in readme
     assert "--top-eta, placed after min_p" in (tmp_path / "deep/er/eta/gptzoo_top_eta.py").read_text(encoding="utf-8")
 
 
@@ -225,3 +230,13 @@ def test_a_failed_write_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytes
     message = run_error(capsys, "new-plugin", "x", "--kind", "norm", "--out", "new/plugin")
     assert message == "error: cannot write to new/plugin: the disk is full (No space left on device)"
     assert written == ["pyproject.toml", "README.md"] and _tree(tmp_path) == []
+
+
+def test_a_name_taken_for_that_kind_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    monkeypatch.chdir(tmp_path)
+    taken = next(e for e in gptzoo.get_registry().entries("norm") if PLUGIN_NAME.fullmatch(e.name))
+    assert run_error(capsys, "new-plugin", taken.name, "--kind", "norm") == (
+        f"error: norm {taken.name!r} is already registered by {taken.provenance}: choose another name for the new "
+        "plugin (`gptzoo list norm` shows the names taken)"
+    )
+    assert _tree(tmp_path) == []
