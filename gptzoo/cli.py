@@ -26,6 +26,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from gptzoo.errors import GptzooError, Interrupted, exception_text, terminal_text
+from gptzoo.factories import GPTZOO_DISTRIBUTION
 from gptzoo.fetch import FETCHABLE, fetch
 from gptzoo.hf import export_hf
 from gptzoo.hf.compare import DEFAULT_PROMPT, compare
@@ -39,6 +40,7 @@ from gptzoo.recipe import load_recipe, read_recipe_data, shipped_recipes
 from gptzoo.recipe.schema import MAX_DIM
 from gptzoo.registry import Registry, get_registry
 from gptzoo.scaffold import new_plugin
+from gptzoo.testing import run_conformance
 from gptzoo.training.data import CORPORA, DEFAULT_VAL_FRACTION, NAMED_TOKENIZERS, prepare
 from gptzoo.training.display import TrainDisplay
 from gptzoo.training.plot import plot_run
@@ -274,6 +276,15 @@ def make_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_plot)
 
     p = sub.add_parser("plugins", parents=[common], help="list plugins, where they come from and what they registered")
+    p.add_argument(
+        "--check",
+        nargs="?",
+        const="",
+        metavar="NAME",
+        help="run the conformance kit (gptzoo.testing) instead of listing: on the components of one plugin (its "
+        "entry-point name or distribution, e.g. gptzoo for the built-ins) or one component (KIND:NAME); without "
+        "NAME, on every component that a third-party plugin registered. Exit 1 when a check fails",
+    )
     p.set_defaults(func=cmd_plugins)
 
     p = sub.add_parser("list", parents=[common], help="list registered components")
@@ -575,7 +586,9 @@ def _origin(row: dict[str, Any]) -> str:
     return _text(f"{row['plugin']} ({row['distribution']} {row['version']})")
 
 
-def cmd_plugins(args: argparse.Namespace, out: Console, err: Console) -> None:
+def cmd_plugins(args: argparse.Namespace, out: Console, err: Console) -> int | None:
+    if args.check is not None:
+        return check_plugins(args, out, err)
     registry = get_registry()
     registered: dict[str, list[str]] = {}
     for entry in registry.entries():
@@ -597,6 +610,53 @@ def cmd_plugins(args: argparse.Namespace, out: Console, err: Console) -> None:
             "registered": lambda r: ", ".join(r["registered"]),
         },
     )
+
+
+def check_plugins(args: argparse.Namespace, out: Console, err: Console) -> int:
+    """``gptzoo plugins --check [NAME]``: the conformance kit's results as a table (or JSON); exit 1
+    when a check failed."""
+    registry = _registry(err)
+    entries = list(registry.entries())
+    name = args.check
+    if not name:
+        chosen = [e for e in entries if e.provenance.distribution != GPTZOO_DISTRIBUTION]
+    else:
+        plugins = {info.name: info.module for info in registry.plugins}
+        chosen = [
+            e
+            for e in entries
+            if name in (f"{e.kind}:{e.name}", e.provenance.distribution)
+            or (name in plugins and e.provenance.plugin == plugins[name])
+        ]
+        if not chosen:
+            known = sorted({*plugins, *(e.provenance.distribution for e in entries)})
+            raise GptzooError(
+                f"--check {name!r} names no plugin, distribution or component; plugins and distributions: "
+                f"{', '.join(known)}; components: KIND:NAME as `gptzoo list` shows them"
+            )
+    results = run_conformance(registry, chosen)
+    failed = sum(r.status == "failed" for r in results)
+    if args.json:
+        _print_json(out, {"components": len(chosen), "failed": failed, "results": [asdict(r) for r in results]})
+    elif not chosen:
+        out.print("no third-party plugin registered a component; `--check gptzoo` checks the built-ins")
+    else:
+        colour = {"passed": "green", "failed": "red", "skipped": "yellow"}
+        table = Table(title="Conformance", title_justify="left")
+        for header in ("component", "provenance", "check", "status", "detail"):
+            table.add_column(header, overflow="fold")
+        for r in results:
+            table.add_row(
+                _text(f"{r.kind}:{r.name}"),
+                _text(f"{r.distribution} {r.version}"),
+                _text(r.check),
+                f"[{colour[r.status]}]{r.status}[/{colour[r.status]}]",
+                _text(r.detail),
+            )
+        out.print(table)
+        counts = {status: sum(r.status == status for r in results) for status in colour}
+        out.print(", ".join(f"{n} {status}" for status, n in counts.items()))
+    return 1 if failed else 0
 
 
 def cmd_list(args: argparse.Namespace, out: Console, err: Console) -> None:
@@ -691,14 +751,14 @@ def _debug(args: argparse.Namespace) -> None:
         sys.stderr.write(terminal_text(traceback.format_exc(), lines=True))
 
 
-def _run(args: argparse.Namespace, out: Console, err: Console) -> None:
-    """The command; with --json, whatever else writes to sys.stdout meanwhile goes to stderr."""
+def _run(args: argparse.Namespace, out: Console, err: Console) -> int | None:
+    """The command and its exit status (None: 0); with --json, whatever else writes to sys.stdout
+    meanwhile goes to stderr."""
     if not args.json:
-        args.func(args, out, err)
-        return
+        return args.func(args, out, err)
     stdout, sys.stdout = sys.stdout, sys.stderr
     try:
-        args.func(args, out, err)
+        return args.func(args, out, err)
     finally:
         sys.stdout = stdout
 
@@ -780,7 +840,7 @@ def _main(argv: list[str], out: Console, err: Console) -> int:
     code = 0
     try:
         try:
-            _run(args, out, err)
+            code = _run(args, out, err) or 0
         except OSError as exc:
             if exc.filename is None or isinstance(exc, BrokenPipeError):
                 raise

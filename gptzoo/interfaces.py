@@ -9,7 +9,8 @@
 - :class:`Rotary`: what a rotary position encoding hands to attention once per forward pass.
 - :class:`AttentionContext`: everything position-dependent that attention needs, computed once per
   forward pass by the model and shared by all layers.
-- :class:`LayerKVCache` and :class:`KVCache`: preallocated key/value storage for prefill and decode.
+- :class:`LayerKVCache` and :class:`KVCache`: preallocated key/value storage for prefill and decode
+  (each attention allocates its own layer's cache).
 - :class:`Sampler`: base class of the sampler chain's steps, and :class:`SamplerFlag`, the
   command-line flag a step may declare.
 - :class:`TensorMap`: how one of a component's tensors is stored in another checkpoint layout.
@@ -17,7 +18,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -124,6 +125,10 @@ class Position(nn.Module):
 class AttentionContext:
     """Position-dependent inputs of attention, built once per forward pass for all layers.
 
+    ``mask`` and ``is_causal`` describe every key so far (cached + new, in order), as a cache that
+    keeps all of them (:class:`LayerKVCache`) returns them. A layer that keeps only some keys (a
+    sliding window's ring buffer) builds its own mask from ``positions`` and ``attn_bias`` instead.
+
     Attributes:
         start: the absolute position of the first query token (the cache write offset).
         rotary: the q/k rotation for the query positions, or None.
@@ -132,16 +137,30 @@ class AttentionContext:
             ``is_causal`` says everything (or, for one new token after a cache, nothing) needs masking.
         is_causal: True when queries and keys are the same T tokens and only the plain causal mask
             applies (the fast path of scaled_dot_product_attention).
+        positions: where the queries and all keys so far sit, and which keys are real tokens (the
+            last T keys are this pass's own tokens); the model always sets it, None only in a
+            context made by hand.
+        attn_bias: the position encoding's ``attn_bias(q_positions, k_positions)`` -> float32
+            (B or 1, nh, Tq, Tk) or None, for a layer that masks the keys it holds itself; the model
+            always sets it.
     """
 
     start: int
     rotary: Rotary | None
     mask: Tensor | None
     is_causal: bool
+    positions: Positions | None = None
+    attn_bias: Callable[[Tensor, Tensor], Tensor | None] | None = None
 
 
 class LayerKVCache:
-    """Preallocated keys and values of one attention layer, (B, nkv, max_len, hs) each."""
+    """The cache of an attention that keeps every key: keys and values (B, nkv, max_len, hs) each.
+
+    Each attention allocates its own cache (``init_cache``); the model and :class:`KVCache` ask a
+    layer's cache only for ``max_len`` (how many positions it accepts in all) and ``nbytes`` (the
+    memory it holds), so a layer may keep fewer positions (a ring buffer of its window) in a cache
+    of its own class.
+    """
 
     def __init__(
         self,
@@ -180,8 +199,8 @@ class KVCache:
     keys are padding and the next position of each row; otherwise both stay None (the fast path).
     """
 
-    def __init__(self, layers: list[LayerKVCache]) -> None:
-        self.layers = layers
+    def __init__(self, layers: Sequence[LayerKVCache]) -> None:
+        self.layers = list(layers)
         self.length = 0
         self.key_mask: Tensor | None = None
         """(B, max_len) bool: True where a key is a real token."""
@@ -195,6 +214,26 @@ class KVCache:
     @property
     def nbytes(self) -> int:
         return sum(layer.nbytes for layer in self.layers)
+
+    @staticmethod
+    def bytes_needed(attentions: Iterable[Attention], batch_size: int, max_len: int, dtype: torch.dtype) -> int:
+        """The bytes the caches of these attention layers would hold for batch_size sequences of up to
+        max_len tokens, as each layer sizes its own (``kv_bytes``), allocating nothing.
+
+        Raises:
+            GptzooError: a layer's kv_bytes gives anything but a non-negative int.
+        """
+        total = 0
+        for attn in attentions:
+            n = attn.kv_bytes(batch_size, max_len, dtype)
+            if type(n) is not int or n < 0:
+                shown = repr(n) if type(n) in (int, float, bool) else f"an object of type {type(n).__name__}"
+                raise GptzooError(
+                    f"{type(attn).__name__}.kv_bytes({batch_size}, {max_len}, {dtype}) gave {shown}, not a number "
+                    "of bytes; fix the attention plugin (gptzoo.hookspecs, register_attentions)"
+                )
+            total += n
+        return total
 
     def advance(self, n_tokens: int, attention_mask: Tensor | None, device: torch.device) -> Positions:
         """The positions of ``n_tokens`` new tokens after the cached ones; the cache now counts them.

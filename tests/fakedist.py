@@ -130,3 +130,91 @@ class MyRMSNorm(nn.Module):
 def register_norms(register):
     register("rmsnorm", MyRMSNorm, override={override!r})
 '''
+
+
+SLIDING_WINDOW = '''
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gptzoo.flops import linear_flops
+
+
+class RingCache:
+    """Keys and values of the last ``window`` positions only: slot = sequence index % window."""
+
+    def __init__(self, batch, n_kv_head, window, head_dim, max_len, *, device, dtype):
+        self.k = torch.empty(batch, n_kv_head, window, head_dim, device=device, dtype=dtype)
+        self.v = torch.empty_like(self.k)
+        self.max_len = max_len
+
+    @property
+    def nbytes(self):
+        return self.k.nbytes + self.v.nbytes
+
+
+class SlidingWindowAttention(nn.Module):
+    """Causal self-attention over the last ``window`` positions, with a ring-buffer KV cache."""
+
+    examples = [{"window": 3}]
+
+    def __init__(self, d_model, n_head, *, n_kv_head, head_dim, bias, window: int = 16):
+        super().__init__()
+        self.n_head, self.n_kv_head, self.head_dim, self.window = n_head, n_kv_head, head_dim, window
+        self.c_attn = nn.Linear(d_model, (n_head + 2 * n_kv_head) * head_dim, bias=bias)
+        self.c_proj = nn.Linear(n_head * head_dim, d_model, bias=bias)
+
+    @staticmethod
+    def check(d_model, n_head, *, n_kv_head, head_dim, bias, window=16):
+        return [] if window >= 1 else [f"window must be at least 1, got {window}"]
+
+    def forward(self, x, ctx, cache=None):
+        B, T, _ = x.shape
+        nh, nkv, hs, W = self.n_head, self.n_kv_head, self.head_dim, self.window
+        q, k, v = self.c_attn(x).split((nh * hs, nkv * hs, nkv * hs), dim=-1)
+        q = q.view(B, T, nh, hs).transpose(1, 2)
+        k = k.view(B, T, nkv, hs).transpose(1, 2)
+        v = v.view(B, T, nkv, hs).transpose(1, 2)
+        if ctx.rotary is not None:
+            q, k = ctx.rotary.apply(q, k)
+        pos, start = ctx.positions, ctx.start
+        end = start + T
+        first = start
+        if cache is not None:
+            if start:  # the held keys before these: sequence indices max(0, start - W) .. start - 1
+                first = max(0, start - W)
+                slots = torch.arange(first, start, device=x.device) % W
+                k, v = torch.cat([cache.k[:, :, slots], k], dim=2), torch.cat([cache.v[:, :, slots], v], dim=2)
+            keep = min(T, W)
+            slots = torch.arange(end - keep, end, device=x.device) % W
+            cache.k[:, :, slots], cache.v[:, :, slots] = k[:, :, -keep:], v[:, :, -keep:]
+        q_index = torch.arange(start, end, device=x.device)[:, None]
+        k_index = torch.arange(first, end, device=x.device)[None, :]
+        allowed = (k_index <= q_index) & (k_index > q_index - W)
+        if pos.key_mask is not None:
+            allowed = (allowed & pos.key_mask[:, None, first:end]) | (k_index == q_index)
+            allowed = allowed[:, None]
+        mask = torch.zeros(allowed.shape, device=x.device).masked_fill(~allowed, float("-inf"))
+        bias = ctx.attn_bias(pos.queries, pos.keys[:, first:end])
+        if bias is not None:
+            mask = mask + bias
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype), enable_gqa=nkv != nh)
+        return self.c_proj(y.transpose(1, 2).reshape(B, T, nh * hs))
+
+    def init_cache(self, batch_size, max_len, *, device=None, dtype=None):
+        window = min(self.window, max_len)
+        return RingCache(batch_size, self.n_kv_head, window, self.head_dim, max_len, device=device, dtype=dtype)
+
+    def kv_bytes(self, batch_size, max_len, dtype):
+        return 2 * batch_size * self.n_kv_head * min(self.window, max_len) * self.head_dim * dtype.itemsize
+
+    def flops(self, batch, seq_len):
+        scores = 2 * 2 * batch * self.n_head * seq_len * seq_len * self.head_dim
+        return {"attention projections": linear_flops(batch * seq_len, self.c_attn, self.c_proj), "scores": scores}
+
+
+@gptzoo.hookimpl
+def register_attentions(register):
+    register("sliding_window", SlidingWindowAttention)
+'''
+"""A good plugin: attention ``sliding_window``, a ring-buffer cache of its window."""

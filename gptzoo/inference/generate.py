@@ -24,6 +24,7 @@ from torch import Tensor
 from gptzoo.errors import GptzooError
 from gptzoo.inference.matvec import blas_decoding
 from gptzoo.inference.sampling import SamplerChain, chain_spec, prompts_of
+from gptzoo.interfaces import KVCache
 from gptzoo.memory import available_bytes, format_bytes
 from gptzoo.model.gpt import GPT
 from gptzoo.recipe import GenerateSpec
@@ -155,7 +156,7 @@ def fit_new_tokens(
 
 def check_cache_memory(model: GPT, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> None:
     """The KV cache of the prompts and ``max_new_tokens`` new tokens fits in the free memory of the
-    model's device, as its attentions size it (on the meta device, allocating nothing); unchecked
+    model's device, as its attentions size it (their ``kv_bytes``, allocating nothing); unchecked
     where the free memory cannot be known. A model without a position limit (RoPE) takes any length.
 
     Raises:
@@ -166,7 +167,8 @@ def check_cache_memory(model: GPT, prompts: Sequence[Sequence[int]], max_new_tok
     if free is None:
         return
     longest = max(len(p) for p in prompts)
-    need = model.init_cache(len(prompts), longest + max_new_tokens, device="meta").nbytes
+    dtype = model.wte.weight.dtype
+    need = KVCache.bytes_needed((block.attn for block in model.blocks), len(prompts), longest + max_new_tokens, dtype)
     if need > free:
         rows = (
             f"{len(prompts)} prompts of up to {longest} tokens" if len(prompts) > 1 else f"a prompt of {longest} tokens"

@@ -136,15 +136,17 @@ class GPT(nn.Module):
         return self.lm_head(self.ln_f(x))
 
     def attention_context(self, pos: Positions, dtype: torch.dtype) -> AttentionContext:
-        """Rotary tables and masks for these queries, computed once for all layers."""
+        """Rotary tables and masks for these queries, computed once for all layers; the context also
+        carries the positions and the position bias, for a layer that keeps only some keys."""
         start, T = pos.start, pos.queries.shape[1]
         device = pos.queries.device
         rotary = self.position.rotary(pos.queries)
         bias = self.position.attn_bias(pos.queries, pos.keys)
+        shared = {"positions": pos, "attn_bias": self.position.attn_bias}
         if bias is None and pos.key_mask is None and start == 0:
-            return AttentionContext(start, rotary, None, is_causal=True)
+            return AttentionContext(start, rotary, None, is_causal=True, **shared)
         if bias is None and pos.key_mask is None and T == 1:  # one new token sees every cached key
-            return AttentionContext(start, rotary, None, is_causal=False)
+            return AttentionContext(start, rotary, None, is_causal=False, **shared)
         q_index = torch.arange(start, start + T, device=device)[:, None]
         k_index = torch.arange(0, start + T, device=device)[None, :]
         allowed = k_index <= q_index  # (T, S): causal
@@ -155,7 +157,7 @@ class GPT(nn.Module):
         mask = torch.zeros(allowed.shape, device=device).masked_fill(~allowed, float("-inf"))
         if bias is not None:
             mask = mask + bias  # (B or 1, nh, T, S)
-        return AttentionContext(start, rotary, mask.to(dtype), is_causal=False)
+        return AttentionContext(start, rotary, mask.to(dtype), is_causal=False, **shared)
 
     def load_weights(self, state: dict[str, Tensor], *, source: str) -> None:
         """Adopt these tensors as the weights (no copy), keep a tied head tied, and insist that

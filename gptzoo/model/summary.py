@@ -15,6 +15,7 @@ from rich.table import Table
 
 from gptzoo.errors import GptzooError, terminal_text
 from gptzoo.flops import FLOPS_CONVENTION, TRAIN_FORWARD_RATIO, forward_flops
+from gptzoo.interfaces import KVCache
 from gptzoo.memory import format_bytes
 from gptzoo.model.gpt import GPT
 from gptzoo.recipe import Recipe
@@ -114,11 +115,17 @@ def summarize(
         },
         "memory": {
             "weights_bytes": {name: params["total"] * dt.itemsize for name, dt in DTYPES.items()},
-            "kv_cache_bytes_per_token": {
-                name: model.init_cache(1, 1, device="meta", dtype=dt).nbytes for name, dt in DTYPES.items()
-            },
+            "kv_cache_bytes_per_token": {name: kv_bytes_per_token(model, seq_len, dt) for name, dt in DTYPES.items()},
         },
     }
+
+
+def kv_bytes_per_token(model: GPT, seq_len: int, dtype: torch.dtype) -> int:
+    """The KV cache's bytes per token of one sequence of seq_len tokens, as the attentions size their
+    caches (``kv_bytes``): exact for layers that keep every key, an average over seq_len for one that
+    keeps a window (rounded up)."""
+    total = KVCache.bytes_needed((block.attn for block in model.blocks), 1, seq_len, dtype)
+    return -(-total // seq_len)
 
 
 def _si(n: float, unit: str = "") -> str:
@@ -181,5 +188,8 @@ def render_summary(s: dict[str, Any], console: Console) -> None:
     for name in DTYPES:
         table.add_column(name, justify="right")
     table.add_row("weights", *(format_bytes(mem["weights_bytes"][n]) for n in DTYPES))
-    table.add_row("KV cache per token", *(format_bytes(mem["kv_cache_bytes_per_token"][n]) for n in DTYPES))
+    table.add_row(
+        f"KV cache per token (at {s['flops']['seq_len']} tokens)",
+        *(format_bytes(mem["kv_cache_bytes_per_token"][n]) for n in DTYPES),
+    )
     console.print(table)

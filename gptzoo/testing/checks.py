@@ -1,0 +1,518 @@
+"""The conformance checks, one function per property, and which of them a component gets
+(:func:`plan`). Each check raises :class:`Failed` with a line the plugin author can act on, or
+:class:`Skipped`; returning means it passed (a returned str says what it covered)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from gptzoo import factories
+from gptzoo.hf import FAMILIES
+from gptzoo.inference.sampling import SamplerChain
+from gptzoo.interfaces import TensorMap
+from gptzoo.registry import Entry, Registry, show_plain
+from gptzoo.testing import harness
+from gptzoo.testing.harness import BATCH, CONTEXT, PAIR_SIZE, PLAIN, SEQ, SIZES, VOCAB, Size
+from gptzoo.testing.results import Failed, Skipped
+
+aten = torch.ops.aten
+ATOL = 1e-4
+"""How far float32 logits of two computations that should agree may differ (cache vs recomputation)."""
+CAUSAL_ATOL = 1e-6
+"""How far the logits of a position may move when a later token changes (float32 rounding only)."""
+
+
+@dataclass
+class Subject:
+    """One component under test with one parameter set, and the test models built for it so far."""
+
+    registry: Registry
+    entry: Entry
+    params: dict[str, Any]
+    models: dict[tuple[Any, ...], Any] = field(default_factory=dict)
+
+    @property
+    def kind(self) -> str:
+        return self.entry.kind
+
+    def model(self, size: Size, partner: Entry | None = None, *, seed: int = 0) -> Any:
+        """The test model at ``size`` with this component (and a partner with its defaults)."""
+        key = (size, partner.name if partner else None, seed)
+        if key not in self.models:
+            choices = {self.kind: (self.entry, self.params)}
+            if partner is not None:
+                choices[partner.kind] = (partner, {})
+            self.models[key] = harness.build_test_model(self.registry, size, choices, seed=seed)
+        return self.models[key]
+
+    def standalone(self, *, seed: int = 0) -> Any:
+        key = ("standalone", seed)
+        if key not in self.models:
+            self.models[key] = harness.build_standalone(self.entry, self.params, seed=seed)
+        return self.models[key]
+
+    def module(self, size: Size = PLAIN, *, seed: int = 0) -> tuple[Any, nn.Module]:
+        """(the test model or None, the component in it)."""
+        if self.kind == "activation":
+            return None, self.standalone(seed=seed)
+        model = self.model(size, seed=seed)
+        return model, harness.component_of(model, self.kind)
+
+
+def generator(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def forward(subject: Subject, model: Any, module: nn.Module, x: Tensor) -> Tensor:
+    if model is None:
+        return module(x)
+    return harness.run_in_model(model, subject.kind, module, x)
+
+
+# --- every module kind -------------------------------------------------------------------------------
+
+
+def check_build(subject: Subject, size: Size = PLAIN) -> None:
+    """It builds in the test model at this size (standalone: an activation, a sampler) and holds to its
+    contract."""
+    if subject.kind in ("activation", "sampler"):
+        subject.standalone()
+    else:
+        subject.model(size)
+
+
+def check_forward(subject: Subject, size: Size) -> None:
+    """float32 and bfloat16 forwards keep the shape and dtype and produce no NaN."""
+    model, module = subject.module(size)
+    x = harness.model_input(subject.kind, size.n_embd, generator())
+    expected = (BATCH, SEQ, VOCAB) if subject.kind == "position" else tuple(x.shape)
+    for dtype in (torch.float32, torch.bfloat16):
+        if dtype == torch.bfloat16:
+            if model is None:
+                module = harness.in_bfloat16(module)
+            else:
+                model = harness.in_bfloat16(model)
+                module = harness.component_of(model, subject.kind)
+            x = x if subject.kind == "position" else x.to(dtype)
+        with torch.no_grad():
+            y = forward(subject, model, module, x)
+        name = str(dtype).removeprefix("torch.")
+        if tuple(y.shape) != expected:
+            raise Failed(f"its {name} forward gave shape {tuple(y.shape)}, expected {expected}")
+        if y.dtype != dtype:
+            raise Failed(f"its {name} forward gave {y.dtype} for {name} input; keep the input's dtype")
+        if torch.isnan(y).any():
+            raise Failed(f"its {name} forward produced NaN")
+
+
+def check_safetensors(subject: Subject) -> str | None:
+    """Its state dict, saved with safetensors and loaded into a freshly built copy (another seed, every
+    parameter shifted), gives the same outputs."""
+    model, module = subject.module()
+    state = {k: v.contiguous() for k, v in module.state_dict().items()}
+    if not state:
+        return "it has no state to save"
+    x = harness.model_input(subject.kind, PLAIN.n_embd, generator())
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "component.safetensors"
+        try:
+            save_file(state, str(path))
+        except Exception as exc:  # safetensors refuses shared or non-contiguous tensors
+            raise Failed(f"its state dict cannot be saved with safetensors: {harness.one_line(str(exc))}") from None
+        fresh_model, fresh = subject.module(seed=1)
+        if fresh_model is not None:
+            fresh_model.load_state_dict(model.state_dict())  # the rest of the model as the original's
+        with torch.no_grad():
+            for p in fresh.parameters():
+                p.add_(1.0)
+        try:
+            fresh.load_state_dict(load_file(str(path)))
+        except RuntimeError as exc:
+            raise Failed(f"its state dict does not load into a fresh copy: {harness.one_line(str(exc))}") from None
+    with torch.no_grad():
+        expected, got = forward(subject, model, module, x), forward(subject, fresh_model, fresh, x)
+    subject.models.pop((PLAIN, None, 1), None)
+    subject.models.pop(("standalone", 1), None)
+    if not torch.equal(expected, got):
+        raise Failed(
+            "a fresh copy loaded from its saved state dict gives other outputs: state its output depends on is "
+            "not in the state dict (register such a buffer persistent, or compute it from the parameters)"
+        )
+    return None
+
+
+def check_hf_weights(subject: Subject) -> str | None:
+    """For every Hugging Face family it maps, the maps cover its state dict exactly and export then
+    import gives every tensor back; hf_config gives None or a dict of JSON values."""
+    _, module = subject.module()
+    hf_weights = getattr(module, "hf_weights", None)
+    hf_config = getattr(module, "hf_config", None)
+    state = module.state_dict()
+    mapped = []
+    for family in (f.name for f in FAMILIES.values()):
+        if hf_config is not None:
+            config = hf_config(family)
+            if config is not None and not (isinstance(config, dict) and all(isinstance(k, str) for k in config)):
+                raise Failed(f"hf_config({family!r}) gave {show_plain(config)}, not None or a dict of config fields")
+            try:
+                json.dumps(config)
+            except (TypeError, ValueError):
+                raise Failed(f"hf_config({family!r}) holds a value that is not JSON (config.json is JSON)") from None
+        if hf_weights is None:
+            continue
+        maps = hf_weights(family)
+        if maps is None:
+            continue
+        if not isinstance(maps, list) or not all(isinstance(m, TensorMap) for m in maps):
+            raise Failed(f"hf_weights({family!r}) gave {show_plain(maps)}, not None or a list of TensorMap")
+        ours = [m.ours for m in maps]
+        missing, extra = sorted(set(state) - set(ours)), sorted(set(ours) - set(state))
+        if missing:
+            raise Failed(f"hf_weights({family!r}) leaves {', '.join(missing)} of its state dict unmapped")
+        if extra:
+            raise Failed(f"hf_weights({family!r}) maps {', '.join(extra)}, which its state dict lacks")
+        twice = sorted({name for name in ours if ours.count(name) > 1})
+        if twice:
+            raise Failed(f"hf_weights({family!r}) maps {', '.join(twice)} more than once")
+        for m in maps:
+            if not torch.equal(m.load(m.save(state[m.ours])), state[m.ours]):
+                raise Failed(f"hf_weights({family!r}): {m.ours} does not come back from export then import")
+        mapped.append(family)
+    return f"maps {', '.join(mapped)}" if mapped else "no Hugging Face family maps it"
+
+
+# --- mlps and attentions ----------------------------------------------------------------------------------
+
+
+def sdpa_cpu_flops(query: tuple[int, ...], key: tuple[int, ...], value: tuple[int, ...], *args, **kwargs) -> int:
+    """FlopCounterMode's count of the CPU scaled_dot_product_attention kernel, which it does not know
+    (it counts nothing for it): as it counts the CUDA kernels, Q K^T and att @ V over the query heads,
+    the full square."""
+    b, h, s_q, d = query
+    s_k, d_v = key[2], value[3]
+    return 2 * b * h * s_q * s_k * d + 2 * b * h * s_q * s_k * d_v
+
+
+def counted_flops(run: Callable[[], Any]) -> int:
+    with (
+        torch.no_grad(),
+        FlopCounterMode(
+            display=False, custom_mapping={aten._scaled_dot_product_flash_attention_for_cpu: sdpa_cpu_flops}
+        ) as counter,
+    ):
+        run()
+    return counter.get_total_flops()
+
+
+def check_flops(subject: Subject) -> str:
+    """flops(batch, seq_len) equals what FlopCounterMode counts over a cache-less forward."""
+    model, module = subject.module()
+    declared = module.flops(BATCH, SEQ)
+    if not (isinstance(declared, dict) and all(isinstance(k, str) for k in declared)):
+        raise Failed(f"flops({BATCH}, {SEQ}) gave {show_plain(declared)}, not a dict of part name -> FLOPs")
+    bad = [k for k, v in declared.items() if type(v) is not int or v < 0]
+    if bad:
+        raise Failed(f"flops({BATCH}, {SEQ})[{bad[0]!r}] is {show_plain(declared[bad[0]])}, not an int >= 0")
+    x = harness.model_input(subject.kind, PLAIN.n_embd, generator())
+    counted = counted_flops(lambda: forward(subject, model, module, x))
+    total = sum(declared.values())
+    if total != counted:
+        raise Failed(
+            f"flops({BATCH}, {SEQ}) declares {total} FLOPs ({declared}), FlopCounterMode counts {counted} for a "
+            "cache-less forward over those tokens; count executed matmul FLOPs, 1 multiply-add = 2, attention scores "
+            "over the full T x T square"
+        )
+    return f"{total} FLOPs"
+
+
+# --- attentions ------------------------------------------------------------------------------------------
+
+
+def check_kv_bytes(subject: Subject) -> None:
+    """kv_bytes(batch, max_len, dtype) is the nbytes of the cache init_cache allocates, whose max_len
+    is the one asked for."""
+    _, attn = subject.module(PAIR_SIZE)
+    max_len = decode_length(subject)
+    for dtype in (torch.float32, torch.bfloat16):
+        cache = attn.init_cache(BATCH, max_len, device="cpu", dtype=dtype)
+        said, held = attn.kv_bytes(BATCH, max_len, dtype), cache.nbytes
+        if said != held:
+            raise Failed(
+                f"kv_bytes({BATCH}, {max_len}, {dtype}) says {show_plain(said)} bytes, the cache init_cache "
+                f"allocates holds {show_plain(held)} (its nbytes)"
+            )
+        if cache.max_len != max_len:
+            raise Failed(
+                f"init_cache({BATCH}, {max_len}) gave a cache whose max_len is {show_plain(cache.max_len)}; max_len "
+                "is how many positions it accepts in all"
+            )
+
+
+# --- attention x position pairings ------------------------------------------------------------------
+
+
+def small_ints(params: Mapping[str, Any]) -> list[int]:
+    return [v for v in params.values() if type(v) is int and 0 < v < CONTEXT]
+
+
+def decode_length(subject: Subject) -> int:
+    """How long the cache checks' sequences are: past twice the largest small int parameter (a window;
+    given, or the factory's default), within the context."""
+    sig = factories.signature(subject.entry)
+    defaults = {} if sig is None else {n: p.default for n, p in sig.parameters.items() if p.default is not p.empty}
+    largest = max(small_ints({**defaults, **subject.params}), default=0)
+    return min(CONTEXT, max(12, PREFILL + 2 * largest + 2))
+
+
+PREFILL = 3
+
+
+def pair_model(subject: Subject, partner: Entry) -> Any:
+    """The test model with the component and its partner; a partner that is broken itself (its own
+    checks say so) skips the check."""
+    try:
+        return subject.model(PAIR_SIZE, partner)
+    except Failed as exc:
+        if _builds_alone(subject.registry, partner):
+            raise
+        raise Skipped(f"{partner.kind} {partner.name!r} does not build at size {PAIR_SIZE.label} ({exc})") from None
+
+
+def _builds_alone(registry: Registry, entry: Entry) -> bool:
+    try:
+        harness.build_test_model(registry, PAIR_SIZE, {entry.kind: (entry, {})}, seed=0)
+    except (Failed, Skipped):
+        return False
+    return True
+
+
+def tokens(length: int, batch: int = BATCH, seed: int = 0) -> Tensor:
+    return torch.randint(0, VOCAB, (batch, length), generator=generator(seed))
+
+
+def check_causality(subject: Subject, partner: Entry) -> str:
+    """Changing token t+1 never changes the logits at positions <= t (beyond float32 rounding: no later
+    token may matter at all, however little)."""
+    model = pair_model(subject, partner)
+    length = decode_length(subject)
+    base = tokens(length, batch=1)
+    changed = base.repeat(length, 1)  # row 0 is the original, row i changes token i
+    rows = torch.arange(1, length)
+    changed[rows, rows] = (changed[rows, rows] + 1) % VOCAB
+    with torch.no_grad():
+        logits = model(changed)
+    for i in range(1, length):
+        diff = (logits[i, :i] - logits[0, :i]).abs().amax(dim=-1)
+        if (diff > CAUSAL_ATOL).any():
+            t = int((diff > CAUSAL_ATOL).nonzero()[0])
+            raise Failed(
+                f"changing token {i} changed the logits at position {t}: a query sees a later key; mask "
+                "every key after the query"
+            )
+    return f"{length} tokens"
+
+
+def _first_difference(expected: Tensor, got: Tensor, real: Tensor | None = None) -> tuple[int, int] | None:
+    """(row, position) of the first logits (B, T, V) that differ by more than ATOL (at real tokens)."""
+    diff = (expected - got).abs().amax(dim=-1)  # (B, T)
+    if real is not None:
+        diff = diff * real
+    bad = (diff > ATOL).nonzero()
+    if not len(bad):
+        return None
+    row, t = (int(v) for v in bad[bad[:, 1].argmin()])
+    return row, t
+
+
+def _decode(model: Any, idx: Tensor, prefill: int, mask: Tensor | None = None) -> Tensor:
+    cache = model.init_cache(idx.shape[0], idx.shape[1])
+    steps = [model(idx[:, :prefill], cache, attention_mask=None if mask is None else mask[:, :prefill])]
+    steps += [model(idx[:, t : t + 1], cache) for t in range(prefill, idx.shape[1])]
+    return torch.cat(steps, dim=1)
+
+
+def check_cache(subject: Subject, partner: Entry) -> str:
+    """A prefill then one-token decode steps with the KV cache give the logits of one forward without it."""
+    model = pair_model(subject, partner)
+    length = decode_length(subject)
+    idx = tokens(length)
+    with torch.no_grad():
+        expected, got = model(idx), _decode(model, idx, PREFILL)
+    found = _first_difference(expected, got)
+    if found:
+        raise Failed(
+            f"decoding with the KV cache differs from recomputing without it at position {found[1]} (a prefill of "
+            f"{PREFILL} tokens, then one token at a time to {length})"
+        )
+    return f"decoded {length - PREFILL} tokens after a prefill of {PREFILL}"
+
+
+PAD = 3
+"""How many padding tokens the first row of the padded cache check has on the left."""
+
+
+def check_cache_padded(subject: Subject, partner: Entry) -> str:
+    """As check_cache, for a left-padded batch (attention_mask) whose first row starts later."""
+    model = pair_model(subject, partner)
+    length = decode_length(subject)
+    idx = tokens(length)
+    mask = torch.ones_like(idx)
+    mask[0, :PAD] = 0
+    with torch.no_grad():
+        expected, got = model(idx, attention_mask=mask), _decode(model, idx, PREFILL + PAD, mask)
+    found = _first_difference(expected, got, mask)
+    if found:
+        raise Failed(
+            f"with left padding ({PAD} tokens before row 1), decoding with the KV cache differs from recomputing "
+            f"without it in row {found[0] + 1} at position {found[1]}"
+        )
+    return f"decoded {length - PREFILL - PAD} tokens after a padded prefill"
+
+
+# --- samplers --------------------------------------------------------------------------------------------
+
+FORBIDDEN = ((0, 0), (0, 5), (1, 3))
+"""(row, token) pairs the sampler checks set to -inf."""
+
+
+def sampler_logits() -> Tensor:
+    logits = torch.randn(BATCH, VOCAB, generator=generator())
+    for row, token in FORBIDDEN:
+        logits[row, token] = float("-inf")
+    return logits
+
+
+def check_sampler(subject: Subject) -> None:
+    """logits (B, V) -> (B, V): -inf stays -inf, at least one finite token per row, no NaN; a picking
+    step's pick gives (B,) long."""
+    step = subject.standalone()
+    logits = sampler_logits()
+    ids = tokens(3)
+    out = step(logits.clone(), ids)
+    if not isinstance(out, Tensor) or tuple(out.shape) != (BATCH, VOCAB):
+        shape = tuple(out.shape) if isinstance(out, Tensor) else show_plain(out)
+        raise Failed(f"it turned logits of shape {(BATCH, VOCAB)} into {shape}; return logits of the same shape")
+    for row, token in FORBIDDEN:
+        if not out[row, token].isneginf():
+            raise Failed(f"it turned the -inf logit of token {token} in row {row + 1} into {float(out[row, token])}")
+    if out.isnan().any():
+        raise Failed("it produced NaN logits")
+    if not out.isfinite().any(dim=-1).all():
+        raise Failed("it left a row without any finite logit; keep at least one token possible")
+    if step.picks:
+        picked = step.pick(out, generator())
+        if not isinstance(picked, Tensor) or tuple(picked.shape) != (BATCH,) or picked.dtype != torch.long:
+            what = f"{tuple(picked.shape)} {picked.dtype}" if isinstance(picked, Tensor) else show_plain(picked)
+            raise Failed(f"pick gave {what}, not a (B,) = ({BATCH},) long tensor of token ids")
+
+
+def check_seeded(subject: Subject) -> None:
+    """Two runs of a chain of this step with the same torch.Generator seed pick the same tokens."""
+    chain = SamplerChain([subject.standalone()])
+    logits, ids = sampler_logits(), tokens(3)
+    runs = []
+    for global_seed in (1, 2):  # another global seed each time: a step must draw from the generator
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(global_seed)
+            gen = generator(1234)
+            runs.append(torch.stack([chain(logits.clone(), ids, gen) for _ in range(8)]))
+    if not torch.equal(*runs):
+        raise Failed(
+            "two runs with the same torch.Generator seed picked different tokens: draw random numbers only from "
+            "the generator the chain passes to pick"
+        )
+
+
+# --- which checks a component gets -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One check of one component: its name (with variant) and what runs it."""
+
+    entry: Entry
+    check: str
+    run: Callable[[], str | None]
+
+
+def variant(name: str, *parts: str) -> str:
+    parts = tuple(p for p in parts if p)
+    return f"{name}[{','.join(parts)}]" if parts else name
+
+
+def examples_of(entry: Entry) -> tuple[list[dict[str, Any]], str | None]:
+    """The factory's valid ``examples`` and the problem with them (None when they are fine)."""
+    try:
+        examples = getattr(entry.factory, "examples", None)
+    except Exception as exc:
+        return [], f"reading examples raised {harness.one_line(repr(exc))}"
+    if examples is None:
+        return [], None
+    if not isinstance(examples, list):
+        return [], f"examples is {show_plain(examples)}, not a list of dicts of parameters"
+    for i, example in enumerate(examples):
+        if not isinstance(example, dict) or not all(isinstance(k, str) for k in example):
+            return [], f"examples[{i}] is {show_plain(example)}, not a dict of parameter name -> value"
+    return [dict(e) for e in examples], None
+
+
+def plan(registry: Registry, entry: Entry) -> list[Planned]:
+    """Every check of one component, in order."""
+    examples, problem = examples_of(entry)
+    planned = [Planned(entry, "examples", functools.partial(_examples_result, problem, len(examples)))]
+    for params in ({}, *examples):
+        planned.extend(_checks(Subject(registry, entry, params)))
+    return planned
+
+
+def _examples_result(problem: str | None, count: int) -> str:
+    if problem:
+        raise Failed(problem)
+    return f"{count} example parameter set{'s' if count != 1 else ''}"
+
+
+def _checks(subject: Subject) -> Iterator[Planned]:
+    kind, tag = subject.kind, harness.label(subject.params)
+
+    def add(name: str, fn: Callable[..., str | None], *args: Any) -> Planned:
+        return Planned(subject.entry, variant(name, *args_labels(args), tag), functools.partial(fn, subject, *args))
+
+    if kind == "sampler":
+        yield add("build", check_build)
+        yield add("sampler", check_sampler)
+        yield add("seeded", check_seeded)
+        return
+    if kind == "activation":  # no size of its own
+        yield add("build", check_build)
+        yield add("forward", check_forward, PLAIN)
+    else:
+        for size in SIZES:
+            yield add("build", check_build, size)
+            yield add("forward", check_forward, size)
+    yield add("safetensors", check_safetensors)
+    yield add("hf_weights", check_hf_weights)
+    if kind in ("mlp", "attention"):
+        yield add("flops", check_flops)
+    if kind == "attention":
+        yield add("kv_bytes", check_kv_bytes)
+    partner_kind = {"attention": "position", "position": "attention"}.get(kind)
+    if partner_kind is None:
+        return
+    for partner in subject.registry.entries(partner_kind):
+        for name, fn in (("causality", check_causality), ("cache", check_cache), ("cache-padded", check_cache_padded)):
+            yield add(name, fn, partner)
+
+
+def args_labels(args: tuple[Any, ...]) -> list[str]:
+    return [a.label if isinstance(a, Size) else a.name if isinstance(a, Entry) else str(a) for a in args]
