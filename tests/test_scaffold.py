@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 from cli_run import run_error
 from fakeproject import install_project
-from gptzoo.testing import run_conformance
 
 import gptzoo
 from gptzoo.cli import main
 from gptzoo.hookspecs import CONTRACTS, KINDS
 from gptzoo.scaffold import PLUGIN_NAME, new_plugin
 from gptzoo.scaffold_templates import TEMPLATES
+from gptzoo.testing import run_conformance
 
 REPO = Path(gptzoo.__file__).resolve().parents[1]
 
