@@ -61,6 +61,7 @@ def check_name(name: str) -> None:
 
 
 def check_kind(kind: str) -> None:
+    """Refuse a kind that gptzoo.hookspecs.CONTRACTS does not have."""
     if kind not in CONTRACTS:
         raise GptzooError(f"unknown component kind {kind!r}{did_you_mean(kind, list(KINDS))}")
 
