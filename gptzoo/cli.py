@@ -42,6 +42,7 @@ from gptzoo.plugin_manager import canonical_name, gptzoo_version
 from gptzoo.recipe import load_recipe, read_recipe_data, shipped_recipes
 from gptzoo.recipe.schema import MAX_DIM
 from gptzoo.registry import Registry, get_registry, split_name
+from gptzoo.scaffold import new_plugin
 from gptzoo.testing import run_conformance
 from gptzoo.training.data import CORPORA, DEFAULT_VAL_FRACTION, NAMED_TOKENIZERS, prepare
 from gptzoo.training.display import TrainDisplay
@@ -386,6 +387,16 @@ def make_parser(registry: Registry | None = None) -> argparse.ArgumentParser:
 
     p = sub.add_parser("recipes", parents=[common], help="list shipped recipes")
     p.set_defaults(func=cmd_recipes)
+
+    p = sub.add_parser(
+        "new-plugin", parents=[common], help="write a new plugin package: a component, its tests, pyproject.toml"
+    )
+    p.add_argument(
+        "name", help="the component's name, e.g. sliding_window (its module: gptzoo_NAME, distribution: gptzoo-NAME)"
+    )
+    p.add_argument("--kind", required=True, choices=KINDS, help="the kind of component")
+    p.add_argument("--out", metavar="DIR", help="a new directory for the package (default: gptzoo-NAME)")
+    p.set_defaults(func=cmd_new_plugin)
     return parser
 
 
@@ -828,6 +839,15 @@ def cmd_recipes(args: argparse.Namespace, out: Console, err: Console) -> None:
             "description": lambda r: _text(r["description"]),
         },
     )
+
+
+def cmd_new_plugin(args: argparse.Namespace, out: Console, err: Console) -> None:
+    scaffold = new_plugin(args.name, args.kind, args.out, registry=_registry(err))
+    if args.json:
+        _print_json(out, {**asdict(scaffold), "directory": str(scaffold.directory), "next": scaffold.next_steps})
+        return
+    out.print(f"wrote {_text(scaffold.directory)}: {_text(', '.join(scaffold.files))}")
+    out.print(f"next: {_text(scaffold.next_steps)}")
 
 
 def _first_process(args: argparse.Namespace) -> bool:
