@@ -75,8 +75,10 @@ def test_generate_checkpoint_applies_and_checks_overrides(ck: Path, capsys: pyte
     assert run_json(capsys, *base, "--set", "model.attention=eager")["tokens"] == plain["tokens"]
     more = run_json(capsys, "generate", "--checkpoint", str(ck), "--prompt", "Hi", "--set", "generate.max_new_tokens=5")
     assert len(more["tokens"][0]) == 5
+    available = ", ".join(gptzoo.get_registry().names("attention"))
     assert run_error(capsys, *base, "--set", "model.attention=nonexistent") == (
-        f"error: {ck / 'recipe.toml'}: [model] attention: unknown attention 'nonexistent' (available: causal, eager)"
+        f"error: --set model.attention=nonexistent: [model] attention: unknown attention 'nonexistent' "
+        f"(available: {available})"
     )
     assert run_error(capsys, *base, "--set", "model.n_layer=3") == (
         f"error: --set model.n_layer=3 does not fit the checkpoint {ck}: "
