@@ -186,7 +186,8 @@ def check_contract(entry: Entry, built: object) -> None:
         if problem:
             raise PluginError(f"{what} whose {problem}; {fix(entry)}")
         with running(entry, "built a module whose state dict cannot be read"):
-            problem = state_problem(built.state_dict(keep_vars=True))
+            state = built.state_dict(keep_vars=True)
+            problem = state_problem(state) or transient_problem(built.named_buffers(), state)
         if problem:
             raise PluginError(f"{what} whose {problem}; {fix(entry)}")
 
@@ -227,11 +228,24 @@ def state_problem(state: Mapping[str, Any]) -> str | None:
                 which, remedy = "parameter", "create it in the default dtype"
             else:
                 which = "persistent buffer"
-                remedy = "register it with register_buffer(..., persistent=False), or create it in the default dtype"
+                remedy = "create it in the default dtype, or compute it in forward instead of storing it"
             dtype = dtype_name(tensor.dtype)
             return (
                 f"{which} {key!r} holds {dtype} values ({kind}), and a checkpoint's weights are "
                 f"{WEIGHT_DTYPES_TEXT}: {remedy}"
+            )
+    return None
+
+
+def transient_problem(buffers: Iterator[tuple[str, torch.Tensor]], state: Mapping[str, Any]) -> str | None:
+    """Why a buffer outside the state dict (``persistent=False``) cannot work, or None: a checkpoint
+    is loaded into a model built on the meta device, and only the state dict gets real values."""
+    for key, _ in buffers:
+        if key not in state:
+            return (
+                f"buffer {key!r} is registered with persistent=False, which no checkpoint restores (gptzoo loads "
+                "weights into a model built on the meta device): compute it in forward from the constructor's "
+                "arguments (as gptzoo's rope does), or make it a persistent float buffer"
             )
     return None
 

@@ -30,7 +30,9 @@ object is the Protocol (or base class) named by ``interface`` in gptzoo.interfac
 annotates with a class (or a union of classes) must be an instance of one, a member it defines as
 a method must be callable (gptzoo.factories.check_contract). Every parameter and persistent buffer
 of a built module is float32, bfloat16 or float16 (or torch's default dtype), as a checkpoint's
-weights are: a buffer of integers, booleans or float64 is registered with ``persistent=False``.
+weights are. A buffer registered with ``persistent=False`` is refused: a checkpoint is loaded into a
+model built on the meta device, where nothing outside the state dict gets a value; a table derived
+from the constructor's arguments (rotary frequencies, integer counters) is computed in forward.
 
 On the factory, for every kind (optional):
 

@@ -128,8 +128,11 @@ def test_load_checkpoint_errors(tmp_path: Path) -> None:
 
 def test_list_and_recipes(capsys: pytest.CaptureFixture[str]) -> None:
     rows = run_json(capsys, "list", "position")
-    assert [r["name"] for r in rows] == ["alibi", "learned", "none", "rope", "sinusoidal"]
-    assert all(r["kind"] == "position" and r["doc"] and r["distribution"] == "gptzoo" for r in rows)
+    assert [r["name"] for r in rows] == gptzoo.get_registry().names("position")
+    assert all(r["kind"] == "position" and r["doc"] for r in rows)
+    assert {r["name"] for r in rows if r["distribution"] == "gptzoo"} == set(
+        gptzoo.get_registry(third_party=False).names("position")
+    )
     assert {r["kind"] for r in run_json(capsys, "list")} >= {
         "norm",
         "activation",

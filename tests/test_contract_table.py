@@ -462,11 +462,15 @@ TYPED_CASES = {
         )
     },
     "model.norm=intbuf": f"norm 'intbuf' {TYPED_FROM} built an IntBuffer whose persistent buffer 'calls' holds int64 "
-    "values (not floating point), and a checkpoint's weights are float32, bfloat16 or float16: register it with "
-    f"register_buffer(..., persistent=False), or create it in the default dtype; {TYPED_FIX} norm",
+    "values (not floating point), and a checkpoint's weights are float32, bfloat16 or float16: create it in the "
+    f"default dtype, or compute it in forward instead of storing it; {TYPED_FIX} norm",
     "model.norm=f64buf": f"norm 'f64buf' {TYPED_FROM} built a F64Buffer whose persistent buffer 'scale' holds float64 "
-    "values (floating point), and a checkpoint's weights are float32, bfloat16 or float16: register it with "
-    f"register_buffer(..., persistent=False), or create it in the default dtype; {TYPED_FIX} norm",
+    "values (floating point), and a checkpoint's weights are float32, bfloat16 or float16: create it in the "
+    f"default dtype, or compute it in forward instead of storing it; {TYPED_FIX} norm",
+    'model.norm={ name = "intbuf", persistent = false }': f"norm 'intbuf' {TYPED_FROM} built an IntBuffer whose "
+    "buffer 'calls' is registered with persistent=False, which no checkpoint restores (gptzoo loads weights into a "
+    "model built on the meta device): compute it in forward from the constructor's arguments (as gptzoo's rope "
+    f"does), or make it a persistent float buffer; {TYPED_FIX} norm",
     "model.norm=intparam": f"norm 'intparam' {TYPED_FROM} built an IntParameter whose parameter 'inner.steps' holds "
     "bool values (not floating point), and a checkpoint's weights are float32, bfloat16 or float16: create it in the "
     f"default dtype; {TYPED_FIX} norm",
@@ -494,12 +498,9 @@ def test_a_member_of_the_wrong_type_or_a_tensor_no_checkpoint_holds_is_refused_a
     assert not out.exists()
 
 
-@pytest.mark.parametrize(
-    "override", ["model.position=one", "model.norm=aliased", 'model.norm={ name = "intbuf", persistent = false }']
-)
+@pytest.mark.parametrize("override", ["model.position=one", "model.norm=aliased"])
 def test_what_the_interfaces_allow_builds(site: FakeSite, override: str) -> None:
-    """max_positions 1; one parameter under two names (the checkpoint writer copies it); an integer
-    buffer kept out of the state dict."""
+    """max_positions 1; one parameter under two names (the checkpoint writer copies it)."""
     site.add("typed", "gptzoo_fake_typed", TYPED)
     model = build_model(load_recipe("gpt2-tiny", [override]), device="cpu")
     assert all(t.is_floating_point() for t in model.state_dict().values())

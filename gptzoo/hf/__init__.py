@@ -93,13 +93,14 @@ def check_recipe_matches(recipe: Recipe, derived: Recipe, registry: Registry) ->
 
 def _effective(kind: str, component: Any, registry: Registry) -> tuple[str, dict[str, Any]]:
     """A component with its factory's defaults filled in, so `rmsnorm` equals `{rmsnorm, eps=1e-6}`."""
-    signature = factories.signature(registry.get(kind, component.name))
+    entry = registry.get(kind, component.name)
+    signature = factories.signature(entry)
     params = {
         p.name: p.default
         for p in (signature.parameters.values() if signature is not None else ())
         if p.default is not inspect.Parameter.empty
     }
-    return component.name, {**params, **component.kwargs}
+    return entry.qualified_name, {**params, **component.kwargs}  # gptzoo:rmsnorm is rmsnorm
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -39,4 +39,4 @@ def conformance_all(
 ) -> Callable[[Planned], None]:
     """Every check of every registered component (or of ``entries``), as one test function."""
     registry = registry if registry is not None else get_registry()
-    return as_test(planned_checks(registry, registry.entries() if entries is None else entries))
+    return as_test(planned_checks(registry, registry.all_entries() if entries is None else entries))
