@@ -11,7 +11,9 @@ calling would not run (a wrapper, an ``async def``, a generator) is reported as 
 distribution, error) and the others keep working; so is a distribution whose ``entry_points.txt``
 declares the group but cannot be parsed. A plugin that loads but implements no hook (its functions
 lack ``@gptzoo.hookimpl``) registers nothing and is reported with a warning (:data:`NO_HOOK`).
-``GPTZOO_NO_PLUGINS=1`` skips third-party plugins;
+``GPTZOO_NO_PLUGINS=1`` skips third-party plugins, ``GPTZOO_ONLY_PLUGINS=dist-a,dist-b`` loads only
+those distributions' (gptzoo's own test suite sets it to what it installs, so that it does not depend on
+what else is installed);
 ``GPTZOO_STRICT_PLUGINS=1`` (or strict=True) makes any failure fatal. Nothing is loaded at import
 time: each call builds a fresh manager.
 
@@ -48,6 +50,7 @@ from gptzoo.errors import PluginError, describe_exception, safe_repr
 
 ENTRY_POINT_GROUP = "gptzoo"
 NO_PLUGINS_ENV = "GPTZOO_NO_PLUGINS"
+ONLY_PLUGINS_ENV = "GPTZOO_ONLY_PLUGINS"
 STRICT_ENV = "GPTZOO_STRICT_PLUGINS"
 WARN_ENV = "GPTZOO_PLUGIN_WARN_S"
 DEFAULT_WARN_S = 5.0
@@ -273,10 +276,11 @@ def _entry_points() -> tuple[list[metadata.EntryPoint], list[tuple[PluginInfo, s
     seen: set[str] = set()
     found: list[metadata.EntryPoint] = []
     broken: list[tuple[PluginInfo, str]] = []
+    only = only_distributions()
     for dist in metadata.distributions():
         name = _dist_name(dist)
         key = canonical_name(name)
-        if key in seen:
+        if key in seen or (only is not None and key not in only):
             continue
         seen.add(key)
         try:
@@ -286,6 +290,14 @@ def _entry_points() -> tuple[list[metadata.EntryPoint], list[tuple[PluginInfo, s
                 info = PluginInfo(name, "unknown", name, dist.version or "unknown", builtin=False)
                 broken.append((info, f"its entry_points.txt cannot be parsed ({describe_failure(exc, 'reading it')})"))
     return found, broken
+
+
+def only_distributions() -> frozenset[str] | None:
+    """$GPTZOO_ONLY_PLUGINS: the (normalized) distributions whose plugins are loaded, or None for all."""
+    raw = os.environ.get(ONLY_PLUGINS_ENV)
+    if raw is None:
+        return None
+    return frozenset(canonical_name(part.strip()) for part in raw.split(",") if part.strip())
 
 
 def _failed(pm: GptzooPluginManager, info: PluginInfo, message: str, cause: BaseException | None) -> None:

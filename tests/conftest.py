@@ -10,6 +10,13 @@ import torch
 from fakedist import FakeSite  # tests/ has no __init__.py: pytest puts it on sys.path
 
 import gptzoo
+from gptzoo.plugin_manager import ONLY_PLUGINS_ENV
+
+SUITE_PLUGINS = "gptzoo-sqrelu"
+"""The third-party distributions the suite loads: the example it installs (.ci/run, README), and each fake
+one a test installs (tests/fakedist.py allows it). Whatever else is installed is not loaded, so the suite
+does not depend on it; `gptzoo plugins --check` is what tests installed plugins."""
+os.environ[ONLY_PLUGINS_ENV] = SUITE_PLUGINS
 
 
 @pytest.fixture(scope="session")
@@ -20,6 +27,12 @@ def registry() -> gptzoo.Registry:
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _suite_plugins_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts from the suite's own distributions (a test's fake ones are allowed as it adds them)."""
+    monkeypatch.setenv(ONLY_PLUGINS_ENV, SUITE_PLUGINS)
 
 
 @pytest.fixture(autouse=True)

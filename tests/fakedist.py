@@ -19,6 +19,8 @@ import textwrap
 from collections.abc import Mapping
 from pathlib import Path
 
+from gptzoo.plugin_manager import ONLY_PLUGINS_ENV
+
 PLUGIN_HEADER = "import gptzoo\n\n"
 """Every fake plugin module starts with this (its hooks are decorated with @gptzoo.hookimpl)."""
 
@@ -30,6 +32,7 @@ class FakeSite:
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
         self.modules: list[str] = []
+        self.dists: list[str] = []
 
     def add(self, entry_name: str, module: str, source: str, *, dist: str | None = None, version: str = "1.0") -> str:
         """Write a distribution whose entry point ``entry_name`` loads ``module`` (given its source).
@@ -44,8 +47,14 @@ class FakeSite:
         (info / "entry_points.txt").write_text(f"[gptzoo]\n{entry_name} = {module}\n", encoding="utf-8")
         (self.root / f"{module}.py").write_text(PLUGIN_HEADER + textwrap.dedent(source).lstrip(), encoding="utf-8")
         self.modules.append(module)
+        self.allow(dist)
         importlib.invalidate_caches()
         return dist
+
+    def allow(self, dist: str) -> None:
+        """Let the plugin manager load ``dist``, in this process and in a subprocess given :meth:`env`."""
+        self.dists.append(dist)
+        allow(dist)
 
     def forget_modules(self) -> None:
         """Drop the fake plugin modules from sys.modules (so no later test sees a stale one)."""
@@ -59,8 +68,18 @@ class FakeSite:
         for var in ("GPTZOO_NO_PLUGINS", "GPTZOO_STRICT_PLUGINS", "COLUMNS"):  # COLUMNS: rich's width
             env.pop(var, None)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(self.root), env.get("PYTHONPATH", "")) if p)
+        if ONLY_PLUGINS_ENV in env:
+            env[ONLY_PLUGINS_ENV] = ",".join((env[ONLY_PLUGINS_ENV], *self.dists))
         env.update(extra)
         return env
+
+
+def allow(dist: str) -> None:
+    """Let the suite's plugin manager load ``dist`` (conftest.py limits it to what the suite installs,
+    through $GPTZOO_ONLY_PLUGINS, so that the suite does not depend on what else is installed)."""
+    current = os.environ.get(ONLY_PLUGINS_ENV)
+    if current is not None and dist not in current.split(","):
+        os.environ[ONLY_PLUGINS_ENV] = f"{current},{dist}" if current else dist
 
 
 # --- plugin sources ------------------------------------------------------------------------------

@@ -36,4 +36,5 @@ def install_project(site: FakeSite, project: Path) -> str:
         shutil.copyfile(project / f"{module}.py", site.root / f"{module}.py")
         site.modules.append(module)
     importlib.invalidate_caches()
+    site.allow(name)
     return name

@@ -226,6 +226,23 @@ def test_no_plugins_env_skips_third_party_plugins(fake_site: FakeSite, monkeypat
     assert "scalenorm" in gptzoo.get_registry(third_party=True, strict=False).names("norm")
 
 
+def test_only_plugins_env_loads_only_the_distributions_it_names(
+    fake_site: FakeSite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the suite relies on to be independent of what else is installed (tests/conftest.py)."""
+    fake_site.add("good", "gptzoo_fake_good", SCALENORM)
+    fake_site.add("broken", "gptzoo_fake_broken", BROKEN)
+    monkeypatch.setenv("GPTZOO_ONLY_PLUGINS", " GPTZOO_Fake.Good ,")  # compared as PEP 503 names
+    registry = gptzoo.get_registry(strict=True)  # the broken plugin is not even imported
+    assert [p.distribution for p in registry.plugins if not p.builtin] == ["gptzoo-fake-good"]
+    assert registry.get("norm", "scalenorm").provenance.distribution == "gptzoo-fake-good"
+    assert "gptzoo_fake_broken" not in sys.modules
+    monkeypatch.setenv("GPTZOO_ONLY_PLUGINS", "")
+    assert [p.name for p in gptzoo.get_registry().plugins] == list(DEFAULT_PLUGINS)
+    monkeypatch.delenv("GPTZOO_ONLY_PLUGINS")
+    assert {"gptzoo-fake-good", "gptzoo-fake-broken"} <= {p.distribution for p in gptzoo.get_registry().plugins}
+
+
 def test_misspelled_hook_is_reported_with_pluggys_message(fake_site: FakeSite) -> None:
     fake_site.add("typo", "gptzoo_fake_typo", TYPO)
     fake_site.add("good", "gptzoo_fake_good", SCALENORM)

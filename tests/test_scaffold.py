@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from cli_run import run_error
+from fakedist import allow
 from fakeproject import install_project
 
 import gptzoo
@@ -100,6 +101,7 @@ def test_a_scaffold_installs_with_pip_into_a_venv_and_its_own_tests_pass(
 ) -> None:
     scaffold = new_plugin("my_attention", "attention", tmp_path / "gptzoo-my-attention")
     python = _venv(tmp_path / "venv")
+    allow("gptzoo-my-attention")
     env = {k: v for k, v in os.environ.items() if k not in ("GPTZOO_NO_PLUGINS", "GPTZOO_STRICT_PLUGINS", "COLUMNS")}
     env.update(PYTHONPATH=str(REPO), PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
 
