@@ -122,6 +122,15 @@ def signature(entry: Entry) -> inspect.Signature | None:
             return None
 
 
+def takes(entry: Entry, arg: str) -> bool:
+    """Whether the factory's signature names ``arg`` (a keyword it can be given)."""
+    sig = signature(entry)
+    if sig is None:
+        return False
+    parameter = sig.parameters.get(arg)
+    return parameter is not None and parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
+
+
 def check(entry: Entry, kwargs: Mapping[str, Any]) -> list[str]:
     """The problems the factory's optional ``check(**kwargs)`` finds (none without a check), as plain
     str copies: formatting them later runs nothing of the plugin's (a str subclass may override

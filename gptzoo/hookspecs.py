@@ -10,7 +10,7 @@ A plugin implements any of these hooks and calls ``register`` once per component
 
 ``register(name, factory, *, doc=None, override=False)``:
     name: the registry key recipes use; names match exactly. ``DIST:name`` (the distribution's
-        name, e.g. ``gptzoo-extras:sliding_window``) always reaches it (gptzoo.registry).
+        name, e.g. ``gptzoo-extras:ring_window``) always reaches it (gptzoo.registry).
     factory: a callable; its signature is the kind's contract below. Every keyword parameter
         beyond the structural ones must have a default (a plugin whose factory lacks one fails at
         registration): recipe parameters are passed by name and validated against this signature,
@@ -97,6 +97,10 @@ class Contract:
     """(factory argument, [model] attribute) pairs the model passes besides the recipe's parameters."""
     components: tuple[str, ...] = ()
     """Factory arguments that are themselves components (of the kind of the same name), built first."""
+    builders: tuple[str, ...] = ()
+    """Factory arguments that build a component of the kind of the same name at a width the factory
+    chooses, ``builder(dim) -> module`` (an attention's q/k norms: the layer's norm at head_dim); passed
+    only to a factory whose signature names them."""
     members: tuple[str, ...] = ()
     """Attributes and methods the built object must have."""
     optional: tuple[str, ...] = ("hf_weights", "hf_config", "reset_parameters")
@@ -115,7 +119,7 @@ class Contract:
     @property
     def given_by_model(self) -> frozenset[str]:
         """Factory arguments that never come from the recipe."""
-        return frozenset(arg for arg, _ in self.structural) | frozenset(self.components)
+        return frozenset(arg for arg, _ in self.structural) | frozenset(self.components) | frozenset(self.builders)
 
 
 CONTRACTS: dict[str, Contract] = {
@@ -155,6 +159,7 @@ CONTRACTS: dict[str, Contract] = {
                 ("head_dim", "head_dim"),
                 ("bias", "bias"),
             ),
+            builders=("norm",),
             members=("c_proj", "init_cache", "kv_bytes", "flops"),
         ),
         Contract(
@@ -249,7 +254,10 @@ def register_attentions(register: Register) -> None:
     """Register causal self-attention layers.
 
     Factory: ``factory(d_model, n_head, *, n_kv_head, head_dim, bias, **params) -> Attention``;
-    n_head % n_kv_head == 0 (MHA: equal, GQA: fewer, MQA: one).
+    n_head % n_kv_head == 0 (MHA: equal, GQA: fewer, MQA: one). A factory that also names ``norm``
+    receives ``norm(dim) -> Norm``, which builds the layer's norm (the recipe's, with its parameters)
+    at width dim, e.g. to normalize each head's queries and keys (QK-norm); the norms it builds are
+    components like any other (contract-checked, initialized, exported).
     Forward: ``forward(x (B, T, d_model), ctx: AttentionContext, cache: LayerKVCache | None)
     -> (B, T, d_model)``. The context carries the rotary embedding, the additive mask over every key so
     far, the cache offset, the positions of queries and keys and the position bias (a layer that keeps

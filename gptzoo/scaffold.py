@@ -55,7 +55,7 @@ def check_name(name: str) -> None:
     fixed = re.sub(r"[-.\s]+", "_", name.strip()).lower().strip("_")
     hint = f"; did you mean {fixed!r}?" if fixed != name and PLUGIN_NAME.fullmatch(fixed) else ""
     raise GptzooError(
-        f"{name!r} is not a plugin name: use {NAME_RULE}, at most 64 characters (e.g. 'sliding_window'), "
+        f"{name!r} is not a plugin name: use {NAME_RULE}, at most 64 characters (e.g. 'ring_window'), "
         f"since it names the component, the module gptzoo_NAME and the distribution gptzoo-NAME{hint}"
     )
 

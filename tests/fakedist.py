@@ -151,7 +151,7 @@ def register_norms(register):
 '''
 
 
-SLIDING_WINDOW = '''
+RING_WINDOW = '''
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -172,7 +172,7 @@ class RingCache:
         return self.k.nbytes + self.v.nbytes
 
 
-class SlidingWindowAttention(nn.Module):
+class RingWindowAttention(nn.Module):
     """Causal self-attention over the last ``window`` positions, with a ring-buffer KV cache."""
 
     examples = [{"window": 3}]
@@ -234,6 +234,6 @@ class SlidingWindowAttention(nn.Module):
 
 @gptzoo.hookimpl
 def register_attentions(register):
-    register("sliding_window", SlidingWindowAttention)
+    register("ring_window", RingWindowAttention)
 '''
-"""A good plugin: attention ``sliding_window``, a ring-buffer cache of its window."""
+"""A good plugin: attention ``ring_window``, a ring-buffer cache of its window."""

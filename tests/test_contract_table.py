@@ -38,7 +38,10 @@ def test_hook_docstring_says_what_the_table_says(kind: str) -> None:
     factory = re.search(r"Factory: ``factory\((.*?)\) -> (\w+)``", doc)
     assert factory, f"{contract.hook}: no 'Factory: ``factory(...) -> Interface``' line"
     args = [a.strip().split(":")[0] for a in factory.group(1).split(",") if a.strip() not in ("*", "**params")]
-    assert sorted(args) == sorted(contract.given_by_model), f"{contract.hook} factory arguments {args}"
+    given = contract.given_by_model - set(contract.builders)
+    assert sorted(args) == sorted(given), f"{contract.hook} factory arguments {args}"
+    for builder in contract.builders:  # optional: passed to a factory that names it
+        assert f"A factory that also names ``{builder}`` receives ``{builder}(dim) ->" in doc, contract.hook
     assert factory.group(2) == contract.interface
     members = re.search(r"Members: (.*?)(?= Optional:|$)", doc)
     optional = re.search(r"Optional: (.*?)(?= On the factory:|$)", doc)

@@ -285,22 +285,33 @@ def test_malformed_configs_and_files_exit_2(tmp_path: Path, capsys: pytest.Captu
         load_hf(bad_bin)
 
 
-def test_rope_scaling_is_refused_wherever_it_is_written(tmp_path: Path) -> None:
+def test_rope_scaling_is_read_wherever_it_is_written_and_unknown_types_are_refused(tmp_path: Path) -> None:
     good = json.loads(llama_config().to_json_string())
-    for i, change in enumerate(
+    for i, (change, position) in enumerate(
         [
-            {"rope_parameters": {"type": "linear", "factor": 2.0, "rope_theta": 10000.0}},
-            {
-                "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
-                "rope_scaling": {"rope_type": "linear", "factor": 2.0},
-            },
+            (
+                {"rope_parameters": {"type": "linear", "factor": 2.0, "rope_theta": 10000.0}},
+                {"name": "rope_linear", "theta": 10000.0, "factor": 2.0},
+            ),
+            (
+                {
+                    "rope_parameters": {"rope_type": "default", "rope_theta": 500.0},
+                    "rope_scaling": {"rope_type": "dynamic", "factor": 2.0},
+                },
+                {"name": "rope_dynamic", "theta": 500.0, "factor": 2.0},
+            ),
         ]
     ):
         path = tmp_path / str(i)
         path.mkdir()
         (path / "config.json").write_text(json.dumps({**good, **change}))
-        with pytest.raises(RecipeError, match=r"config.json rope scaling type 'linear' is not supported"):
-            hf_recipe(path)
+        assert hf_recipe(path).to_dict()["model"]["position"] == position
+    path = tmp_path / "longrope"
+    path.mkdir()
+    longrope = {"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0], "long_factor": [2.0]}
+    (path / "config.json").write_text(json.dumps({**good, "rope_parameters": longrope}))
+    with pytest.raises(RecipeError, match=r"config.json rope scaling type 'longrope' is not supported \(gptzoo "):
+        hf_recipe(path)
 
 
 def test_exports_without_an_hf_equivalent_are_refused(tmp_path: Path) -> None:
@@ -333,14 +344,13 @@ def test_unsupported_config_fields_are_refused_by_name(tmp_path: Path) -> None:
         (
             llama_config(
                 rope_scaling={
-                    "rope_type": "llama3",
-                    "factor": 8.0,
-                    "low_freq_factor": 1.0,
-                    "high_freq_factor": 4.0,
+                    "rope_type": "longrope",
+                    "short_factor": [1.0] * 8,
+                    "long_factor": [2.0] * 8,
                     "original_max_position_embeddings": 128,
                 }
             ),
-            "config.json rope scaling type 'llama3' is not supported",
+            "config.json rope scaling type 'longrope' is not supported",
         ),
         (llama_config(attention_bias=True, mlp_bias=False), "attention_bias=True with mlp_bias=False is not supported"),
     ]

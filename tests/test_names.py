@@ -262,7 +262,7 @@ def test_a_checkpoint_without_provenance_still_loads(plugin_checkpoint: Path) ->
         (
             'normm = "gptzoo 0.1.0"',
             "unknown key 'normm'; did you mean 'norm'? (available: norm, activation, mlp, "
-            "position, attention, samplers)",
+            "position, attention, samplers, layer_types)",
         ),
     ],
 )

@@ -155,12 +155,13 @@ name = "gpt2"
         " (available: model, tokenizer, weights, generate, train, provenance, extends, description)",
         "[model] unknown key 'n_layers'; did you mean 'n_layer'? (available: vocab_size, context_length, n_layer,"
         " n_head, n_embd, d_ff, bias, tie_embeddings, norm, activation, mlp, position, attention, norm_placement,"
-        " n_kv_head, head_dim, init_std)",
+        " n_kv_head, head_dim, init_std, scale_embeddings, logit_softcap, layer_pattern, and 1 more)",
         "[model] bias must be true or false, got 'yes' (str)",
         f"[model] norm: unknown norm 'rmsnrom'; did you mean 'rmsnorm'? (available: {NORMS})",
         "[model] position.theta must be a number, got 'big' (str)",
-        "[model] attention.dropout: attention 'causal' has no parameter 'dropout' (it takes none)",
-        "[model] norm_placement='middle' must be one of 'pre', 'post'",
+        "[model] attention.dropout: attention 'causal' has no parameter 'dropout' (available: window, softcap, scale,"
+        " qk_norm, qkv_bias)",
+        "[model] norm_placement='middle' must be one of 'pre', 'post', 'sandwich', 'reordered', 'parallel'",
         "[model] n_embd=100 is not divisible by n_head=12 (or set head_dim explicitly)",
     ]
 
@@ -173,7 +174,8 @@ def test_component_parameter_problems(tmp_path: Path) -> None:
     )
     assert problems == [
         "[model] position.theta must be a number, got 'big' (str)",
-        "[model] attention.dropout: attention 'causal' has no parameter 'dropout' (it takes none)",
+        "[model] attention.dropout: attention 'causal' has no parameter 'dropout' (available: window, softcap, scale,"
+        " qk_norm, qkv_bias)",
     ]
     problems = _problems(tmp_path, 'extends = "gpt2-tiny"\n[model]\nnorm = { name = "layernorm", epsilon = 1e-6 }\n')
     assert problems == [

@@ -135,15 +135,14 @@ def test_the_command_writes_the_package_and_says_what_next(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    assert main(["new-plugin", "sliding_window", "--kind", "attention"]) == 0
+    assert main(["new-plugin", "ring_window", "--kind", "attention"]) == 0
     assert capsys.readouterr().out.splitlines() == [
-        "wrote gptzoo-sliding-window: pyproject.toml, README.md, gptzoo_sliding_window.py, "
-        "tests/test_sliding_window.py",
-        "next: cd gptzoo-sliding-window && pip install -e . && python -m pytest",
+        "wrote gptzoo-ring-window: pyproject.toml, README.md, gptzoo_ring_window.py, tests/test_ring_window.py",
+        "next: cd gptzoo-ring-window && pip install -e . && python -m pytest",
     ]
-    pyproject = (tmp_path / "gptzoo-sliding-window" / "pyproject.toml").read_text(encoding="utf-8")
-    assert '\nname = "gptzoo-sliding-window"\n' in pyproject
-    assert '\n[project.entry-points.gptzoo]\nsliding_window = "gptzoo_sliding_window"\n' in pyproject
+    pyproject = (tmp_path / "gptzoo-ring-window" / "pyproject.toml").read_text(encoding="utf-8")
+    assert '\nname = "gptzoo-ring-window"\n' in pyproject
+    assert '\n[project.entry-points.gptzoo]\nring_window = "gptzoo_ring_window"\n' in pyproject
 
     assert main(["new-plugin", "top_eta", "--kind", "sampler", "--out", "deep/er/eta", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == {
@@ -155,14 +154,14 @@ def test_the_command_writes_the_package_and_says_what_next(
         "files": ["pyproject.toml", "README.md", "gptzoo_top_eta.py", "tests/test_top_eta.py"],
         "next": "cd deep/er/eta && pip install -e . && python -m pytest",
     }
-    readme = (tmp_path / "gptzoo-sliding-window" / "README.md").read_text(encoding="utf-8")
-    assert "\n    gptzoo plugins --check gptzoo-sliding-window     # the same checks, as a table\n" in readme
+    readme = (tmp_path / "gptzoo-ring-window" / "README.md").read_text(encoding="utf-8")
+    assert "\n    gptzoo plugins --check gptzoo-ring-window     # the same checks, as a table\n" in readme
     assert "--top-eta, placed after min_p" in (tmp_path / "deep/er/eta/gptzoo_top_eta.py").read_text(encoding="utf-8")
 
 
 RULE = (
     "use lowercase letters, digits and '_', starting with a letter and ending with a letter or digit, at most "
-    "64 characters (e.g. 'sliding_window'), since it names the component, the module gptzoo_NAME and the "
+    "64 characters (e.g. 'ring_window'), since it names the component, the module gptzoo_NAME and the "
     "distribution gptzoo-NAME"
 )
 
@@ -171,8 +170,8 @@ RULE = (
     ("argv", "message"),
     [
         (
-            ["Sliding-Window", "--kind", "attention"],
-            f"'Sliding-Window' is not a plugin name: {RULE}; did you mean 'sliding_window'?",
+            ["Ring-Window", "--kind", "attention"],
+            f"'Ring-Window' is not a plugin name: {RULE}; did you mean 'ring_window'?",
         ),
         (["2window", "--kind", "attention"], f"'2window' is not a plugin name: {RULE}"),
         (["window_", "--kind", "attention"], f"'window_' is not a plugin name: {RULE}; did you mean 'window'?"),

@@ -1,4 +1,4 @@
-"""The conformance kit (gptzoo.testing) on fake plugins: a good sliding-window attention with a
+"""The conformance kit (gptzoo.testing) on fake plugins: a good ring-window attention with a
 ring-buffer cache passes every check; plugins that each break one property fail exactly that check
 with the detail a plugin author acts on; ``conformance`` works in an author's own pytest run, and
 ``gptzoo plugins --check`` reports the same results."""
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fakedist import SCALENORM, SLIDING_WINDOW, FakeSite
+from fakedist import RING_WINDOW, SCALENORM, FakeSite
 
 import gptzoo
 from gptzoo.cli import main
@@ -215,12 +215,12 @@ def _failed(results: list[CheckResult]) -> dict[str, str]:
     return {r.check: r.detail for r in results if r.status == "failed"}
 
 
-def test_a_sliding_window_attention_with_a_ring_buffer_passes_every_check(fake_site: FakeSite) -> None:
-    results = _results(fake_site, SLIDING_WINDOW, "attention", "sliding_window")
+def test_a_ring_window_attention_with_a_ring_buffer_passes_every_check(fake_site: FakeSite) -> None:
+    results = _results(fake_site, RING_WINDOW, "attention", "ring_window")
     assert [(r.check, r.status, r.detail) for r in results if r.status != "passed"] == []
     positions = gptzoo.get_registry().names("position")
     checks = {r.check: r.detail for r in results}
-    assert {r.distribution for r in results} == {"gptzoo-fake-sliding_window"}
+    assert {r.distribution for r in results} == {"gptzoo-fake-ring_window"}
     for p in positions:  # every registered position, with the default window (16) and the example's (3)
         for name in ("causality", "cache", "cache-padded"):
             assert f"{name}[{p}]" in checks and f"{name}[{p},window=3]" in checks
@@ -229,9 +229,7 @@ def test_a_sliding_window_attention_with_a_ring_buffer_passes_every_check(fake_s
         assert checks[f"cache[{p},window=3]"] == "decoded 9 tokens after a prefill of 3"
     assert checks["examples"] == "1 example parameter set"
     assert {f"build[{s.label},window=3]" for s in SIZES} <= set(checks)
-    attn = sys.modules["gz_kit_sliding_window"].SlidingWindowAttention(
-        16, 4, n_kv_head=2, head_dim=4, bias=True, window=3
-    )
+    attn = sys.modules["gz_kit_ring_window"].RingWindowAttention(16, 4, n_kv_head=2, head_dim=4, bias=True, window=3)
     cache = attn.init_cache(2, 32, dtype=torch.bfloat16)
     assert cache.k.shape == (2, 2, 3, 4) and cache.max_len == 32  # only the window is kept
     assert attn.kv_bytes(2, 32, torch.bfloat16) == cache.nbytes == 2 * 2 * 2 * 3 * 4 * 2

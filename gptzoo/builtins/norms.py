@@ -1,7 +1,9 @@
 """Normalization layers: LayerNorm (Ba et al., 2016) and RMSNorm (Zhang & Sennrich, 2019).
 
-RMSNorm follows HF transformers' LlamaRMSNorm: normalize in float32 (float64 stays float64), cast
-back, then scale.
+- rmsnorm follows HF transformers' LlamaRMSNorm: normalize in float32 (float64 stays float64), cast
+  back, then scale by the weight.
+- gemma_rmsnorm follows Gemma's: the weight is stored as an offset from 1 (initialized to zeros),
+  and both the normalization and the scaling by (1 + weight) happen in float32 before the cast back.
 """
 
 from __future__ import annotations
@@ -65,7 +67,30 @@ class RMSNorm(nn.Module):
         return {"rms_norm_eps": self.eps} if family == "llama" else None
 
 
+class GemmaRMSNorm(nn.Module):
+    """RMSNorm with a (1 + weight) scale, all in float32 (Gemma; the weight starts at zero)."""
+
+    check = staticmethod(check_eps)
+
+    def __init__(self, dim: int, *, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = x.to(torch.promote_types(x.dtype, torch.float32))
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (h * (1.0 + self.weight.to(h.dtype))).to(x.dtype)
+
+    def hf_weights(self, family: str) -> list[TensorMap] | None:
+        return [TensorMap("weight", ("weight",))] if family == "llama" else None
+
+    def hf_config(self, family: str) -> dict[str, float] | None:
+        return {"rms_norm_eps": self.eps, "rms_norm_offset": 1.0} if family == "llama" else None
+
+
 @hookimpl
 def register_norms(register):
     register("layernorm", LayerNorm)
     register("rmsnorm", RMSNorm)
+    register("gemma_rmsnorm", GemmaRMSNorm)

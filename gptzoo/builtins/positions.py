@@ -3,7 +3,9 @@
 - none: no position information (NoPE; causal attention still orders tokens).
 - learned: a trained table of absolute positions (GPT-2, Radford et al., 2019).
 - sinusoidal: the fixed sin/cos table of Vaswani et al. (2017), sin at even and cos at odd features.
-- rope: rotary embeddings (Su et al., 2021) in HF Llama's rotate-half convention, base ``theta``.
+- rope: rotary embeddings (Su et al., 2021) in HF Llama's rotate-half convention, base ``theta``, on
+  a ``fraction`` of each head (partial rotary); rope_linear, rope_dynamic, rope_llama3 and rope_yarn
+  scale its frequencies for longer contexts exactly as transformers' rope types of those names.
 - alibi: linear distance biases with the head slopes of Press et al. (2022), ``get_slopes`` in
   github.com/ofirpress/attention_with_linear_biases.
 
@@ -67,14 +69,23 @@ class SinusoidalPosition(Position):
 
 
 class RotateHalf:
-    """q and k rotated by precomputed cos/sin (B, T, hs), HF Llama's rotate-half convention."""
+    """q and k rotated by precomputed cos/sin (B, T, rotary_dim), HF Llama's rotate-half convention;
+    when rotary_dim < hs only the first rotary_dim features of each head turn (partial rotary, GPT-NeoX)."""
 
     def __init__(self, cos: Tensor, sin: Tensor) -> None:
-        self.cos, self.sin = cos[:, None], sin[:, None]  # (B, 1, T, hs): the same for every head
+        self.cos, self.sin = cos[:, None], sin[:, None]  # (B, 1, T, rotary_dim): the same for every head
 
     def apply(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         cos, sin = self.cos.to(q.dtype), self.sin.to(q.dtype)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        return self._turn(q, cos, sin), self._turn(k, cos, sin)
+
+    @staticmethod
+    def _turn(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        n = cos.shape[-1]
+        if n == x.shape[-1]:
+            return x * cos + _rotate_half(x) * sin
+        turned, kept = x[..., :n], x[..., n:]
+        return torch.cat((turned * cos + _rotate_half(turned) * sin, kept), dim=-1)
 
 
 def _rotate_half(x: Tensor) -> Tensor:
@@ -82,32 +93,301 @@ def _rotate_half(x: Tensor) -> Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
-class RoPE(Position):
-    """Rotary position embeddings (Su et al., 2021), rotate-half convention as in HF Llama."""
+def _positive(name: str, value: float) -> list[str]:
+    return [] if math.isfinite(value) and value > 0 else [f"{name} must be a positive number, got {value}"]
 
-    def __init__(self, *, n_embd: int, n_head: int, head_dim: int, context_length: int, theta: float = 10000.0) -> None:
+
+class RoPE(Position):
+    """Rotary position embeddings (Su et al., 2021), rotate-half convention as in HF Llama.
+
+    ``fraction`` of each head's features rotate (the first ones; GPT-NeoX's rotary_pct, Phi's
+    partial_rotary_factor), the rest pass through. Subclasses change the frequencies (``inv_freq``):
+    the scaled variants of transformers' modeling_rope_utils, each named by its rope_type.
+    """
+
+    rope_type = "default"
+    """transformers' rope_parameters rope_type."""
+
+    def __init__(
+        self,
+        *,
+        n_embd: int,
+        n_head: int,
+        head_dim: int,
+        context_length: int,
+        theta: float = 10000.0,
+        fraction: float = 1.0,
+    ) -> None:
         super().__init__()
-        self.head_dim, self.theta = head_dim, theta
+        self.head_dim, self.theta, self.fraction = head_dim, theta, fraction
+        self.dim = int(head_dim * fraction)  # the rotary features, as transformers rounds them
+        self.context_length = context_length
 
     @staticmethod
-    def check(*, head_dim: int, theta: float = 10000.0, **_: object) -> list[str]:
-        problems = [f"rope needs an even head_dim, got {head_dim}"] if head_dim % 2 else []
-        if not (math.isfinite(theta) and theta > 0):
-            problems.append(f"rope theta must be a positive number, got {theta}")
-        return problems
+    def check(*, head_dim: int, theta: float = 10000.0, fraction: float = 1.0, **_: object) -> list[str]:
+        problems = []
+        if not 0 < fraction <= 1:
+            problems.append(f"fraction must be in (0, 1], got {fraction}")
+        elif fraction == 1 and head_dim % 2:
+            problems.append(f"rope needs an even head_dim, got {head_dim}")
+        elif int(head_dim * fraction) % 2 or int(head_dim * fraction) == 0:
+            problems.append(
+                f"rope needs an even number of rotary features >= 2, got head_dim {head_dim} x fraction {fraction} "
+                f"= {int(head_dim * fraction)}"
+            )
+        return problems + _positive("rope theta", theta)
 
     def hf_weights(self, family: str) -> list[TensorMap] | None:
         return [] if family == "llama" else None  # computed, not stored
 
-    def hf_config(self, family: str) -> dict[str, float] | None:
-        return {"rope_theta": self.theta} if family == "llama" else None
+    def hf_config(self, family: str) -> dict[str, object] | None:
+        if family != "llama":
+            return None
+        fields: dict[str, object] = {"rope_theta": self.theta}
+        if self.scaling():
+            fields["rope_scaling"] = self.scaling()
+        if self.fraction != 1.0:
+            fields["partial_rotary_factor"] = self.fraction
+        return fields
+
+    def scaling(self) -> dict[str, object]:
+        """transformers' rope scaling object (rope_type and its parameters); empty for plain RoPE."""
+        return {}
+
+    def base_inv_freq(self, device: torch.device, theta: float | None = None) -> Tensor:
+        exponents = torch.arange(0, self.dim, 2, dtype=torch.int64, device=device).float()
+        return 1.0 / ((self.theta if theta is None else theta) ** (exponents / self.dim))  # (dim/2,)
+
+    def inv_freq(self, positions: Tensor) -> tuple[Tensor, float]:
+        """The frequencies (dim/2,) for these positions and the factor cos and sin are scaled by."""
+        return self.base_inv_freq(positions.device), 1.0
 
     def rotary(self, positions: Tensor) -> RotateHalf:
-        exponents = torch.arange(0, self.head_dim, 2, dtype=torch.int64, device=positions.device).float()
-        inv_freq = 1.0 / (self.theta ** (exponents / self.head_dim))  # (hs/2,)
-        freqs = positions.float()[..., None] * inv_freq  # (B, T, hs/2)
-        emb = torch.cat((freqs, freqs), dim=-1)  # (B, T, hs)
-        return RotateHalf(emb.cos(), emb.sin())
+        inv_freq, factor = self.inv_freq(positions)
+        freqs = positions.float()[..., None] * inv_freq  # (B, T, dim/2)
+        emb = torch.cat((freqs, freqs), dim=-1)  # (B, T, dim)
+        if factor == 1.0:
+            return RotateHalf(emb.cos(), emb.sin())
+        return RotateHalf(emb.cos() * factor, emb.sin() * factor)
+
+
+class LinearRoPE(RoPE):
+    """RoPE with positions interpolated by ``factor`` (Chen et al., 2023): frequencies / factor."""
+
+    rope_type = "linear"
+
+    def __init__(
+        self,
+        *,
+        n_embd: int,
+        n_head: int,
+        head_dim: int,
+        context_length: int,
+        theta: float = 10000.0,
+        fraction: float = 1.0,
+        factor: float = 1.0,
+    ) -> None:
+        super().__init__(
+            n_embd=n_embd,
+            n_head=n_head,
+            head_dim=head_dim,
+            context_length=context_length,
+            theta=theta,
+            fraction=fraction,
+        )
+        self.factor = factor
+
+    @staticmethod
+    def check(*, factor: float = 1.0, **params: object) -> list[str]:
+        return RoPE.check(**params) + _positive("factor", factor)
+
+    def scaling(self) -> dict[str, object]:
+        return {"rope_type": self.rope_type, "factor": self.factor}
+
+    def inv_freq(self, positions: Tensor) -> tuple[Tensor, float]:
+        return self.base_inv_freq(positions.device) / self.factor, 1.0
+
+
+class DynamicRoPE(LinearRoPE):
+    """Dynamic NTK RoPE: beyond context_length positions, theta grows with the longest position of
+    the pass, theta ((factor L / context_length) - (factor - 1))^(dim / (dim - 2)) for L positions,
+    as transformers computes it at each forward."""
+
+    rope_type = "dynamic"
+
+    def inv_freq(self, positions: Tensor) -> tuple[Tensor, float]:
+        longest = positions.max() + 1 if positions.numel() else torch.tensor(0, device=positions.device)
+        seq_len = torch.maximum(longest, torch.tensor(self.context_length, device=positions.device))  # as transformers
+        theta = self.theta * ((self.factor * seq_len / self.context_length) - (self.factor - 1)) ** (
+            self.dim / (self.dim - 2)
+        )
+        exponents = torch.arange(0, self.dim, 2, dtype=torch.int64, device=positions.device).float()
+        return 1.0 / (theta ** (exponents / self.dim)), 1.0
+
+
+class Llama3RoPE(RoPE):
+    """Llama 3.1's RoPE: long wavelengths divided by ``factor``, short ones kept, a smooth ramp between."""
+
+    rope_type = "llama3"
+
+    def __init__(
+        self,
+        *,
+        n_embd: int,
+        n_head: int,
+        head_dim: int,
+        context_length: int,
+        theta: float = 500000.0,
+        fraction: float = 1.0,
+        factor: float = 8.0,
+        low_freq_factor: float = 1.0,
+        high_freq_factor: float = 4.0,
+        original_context: int = 8192,
+    ) -> None:
+        super().__init__(
+            n_embd=n_embd,
+            n_head=n_head,
+            head_dim=head_dim,
+            context_length=context_length,
+            theta=theta,
+            fraction=fraction,
+        )
+        self.factor, self.low_freq_factor, self.high_freq_factor = factor, low_freq_factor, high_freq_factor
+        self.original_context = original_context
+
+    @staticmethod
+    def check(
+        *,
+        factor: float = 8.0,
+        low_freq_factor: float = 1.0,
+        high_freq_factor: float = 4.0,
+        original_context: int = 8192,
+        **params: object,
+    ) -> list[str]:
+        problems = RoPE.check(**params) + _positive("factor", factor) + _positive("low_freq_factor", low_freq_factor)
+        if not high_freq_factor > low_freq_factor:
+            problems.append(f"high_freq_factor {high_freq_factor} must be above low_freq_factor {low_freq_factor}")
+        return problems + _positive("original_context", original_context)
+
+    def scaling(self) -> dict[str, object]:
+        return {
+            "rope_type": self.rope_type,
+            "factor": self.factor,
+            "low_freq_factor": self.low_freq_factor,
+            "high_freq_factor": self.high_freq_factor,
+            "original_max_position_embeddings": self.original_context,
+        }
+
+    def inv_freq(self, positions: Tensor) -> tuple[Tensor, float]:
+        inv_freq = self.base_inv_freq(positions.device)
+        low_wavelen = self.original_context / self.low_freq_factor
+        high_wavelen = self.original_context / self.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / self.factor, inv_freq)
+        smooth = (self.original_context / wavelen - self.low_freq_factor) / (
+            self.high_freq_factor - self.low_freq_factor
+        )
+        smoothed = (1 - smooth) * scaled / self.factor + smooth * scaled
+        medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+        return torch.where(medium, smoothed, scaled), 1.0
+
+
+class YaRNRoPE(RoPE):
+    """YaRN (Peng et al., 2023): frequencies interpolated by ``factor`` below a ramp between beta_slow
+    and beta_fast rotations over original_context, kept above it; cos and sin scaled by the attention
+    factor (0.1 ln(factor) + 1 unless given, or the mscale ratio)."""
+
+    rope_type = "yarn"
+
+    def __init__(
+        self,
+        *,
+        n_embd: int,
+        n_head: int,
+        head_dim: int,
+        context_length: int,
+        theta: float = 10000.0,
+        fraction: float = 1.0,
+        factor: float = 1.0,
+        original_context: int = 4096,
+        beta_fast: float = 32.0,
+        beta_slow: float = 1.0,
+        mscale: float = 0.0,
+        mscale_all_dim: float = 0.0,
+        attention_factor: float = 0.0,
+        truncate: bool = True,
+    ) -> None:
+        super().__init__(
+            n_embd=n_embd,
+            n_head=n_head,
+            head_dim=head_dim,
+            context_length=context_length,
+            theta=theta,
+            fraction=fraction,
+        )
+        self.factor, self.original_context = factor, original_context
+        self.beta_fast, self.beta_slow, self.truncate = beta_fast, beta_slow, truncate
+        self.mscale, self.mscale_all_dim, self.given_attention_factor = mscale, mscale_all_dim, attention_factor
+
+    @staticmethod
+    def check(
+        *,
+        factor: float = 1.0,
+        original_context: int = 4096,
+        beta_fast: float = 32.0,
+        beta_slow: float = 1.0,
+        **params: object,
+    ) -> list[str]:
+        problems = RoPE.check(**{k: v for k, v in params.items() if k in ("head_dim", "theta", "fraction")})
+        problems += _positive("factor", factor) + _positive("original_context", original_context)
+        return problems + _positive("beta_fast", beta_fast) + _positive("beta_slow", beta_slow)
+
+    def scaling(self) -> dict[str, object]:
+        fields: dict[str, object] = {
+            "rope_type": self.rope_type,
+            "factor": self.factor,
+            "original_max_position_embeddings": self.original_context,
+            "beta_fast": self.beta_fast,
+            "beta_slow": self.beta_slow,
+            "truncate": self.truncate,
+        }
+        for key, value in (
+            ("mscale", self.mscale),
+            ("mscale_all_dim", self.mscale_all_dim),
+            ("attention_factor", self.given_attention_factor),
+        ):
+            if value:
+                fields[key] = value
+        return fields
+
+    def attention_factor(self) -> float:
+        if self.given_attention_factor:
+            return self.given_attention_factor
+
+        def get_mscale(scale: float, mscale: float = 1.0) -> float:
+            return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+        if self.mscale and self.mscale_all_dim:
+            return get_mscale(self.factor, self.mscale) / get_mscale(self.factor, self.mscale_all_dim)
+        return get_mscale(self.factor)
+
+    def inv_freq(self, positions: Tensor) -> tuple[Tensor, float]:
+        dim, theta = self.dim, self.theta
+
+        def correction_dim(rotations: float) -> float:
+            return (dim * math.log(self.original_context / (rotations * 2 * math.pi))) / (2 * math.log(theta))
+
+        low, high = correction_dim(self.beta_fast), correction_dim(self.beta_slow)
+        if self.truncate:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        if low == high:
+            high += 0.001  # as transformers: no division by zero
+        ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1).to(positions.device)
+        extrapolation = 1 - ramp
+        pos_freqs = theta ** (torch.arange(0, dim, 2, device=positions.device).float() / dim)
+        inv_freq = (1.0 / (self.factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+        return inv_freq, self.attention_factor()
 
 
 def alibi_slopes(n_head: int) -> list[float]:
@@ -143,4 +423,8 @@ def register_positions(register):
     register("learned", LearnedPosition)
     register("sinusoidal", SinusoidalPosition)
     register("rope", RoPE)
+    register("rope_linear", LinearRoPE)
+    register("rope_dynamic", DynamicRoPE)
+    register("rope_llama3", Llama3RoPE)
+    register("rope_yarn", YaRNRoPE)
     register("alibi", ALiBi)

@@ -18,16 +18,18 @@ from gptzoo import factories
 from gptzoo.errors import CheckpointError, GptzooError, Interrupted, RecipeError, did_you_mean
 from gptzoo.hf.family import Family, NoEquivalentError, show
 from gptzoo.hf.files import locate, read_config, read_tensors, write_checkpoint
+from gptzoo.hf.gemma import Gemma2, Gemma3
 from gptzoo.hf.gpt2 import GPT2
 from gptzoo.hf.llama import Llama
 from gptzoo.model.build import assemble, build_model
 from gptzoo.model.checkpoint import tokenizer_copies
 from gptzoo.model.gpt import GPT
 from gptzoo.recipe import COMPONENT_KEYS, ModelSpec, Recipe, apply_overrides, recipe_tokenizer, validate
+from gptzoo.recipe.schema import LAYER_TYPES
 from gptzoo.registry import Entry, Registry, default_registry
 from gptzoo.untrusted import WEIGHT_DTYPES, WEIGHT_DTYPES_TEXT, dtype_name, first_few
 
-FAMILIES: dict[str, Family] = {family.model_type: family for family in (GPT2(), Llama())}
+FAMILIES: dict[str, Family] = {family.model_type: family for family in (GPT2(), Llama(), Gemma3(), Gemma2())}
 """config.json model_type -> family."""
 
 __all__ = [
@@ -77,18 +79,38 @@ def hf_recipe(source: str | Path, overrides: Iterable[str] = (), *, registry: Re
 
 
 def check_recipe_matches(recipe: Recipe, derived: Recipe, registry: Registry) -> None:
-    """Every [model] value the checkpoint determines must agree (attention kernels may differ)."""
+    """Every [model] value the checkpoint determines must agree: the sizes, and the components each
+    layer uses (with their parameters, factory defaults filled in), however the two schedules are
+    written. Attentions are compared by parameters only: their kernels may differ (causal, eager,
+    sliding_window with the same window)."""
     problems = []
     for f in fields(ModelSpec):
+        if f.name in COMPONENT_KEYS or f.name in ("layer_pattern", LAYER_TYPES, "init_std"):
+            continue
         ours, theirs = getattr(recipe.model, f.name), getattr(derived.model, f.name)
-        if f.name in COMPONENT_KEYS:
-            if f.name == "attention":
-                continue
-            ours, theirs = (_effective(f.name, c, registry) for c in (ours, theirs))
-        if not _same(ours, theirs) and f.name != "init_std":
+        if not _same(ours, theirs):
             problems.append(f"[model] {f.name}: the recipe says {_show(ours)}, {derived.source} says {_show(theirs)}")
+    if recipe.model.n_layer == derived.model.n_layer:
+        problems += _layer_problems(recipe, derived, registry)
     if problems:
         raise RecipeError(recipe.source, problems)
+
+
+def _layer_problems(recipe: Recipe, derived: Recipe, registry: Registry) -> list[str]:
+    """Each component that some layer uses differently, once per component and layer type of the recipe."""
+    problems: list[str] = []
+    for kind in COMPONENT_KEYS:
+        for i, (mine, theirs) in enumerate(zip(recipe.model.schedule(), derived.model.schedule(), strict=True)):
+            ours = _effective(kind, recipe.model.layer_components(mine)[kind], registry)
+            them = _effective(kind, derived.model.layer_components(theirs)[kind], registry)
+            if kind == "attention":
+                ours, them = ("", ours[1]), ("", them[1])
+            if not _same(ours, them):
+                where = f"[model] {kind}" if not mine else f"[model] {LAYER_TYPES}.{mine}.{kind} (layer {i})"
+                problem = f"{where}: the recipe says {_show(ours)}, {derived.source} says {_show(them)}"
+                if not any(p.startswith(f"{where.split(' (layer')[0]}") for p in problems):
+                    problems.append(problem)
+    return problems
 
 
 def _effective(kind: str, component: Any, registry: Registry) -> tuple[str, dict[str, Any]]:
@@ -120,7 +142,7 @@ def _tensors(keys: list[str]) -> str:
 def _show(value: Any) -> str:
     if isinstance(value, tuple):
         name, params = value
-        return f"{name} {params}" if params else name
+        return f"{name} {params}".strip() if params else name or "(defaults)"
     return repr(value)
 
 
@@ -221,14 +243,14 @@ def _export(model: GPT, out: Path, tokenizer_from: str | Path | None, registry: 
     if recipe is None:
         raise GptzooError("the model has no recipe; build it with gptzoo.build_model or load a checkpoint")
     components: list[tuple[Entry, nn.Module]] = []
-    assemble(recipe, registry, torch.device("meta"), components)
-    reasons = []
+    skeleton = assemble(recipe, registry, torch.device("meta"), components)
+    reasons: list[tuple[int, str, str]] = []
     for family in FAMILIES.values():
         try:
-            config_fields = family.config(recipe, components)
+            config_fields = family.config(recipe, skeleton, components)
             rows = family.tensor_map(model)
         except NoEquivalentError as exc:
-            reasons.append(str(exc))
+            reasons.append((len(exc.reasons), family.title, str(exc)))
             continue
         copies = tokenizer_copies(tokenizer_from)
         config_fields.update(_special_token_ids(recipe, Path(tokenizer_from) if copies else None))
@@ -238,7 +260,9 @@ def _export(model: GPT, out: Path, tokenizer_from: str | Path | None, registry: 
         )
         tensors = {key: t for ours, theirs, tmap in rows for key, t in zip(theirs, tmap.save(state[ours]), strict=True)}
         return write_checkpoint(out, config, tensors, copies)
-    raise NoEquivalentError("; ".join(reasons))
+    _, title, closest = min(reasons, key=lambda r: r[0])  # the first of the closest families
+    others = [t for _, t, _ in reasons if t != title]
+    raise NoEquivalentError(f"{closest}; {', '.join(others)} differ in more" if others else closest)
 
 
 def _special_token_ids(recipe: Recipe, tokenizer_dir: Path | None) -> dict[str, int | None]:

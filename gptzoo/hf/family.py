@@ -30,7 +30,11 @@ from gptzoo.untrusted import WEIGHT_DTYPES_TEXT
 
 
 class NoEquivalentError(GptzooError):
-    """A recipe that a Hugging Face architecture cannot express."""
+    """A recipe that a Hugging Face architecture cannot express; ``reasons`` lists why (one each)."""
+
+    def __init__(self, message: str, reasons: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.reasons = list(reasons) or [message]
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,27 @@ class Family:
     """How messages name it ("GPT-2", "Llama")."""
     required: dict[str, str] = {}
     """config.json fields that components own and the family needs -> the kind that owns them."""
+    layout: str
+    """The key components' ``hf_weights`` and ``hf_config`` answer for: how the family names and lays out
+    each component's tensors and config fields ("gpt2", "llama"); families that store their parts as
+    Llama does share "llama". Default: the family's name."""
+    known: frozenset[str] = frozenset()
+    """Fields components may give that the family writes to config.json besides ``required``; a
+    component giving any other field (a feature the family has no place for, e.g. a sliding window in
+    GPT-2) has no equivalent here."""
+    implied: Mapping[str, Any] = {}
+    """Fields the architecture implies: components must give exactly these values (a Gemma norm's
+    rms_norm_offset = 1), and they are not written to config.json."""
+    renames: Mapping[str, str] = {}
+    """Component fields the family's config.json names otherwise (Gemma: hidden_act -> hidden_activation)."""
+    per_layer: frozenset[str] = frozenset()
+    """Fields that may differ from layer to layer (a sliding window on some layers, each layer type's
+    rope theta): collected per layer and handed to :meth:`layer_config` rather than merged."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" in cls.__dict__ and getattr(cls, "layout", None) is None:
+            cls.layout = cls.name
 
     def recipe_data(self, config: Mapping[str, Any]) -> dict[str, Any]:
         """Recipe data equivalent to config.json; GptzooError naming any unsupported field."""
@@ -77,20 +102,27 @@ class Family:
     def parts(self, model: GPT) -> list[Part]:
         raise NotImplementedError
 
-    def config(self, recipe: Recipe, components: Sequence[tuple[Entry, nn.Module]]) -> dict[str, Any]:
+    def config(self, recipe: Recipe, model: GPT, components: Sequence[tuple[Entry, nn.Module]]) -> dict[str, Any]:
         """config.json fields equivalent to the recipe: the structural ones merged with what each
-        component (``components``: every module a factory built for the recipe, with its entry) owns.
+        component (``components``: every module a factory built for ``model``, a meta-device build of
+        the recipe, with its entry) owns; fields in ``per_layer`` are gathered layer by layer (from the
+        components of each block and the position encoding it uses) and given to :meth:`layer_config`.
 
         Raises:
             NoEquivalentError: naming the structure, each component without an equivalent here (its
-                ``hf_weights`` or ``hf_config`` gives None), components that disagree on a field, and a
-                field the family needs that no component owns.
+                ``hf_weights`` or ``hf_config`` gives None), a field the family has no place for,
+                components that disagree on a field, and a field the family needs that no component owns.
             PluginError: a component whose hf_weights or hf_config raises or returns something else.
         """
         reasons = self.structural_reasons(recipe)
         owned: dict[str, tuple[Any, str]] = {}
         structural = self.structure(recipe)
         refused: set[str] = set()
+        implied_given: set[str] = set()
+        layer_modules = [
+            [*block.modules(), *model.positions[model.position_of[i]].modules()] for i, block in enumerate(model.blocks)
+        ]
+        per_layer: dict[str, list[Any]] = {key: [None] * len(model.blocks) for key in self.per_layer}
         for entry, module in components:
             who = f"{entry.kind} {entry.name!r}"
             fields = self._component_fields(entry, module)
@@ -99,46 +131,84 @@ class Family:
                     refused.add(who)
                     reasons.append(f"{who} ({fields}: {self.architecture} has no equivalent of it)")
                 continue
-            for key, value in fields.items():
+            for key, value in ((self.renames.get(k, k), v) for k, v in fields.items()):
                 if key in structural:
                     raise PluginError(
-                        f"{factories.culprit(entry)} has an hf_config({self.name!r}) that sets {key}, which "
+                        f"{factories.culprit(entry)} has an hf_config({self.layout!r}) that sets {key}, which "
                         f"{self.architecture} takes from the recipe's structure; {factories.fix(entry)}"
                     )
+                if key in self.implied:
+                    implied_given.add(key)
+                    if value != self.implied[key]:
+                        reasons.append(
+                            f"{who} sets {key}={show(value)}, {self.architecture} has {show(self.implied[key])}"
+                        )
+                    continue
+                if key not in self.known and key not in self.required and key not in self.per_layer:
+                    reason = f"{who} sets {key}={show(value)}, which {self.architecture} has no field for"
+                    if reason not in reasons:
+                        reasons.append(reason)
+                    continue
+                if key in self.per_layer:
+                    for i, modules in enumerate(layer_modules):
+                        if any(m is module for m in modules):
+                            per_layer[key][i] = value
+                    continue
                 if key in owned and owned[key][0] != value:
                     reason = f"{owned[key][1]} sets {key}={show(owned[key][0])}, {who} sets {key}={show(value)}"
                     if reason not in reasons:
                         reasons.append(reason)
                 owned.setdefault(key, (value, who))
+        reasons += [
+            f"{self.architecture} implies {key}={show(self.implied[key])}, which no component gives"
+            for key in self.implied
+            if key not in implied_given
+        ]
         kinds_refused = {who.split(" ", 1)[0] for who in refused}
         reasons += [
-            f"config.json needs {key}, which the {kind}'s hf_config({self.name!r}) gives, and none does"
+            f"config.json needs {key}, which the {kind}'s hf_config({self.layout!r}) gives, and none does"
             for key, kind in self.required.items()
-            if key not in owned and kind not in kinds_refused
+            if key not in owned and key not in self.per_layer and kind not in kinds_refused
         ]
+        layered: dict[str, Any] = {}
+        if not reasons and self.per_layer:
+            layered = self.layer_config(recipe, per_layer, reasons)
         if reasons:
             raise NoEquivalentError(
-                f"recipe {recipe.name!r} has no Hugging Face {self.title} equivalent: {'; '.join(reasons)}"
+                f"recipe {recipe.name!r} has no Hugging Face {self.title} equivalent: {'; '.join(reasons)}", reasons
             )
-        return {**structural, **{key: value for key, (value, _) in owned.items()}}
+        return {**structural, **{key: value for key, (value, _) in owned.items()}, **layered}
+
+    def layer_config(self, recipe: Recipe, values: dict[str, list[Any]], reasons: list[str]) -> dict[str, Any]:
+        """config.json fields from the ``per_layer`` fields of each layer (None where a layer's components
+        do not give one); a recipe the family cannot express adds its reason to ``reasons``."""
+        raise NotImplementedError
 
     def _component_fields(self, entry: Entry, module: nn.Module) -> dict[str, Any] | str:
         """The config.json fields one component owns in this family, or why it has no equivalent."""
-        with factories.running(entry, f"has a broken hf_weights({self.name!r})"):
+        key = self.layout
+        with factories.running(entry, f"has a broken hf_weights({key!r})"):
             hf_weights = getattr(module, "hf_weights", None)
-            maps = hf_weights(self.name) if hf_weights is not None else None
+            maps = hf_weights(key) if hf_weights is not None else None
         if maps is None:
-            return f"its hf_weights({self.name!r}) is None" if hf_weights is not None else "it has no hf_weights"
-        with factories.running(entry, f"has a broken hf_config({self.name!r})"):
+            return f"its hf_weights({key!r}) is None" if hf_weights is not None else "it has no hf_weights"
+        with factories.running(entry, f"has a broken hf_config({key!r})"):
             hf_config = getattr(module, "hf_config", None)
-            fields = hf_config(self.name) if hf_config is not None else {}
+            fields = hf_config(key) if hf_config is not None else {}
         if fields is None:
-            return f"its hf_config({self.name!r}) is None"
+            return f"its hf_config({key!r}) is None"
         plain = (str, int, float, bool, type(None))
-        if type(fields) is not dict or not all(type(k) is str and type(v) in plain for k, v in fields.items()):
+
+        def ok(value: Any) -> bool:  # a plain value, or an object of plain values
+            return type(value) in plain or (
+                type(value) is dict and all(type(k) is str and type(v) in plain for k, v in value.items())
+            )
+
+        if type(fields) is not dict or not all(type(k) is str and ok(v) for k, v in fields.items()):
             raise PluginError(
-                f"{factories.culprit(entry)} has an hf_config({self.name!r}) that returned {show_plain(fields)}, not "
-                f"a dict of config.json field names to numbers, text, booleans or None; {factories.fix(entry)}"
+                f"{factories.culprit(entry)} has an hf_config({key!r}) that returned {show_plain(fields)}, not "
+                f"a dict of config.json field names to numbers, text, booleans, None or objects of those; "
+                f"{factories.fix(entry)}"
             )
         return dict(fields)
 
@@ -149,7 +219,7 @@ class Family:
             maps = part.maps
             if maps is None:
                 hf_weights = getattr(part.module, "hf_weights", None)
-                maps = hf_weights(self.name) if hf_weights is not None else None
+                maps = hf_weights(self.layout) if hf_weights is not None else None
             if maps is None:
                 raise NoEquivalentError(
                     f"{type(part.module).__name__} ({part.ours.rstrip('.')}) has no equivalent in Hugging Face "

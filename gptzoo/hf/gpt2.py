@@ -14,6 +14,7 @@ from typing import Any
 from torch import Tensor
 
 from gptzoo.hf.family import Family, Fields, Part, refuse
+from gptzoo.hf.llama import plain_embeddings_and_logits
 from gptzoo.interfaces import TensorMap
 from gptzoo.model.gpt import GPT
 from gptzoo.recipe import Recipe
@@ -84,7 +85,7 @@ class GPT2(Family):
             reasons.append(f"n_kv_head={m.n_kv_head}, head_dim={m.head_dim} (GPT-2 has n_head heads of n_embd/n_head)")
         if not m.bias:
             reasons.append("bias=false (GPT-2 has biases everywhere)")
-        return reasons
+        return reasons + plain_embeddings_and_logits(recipe, self.title)
 
     def structure(self, recipe: Recipe) -> dict[str, Any]:
         m = recipe.model

@@ -27,19 +27,85 @@ ACTIVATIONS = {
 PREFIX = "model."
 
 
-def rope_theta(f: Fields) -> float:
-    """theta; transformers 4.x writes rope_theta and rope_scaling, 5.x rope_parameters. Scaling is refused."""
-    parameters = f.mapping("rope_parameters")
-    scaling = f.mapping("rope_scaling") or parameters  # as in transformers, rope_scaling wins
+ROPE_TYPES: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
+    "default": ("rope", {}),
+    "linear": ("rope_linear", {"factor": ("factor", "number")}),
+    "dynamic": ("rope_dynamic", {"factor": ("factor", "number")}),
+    "llama3": (
+        "rope_llama3",
+        {
+            "factor": ("factor", "number"),
+            "low_freq_factor": ("low_freq_factor", "number"),
+            "high_freq_factor": ("high_freq_factor", "number"),
+            "original_max_position_embeddings": ("original_context", "integer"),
+        },
+    ),
+    "yarn": (
+        "rope_yarn",
+        {
+            "factor": ("factor", "number"),
+            "original_max_position_embeddings": ("original_context", "integer"),
+            "beta_fast": ("beta_fast", "number"),
+            "beta_slow": ("beta_slow", "number"),
+            "mscale": ("mscale", "number"),
+            "mscale_all_dim": ("mscale_all_dim", "number"),
+            "attention_factor": ("attention_factor", "number"),
+            "truncate": ("truncate", "flag"),
+        },
+    ),
+}
+"""transformers' rope_type -> (gptzoo position, {its config field: (the position's parameter, how to read it)})."""
+
+
+def rope_position(
+    f: Fields,
+    context_length: int,
+    *,
+    parameters: Mapping[str, Any] | None = None,
+    scaling: Mapping[str, Any] | None = None,
+    fraction: float = 1.0,
+) -> dict[str, Any]:
+    """The rope position component of a config.json: transformers 4.x writes rope_theta and
+    rope_scaling, 5.x rope_parameters (``parameters`` and ``scaling``: a family's per-layer-type
+    table instead); rope_scaling wins, as in transformers. Types other than ROPE_TYPES' are refused
+    by name."""
+    parameters = f.mapping("rope_parameters") if parameters is None else parameters
+    scaling = (f.mapping("rope_scaling") or parameters) if scaling is None else scaling
     kind = scaling.get("rope_type") or scaling.get("type") or "default"
-    if kind != "default":
-        f.problems.append(f"config.json rope scaling type {show(kind)} is not supported (gptzoo implements plain RoPE)")
-    if "rope_theta" not in parameters:
-        return f.number("rope_theta", 10000.0)
-    inner = Fields(parameters, "config.json rope_parameters.")
-    theta = inner.number("rope_theta", 10000.0)
-    f.problems += inner.problems
-    return theta
+    if not isinstance(kind, str) or kind not in ROPE_TYPES:
+        f.problems.append(
+            f"config.json rope scaling type {show(kind)} is not supported (gptzoo implements {', '.join(ROPE_TYPES)})"
+        )
+        kind = "default"
+    if "rope_theta" in parameters:
+        inner = Fields(parameters, "config.json rope_parameters.")
+        theta = inner.number("rope_theta", 10000.0)
+        f.problems += inner.problems
+    else:
+        theta = f.number("rope_theta", 10000.0)
+    name, fields = ROPE_TYPES[kind]
+    position: dict[str, Any] = {"name": name, "theta": theta}
+    if fraction != 1.0:
+        position["fraction"] = fraction
+    read = Fields(scaling, "config.json rope scaling ")
+    for key, (param, how) in fields.items():
+        if scaling.get(key) is None:
+            if key == "original_max_position_embeddings" and kind == "yarn":
+                position[param] = context_length  # transformers' default
+            continue
+        position[param] = {"number": read.number, "integer": read.integer, "flag": read.flag}[how](key, 0)
+    f.problems += read.problems
+    return position
+
+
+def plain_embeddings_and_logits(recipe: Recipe, title: str) -> list[str]:
+    """Why the recipe's scaled embeddings or soft-capped logits have no place in a family without them."""
+    m, reasons = recipe.model, []
+    if m.scale_embeddings:
+        reasons.append(f"scale_embeddings=true ({title} does not scale its embeddings)")
+    if m.logit_softcap:
+        reasons.append(f"logit_softcap={m.logit_softcap} ({title} does not soft-cap its logits)")
+    return reasons
 
 
 class Llama(Family):
@@ -50,15 +116,17 @@ class Llama(Family):
     ignored_tensors = (".rotary_emb.inv_freq",)
     title = "Llama"
     required = {"rms_norm_eps": "norm", "hidden_act": "activation", "rope_theta": "position"}
+    known = frozenset({"rope_scaling"})
 
     def recipe_data(self, config: Mapping[str, Any]) -> dict[str, Any]:
         f = Fields(config)
         n_embd, n_head = f.integer("hidden_size"), f.integer("num_attention_heads")
         head_dim = f.integer("head_dim", n_embd // n_head)
         attention_bias, mlp_bias = f.flag("attention_bias", False), f.flag("mlp_bias", False)
+        context_length = f.integer("max_position_embeddings", 2048)
         model = {
             "vocab_size": f.integer("vocab_size"),
-            "context_length": f.integer("max_position_embeddings", 2048),
+            "context_length": context_length,
             "n_layer": f.integer("num_hidden_layers"),
             "n_head": n_head,
             "n_kv_head": f.integer("num_key_value_heads", n_head),
@@ -71,7 +139,7 @@ class Llama(Family):
             "norm_placement": "pre",
             "activation": f.choice("hidden_act", "silu", ACTIVATIONS),
             "mlp": "gated",
-            "position": {"name": "rope", "theta": rope_theta(f)},
+            "position": rope_position(f, context_length),
             "attention": "causal",
             "init_std": f.number("initializer_range", 0.02),
         }
@@ -86,7 +154,8 @@ class Llama(Family):
 
     def structural_reasons(self, recipe: Recipe) -> list[str]:
         placement = recipe.model.norm_placement
-        return [] if placement == "pre" else [f"norm_placement {placement!r} (Llama is Pre-LN)"]
+        reasons = [] if placement == "pre" else [f"norm_placement {placement!r} (Llama is Pre-LN)"]
+        return reasons + plain_embeddings_and_logits(recipe, self.title)
 
     def structure(self, recipe: Recipe) -> dict[str, Any]:
         m = recipe.model

@@ -5,23 +5,31 @@ This is the only place that turns component names into modules; the model never 
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from gptzoo.errors import GptzooError
-from gptzoo.factories import build, check_contract, running
+from gptzoo.factories import build, check_contract, running, takes
 from gptzoo.hookspecs import CONTRACTS
+from gptzoo.interfaces import Position
 from gptzoo.memory import available_bytes, format_bytes
 from gptzoo.model.gpt import BLOCKS, GPT
 from gptzoo.recipe import COMPONENT_KEYS, Recipe, load_recipe, structural_args
+from gptzoo.recipe.schema import LAYER_TYPES, Component, LayerType
 from gptzoo.registry import Entry, Registry, default_registry
 
 
-def resolve_components(recipe: Recipe, registry: Registry) -> dict[str, Entry]:
-    """The registry entry of each component of the recipe, by [model] key (= kind)."""
-    return {kind: registry.get(kind, getattr(recipe.model, kind).name) for kind in COMPONENT_KEYS}
+def resolve_components(recipe: Recipe, registry: Registry) -> dict[str, tuple[Entry, Component]]:
+    """The registry entry and recipe value of each component of the recipe, by [model] key (= kind),
+    then those of each layer type, by ``layer_types.TYPE.KEY``."""
+    spec = recipe.model
+    components = {kind: getattr(spec, kind) for kind in COMPONENT_KEYS}
+    for name, layer in spec.layer_types:
+        components.update({f"{LAYER_TYPES}.{name}.{kind}": c for kind, c in layer.overrides().items()})
+    return {key: (registry.get(key.rsplit(".", 1)[-1], c.name), c) for key, c in components.items()}
 
 
 def build_model(
@@ -67,35 +75,63 @@ def assemble(
     recipe: Recipe, registry: Registry, device: torch.device, built: list[tuple[Entry, nn.Module]] | None = None
 ) -> GPT:
     """The modules of the recipe on ``device``, uninitialized; ``built`` receives each component a
-    factory built (nested ones too, such as an mlp's activation) with its entry."""
-    spec = recipe.model
-    entries = resolve_components(recipe, registry)
-    checked: set[str] = set()
+    factory built (nested ones too, such as an mlp's activation) with its entry.
 
-    def make(kind: str) -> nn.Module:
-        entry = entries[kind]
-        components = {arg: make(arg) for arg in CONTRACTS[kind].components}
-        module = build(entry, {**structural_args(spec, kind), **components, **getattr(spec, kind).kwargs})
-        if kind not in checked:
+    Each block is built from the components of its layer type (``ModelSpec.layer_components``); a
+    layer type that changes the position encoding gets a position module of its own, which the
+    blocks of that type take their rotary and bias from.
+    """
+    spec = recipe.model
+    checked: set[tuple[str, str]] = set()
+
+    def make(kind: str, layer_type: str, **override: int) -> nn.Module:
+        component = spec.layer_components(layer_type)[kind]
+        entry = registry.get(kind, component.name)
+        nested = {arg: make(arg, layer_type) for arg in CONTRACTS[kind].components}
+        builders = {
+            arg: functools.partial(make_at, arg, layer_type) for arg in CONTRACTS[kind].builders if takes(entry, arg)
+        }
+        args = {**structural_args(spec, kind), **nested, **builders, **component.kwargs, **override}
+        module = build(entry, args)
+        if (kind, layer_type) not in checked:
             check_contract(entry, module)
-            checked.add(kind)
+            checked.add((kind, layer_type))
         if built is not None:
             built.append((entry, module))
         return module
 
+    def make_at(kind: str, layer_type: str, dim: int) -> nn.Module:
+        (arg, _), *_ = CONTRACTS[kind].structural  # the width: a norm's dim
+        return make(kind, layer_type, **{arg: dim})
+
     block_cls = BLOCKS[spec.norm_placement]
+    schedule = spec.schedule()
     with device:
-        blocks = [
-            block_cls(ln_1=make("norm"), attn=make("attention"), ln_2=make("norm"), mlp=make("mlp"))
-            for _ in range(spec.n_layer)
+        position = make("position", "")
+        own = [
+            t for t in dict.fromkeys(schedule) if "position" in dict(spec.layer_types).get(t, LayerType()).overrides()
         ]
+        layer_positions = [make("position", t) for t in own]
+        for t, module in zip(own, layer_positions, strict=True):
+            if type(module).embed is not Position.embed:
+                raise GptzooError(
+                    f"recipe {recipe.name!r}: [model] layer_types.{t}.position ({type(module).__name__}) adds an "
+                    "embedding to the tokens, which only [model] position can (it is added once, below every "
+                    "layer); give the layer type a position that only rotates or biases attention"
+                )
+        kinds = {"attn": "attention", "mlp": "mlp"}  # every other part of a block is a norm
+        blocks = [block_cls(**{part: make(kinds.get(part, "norm"), t) for part in block_cls.layout}) for t in schedule]
         return GPT(
             vocab_size=spec.vocab_size,
             n_embd=spec.n_embd,
-            position=make("position"),
+            position=position,
             blocks=blocks,
-            ln_f=make("norm") if block_cls.has_final_norm else nn.Identity(),
+            ln_f=make("norm", "") if block_cls.has_final_norm else nn.Identity(),
             tie_embeddings=spec.tie_embeddings,
+            layer_positions=layer_positions,
+            position_of=[own.index(t) + 1 if t in own else 0 for t in schedule],
+            scale_embeddings=spec.scale_embeddings,
+            logit_softcap=spec.logit_softcap,
         )
 
 

@@ -1,26 +1,37 @@
 r"""The model: token embedding, position encoding, N blocks, final norm, LM head.
 
 It is composed from component modules built elsewhere (gptzoo.model.build) and calls only their
-interfaces (gptzoo.interfaces): no component names, no flags. The one structural choice, norm
-placement, selects a block class.
+interfaces (gptzoo.interfaces): no component names, no flags. The recipe's structural choices select
+a block class (``norm_placement``) and, per layer, the components and position encoding its layer
+type uses (``layer_pattern``); the model only runs what it was given.
 
 Dimensions: B batch, T new tokens, S all keys so far (cached + new), V vocab_size, d n_embd,
 nh n_head, nkv n_kv_head, hs head_dim.
 
-    idx (B, T) -> wte -> x (B, T, d) [+ position.embed]
-      -> blocks x n_layer -> ln_f -> lm_head -> logits (B, T, V)
+    idx (B, T) -> wte [x sqrt(d)] -> x (B, T, d) [+ position.embed]
+      -> blocks x n_layer -> ln_f -> lm_head [-> c tanh(./c)] -> logits (B, T, V)
 
     pre (GPT-2, Radford et al., 2019)         post (Vaswani et al., 2017)
       x ----------+--> (+) ---+--> (+) -->      x --+--> (+) -> ln_1 --+--> (+) -> ln_2 -->
        \ ln_1 > attn /  \ ln_2 > mlp /            \  attn  /          \  mlp  /
-      then a final ln_f                         no final norm
+
+    sandwich (Gemma 2 and 3)                  reordered (OLMo 2)
+      x --------------------+--> (+) ...        x ------------+--> (+) ...
+       \ ln_1 > attn > post_ln_1 /               \ attn > ln_1 /        (mlp likewise, ln_2)
+       (mlp likewise: ln_2, post_ln_2)
+
+    parallel (GPT-NeoX, GPT-J: both sublayers read the block's input)
+      x ---------------------------+--> (+) -->
+       \ ln_1 > attn + ln_2 > mlp /
+
+    every shape but post ends with a final norm ln_f.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -33,11 +44,27 @@ if TYPE_CHECKING:
 
 
 class PreNormBlock(nn.Module):
-    has_final_norm = True
+    layout: ClassVar[tuple[str, ...]] = ("ln_1", "attn", "ln_2", "mlp")
+    """The block's parts in the order they run (and are registered, which fixes the order in which
+    initialization draws random numbers); every part but attn and mlp is a norm."""
+    has_final_norm: ClassVar[bool] = True
 
-    def __init__(self, ln_1: nn.Module, attn: nn.Module, ln_2: nn.Module, mlp: nn.Module) -> None:
+    def __init__(self, attn: nn.Module, mlp: nn.Module, **norms: nn.Module) -> None:
         super().__init__()
-        self.ln_1, self.attn, self.ln_2, self.mlp = ln_1, attn, ln_2, mlp
+        if set(norms) != set(self.norms()):
+            raise TypeError(f"{type(self).__name__} takes the norms {self.norms()}, got {tuple(norms)}")
+        parts = {"attn": attn, "mlp": mlp, **norms}
+        for name in self.layout:
+            setattr(self, name, parts[name])
+
+    @classmethod
+    def norms(cls) -> tuple[str, ...]:
+        """The names of the block's norms, which the builder makes."""
+        return tuple(name for name in cls.layout if name not in ("attn", "mlp"))
+
+    def parts(self) -> list[nn.Module]:
+        """The components of the block, in its layout's order."""
+        return [getattr(self, name) for name in self.layout]
 
     def forward(self, x: Tensor, ctx: AttentionContext, cache: LayerKVCache | None = None) -> Tensor:
         x = x + self.attn(self.ln_1(x), ctx, cache)
@@ -50,6 +77,28 @@ class PostNormBlock(PreNormBlock):
     def forward(self, x: Tensor, ctx: AttentionContext, cache: LayerKVCache | None = None) -> Tensor:
         x = self.ln_1(x + self.attn(x, ctx, cache))
         return self.ln_2(x + self.mlp(x))
+
+
+class SandwichBlock(PreNormBlock):
+    layout = ("ln_1", "attn", "post_ln_1", "ln_2", "mlp", "post_ln_2")
+
+    def forward(self, x: Tensor, ctx: AttentionContext, cache: LayerKVCache | None = None) -> Tensor:
+        x = x + self.post_ln_1(self.attn(self.ln_1(x), ctx, cache))
+        return x + self.post_ln_2(self.mlp(self.ln_2(x)))
+
+
+class ReorderedBlock(PreNormBlock):
+    layout = ("attn", "ln_1", "mlp", "ln_2")
+
+    def forward(self, x: Tensor, ctx: AttentionContext, cache: LayerKVCache | None = None) -> Tensor:
+        x = x + self.ln_1(self.attn(x, ctx, cache))
+        return x + self.ln_2(self.mlp(x))
+
+
+class ParallelBlock(PreNormBlock):
+    def forward(self, x: Tensor, ctx: AttentionContext, cache: LayerKVCache | None = None) -> Tensor:
+        attn = self.attn(self.ln_1(x), ctx, cache)
+        return self.mlp(self.ln_2(x)) + attn + x
 
 
 def _resets_itself(module: nn.Module) -> bool:
@@ -73,7 +122,13 @@ def _modules_outside(
         yield from _modules_outside(child, own, reset, seen)
 
 
-BLOCKS: dict[str, type[PreNormBlock]] = {"pre": PreNormBlock, "post": PostNormBlock}
+BLOCKS: dict[str, type[PreNormBlock]] = {
+    "pre": PreNormBlock,
+    "post": PostNormBlock,
+    "sandwich": SandwichBlock,
+    "reordered": ReorderedBlock,
+    "parallel": ParallelBlock,
+}
 """norm_placement -> block class."""
 
 
@@ -92,7 +147,14 @@ class GPT(nn.Module):
         blocks: list[PreNormBlock],
         ln_f: nn.Module,
         tie_embeddings: bool,
+        layer_positions: Sequence[Position] = (),
+        position_of: Sequence[int] = (),
+        scale_embeddings: bool = False,
+        logit_softcap: float = 0.0,
     ) -> None:
+        """``layer_positions``: position encodings that some layers use instead of ``position`` for
+        their rotary and bias (a layer type's); ``position_of[i]``: block i's, 0 for ``position``, k
+        for ``layer_positions[k - 1]`` (default: all 0). Only ``position`` adds an embedding."""
         super().__init__()
         # An explicit empty weight skips nn.Embedding's own init (init_weights does it), which on the
         # meta device would cost seconds of lazy imports for normal_.
@@ -103,6 +165,15 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
         if tie_embeddings:
             self.lm_head.weight = self.wte.weight
+        self.layer_positions = nn.ModuleList(layer_positions)
+        self.position_of = tuple(position_of) or (0,) * len(blocks)
+        self.embed_scale = math.sqrt(n_embd) if scale_embeddings else None
+        self.logit_softcap = logit_softcap
+
+    @property
+    def positions(self) -> list[Position]:
+        """The model's position encoding, then those of layer types."""
+        return [self.position, *self.layer_positions]
 
     @property
     def tied(self) -> bool:
@@ -128,12 +199,13 @@ class GPT(nn.Module):
         B, T = idx.shape
         start = cache.length if cache is not None else 0
         end = start + T
-        limit = self.position.max_positions
-        if limit is not None and end > limit:
-            raise GptzooError(
-                f"a sequence of {end} tokens is longer than the {limit} positions that "
-                f"{type(self.position).__name__} encodes; shorten the input"
-            )
+        for position in self.positions:
+            limit = position.max_positions
+            if limit is not None and end > limit:
+                raise GptzooError(
+                    f"a sequence of {end} tokens is longer than the {limit} positions that "
+                    f"{type(position).__name__} encodes; shorten the input"
+                )
         if cache is not None and end > cache.max_len:
             raise GptzooError(
                 f"the KV cache holds {cache.max_len} positions, {end} were asked for; make a larger cache"
@@ -147,24 +219,33 @@ class GPT(nn.Module):
         else:
             pos = Positions.plain(0, T, idx.device)
         x = self.wte(idx)  # (B, T, d)
+        if self.embed_scale is not None:  # in the embeddings' dtype, as Gemma rounds it
+            x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
         emb = self.position.embed(pos.queries)
         if emb is not None:
             x = x + emb.to(x.dtype)
-        ctx = self.attention_context(pos, x.dtype)
+        contexts = [self.attention_context(pos, x.dtype, position) for position in self.positions]
         for i, block in enumerate(self.blocks):
-            x = block(x, ctx, cache.layers[i] if cache is not None else None)
+            x = block(x, contexts[self.position_of[i]], cache.layers[i] if cache is not None else None)
         if logits_to_keep:
             x = x[:, -logits_to_keep:]
-        return self.lm_head(self.ln_f(x))
+        logits = self.lm_head(self.ln_f(x))
+        if self.logit_softcap:
+            logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
+        return logits
 
-    def attention_context(self, pos: Positions, dtype: torch.dtype) -> AttentionContext:
-        """Rotary tables and masks for these queries, computed once for all layers; the context also
-        carries the positions and the position bias, for a layer that keeps only some keys."""
+    def attention_context(
+        self, pos: Positions, dtype: torch.dtype, position: Position | None = None
+    ) -> AttentionContext:
+        """Rotary tables and masks for these queries from ``position`` (default: the model's),
+        computed once for all layers that use it; the context also carries the positions and the
+        position bias, for a layer that keeps only some keys."""
+        position = self.position if position is None else position
         start, T = pos.start, pos.queries.shape[1]
         device = pos.queries.device
-        rotary = self.position.rotary(pos.queries)
-        bias = self.position.attn_bias(pos.queries, pos.keys)
-        shared = {"positions": pos, "attn_bias": self.position.attn_bias}
+        rotary = position.rotary(pos.queries)
+        bias = position.attn_bias(pos.queries, pos.keys)
+        shared = {"positions": pos, "attn_bias": position.attn_bias}
         if bias is None and pos.key_mask is None and start == 0:
             return AttentionContext(start, rotary, None, is_causal=True, **shared)
         if bias is None and pos.key_mask is None and T == 1:  # one new token sees every cached key
@@ -193,11 +274,11 @@ class GPT(nn.Module):
             raise CheckpointError(f"{source}: nothing loaded into {left}; every tensor of the model needs a weight")
 
     def components(self) -> list[nn.Module]:
-        """The model's parts that factories built: the position, each block's norms, attention and
+        """The model's parts that factories built: the positions, each block's norms, attention and
         mlp, and the final norm (components nested in these, such as an mlp's activation, are known
         to the builder only)."""
-        blocks = [part for b in self.blocks for part in (b.ln_1, b.attn, b.ln_2, b.mlp)]
-        return [self.position, *blocks, self.ln_f]
+        blocks = [part for b in self.blocks for part in b.parts()]
+        return [*self.positions, *blocks, self.ln_f]
 
     @torch.no_grad()
     def init_weights(

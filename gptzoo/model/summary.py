@@ -18,7 +18,7 @@ from gptzoo.flops import FLOPS_CONVENTION, TRAIN_FORWARD_RATIO, forward_flops
 from gptzoo.interfaces import KVCache
 from gptzoo.memory import format_bytes
 from gptzoo.model.gpt import GPT
-from gptzoo.recipe import Recipe
+from gptzoo.recipe import Component, Recipe
 from gptzoo.registry import Entry
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -35,6 +35,8 @@ SHAPE_KEYS = (
     "bias",
     "tie_embeddings",
 )
+LAYER_SHAPE_KEYS = ("scale_embeddings", "logit_softcap")
+"""Shape keys shown only when they are set."""
 
 
 def _numel(module: torch.nn.Module) -> int:
@@ -47,11 +49,11 @@ def parameter_counts(model: GPT) -> dict[str, Any]:
     per_block = {
         "attention": sum(_numel(b.attn) for b in blocks),
         "mlp": sum(_numel(b.mlp) for b in blocks),
-        "norms": sum(_numel(b.ln_1) + _numel(b.ln_2) for b in blocks),
+        "norms": sum(_numel(getattr(b, name)) for b in blocks for name in b.norms()),
     }
     counts = {
         "token_embedding": model.wte.weight.numel(),
-        "position": _numel(model.position),
+        "position": sum(_numel(p) for p in model.positions),
         "blocks": sum(per_block.values()),
         "final_norm": _numel(model.ln_f),
         "head": 0 if model.tied else model.lm_head.weight.numel(),
@@ -67,17 +69,53 @@ def parameter_counts(model: GPT) -> dict[str, Any]:
     }
 
 
+def schedule(recipe: Recipe) -> dict[str, Any]:
+    """The layer type of each block, the pattern in short (``(sliding x5, full) x3``), and the layers of each type."""
+    spec = recipe.model
+    layers = spec.schedule()
+    pattern = list(spec.layer_pattern)
+    return {
+        "pattern": pattern,
+        "layers": layers,
+        "text": schedule_text(pattern, spec.n_layer) if pattern else f"{spec.n_layer} x the same block",
+        "count": {name: layers.count(name) for name in dict.fromkeys(layers)},
+    }
+
+
+def schedule_text(pattern: list[str], n_layer: int) -> str:
+    """``(sliding x5, full) x3``: runs of a type within the pattern, and how often the pattern repeats
+    (with the layers of a last partial repeat after a +)."""
+    runs: list[list[Any]] = []
+    for name in pattern:
+        if runs and runs[-1][0] == name:
+            runs[-1][1] += 1
+        else:
+            runs.append([name, 1])
+    inner = ", ".join(f"{name} x{n}" if n > 1 else name for name, n in runs)
+    repeats, rest = divmod(n_layer, len(pattern))
+    text = f"({inner}) x{repeats}" if len(runs) > 1 else f"{inner.split(' x')[0]} x{len(pattern) * repeats}"
+    if rest:
+        text += " + " + schedule_text(pattern[:rest], rest) if rest > 1 else f" + {pattern[0]}"
+    return text
+
+
 def summarize(
-    model: GPT, recipe: Recipe, entries: dict[str, Entry], *, batch: int, seq_len: int | None = None
+    model: GPT,
+    recipe: Recipe,
+    entries: dict[str, tuple[Entry, Component]],
+    *,
+    batch: int,
+    seq_len: int | None = None,
 ) -> dict[str, Any]:
     """A JSON-ready description of the model at (batch, seq_len); seq_len defaults to the context length."""
     seq_len = seq_len or recipe.model.context_length
-    limit = model.position.max_positions
-    if limit is not None and seq_len > limit:
-        raise GptzooError(
-            f"--seq-len {seq_len} is longer than the {limit} positions "
-            f"{recipe.name}'s {recipe.model.position.name} positions encode"
-        )
+    for i, position in enumerate(model.positions):
+        limit = position.max_positions
+        if limit is not None and seq_len > limit:
+            name = recipe.model.position.name if i == 0 else type(position).__name__
+            raise GptzooError(
+                f"--seq-len {seq_len} is longer than the {limit} positions {recipe.name}'s {name} positions encode"
+            )
     flops = forward_flops(model, batch, seq_len)
     forward = sum(flops.values())
     params = parameter_counts(model)
@@ -86,14 +124,27 @@ def summarize(
             "key": key,
             "kind": entry.kind,
             "name": entry.name,
-            "params": getattr(recipe.model, key).kwargs,
+            "params": component.kwargs,
             "plugin": entry.provenance.plugin,
             "distribution": entry.provenance.distribution,
             "version": entry.provenance.version,
             "overrides": str(entry.overrides) if entry.overrides else None,
         }
-        for key, entry in entries.items()
+        for key, (entry, component) in entries.items()
     ]
+    layers = schedule(recipe)
+    by_type = {
+        name: {
+            "layers": layers["count"][name],
+            **{
+                dt_name: kv_bytes_per_token(
+                    model, seq_len, dt, [i for i, t in enumerate(layers["layers"]) if t == name]
+                )
+                for dt_name, dt in DTYPES.items()
+            },
+        }
+        for name in layers["count"]
+    }
     return {
         "recipe": {
             "name": recipe.name,
@@ -101,7 +152,11 @@ def summarize(
             "description": recipe.description,
             "resolved": recipe.to_dict(),
         },
-        "shape": {k: getattr(recipe.model, k) for k in SHAPE_KEYS},
+        "shape": {
+            **{k: getattr(recipe.model, k) for k in SHAPE_KEYS},
+            **{k: getattr(recipe.model, k) for k in LAYER_SHAPE_KEYS if getattr(recipe.model, k)},
+        },
+        "schedule": layers,
         "components": components,
         "params": params,
         "flops": {
@@ -116,15 +171,17 @@ def summarize(
         "memory": {
             "weights_bytes": {name: params["total"] * dt.itemsize for name, dt in DTYPES.items()},
             "kv_cache_bytes_per_token": {name: kv_bytes_per_token(model, seq_len, dt) for name, dt in DTYPES.items()},
+            "kv_cache_bytes_per_token_by_layer_type": by_type,
         },
     }
 
 
-def kv_bytes_per_token(model: GPT, seq_len: int, dtype: torch.dtype) -> int:
-    """The KV cache's bytes per token of one sequence of seq_len tokens, as the attentions size their
-    caches (``kv_bytes``): exact for layers that keep every key, an average over seq_len for one that
-    keeps a window (rounded up)."""
-    total = KVCache.bytes_needed((block.attn for block in model.blocks), 1, seq_len, dtype)
+def kv_bytes_per_token(model: GPT, seq_len: int, dtype: torch.dtype, layers: list[int] | None = None) -> int:
+    """The KV cache's bytes per token of one sequence of seq_len tokens, as the attentions of these
+    layers (default: all) size their caches (``kv_bytes``): exact for layers that keep every key, an
+    average over seq_len for one that keeps a window (rounded up)."""
+    blocks = model.blocks if layers is None else [model.blocks[i] for i in layers]
+    total = KVCache.bytes_needed((block.attn for block in blocks), 1, seq_len, dtype)
     return -(-total // seq_len)
 
 
@@ -140,6 +197,9 @@ def render_summary(s: dict[str, Any], console: Console) -> None:
     name, description, source = (escape(terminal_text(r[k])) for k in ("name", "description", "source"))
     console.print(f"[bold]{name}[/bold]  {description}\n[dim]{source}[/dim]")
     console.print(" ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in s["shape"].items()))
+    if s["schedule"]["pattern"]:
+        counts = ", ".join(f"{n} {escape(terminal_text(t))}" for t, n in s["schedule"]["count"].items())
+        console.print(f"layers: {escape(terminal_text(s['schedule']['text']))}  ({counts})")
 
     table = Table(title="Components", title_justify="left")
     for col in ("key", "component", "parameters", "from"):
@@ -149,7 +209,8 @@ def render_summary(s: dict[str, Any], console: Console) -> None:
         origin = f"{c['plugin']} ({c['distribution']} {c['version']})"
         if c["overrides"]:
             origin += f", overrides {c['overrides']}"
-        table.add_row(*(escape(terminal_text(text)) for text in (c["key"], c["name"], params, origin)))
+        key = c["key"].removeprefix("layer_types.")  # a layer type's: sliding.attention
+        table.add_row(*(escape(terminal_text(text)) for text in (key, c["name"], params, origin)))
     console.print(table)
 
     p = s["params"]
@@ -192,4 +253,10 @@ def render_summary(s: dict[str, Any], console: Console) -> None:
         f"KV cache per token (at {s['flops']['seq_len']} tokens)",
         *(format_bytes(mem["kv_cache_bytes_per_token"][n]) for n in DTYPES),
     )
+    if s["schedule"]["pattern"]:
+        for name, row in mem["kv_cache_bytes_per_token_by_layer_type"].items():
+            table.add_row(
+                f"  of which {row['layers']} {escape(terminal_text(name))} layers",
+                *(format_bytes(row[n]) for n in DTYPES),
+            )
     console.print(table)

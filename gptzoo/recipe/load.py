@@ -7,7 +7,9 @@ parent's. A component value is replaced whole, unless it is a table without a na
 its name and other parameters. Overrides ``model.n_layer=6`` apply last; a value is one TOML value,
 falling back to a bare string (``model.norm=rmsnorm``); a third part sets a [model] component's
 parameter (``model.norm.eps=1e-6``), and a table without a name changes parameters as in a child
-recipe. A problem that an override causes names that override (``--set model.norm=nope: ...``),
+recipe. A layer type's component is reached the same way below ``model.layer_types.TYPE``
+(``model.layer_types.sliding.attention.window=256``). ``[model] layer_types`` is replaced whole by a
+child recipe's. A problem that an override causes names that override (``--set model.norm=nope: ...``),
 not the recipe file it was applied to.
 """
 
@@ -22,7 +24,16 @@ from pathlib import Path
 from typing import Any
 
 from gptzoo.errors import RecipeError, did_you_mean
-from gptzoo.recipe.schema import COMPONENT_KEYS, PROVENANCE, SAMPLERS, SECTIONS, TOP_LEVEL_KEYS, Recipe
+from gptzoo.recipe.schema import (
+    COMPONENT_KEYS,
+    LAYER_TYPES,
+    PROVENANCE,
+    SAMPLERS,
+    SECTIONS,
+    TOP_LEVEL_KEYS,
+    Recipe,
+    merge_component,
+)
 from gptzoo.recipe.validate import describe, show, validate
 from gptzoo.registry import Registry
 
@@ -166,19 +177,6 @@ def merge(base: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def merge_component(base: Any, child: Any) -> Any:
-    """A component value over its parent's: a table without ``name`` changes the parent component's
-    parameters (``{ theta = 5e5 }`` over ``{ name = "rope", theta = 1e4 }``); anything else replaces it.
-    Over no parent component (or a malformed one) the child stands as written, for validation to judge."""
-    if not isinstance(child, dict) or "name" in child:
-        return child
-    if isinstance(base, str):
-        return {"name": base, **child}
-    if isinstance(base, dict) and "name" in base:
-        return {**base, **child}
-    return child
-
-
 def parse_override(text: str) -> tuple[list[str], Any]:
     """'model.n_layer=6' -> (['model', 'n_layer'], 6); a value is one TOML value, else a bare string.
 
@@ -186,11 +184,17 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     """
     key, sep, value = text.partition("=")
     path = [part.strip() for part in key.split(".")]
-    if not sep or not 2 <= len(path) <= 3 or not all(path):
+    layer = path[:2] == ["model", LAYER_TYPES]
+    if not sep or not 2 <= len(path) <= (5 if layer else 3) or not all(path):
         raise ValueError(
             f"--set {show(text)} is not SECTION.KEY=VALUE or SECTION.KEY.PARAM=VALUE (e.g. model.n_layer=6)"
         )
-    if len(path) == 3 and (path[0] != "model" or path[1] not in COMPONENT_KEYS):
+    if layer and len(path) > 2 and (len(path) < 4 or path[3] not in COMPONENT_KEYS):
+        raise ValueError(
+            f"--set {show(text)}: a layer type's component is model.{LAYER_TYPES}.TYPE.COMPONENT[.PARAM]=VALUE"
+            f" (COMPONENT one of {', '.join(COMPONENT_KEYS)})"
+        )
+    if not layer and len(path) == 3 and (path[0] != "model" or path[1] not in COMPONENT_KEYS):
         raise ValueError(
             f"--set {show(text)}: only a [model] component takes a parameter"
             f" (model.COMPONENT.PARAM=VALUE, COMPONENT one of {', '.join(COMPONENT_KEYS)})"
@@ -217,6 +221,12 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> tuple[dic
             problems.append(str(exc))
             continue
         section = data.setdefault(path[0], {}) if path[0] not in TOP_LEVEL_KEYS else None
+        if isinstance(section, dict) and len(path) > 3:  # model.layer_types.TYPE.COMPONENT[.PARAM]
+            section = _layer_type_table(section, path[2])
+            if section is None:
+                problems.append(f"--set {show(text)}: [model] {LAYER_TYPES} or its {show(path[2])} is not a table")
+                continue
+            path = ["model", *path[3:]]
         if not isinstance(section, dict):
             problems.append(f"--set {show(text)}: {show(path[0])} is not a section")
         elif len(path) == 2:
@@ -229,6 +239,17 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> tuple[dic
             component[path[2]] = value
             section[path[1]] = component
     return data, problems
+
+
+def _layer_type_table(model: dict[str, Any], name: str) -> dict[str, Any] | None:
+    """A copy of [model.layer_types.NAME] put in place of the original (created if absent), for an override
+    to change; None when the data there is not a table."""
+    types = model.get(LAYER_TYPES, {})
+    if not isinstance(types, dict) or not isinstance(types.get(name, {}), dict):
+        return None
+    table = dict(types.get(name, {}))
+    model[LAYER_TYPES] = {**types, name: table}
+    return table
 
 
 def _forget_origin(data: dict[str, Any], path: list[str]) -> None:

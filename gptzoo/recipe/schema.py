@@ -39,8 +39,11 @@ MAX_INIT_STD = 1e3
 """The largest init_std: six standard deviations stay finite in float16 (and far from float32's limit)."""
 MAX_INT = 2**63 - 1
 """The largest value of any other integer in a recipe ([train] counts and seed, component parameters): int64."""
-NORM_PLACEMENTS = ("pre", "post")
-"""pre: x + F(norm(x)) with a final norm (GPT-2); post: norm(x + F(x)), no final norm (Vaswani et al.)."""
+NORM_PLACEMENTS = ("pre", "post", "sandwich", "reordered", "parallel")
+"""The block's shape, F each sublayer (attention, then mlp): pre: x + F(norm(x)) with a final norm
+(GPT-2); post: norm(x + F(x)), no final norm (Vaswani et al.); sandwich: x + norm(F(norm(x))), four
+norms a block (Gemma 2 and 3); reordered: x + norm(F(x)) (OLMo 2); parallel: x + attn(norm(x)) +
+mlp(norm(x)), both sublayers reading the block's input (GPT-NeoX, GPT-J). All but post end with a final norm."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,23 @@ class Component:
 
     def to_toml_value(self) -> str | dict[str, Any]:
         return {"name": self.name, **self.kwargs} if self.params else self.name
+
+
+@dataclass(frozen=True)
+class LayerType:
+    """One entry of [model.layer_types]: the components that layers of this type use instead of
+    [model]'s (None: [model]'s). A layer type names components as [model] does; a table without a
+    name changes parameters of [model]'s component (``position = { theta = 1e4 }``)."""
+
+    norm: Component | None = None
+    activation: Component | None = None
+    mlp: Component | None = None
+    position: Component | None = None
+    attention: Component | None = None
+
+    def overrides(self) -> dict[str, Component]:
+        """[model] key -> this type's component, for the keys it sets."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
 
 
 @dataclass(frozen=True)
@@ -85,12 +105,33 @@ class ModelSpec:
     head_dim: int = 0
     """Per-head dimension; 0 (the default) means n_embd // n_head."""
     init_std: float = 0.02
+    scale_embeddings: bool = False
+    """Multiply the token embeddings by sqrt(n_embd), rounded to the embeddings' dtype (Gemma)."""
+    logit_softcap: float = 0.0
+    """Final logit soft-capping: logits = c * tanh(logits / c) (Gemma 2); 0 turns it off."""
+    layer_pattern: tuple[str, ...] = ()
+    """The layer type of each block, by name of [model.layer_types], repeated over n_layer when shorter
+    and cut when longer (``["sliding", "sliding", "sliding", "sliding", "sliding", "full"]`` is Gemma 3's
+    5:1, so ``--set model.n_layer=2`` keeps two sliding layers); empty: every layer is built from
+    [model] alone."""
+    layer_types: tuple[tuple[str, LayerType], ...] = ()
+    """(name, LayerType) pairs, in recipe order: what each layer type changes."""
 
     def __post_init__(self) -> None:
         if not self.n_kv_head:
             object.__setattr__(self, "n_kv_head", self.n_head)
         if not self.head_dim and self.n_head:
             object.__setattr__(self, "head_dim", self.n_embd // self.n_head)
+
+    def schedule(self) -> list[str]:
+        """The layer type name of each block ("" for every block when there is no layer_pattern)."""
+        pattern = self.layer_pattern or ("",)
+        return [pattern[i % len(pattern)] for i in range(self.n_layer)]
+
+    def layer_components(self, layer_type: str) -> dict[str, Component]:
+        """[model] key -> the component layers of this type (by name; "" for [model]'s own) use."""
+        components = {key: getattr(self, key) for key in COMPONENT_KEYS}
+        return {**components, **dict(self.layer_types).get(layer_type, LayerType()).overrides()}
 
 
 @dataclass(frozen=True)
@@ -187,6 +228,14 @@ class Recipe:
         for key, value in model.items():
             if isinstance(value, Component):
                 model[key] = value.to_toml_value()
+        model["layer_pattern"] = list(self.model.layer_pattern)
+        model["layer_types"] = {
+            name: {key: c.to_toml_value() for key, c in layer.overrides().items()}
+            for name, layer in self.model.layer_types
+        }
+        for key in ("scale_embeddings", "logit_softcap", "layer_pattern", "layer_types"):
+            if not model[key]:  # written only when set: recipes from before them read back the same
+                del model[key]
         # Defaults stay implicit, so that `--set model.n_embd=...` on a written recipe still derives them.
         if model["n_kv_head"] == model["n_head"]:
             del model["n_kv_head"]
@@ -217,6 +266,12 @@ class Recipe:
             for key in COMPONENT_KEYS
             if ORIGIN.fullmatch(getattr(self.model, key).origin)
         }
+        layer_origins = {
+            name: {key: c.origin for key, c in layer.overrides().items() if ORIGIN.fullmatch(c.origin)}
+            for name, layer in self.model.layer_types
+        }
+        if any(layer_origins.values()):
+            provenance[LAYER_TYPES] = {name: origins for name, origins in layer_origins.items() if origins}
         samplers = self.generate.samplers
         if "generate" in data and samplers and all(ORIGIN.fullmatch(c.origin) for c in samplers):
             provenance[SAMPLERS] = [c.origin for c in self.generate.samplers]
@@ -242,9 +297,25 @@ TOP_LEVEL_KEYS = ("extends", "description")
 PROVENANCE = "provenance"
 """The table of a resolved recipe that records each component's distribution and version."""
 SAMPLERS = "samplers"
+LAYER_TYPES = "layer_types"
+"""The [model] key of the layer types, and the [provenance] key of their components (by type, then [model] key)."""
 """The [provenance] key of the sampler chain's steps (the others are [model] component keys)."""
 COMPONENT_KEYS = tuple(f.name for f in fields(ModelSpec) if f.type in ("Component", Component))
+
 """[model] keys that name a component; each is the recipe_key of one kind in gptzoo.hookspecs.CONTRACTS."""
+
+
+def merge_component(base: Any, child: Any) -> Any:
+    """A component value over its parent's: a table without ``name`` changes the parent component's
+    parameters (``{ theta = 5e5 }`` over ``{ name = "rope", theta = 1e4 }``); anything else replaces it.
+    Over no parent component (or a malformed one) the child stands as written, for validation to judge."""
+    if not isinstance(child, dict) or "name" in child:
+        return child
+    if isinstance(base, str):
+        return {"name": base, **child}
+    if isinstance(base, dict) and "name" in base:
+        return {**base, **child}
+    return child
 
 
 # --- writing --------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from gptzoo.plugin_manager import canonical_name
 from gptzoo.recipe.schema import (
     BARE_KEY,
     COMPONENT_KEYS,
+    LAYER_TYPES,
     MAX_DIM,
     MAX_HEADS,
     MAX_INIT_STD,
@@ -47,9 +48,11 @@ from gptzoo.recipe.schema import (
     TOP_LEVEL_KEYS,
     Component,
     GenerateSpec,
+    LayerType,
     ModelSpec,
     Recipe,
     TrainSpec,
+    merge_component,
 )
 from gptzoo.registry import NAME, Entry, Registry, default_registry, split_name
 from gptzoo.tokenizer import TOKENIZER_NAMES
@@ -178,16 +181,20 @@ class _Validator:
         self.origins: dict[str, str] = {}
         """[provenance]: [model] key -> the ``DISTRIBUTION VERSION`` its component came from."""
         self.sampler_origins: list[str] = []
+        self.layer_origins: dict[str, dict[str, str]] = {}
+        """[provenance] layer_types: layer type -> [model] key -> ``DISTRIBUTION VERSION``."""
 
     def provenance(self, data: Any) -> None:
         """Read a [provenance] table (untrusted: a checkpoint's) into ``origins``; refuse a malformed one."""
         if not isinstance(data, dict):
             self.problems.append(f"[{PROVENANCE}] must be a table, got {describe(data)}")
             return
-        keys = [*COMPONENT_KEYS, SAMPLERS]
+        keys = [*COMPONENT_KEYS, SAMPLERS, LAYER_TYPES]
         for key, value in data.items():
             if key not in keys:
                 self.problems.append(f"[{PROVENANCE}] unknown key {show(key)}{did_you_mean(key, keys)}")
+            elif key == LAYER_TYPES:
+                self.layer_provenance(value)
             elif key != SAMPLERS:
                 if isinstance(value, str) and ORIGIN.fullmatch(value):
                     self.origins[key] = value
@@ -197,6 +204,21 @@ class _Validator:
                 self.sampler_origins = value
             else:
                 self.problems.append(f"[{PROVENANCE}] {key} must be a list of {ORIGIN_TEXT}, got {describe(value)}")
+
+    def layer_provenance(self, data: Any) -> None:
+        """[provenance] layer_types: { TYPE = { KEY = "DISTRIBUTION VERSION" } }."""
+        ok = isinstance(data, dict) and all(
+            isinstance(origins, dict)
+            and all(k in COMPONENT_KEYS and isinstance(v, str) and ORIGIN.fullmatch(v) for k, v in origins.items())
+            for origins in data.values()
+        )
+        if not ok:
+            self.problems.append(
+                f"[{PROVENANCE}] {LAYER_TYPES} must be a table of layer types, each a table of components' "
+                f"{ORIGIN_TEXT}, got {describe(data)}"
+            )
+            return
+        self.layer_origins = data
 
     def missing(self, kind: str, name: str, origin: str) -> str:
         """Why a component the recipe's [provenance] says came from ``origin`` is not registered, and
@@ -233,7 +255,11 @@ class _Validator:
                 continue
             expected = hints[key]
             value = data[key]
-            if expected is Component:
+            if cls is ModelSpec and key in LAYER_KEYS:
+                layers = LAYER_KEYS[key](self, value, data)
+                if layers is not None:
+                    values[key] = layers
+            elif expected is Component:
                 component = self.component(name, key, value, origin=self.origins.get(key))
                 if component is not None:
                     values[key] = component
@@ -286,6 +312,70 @@ class _Validator:
             return None
         return Component(name, tuple(params.items()), origin=entry.provenance.origin)
 
+    def layer_pattern(self, value: Any, _model: dict[str, Any]) -> tuple[str, ...] | None:
+        if isinstance(value, list) and all(isinstance(v, str) and BARE_KEY.fullmatch(v) for v in value):
+            return tuple(value)
+        self.problems.append(
+            "[model] layer_pattern must be a list of layer type names (letters, digits, _ and -), e.g. "
+            f'["sliding", "full"], got {describe(value)}'
+        )
+        return None
+
+    def layer_types(self, value: Any, model: dict[str, Any]) -> tuple[tuple[str, LayerType], ...] | None:
+        """Each layer type's components; a table without a name changes [model]'s component (``model``: the
+        [model] data) as a child recipe does."""
+        if not isinstance(value, dict):
+            self.problems.append(
+                f"[model] {LAYER_TYPES} must be a table of layer types (e.g. [model.{LAYER_TYPES}.sliding]), "
+                f"got {describe(value)}"
+            )
+            return None
+        before = len(self.problems)
+        types = []
+        for name, table in value.items():
+            where = f"{LAYER_TYPES}.{key_text(name)}"
+            if not BARE_KEY.fullmatch(name):
+                self.problems.append(f"[model] {where}: a layer type's name has only letters, digits, _ and -")
+                continue
+            if not isinstance(table, dict):
+                self.problems.append(
+                    f"[model] {where} must be a table of the components it changes ({', '.join(COMPONENT_KEYS)}), "
+                    f"got {describe(table)}"
+                )
+                continue
+            components = {}
+            for key, item in table.items():
+                if key not in COMPONENT_KEYS:
+                    self.problems.append(
+                        f"[model] {where}: unknown key {show(key)}{did_you_mean(key, list(COMPONENT_KEYS))} (a layer "
+                        "type changes components only)"
+                    )
+                    continue
+                origin = self.layer_origins.get(name, {}).get(key)
+                item = merge_component(model.get(key), item)
+                component = self.component("model", f"{where}.{key}", item, kind=key, origin=origin)
+                if component is not None:
+                    components[key] = component
+            types.append((name, LayerType(**components)))
+        return tuple(types) if len(self.problems) == before else None
+
+    def schedule(self, values: dict[str, Any]) -> None:
+        """The pattern names only defined layer types, and every defined type is in it."""
+        pattern, types = values.get("layer_pattern", ()), dict(values.get("layer_types", ()))
+        for name in dict.fromkeys(pattern):
+            if name not in types:
+                self.problems.append(
+                    f"[model] layer_pattern names {show(name)}, which [model.{LAYER_TYPES}] does not define"
+                    f"{did_you_mean(name, list(types))}; add [model.{LAYER_TYPES}.{name}] (empty: [model]'s components)"
+                )
+        for name in types:
+            if name not in pattern:
+                self.problems.append(
+                    f"[model] {LAYER_TYPES}.{name} is not used by layer_pattern; add it to the pattern or remove it"
+                )
+        if "logit_softcap" in values and not values["logit_softcap"] >= 0:
+            self.problems.append(f"[model] logit_softcap={show(values['logit_softcap'])} must be 0 (off) or more")
+
     def model(self, values: dict[str, Any]) -> ModelSpec | None:
         """Check dimensions; with a complete, consistent [model], check component parameters."""
         before = len(self.problems)
@@ -319,6 +409,7 @@ class _Validator:
         if n_head and n_kv_head and n_head % n_kv_head:
             self.problems.append(f"[model] n_head={n_head} is not divisible by n_kv_head={n_kv_head}")
         self.tensor_sizes(values)
+        self.schedule(values)
         required = {f.name for f in fields(ModelSpec) if f.default is MISSING}
         if len(self.problems) > before or not required <= values.keys():
             return None
@@ -496,10 +587,19 @@ class _Validator:
     def component_checks(self, spec: ModelSpec) -> None:
         """Run each factory's optional ``check`` on the complete model (e.g. rope's even head_dim)."""
         for kind in COMPONENT_KEYS:
-            component: Component = getattr(spec, kind)
-            entry = self.registry.get(kind, component.name)
-            for problem in factories.check(entry, {**structural_args(spec, kind), **component.kwargs}):
-                self.problems.append(f"[model] {kind} ({component.name}): {problem}{factories.overridden(entry)}")
+            self.component_check(spec, kind, kind, getattr(spec, kind))
+        for name, layer in spec.layer_types:
+            for kind, component in layer.overrides().items():
+                self.component_check(spec, f"{LAYER_TYPES}.{name}.{kind}", kind, component)
+
+    def component_check(self, spec: ModelSpec, where: str, kind: str, component: Component) -> None:
+        entry = self.registry.get(kind, component.name)
+        for problem in factories.check(entry, {**structural_args(spec, kind), **component.kwargs}):
+            self.problems.append(f"[model] {where} ({component.name}): {problem}{factories.overridden(entry)}")
+
+
+LAYER_KEYS = {"layer_pattern": _Validator.layer_pattern, LAYER_TYPES: _Validator.layer_types}
+"""[model] keys read by a method of their own rather than by their type."""
 
 
 def structural_args(spec: ModelSpec, kind: str) -> dict[str, Any]:

@@ -5,7 +5,7 @@ In a plugin's test suite (pytest collects it because the name starts with ``test
 
     from gptzoo.testing import conformance
 
-    test_sliding_window = conformance("attention", "sliding_window")
+    test_ring_window = conformance("attention", "ring_window")
 
 Without pytest (``gptzoo plugins --check`` does this)::
 
@@ -15,7 +15,7 @@ Without pytest (``gptzoo plugins --check`` does this)::
 API:
 
 - ``conformance(kind, name, *, registry=None)``: a pytest test function parametrized over the
-  component's checks (ids ``attention:sliding_window-causality[rope]``); a failed check fails with
+  component's checks (ids ``attention:ring_window-causality[rope]``); a failed check fails with
   its one-line detail, a skipped one skips.
 - ``conformance_all(registry=None, entries=None)``: the same over every registered component (or
   these entries): gptzoo's tests/test_contract.py.

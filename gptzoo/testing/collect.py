@@ -28,7 +28,7 @@ def as_test(planned: list[Planned]) -> Callable[[Planned], None]:
 
 def conformance(kind: str, name: str, *, registry: Registry | None = None) -> Callable[[Planned], None]:
     """Every check of one registered component, as a test function: bind it to a name starting with
-    ``test_`` in a test module (``test_my_plugin = conformance("attention", "sliding_window")``).
+    ``test_`` in a test module (``test_my_plugin = conformance("attention", "ring_window")``).
     ``registry`` defaults to a fresh one of every installed plugin."""
     registry = registry if registry is not None else get_registry()
     return as_test(planned_checks(registry, [registry.get(kind, name)]))

@@ -25,7 +25,7 @@ class CheckResult:
 
     @property
     def id(self) -> str:
-        """``attention:sliding_window-causality[rope]``: the check's name in a test report."""
+        """``attention:ring_window-causality[rope]``: the check's name in a test report."""
         return f"{self.kind}:{self.name}-{self.check}"
 
 
