@@ -293,7 +293,8 @@ class CausalSelfAttention(nn.Module):
         if self.softcap:
             fields["attn_logit_softcapping"] = self.softcap
         if self.scale != 1.0 / math.sqrt(self.head_dim):
-            fields["query_pre_attn_scalar"] = self.scale**-2
+            scalar = self.scale**-2  # Gemma's field is an integer where it can be (256 from 0.0625)
+            fields["query_pre_attn_scalar"] = round(scalar) if math.isclose(scalar, round(scalar), rel_tol=1e-9) else scalar
         if self.qk_norm != "none":
             fields["qk_norm"] = self.qk_norm
         if self.c_attn.bias is not None and self.c_proj.bias is None:

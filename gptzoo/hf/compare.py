@@ -36,7 +36,9 @@ def hf_model(path: Path, dtype: torch.dtype) -> Any:
     check_directory(path)  # transformers opens files by name: none may lead outside the checkpoint
     try:
         config = AutoConfig.from_pretrained(path)
-        config._attn_implementation = "sdpa"  # config.json's own wins over from_pretrained(attn_implementation=)
+        model_class = AutoModelForCausalLM._model_mapping[type(config)]
+        # config.json's own kernel wins over from_pretrained(attn_implementation=); Gemma 2 has no sdpa
+        config._attn_implementation = "sdpa" if getattr(model_class, "_supports_sdpa", True) else "eager"
         return AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype).eval()
     except Exception as exc:  # transformers raises many kinds (validation, import, type errors) for one file
         raise CheckpointError(

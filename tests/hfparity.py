@@ -1,0 +1,119 @@
+"""Parity with transformers for any family, on random-init checkpoints built from tiny configs (no
+network): the checks every family's tests run, so that each family proves the same things.
+
+- :func:`save_hf`: a random checkpoint whose 1-D tensors (biases, norm weights) are perturbed, so a
+  bias or norm mapped to the wrong place shows in the logits;
+- :func:`check_family`: float32 logits within 1e-4 and the same 32 greedy tokens, with gptzoo's SDPA
+  and eager attentions against transformers' SDPA and eager kernels, on prompts longer than any
+  sliding window; cached decoding that crosses the window equal to full recomputation; export, then
+  ``transformers.AutoModelForCausalLM.from_pretrained`` of the export, gives the same logits, and
+  importing the export gives the same tensors.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+
+import gptzoo
+from gptzoo.hf import export_hf, hf_recipe, load_hf
+from gptzoo.inference.generate import generate
+from gptzoo.recipe import Recipe, validate
+
+transformers.utils.logging.set_verbosity_error()
+transformers.utils.logging.disable_progress_bar()
+
+KERNELS = {
+    "sdpa": {"causal": "causal", "sliding_window": "sliding_window"},
+    "eager": {"causal": "eager", "sliding_window": "eager"},
+}
+"""gptzoo's attention for each of transformers' kernels: the same parameters (window, scale, ...), another kernel."""
+
+
+def save_hf(tmp_path: Path, name: str, config: transformers.PretrainedConfig, *, seed: int = 0) -> Path:
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 1:
+                p.add_(torch.randn_like(p) * 0.1)
+    path = tmp_path / name
+    model.save_pretrained(path)
+    return path
+
+
+def with_kernel(recipe: Recipe, kernel: str) -> Recipe:
+    """The recipe with every attention (in [model] and each layer type) computed by ``kernel``'s counterpart."""
+    data = recipe.to_dict()
+    data.pop("provenance", None)
+    model = data["model"]
+    for table in (model, *model.get("layer_types", {}).values()):
+        attention = table.get("attention")
+        if attention is not None:
+            attention = {"name": attention} if isinstance(attention, str) else dict(attention)
+            attention["name"] = KERNELS[kernel][attention["name"]]
+            table["attention"] = attention
+    return validate(data, recipe.source, name=recipe.name)
+
+
+def hf_model(path: Path, kernel: str) -> Any:
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, attn_implementation=kernel
+    ).eval()
+
+
+def prompt(vocab: int, length: int, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, vocab, (1, length), generator=torch.Generator().manual_seed(seed))
+
+
+def hf_greedy(model: Any, ids: torch.Tensor, n: int) -> list[int]:
+    out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, ids.shape[1] :].tolist()
+
+
+def check_family(path: Path, *, length: int, kernels: tuple[str, ...] = ("sdpa", "eager"), window: int = 0) -> Recipe:
+    """Every parity check on the checkpoint at ``path`` with a prompt of ``length`` tokens (longer than
+    any sliding window); ``window``: the smallest sliding window, whose boundary cached decoding crosses.
+    Returns the recipe derived from config.json."""
+    derived = hf_recipe(path)
+    ids = prompt(derived.model.vocab_size, length)
+    for kernel in kernels:
+        theirs = hf_model(path, kernel)
+        ours = load_hf(path, with_kernel(derived, kernel)).eval()
+        with torch.no_grad():
+            expected = theirs(ids).logits
+            got = ours(ids)
+        diff = (got - expected).abs().max().item()
+        assert diff <= 1e-4, f"{kernel}: max |delta logits| {diff}"
+        assert generate(ours, [ids[0].tolist()], 32)[0] == hf_greedy(theirs, ids, 32), f"{kernel}: greedy tokens"
+    ours = load_hf(path).eval()
+    check_cached_decoding(ours, ids, window)
+    check_export(ours, ids, path.parent / f"{path.name}-export")
+    return derived
+
+
+def check_cached_decoding(model: gptzoo.GPT, ids: torch.Tensor, window: int) -> None:
+    """Prefill up to just before the window's end, then decode one token at a time past it: every
+    step's logits equal those of one full pass."""
+    prefill = max(1, min(window - 2, ids.shape[1] - 4)) if window else ids.shape[1] // 2
+    with torch.no_grad():
+        full = model(ids)
+        cache = model.init_cache(1, ids.shape[1])
+        steps = [model(ids[:, :prefill], cache)]
+        steps += [model(ids[:, t : t + 1], cache) for t in range(prefill, ids.shape[1])]
+    diff = (torch.cat(steps, dim=1) - full).abs().max().item()
+    assert diff <= 1e-4, f"cached decoding differs from full recomputation by {diff}"
+
+
+def check_export(model: gptzoo.GPT, ids: torch.Tensor, out: Path) -> None:
+    export_hf(model, out)
+    exported = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    with torch.no_grad():
+        diff = (exported(ids).logits - model(ids)).abs().max().item()
+    assert diff <= 1e-4, f"the export's logits in transformers differ by {diff}"
+    again = load_hf(out)
+    mine, theirs = model.state_dict(), again.state_dict()
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
