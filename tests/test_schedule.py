@@ -97,7 +97,7 @@ def test_schedule_problems_are_reported_with_their_key_paths(tmp_path: Path) -> 
     with pytest.raises(RecipeError) as info:
         _recipe(tmp_path, SCHEDULED, ["model.layer_types.local.depth=3"])
     assert info.value.problems == [
-        "--set model.layer_types.local.depth=3: a layer type's component is model.layer_types.TYPE.COMPONENT[.PARAM]"
+        "--set 'model.layer_types.local.depth=3': a layer type's component is model.layer_types.TYPE.COMPONENT[.PARAM]"
         "=VALUE (COMPONENT one of norm, activation, mlp, position, attention)"
     ]
 
