@@ -52,7 +52,7 @@ def family_for(config: dict[str, Any], source: Path) -> Family:
     model_type = config.get("model_type")
     if model_type is None:
         raise CheckpointError(
-            f"{source}/config.json has no model_type; gptzoo reads model_type {' or '.join(FAMILIES)} checkpoints"
+            f"{source}/config.json has no model_type; gptzoo reads checkpoints of model_type {', '.join(FAMILIES)}"
         )
     if not isinstance(model_type, str) or model_type not in FAMILIES:
         raise CheckpointError(
