@@ -35,8 +35,9 @@ TINY = {
 """A tiny Llama-shaped config: GQA 4/2, head_dim 16, non-default eps and theta (so a field read from
 the wrong place shows)."""
 WINDOW = 8
-LENGTH = 20
-"""Prompts of LENGTH tokens outrun the WINDOW-key sliding windows, and so do their greedy continuations."""
+LENGTH = 40
+"""Prompts of LENGTH tokens outrun the WINDOW-key sliding windows, and so do their greedy continuations;
+beyond 4 x WINDOW, gptzoo's sliding-window pass is computed in blocks (gptzoo.builtins.attentions)."""
 
 
 def tiny(model_type: str, **kw: Any) -> transformers.PretrainedConfig:
