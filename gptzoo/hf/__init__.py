@@ -21,6 +21,8 @@ from gptzoo.hf.files import locate, read_config, read_tensors, write_checkpoint
 from gptzoo.hf.gemma import Gemma2, Gemma3
 from gptzoo.hf.gpt2 import GPT2
 from gptzoo.hf.llama import Llama
+from gptzoo.hf.mistral import Mistral
+from gptzoo.hf.qwen import Qwen2, Qwen3
 from gptzoo.model.build import assemble, build_model
 from gptzoo.model.checkpoint import tokenizer_copies
 from gptzoo.model.gpt import GPT
@@ -29,7 +31,9 @@ from gptzoo.recipe.schema import LAYER_TYPES
 from gptzoo.registry import Entry, Registry, default_registry
 from gptzoo.untrusted import WEIGHT_DTYPES, WEIGHT_DTYPES_TEXT, dtype_name, first_few
 
-FAMILIES: dict[str, Family] = {family.model_type: family for family in (GPT2(), Llama(), Gemma3(), Gemma2())}
+FAMILIES: dict[str, Family] = {
+    family.model_type: family for family in (GPT2(), Llama(), Gemma3(), Gemma2(), Qwen2(), Qwen3(), Mistral())
+}
 """config.json model_type -> family."""
 
 __all__ = [

@@ -139,10 +139,9 @@ class Family:
                     )
                 if key in self.implied:
                     implied_given.add(key)
-                    if value != self.implied[key]:
-                        reasons.append(
-                            f"{who} sets {key}={show(value)}, {self.architecture} has {show(self.implied[key])}"
-                        )
+                    reason = f"{who} sets {key}={show(value)}, {self.architecture} has {show(self.implied[key])}"
+                    if value != self.implied[key] and reason not in reasons:  # once, not once a layer
+                        reasons.append(reason)
                     continue
                 if key not in self.known and key not in self.required and key not in self.per_layer:
                     reason = f"{who} sets {key}={show(value)}, which {self.architecture} has no field for"
