@@ -266,7 +266,7 @@ def _export(model: GPT, out: Path, tokenizer_from: str | Path | None, registry: 
         return write_checkpoint(out, config, tensors, copies)
     _, title, closest = min(reasons, key=lambda r: r[0])  # the first of the closest families
     others = [t for _, t, _ in reasons if t != title]
-    raise NoEquivalentError(f"{closest}; {', '.join(others)} differ in more" if others else closest)
+    raise NoEquivalentError(f"{closest}; {', '.join(others)} differ at least as much" if others else closest)
 
 
 def _special_token_ids(recipe: Recipe, tokenizer_dir: Path | None) -> dict[str, int | None]:
