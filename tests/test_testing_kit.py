@@ -47,6 +47,8 @@ FORGETFUL_CACHE = (
 class Forgetful(CausalSelfAttention):
     """Attention that never reads its cache: a decode step sees only its own token."""
 
+    examples = []  # the defaults only, not the built-in's parameter sets
+
     def forward(self, x, ctx, cache=None):
         return super().forward(x, ctx, None)
 
@@ -63,6 +65,8 @@ HALVED_FLOPS = (
 
 class Halved(CausalSelfAttention):
     """Attention that declares causally halved score FLOPs."""
+
+    examples = []  # the defaults only, not the built-in's parameter sets
 
     def flops(self, batch, seq_len):
         parts = super().flops(batch, seq_len)
