@@ -50,10 +50,12 @@ On the factory, for every kind (optional):
 On the built module, for every kind but samplers (optional):
 
 - ``hf_weights(family: str) -> list[TensorMap] | None``: where its tensors live
-  in a Hugging Face checkpoint of that family ("gpt2": GPT2LMHeadModel, "llama":
-  LlamaForCausalLM), relative to its place there (gptzoo.interfaces.TensorMap). The maps must cover
-  its state dict exactly (a contract test checks it); None, or no such method, means the family has
-  no equivalent of the component, and import and export refuse it with that reason.
+  in a Hugging Face checkpoint of that layout ("gpt2": GPT2LMHeadModel, "llama":
+  LlamaForCausalLM and the families laid out as it is, such as Gemma and OLMo 2, "gpt_neox":
+  GPTNeoXForCausalLM, "phi3": Phi3ForCausalLM), relative to its place there
+  (gptzoo.interfaces.TensorMap). The maps must cover its state dict exactly (a contract test
+  checks it); None, or no such method, means the family has no equivalent of the component, and
+  import and export refuse it with that reason.
 - ``hf_config(family: str) -> dict | None``: the config.json fields of that family the component
   owns (e.g. ``{"rms_norm_eps": 1e-6}``); export writes them, and None means no equivalent.
 - ``reset_parameters()``: the component initializes its own parameters, and the model leaves the

@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 
 from gptzoo.cli import main
 from gptzoo.errors import CheckpointError, GptzooError
-from gptzoo.hf import hf_recipe, load_hf
+from gptzoo.hf import FAMILIES, hf_recipe, load_hf
 
 transformers.utils.logging.set_verbosity_error()
 transformers.utils.logging.disable_progress_bar()
@@ -446,7 +446,7 @@ def test_a_config_without_model_type_says_so(make: Callable[..., Path], capsys: 
     del config["model_type"]
     (path / "config.json").write_text(json.dumps(config))
     assert run_error(capsys, "build", "--hf", str(path)) == (
-        f"error: {path}/config.json has no model_type; gptzoo reads model_type gpt2 or llama checkpoints"
+        f"error: {path}/config.json has no model_type; gptzoo reads model_type {' or '.join(FAMILIES)} checkpoints"
     )
 
 
