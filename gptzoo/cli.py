@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from gptzoo import catalog
 from gptzoo.errors import GptzooError, Interrupted, PluginError, exception_text, terminal_text
 from gptzoo.factories import GPTZOO_DISTRIBUTION, culprit
 from gptzoo.fetch import FETCHABLE, fetch
@@ -386,6 +387,13 @@ def make_parser(registry: Registry | None = None) -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_list)
 
     p = sub.add_parser("recipes", parents=[common], help="list shipped recipes")
+    p.add_argument(
+        "--uses",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="only recipes with a component of this name, in any layer (bare or DIST:name; repeat to ask for several)",
+    )
     p.set_defaults(func=cmd_recipes)
 
     p = sub.add_parser(
@@ -767,6 +775,7 @@ def cmd_list(args: argparse.Namespace, out: Console, err: Console) -> None:
     entries = list(registry.all_entries(args.kind))
     if args.name is not None:
         entries = _named(registry, args.kind, args.name, entries)
+    recipes = catalog.shipped(registry)
     rows = [
         {
             "kind": e.kind,
@@ -776,6 +785,7 @@ def cmd_list(args: argparse.Namespace, out: Console, err: Console) -> None:
             **asdict(e.provenance),
             "overrides": str(e.overrides) if e.overrides else None,
             "note": registry.note(e),
+            "recipes": catalog.used_by(e, registry, recipes),
         }
         for e in entries
     ]
@@ -788,6 +798,7 @@ def cmd_list(args: argparse.Namespace, out: Console, err: Console) -> None:
             "kind": lambda r: r["kind"],
             "name": lambda r: _text(r["name"]) + (f"\n[dim]{_text(r['qualified_name'])}[/dim]" if r["note"] else ""),
             "description": lambda r: _text(r["doc"]),
+            "shipped recipes": lambda r: _text(_few(r["recipes"])),
             "from": lambda r: (
                 _origin(r)
                 + (_text(f", overrides {r['overrides']}") if r["overrides"] else "")
@@ -795,6 +806,11 @@ def cmd_list(args: argparse.Namespace, out: Console, err: Console) -> None:
             ),
         },
     )
+
+
+def _few(names: list[str], n: int = 3) -> str:
+    """``a, b, c +2``: the first n names and how many more."""
+    return ", ".join(names[:n]) + (f" +{len(names) - n}" if len(names) > n else "")
 
 
 def _named(registry: Registry, kind: str | None, name: str, entries: list[Any]) -> list[Any]:
@@ -815,7 +831,13 @@ def _named(registry: Registry, kind: str | None, name: str, entries: list[Any]) 
 
 def cmd_recipes(args: argparse.Namespace, out: Console, err: Console) -> None:
     rows = []
+    names = None
+    if args.uses:
+        registry = _registry(err)
+        names = {r.name for r in catalog.recipes_using(registry, args.uses, catalog.shipped(registry))}
     for name, path in shipped_recipes().items():
+        if names is not None and name not in names:
+            continue
         data = read_recipe_data(path)
         model = data.get("model", {})
         rows.append(

@@ -49,15 +49,17 @@ On the factory, for every kind (optional):
 
 On the built module, for every kind but samplers (optional):
 
-- ``hf_weights(family: str) -> list[TensorMap] | None``: where its tensors live
-  in a Hugging Face checkpoint of that layout ("gpt2": GPT2LMHeadModel, "llama":
-  LlamaForCausalLM and the families laid out as it is, such as Gemma and OLMo 2, "gpt_neox":
-  GPTNeoXForCausalLM, "phi3": Phi3ForCausalLM), relative to its place there
-  (gptzoo.interfaces.TensorMap). The maps must cover its state dict exactly (a contract test
-  checks it); None, or no such method, means the family has no equivalent of the component, and
-  import and export refuse it with that reason.
-- ``hf_config(family: str) -> dict | None``: the config.json fields of that family the component
-  owns (e.g. ``{"rms_norm_eps": 1e-6}``); export writes them, and None means no equivalent.
+- ``hf_weights(layout: str) -> list[TensorMap] | None``: where its tensors live in a Hugging Face
+  checkpoint of that layout ("gpt2": GPT2LMHeadModel; "llama": LlamaForCausalLM and the families
+  that store their parts as it does, gptzoo.hf.family.Family.layout; "gpt_neox": GPTNeoXForCausalLM;
+  "phi3": Phi3ForCausalLM), relative to its place there
+  (gptzoo.interfaces.TensorMap). The maps must cover its state dict exactly (a contract test checks
+  it); None, or no such method, means the layout has no equivalent of the component, and import and
+  export refuse it with that reason.
+- ``hf_config(layout: str) -> dict | None``: the config.json fields the component owns (e.g.
+  ``{"rms_norm_eps": 1e-6}``; a value may be an object of plain values, as ``rope_scaling``), every
+  feature that changes its math among them (``sliding_window``), so that a family without that field
+  refuses it; export writes them, and None means no equivalent.
 - ``reset_parameters()``: the component initializes its own parameters, and the model leaves the
   whole component alone. GPT-2's initialization (normal(0, init_std) for linear weights, zero
   biases, and std / sqrt(2 n_layer) for the ``c_proj`` of attentions and mlps) is for components

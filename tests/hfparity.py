@@ -60,6 +60,10 @@ def with_kernel(recipe: Recipe, kernel: str) -> Recipe:
 
 
 def hf_model(path: Path, kernel: str) -> Any:
+    """transformers' model with that attention kernel, or its eager one where it has no other (Gemma 2)."""
+    config = transformers.AutoConfig.from_pretrained(path)
+    if not getattr(transformers.AutoModelForCausalLM._model_mapping[type(config)], "_supports_sdpa", True):
+        kernel = "eager"
     return transformers.AutoModelForCausalLM.from_pretrained(
         path, dtype=torch.float32, attn_implementation=kernel
     ).eval()

@@ -446,7 +446,7 @@ def test_a_config_without_model_type_says_so(make: Callable[..., Path], capsys: 
     del config["model_type"]
     (path / "config.json").write_text(json.dumps(config))
     assert run_error(capsys, "build", "--hf", str(path)) == (
-        f"error: {path}/config.json has no model_type; gptzoo reads model_type {' or '.join(FAMILIES)} checkpoints"
+        f"error: {path}/config.json has no model_type; gptzoo reads checkpoints of model_type {', '.join(FAMILIES)}"
     )
 
 

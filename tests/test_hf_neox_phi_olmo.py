@@ -177,6 +177,7 @@ def test_gpt_neox_matches_transformers(tmp_path: Path, parallel: bool) -> None:
     config = transformers.GPTNeoXConfig(**TINY, rotary_pct=0.25, rotary_emb_base=5000, use_parallel_residual=parallel)
     path = save_hf(tmp_path, "neox", config)
     recipe = check_family(path, length=20)
+    assert json.loads((tmp_path / "neox-export" / "config.json").read_text())["model_type"] == "gpt_neox"
     m = recipe.model
     assert m.norm_placement == ("parallel" if parallel else "pre") and m.bias and not m.tie_embeddings
     assert (m.position.name, m.position.kwargs) == ("rope", {"theta": 5000.0, "fraction": 0.25})  # 4 of 16 turn
@@ -211,12 +212,13 @@ def test_gpt_neox_tied_head(tmp_path: Path) -> None:
 
 def test_phi3_matches_transformers_with_a_window_shorter_than_the_prompt(tmp_path: Path) -> None:
     config = transformers.Phi3Config(
-        **TINY, num_key_value_heads=2, sliding_window=7, partial_rotary_factor=0.5, pad_token_id=0
+        **TINY, num_key_value_heads=2, sliding_window=6, partial_rotary_factor=0.5, pad_token_id=0
     )
     path = save_hf(tmp_path, "phi3", config)
-    recipe = check_family(path, length=20, window=7)
+    recipe = check_family(path, length=30, window=6)  # past 4 x window, where prefill goes by blocks
+    assert json.loads((tmp_path / "phi3-export" / "config.json").read_text())["model_type"] == "phi3"
     m = recipe.model
-    assert (m.attention.name, m.attention.kwargs) == ("sliding_window", {"window": 7})
+    assert (m.attention.name, m.attention.kwargs) == ("sliding_window", {"window": 6})
     assert (m.n_kv_head, m.position.kwargs, m.bias) == (2, {"theta": 10000.0, "fraction": 0.5}, False)
     parity_with_compare(path)
 
@@ -232,6 +234,7 @@ def test_olmo2_matches_transformers_with_gqa(tmp_path: Path) -> None:
     config = transformers.Olmo2Config(**TINY, num_key_value_heads=2, pad_token_id=0, initializer_range=0.1)
     path = save_hf(tmp_path, "olmo2", config)
     recipe = check_family(path, length=20)
+    assert json.loads((tmp_path / "olmo2-export" / "config.json").read_text())["model_type"] == "olmo2"
     m = recipe.model
     assert (m.norm_placement, m.n_kv_head, m.attention.kwargs) == ("reordered", 2, {"qk_norm": "full"})
     assert m.norm.kwargs == {"eps": 1e-5, "scale_in_float32": True}
@@ -410,12 +413,19 @@ def test_shipped_recipe_has_the_official_parameter_count(name: str, capsys: pyte
 
 
 def test_export_writes_what_transformers_reads_back(tmp_path: Path) -> None:
-    """An exported Phi-3 has no pad_token_id (Phi3Config's default 32000 is no token of a small vocabulary),
-    and its window; GPT-NeoX's rotary_pct is written even when it is 1 (its default is 0.25)."""
-    phi = gptzoo.build_model(gptzoo.load_recipe("phi-3-mini", SMALL_SETS))
-    export_hf(phi, tmp_path / "phi")
-    config = json.loads((tmp_path / "phi" / "config.json").read_text())
+    """Export takes the first family that fits: a Phi-3 recipe with whole-head RoPE goes to Mistral (Llama
+    without its window), which computes the same; partial rotary makes it Phi-3's. Phi-3's pad_token_id is
+    written as null (Phi3Config's default 32000 is no token of a small vocabulary, and transformers
+    would not build the model). GPT-NeoX's rotary_pct is written even when it is 1 (its default is 0.25)."""
+    partial = 'model.position={name="rope",theta=10000.0,fraction=0.5}'
+    for overrides, model_type in (([], "mistral"), (['model.attention="causal"'], "llama"), ([partial], "phi3")):
+        model = gptzoo.build_model(gptzoo.load_recipe("phi-3-mini", [*SMALL_SETS, *overrides]))
+        out = tmp_path / f"phi-{model_type}"
+        export_hf(model, out)
+        assert json.loads((out / "config.json").read_text())["model_type"] == model_type
+    config = json.loads((tmp_path / "phi-phi3" / "config.json").read_text())
     assert config["pad_token_id"] is None and config["sliding_window"] == 2047
+    assert hf_model(tmp_path / "phi-phi3", "sdpa").config.rope_parameters["partial_rotary_factor"] == 0.5
     neox = gptzoo.build_model(
         gptzoo.load_recipe("pythia-160m", [*SMALL_SETS, 'model.position={name="rope",theta=10000.0}'])
     )

@@ -150,7 +150,7 @@ def test_a_plugin_component_without_hf_weights_is_refused_by_name(registry: gptz
     others = ", ".join(f.title for f in FAMILIES.values() if f.title != "Llama")
     assert _refusal(registry, tmp_path, "unmapped") == (
         "recipe 'llama-tiny' has no Hugging Face Llama equivalent: norm 'unmapped' (it has no hf_weights: "
-        f"LlamaForCausalLM has no equivalent of it); {others} differ in more"
+        f"LlamaForCausalLM has no equivalent of it); {others} differ at least as much"
     )
 
 

@@ -13,8 +13,9 @@ Both take the parameters that modern families add, each off by default:
 
 - ``window``: sliding-window attention (Beltagy et al., 2020; Mistral, Gemma 2/3): a query at index i
   sees the keys i - window + 1 .. i (as transformers' sliding_window). The KV cache keeps only the
-  last ``window`` keys (a ring buffer), and a pass over more than ``window`` queries is computed in
-  blocks of ``window`` queries, each against its own keys, so its cost grows as T x window, not T^2.
+  last ``window`` keys (a ring buffer), and a pass over more than 4 x ``window`` queries is computed
+  in blocks of 4 x ``window`` queries, each against its own keys, so its cost grows as T x window,
+  not T^2 (up to 4 x window, one masked square: transformers' sums, bit for bit).
   ``sliding_window`` is the same layer with a window required (default 4096).
 - ``softcap``: attention logit soft-capping, scores = c tanh(scores / c) before the mask (Gemma 2);
   computed explicitly, since scaled_dot_product_attention has no such step.
@@ -105,13 +106,19 @@ def window_mask(ctx: AttentionContext, queries: range, keys: range, window: int,
     return mask.to(dtype)
 
 
+BLOCK_WINDOWS = 4
+"""A sliding-window pass computes blocks of BLOCK_WINDOWS x window queries: up to that many queries
+it is one masked square, exactly as transformers computes it (the same sums in the same order);
+beyond, each block sees at most (BLOCK_WINDOWS + 1) x window keys, so the cost grows as T x window."""
+
+
 def window_blocks(start: int, n_queries: int, window: int, first_key: int = 0) -> list[tuple[range, range]]:
-    """(query indices, key indices) of each block of at most ``window`` queries of a pass over
-    ``n_queries`` queries from index ``start``, with keys held from ``first_key``: a block's keys are
-    those its queries may see (from window - 1 before its first query to its last query)."""
-    blocks = []
-    for q0 in range(start, start + n_queries, window):
-        q1 = min(q0 + window, start + n_queries)
+    """(query indices, key indices) of each block of at most BLOCK_WINDOWS x ``window`` queries of a
+    pass over ``n_queries`` queries from index ``start``, with keys held from ``first_key``: a block's
+    keys are those its queries may see (from window - 1 before its first query to its last query)."""
+    blocks, size = [], BLOCK_WINDOWS * window
+    for q0 in range(start, start + n_queries, size):
+        q1 = min(q0 + size, start + n_queries)
         blocks.append((range(q0, q1), range(max(first_key, q0 - window + 1), q1)))
     return blocks
 
@@ -138,6 +145,14 @@ def explicit_attention(
 
 class CausalSelfAttention(nn.Module):
     """Causal self-attention with n_kv_head key/value heads and a per-layer KV cache."""
+
+    examples = [
+        {"window": 3},
+        {"window": 1, "softcap": 5.0, "scale": 0.3},
+        {"qk_norm": "head"},
+        {"qk_norm": "full", "qkv_bias": True},
+    ]
+    """What the conformance kit runs besides the defaults: a window shorter than its sequences, and each feature."""
 
     def __init__(
         self,
@@ -254,9 +269,9 @@ class CausalSelfAttention(nn.Module):
     def flops(self, batch: int, seq_len: int) -> dict[str, int]:
         n_tokens = batch * seq_len
         # Q K^T and att @ V: 2 matmuls of (Tq x hs) by (hs x Tk) per head, the full rectangle each block
-        # computes (no causal halving); without a window one block of T x T.
-        blocks = window_blocks(0, seq_len, self.window) if self.window and seq_len > self.window else None
-        pairs = sum(len(qs) * len(ks) for qs, ks in blocks) if blocks else seq_len * seq_len
+        # computes (no causal halving); without a window, or up to BLOCK_WINDOWS x window tokens, T x T.
+        blocks = window_blocks(0, seq_len, self.window) if self.window else [(range(seq_len), range(seq_len))]
+        pairs = sum(len(qs) * len(ks) for qs, ks in blocks)
         scores = 2 * 2 * batch * self.n_head * pairs * self.head_dim
         return {"attention projections": linear_flops(n_tokens, self.c_attn, self.c_proj), "attention scores": scores}
 

@@ -107,6 +107,7 @@ class RoPE(Position):
 
     rope_type = "default"
     """transformers' rope_parameters rope_type."""
+    examples = [{"fraction": 0.5}]
 
     def __init__(
         self,
@@ -181,6 +182,7 @@ class LinearRoPE(RoPE):
     """RoPE with positions interpolated by ``factor`` (Chen et al., 2023): frequencies / factor."""
 
     rope_type = "linear"
+    examples = [{"factor": 4.0}]
 
     def __init__(
         self,
@@ -220,6 +222,14 @@ class DynamicRoPE(LinearRoPE):
     as transformers computes it at each forward."""
 
     rope_type = "dynamic"
+    examples = [{"factor": 2.0}]
+
+    @staticmethod
+    def check(*, head_dim: int, fraction: float = 1.0, **params: object) -> list[str]:
+        problems = LinearRoPE.check(head_dim=head_dim, fraction=fraction, **params)
+        if not problems and int(head_dim * fraction) <= 2:
+            problems.append("rope_dynamic needs more than 2 rotary features (its theta grows as dim / (dim - 2))")
+        return problems
 
     def inv_freq(self, positions: Tensor) -> tuple[Tensor, float]:
         longest = positions.max() + 1 if positions.numel() else torch.tensor(0, device=positions.device)
@@ -235,6 +245,7 @@ class Llama3RoPE(RoPE):
     """Llama 3.1's RoPE: long wavelengths divided by ``factor``, short ones kept, a smooth ramp between."""
 
     rope_type = "llama3"
+    examples = [{"original_context": 16}]
 
     def __init__(
         self,
@@ -304,6 +315,7 @@ class YaRNRoPE(RoPE):
     factor (0.1 ln(factor) + 1 unless given, or the mscale ratio)."""
 
     rope_type = "yarn"
+    examples = [{"factor": 4.0, "original_context": 16}, {"factor": 4.0, "mscale": 1.0, "mscale_all_dim": 0.5}]
 
     def __init__(
         self,

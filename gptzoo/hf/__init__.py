@@ -1,6 +1,6 @@
-"""Hugging Face interop: read GPT-2, Llama, Gemma 2 and 3, GPT-NeoX, Phi-3 and OLMo 2 checkpoints into
-gptzoo models, derive their recipes from config.json, and export gptzoo models back (see family.py
-for how maps are owned).
+"""Hugging Face interop: read GPT-2, Llama, Gemma 2 and 3, Qwen2 and 3, Mistral, GPT-NeoX, Phi-3 and
+OLMo 2 checkpoints into gptzoo models, derive their recipes from config.json, and export gptzoo models
+back (see family.py for how maps are owned).
 """
 
 from __future__ import annotations
@@ -23,8 +23,10 @@ from gptzoo.hf.gemma import Gemma2, Gemma3
 from gptzoo.hf.gpt2 import GPT2
 from gptzoo.hf.gpt_neox import GPTNeoX
 from gptzoo.hf.llama import Llama
+from gptzoo.hf.mistral import Mistral
 from gptzoo.hf.olmo2 import Olmo2
 from gptzoo.hf.phi3 import Phi3
+from gptzoo.hf.qwen import Qwen2, Qwen3
 from gptzoo.model.build import assemble, build_model
 from gptzoo.model.checkpoint import tokenizer_copies
 from gptzoo.model.gpt import GPT
@@ -34,7 +36,8 @@ from gptzoo.registry import Entry, Registry, default_registry
 from gptzoo.untrusted import WEIGHT_DTYPES, WEIGHT_DTYPES_TEXT, dtype_name, first_few
 
 FAMILIES: dict[str, Family] = {
-    family.model_type: family for family in (GPT2(), Llama(), Gemma3(), Gemma2(), GPTNeoX(), Phi3(), Olmo2())
+    family.model_type: family
+    for family in (GPT2(), Llama(), Gemma3(), Gemma2(), Qwen2(), Qwen3(), Mistral(), GPTNeoX(), Phi3(), Olmo2())
 }
 """config.json model_type -> family."""
 
@@ -54,7 +57,7 @@ def family_for(config: dict[str, Any], source: Path) -> Family:
     model_type = config.get("model_type")
     if model_type is None:
         raise CheckpointError(
-            f"{source}/config.json has no model_type; gptzoo reads model_type {' or '.join(FAMILIES)} checkpoints"
+            f"{source}/config.json has no model_type; gptzoo reads checkpoints of model_type {', '.join(FAMILIES)}"
         )
     if not isinstance(model_type, str) or model_type not in FAMILIES:
         raise CheckpointError(
@@ -225,10 +228,10 @@ def export_hf(
     checkpoint the model came from: ``gptzoo build --hf`` copies them there). config.json's
     bos_token_id and eos_token_id are those of the recipe's tokenizer (:func:`_special_token_ids`).
 
-    The first family in FAMILIES' order (GPT-2, Llama, Gemma 3, Gemma 2, GPT-NeoX, Phi-3, OLMo 2) that
-    every component of the recipe has an equivalent in is written: each component's ``hf_weights``
-    places its tensors, its ``hf_config`` gives the config.json fields it owns
-    (gptzoo.hf.family.Family.config); ``registry`` (default: the shared one) builds the recipe's
+    The first family in FAMILIES' order (GPT-2, Llama, Gemma 3, Gemma 2, Qwen2, Qwen3, Mistral, GPT-NeoX,
+    Phi-3, OLMo 2) that every component of the recipe has an equivalent in is written: each
+    component's ``hf_weights`` places its tensors, its ``hf_config`` gives the config.json fields it
+    owns (gptzoo.hf.family.Family.config); ``registry`` (default: the shared one) builds the recipe's
     components on the meta device to ask them.
 
     Raises:
@@ -269,7 +272,7 @@ def _export(model: GPT, out: Path, tokenizer_from: str | Path | None, registry: 
         return write_checkpoint(out, config, tensors, copies)
     _, title, closest = min(reasons, key=lambda r: r[0])  # the first of the closest families
     others = [t for _, t, _ in reasons if t != title]
-    raise NoEquivalentError(f"{closest}; {', '.join(others)} differ in more" if others else closest)
+    raise NoEquivalentError(f"{closest}; {', '.join(others)} differ at least as much" if others else closest)
 
 
 def _special_token_ids(recipe: Recipe, tokenizer_dir: Path | None) -> dict[str, int | None]:

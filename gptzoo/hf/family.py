@@ -145,7 +145,7 @@ class Family:
                 if key in self.implied:
                     implied_given.add(key)
                     reason = f"{who} sets {key}={show(value)}, {self.architecture} has {show(self.implied[key])}"
-                    if value != self.implied[key] and reason not in reasons:  # once, not once per layer
+                    if value != self.implied[key] and reason not in reasons:  # once, not once a layer
                         reasons.append(reason)
                     continue
                 if key not in self.known and key not in self.required and key not in self.per_layer:

@@ -181,6 +181,7 @@ class _Validator:
         self.origins: dict[str, str] = {}
         """[provenance]: [model] key -> the ``DISTRIBUTION VERSION`` its component came from."""
         self.sampler_origins: list[str] = []
+        self.schedule_refused = False
         self.layer_origins: dict[str, dict[str, str]] = {}
         """[provenance] layer_types: layer type -> [model] key -> ``DISTRIBUTION VERSION``."""
 
@@ -319,6 +320,7 @@ class _Validator:
             "[model] layer_pattern must be a list of layer type names (letters, digits, _ and -), e.g. "
             f'["sliding", "full"], got {describe(value)}'
         )
+        self.schedule_refused = True
         return None
 
     def layer_types(self, value: Any, model: dict[str, Any]) -> tuple[tuple[str, LayerType], ...] | None:
@@ -329,6 +331,7 @@ class _Validator:
                 f"[model] {LAYER_TYPES} must be a table of layer types (e.g. [model.{LAYER_TYPES}.sliding]), "
                 f"got {describe(value)}"
             )
+            self.schedule_refused = True
             return None
         before = len(self.problems)
         types = []
@@ -357,10 +360,16 @@ class _Validator:
                 if component is not None:
                     components[key] = component
             types.append((name, LayerType(**components)))
-        return tuple(types) if len(self.problems) == before else None
+        if len(self.problems) > before:
+            self.schedule_refused = True
+            return None
+        return tuple(types)
 
     def schedule(self, values: dict[str, Any]) -> None:
-        """The pattern names only defined layer types, and every defined type is in it."""
+        """The pattern names only defined layer types, and every defined type is in it (unless the pattern or
+        the layer types had problems of their own, already reported)."""
+        if self.schedule_refused:
+            return
         pattern, types = values.get("layer_pattern", ()), dict(values.get("layer_types", ()))
         for name in dict.fromkeys(pattern):
             if name not in types:

@@ -1,0 +1,171 @@
+"""Per-layer schedules and block shapes: a recipe's layer_pattern and layer types (validated whole,
+changed with --set, written to checkpoints and read back), each block shape's formula, scaled
+embeddings and soft-capped logits, and windowed attention's FLOPs against FlopCounterMode."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from test_flops import measured_flops
+from tiny import tiny_model
+
+import gptzoo
+from gptzoo.errors import GptzooError, RecipeError
+from gptzoo.flops import forward_flops
+from gptzoo.interfaces import AttentionContext
+from gptzoo.model.checkpoint import load_checkpoint
+
+SCHEDULED = """
+extends = "llama-tiny"
+[model]
+n_layer = 5
+layer_pattern = ["local", "local", "global"]
+[model.layer_types.local]
+attention = { name = "sliding_window", window = 4 }
+position = { theta = 100.0 }
+[model.layer_types.global]
+"""
+
+
+def _recipe(tmp_path: Path, text: str, overrides: list[str] | None = None) -> gptzoo.Recipe:
+    path = tmp_path / "scheduled.toml"
+    path.write_text(text)
+    return gptzoo.load_recipe(path, overrides or [])
+
+
+def _problems(tmp_path: Path, text: str, overrides: list[str] | None = None) -> list[str]:
+    with pytest.raises(RecipeError) as info:
+        _recipe(tmp_path, text, overrides)
+    return info.value.problems
+
+
+def test_a_pattern_repeats_over_the_layers_and_a_partial_component_keeps_the_models(tmp_path: Path) -> None:
+    recipe = _recipe(tmp_path, SCHEDULED)
+    m = recipe.model
+    assert m.schedule() == ["local", "local", "global", "local", "local"]
+    local = m.layer_components("local")
+    assert (local["attention"].name, local["attention"].kwargs) == ("sliding_window", {"window": 4})
+    assert (local["position"].name, local["position"].kwargs) == ("rope", {"theta": 100.0})  # llama-tiny's rope
+    assert m.layer_components("global") == m.layer_components("")
+    model = gptzoo.build_model(recipe)
+    assert model.position_of == (1, 1, 0, 1, 1) and model.layer_positions[0].theta == 100.0
+    assert [b.attn.window for b in model.blocks] == [4, 4, 0, 4, 4]
+    summary = gptzoo.build(str(tmp_path / "scheduled.toml"), seq_len=64)
+    assert summary["schedule"]["text"] == "(local x2, global) x1 + local x2"
+    assert summary["schedule"]["count"] == {"local": 4, "global": 1}
+
+
+def test_a_schedule_survives_a_checkpoint_and_set(tmp_path: Path) -> None:
+    recipe = _recipe(tmp_path, SCHEDULED, ["model.layer_types.local.attention.window=6"])
+    assert recipe.model.layer_components("local")["attention"].kwargs == {"window": 6}
+    model = gptzoo.build_model(recipe)
+    gptzoo.build(
+        str(tmp_path / "scheduled.toml"),
+        overrides=["model.layer_types.local.attention.window=6"],
+        out=tmp_path / "ckpt",
+    )
+    text = (tmp_path / "ckpt" / "recipe.toml").read_text()
+    assert 'layer_pattern = ["local", "local", "global"]' in text
+    assert 'layer_types = { local = { position = "gptzoo 0.1.0", attention = "gptzoo 0.1.0" } }' in text
+    loaded = load_checkpoint(tmp_path / "ckpt")
+    assert loaded.recipe.model == recipe.model
+    assert [b.attn.window for b in loaded.blocks] == [b.attn.window for b in model.blocks]
+
+
+def test_schedule_problems_are_reported_with_their_key_paths(tmp_path: Path) -> None:
+    text = SCHEDULED.replace('["local", "local", "global"]', '["local", "lokal"]').replace(
+        "position = { theta = 100.0 }", 'position = { theta = 100.0 }\nnorm_placement = "post"'
+    )
+    assert _problems(tmp_path, text) == [
+        "[model] layer_types.local: unknown key 'norm_placement' (available: norm, activation, mlp, position,"
+        " attention) (a layer type changes components only)",
+    ]
+    assert _problems(tmp_path, SCHEDULED.replace('["local", "local", "global"]', '["local", "lokal"]')) == [
+        "[model] layer_pattern names 'lokal', which [model.layer_types] does not define; did you mean 'local'?"
+        " (available: local, global); add [model.layer_types.lokal] (empty: [model]'s components)",
+        "[model] layer_types.global is not used by layer_pattern; add it to the pattern or remove it",
+    ]
+    assert _problems(tmp_path, SCHEDULED.replace("window = 4", "window = 0")) == [
+        "[model] layer_types.local.attention (sliding_window): window must be a number of keys >= 1, got 0"
+    ]
+    assert _problems(tmp_path, SCHEDULED, ["model.layer_pattern=3"]) == [  # the override is the source
+        "[model] layer_pattern must be a list of layer type names (letters, digits, _ and -), e.g. "
+        '["sliding", "full"], got 3 (int)'
+    ]
+    with pytest.raises(RecipeError) as info:
+        _recipe(tmp_path, SCHEDULED, ["model.layer_types.local.depth=3"])
+    assert info.value.problems == [
+        "--set 'model.layer_types.local.depth=3': a layer type's component is model.layer_types.TYPE.COMPONENT[.PARAM]"
+        "=VALUE (COMPONENT one of norm, activation, mlp, position, attention)"
+    ]
+
+
+def test_only_the_models_position_adds_an_embedding(tmp_path: Path) -> None:
+    with pytest.raises(GptzooError, match=r"layer_types.local.position \(LearnedPosition\) adds an embedding"):
+        gptzoo.build_model(_recipe(tmp_path, SCHEDULED.replace("position = { theta = 100.0 }", 'position = "learned"')))
+
+
+def _ctx(T: int) -> AttentionContext:
+    return AttentionContext(0, None, None, is_causal=True)
+
+
+@pytest.mark.parametrize(
+    ("placement", "formula"),
+    [
+        ("sandwich", lambda b, x, c: (h := x + b.post_ln_1(b.attn(b.ln_1(x), c))) + b.post_ln_2(b.mlp(b.ln_2(h)))),
+        ("reordered", lambda b, x, c: (h := x + b.ln_1(b.attn(x, c))) + b.ln_2(b.mlp(h))),
+        ("parallel", lambda b, x, c: x + b.attn(b.ln_1(x), c) + b.mlp(b.ln_2(x))),
+    ],
+)
+def test_block_shapes_compute_their_formulas(placement: str, formula) -> None:
+    model = tiny_model("llama-tiny", f"model.norm_placement={placement}")
+    for block in model.blocks:  # norms that are not the identity, so a misplaced one shows
+        for name in block.norms():
+            torch.nn.init.normal_(getattr(block, name).weight, 1.0, 0.3)
+    block = model.blocks[0]
+    x = torch.randn(2, 5, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(block(x, _ctx(5)), formula(block, x, _ctx(5)))
+    assert not isinstance(model.ln_f, torch.nn.Identity)
+    expected = {"sandwich": 4, "reordered": 2, "parallel": 2}[placement]
+    assert len(block.norms()) == expected
+
+
+def test_scaled_embeddings_and_soft_capped_logits() -> None:
+    plain = tiny_model("llama-tiny")
+    capped = tiny_model("llama-tiny", "model.scale_embeddings=true", "model.logit_softcap=2.0")
+    idx = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        x = plain.wte(idx) * torch.tensor(64**0.5)
+        for block in plain.blocks:
+            x = block(x, plain.attention_context(gptzoo.interfaces.Positions.plain(0, 3, idx.device), x.dtype))
+        expected = torch.tanh(plain.lm_head(plain.ln_f(x)) / 2.0) * 2.0
+        torch.testing.assert_close(capped(idx), expected)
+    assert capped(idx).abs().max() < 2.0
+
+
+def test_windowed_attention_flops_are_what_runs() -> None:
+    """Past 4 x window tokens a sliding layer runs blocks: FlopCounterMode sees exactly the analytic count,
+    which is far below the full square's."""
+    recipe = gptzoo.load_recipe(
+        "gemma3-270m",
+        [
+            "model.n_layer=6",
+            "model.n_embd=64",
+            "model.head_dim=16",
+            "model.d_ff=64",
+            "model.vocab_size=256",
+            "model.layer_types.sliding.attention.window=4",
+        ],
+    )
+    model = gptzoo.build_model(recipe, dtype=torch.bfloat16).eval()
+    B, T = 2, 48
+    analytic = forward_flops(model, B, T)
+    assert sum(analytic.values()) == measured_flops(model, torch.randint(0, 256, (B, T)))
+    sliding = [b.attn for b in model.blocks if b.attn.window]
+    assert len(sliding) == 5
+    per_layer = sliding[0].flops(B, T)["attention scores"]
+    assert per_layer == 2 * 2 * B * 4 * 16 * (16 * 16 + 16 * 19 + 16 * 19)  # three blocks of 16 queries
+    assert per_layer < sliding[0].flops(B, 16)["attention scores"] * 9  # vs (48/16)^2 = 9 full squares
