@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from hfparity import save_hf
 from safetensors.torch import load_file, save_file
 
 import gptzoo
@@ -27,20 +28,6 @@ BF16 = {"max_abs_diff": 0.125, "mean_abs_diff": 0.02, "kl_hf_gptzoo": 1e-3}
 round by ~0.03; HF's Conv1D and gptzoo's Linear accumulate in different orders)."""
 BF16_LLAMA = {"max_abs_diff": 1e-2, "mean_abs_diff": 1e-3, "kl_hf_gptzoo": 1e-5}
 """Llama's matmuls have the same shapes on both sides: bfloat16 agrees almost exactly (measured 0)."""
-
-
-def save_hf(tmp_path: Path, name: str, config: transformers.PretrainedConfig) -> Path:
-    """A random-init checkpoint whose biases and norm weights are not HF's zeros and ones either, so
-    that a bias or norm mapped to the wrong place changes the logits."""
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.ndim == 1:
-                p.add_(torch.randn_like(p) * 0.1)
-    path = tmp_path / name
-    model.save_pretrained(path)
-    return path
 
 
 def gpt2_config(**kw) -> transformers.GPT2Config:

@@ -169,3 +169,22 @@ def test_windowed_attention_flops_are_what_runs() -> None:
     per_layer = sliding[0].flops(B, T)["attention scores"]
     assert per_layer == 2 * 2 * B * 4 * 16 * (16 * 16 + 16 * 19 + 16 * 19)  # three blocks of 16 queries
     assert per_layer < sliding[0].flops(B, 16)["attention scores"] * 9  # vs (48/16)^2 = 9 full squares
+
+
+def test_a_checkpoint_takes_a_layer_types_kernel_and_parameters_but_not_another_component(tmp_path: Path) -> None:
+    gptzoo.build(_write(tmp_path), out=tmp_path / "ckpt")
+    model = load_checkpoint(tmp_path / "ckpt", overrides=["model.layer_types.local.attention={name='eager', window=2}"])
+    assert [type(b.attn).__name__ for b in model.blocks][:3] == [
+        "EagerSelfAttention",
+        "EagerSelfAttention",
+        "CausalSelfAttention",
+    ]
+    assert model.blocks[0].attn.window == 2
+    with pytest.raises(gptzoo.CheckpointError, match=r"layer 0's position would change from 'rope' to 'alibi'"):
+        load_checkpoint(tmp_path / "ckpt", overrides=["model.layer_types.local.position=alibi"])
+
+
+def _write(tmp_path: Path) -> str:
+    path = tmp_path / "scheduled.toml"
+    path.write_text(SCHEDULED)
+    return str(path)

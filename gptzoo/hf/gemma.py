@@ -21,10 +21,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gptzoo.hf.family import Family, Fields, Part, refuse, show
-from gptzoo.hf.llama import ACTIVATIONS, PREFIX, rope_position
-from gptzoo.interfaces import TensorMap
-from gptzoo.model.gpt import GPT
+from gptzoo.hf.family import Fields, refuse, show
+from gptzoo.hf.llama import ACTIVATIONS, PREFIX, Llama, rope_position
 from gptzoo.recipe import Recipe
 
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -54,9 +52,11 @@ def one_value(values: Sequence[Any], what: str, reasons: list[str]) -> Any:
     return values[0] if values else None
 
 
-class Gemma(Family):
-    """What Gemma 2 and 3 share; subclasses say how RoPE and the attention are configured."""
+class Gemma(Llama):
+    """What Gemma 2 and 3 share; subclasses say how RoPE and the attention are configured. Their
+    checkpoints are Llama's with four norms a layer."""
 
+    block_parts = {**NORMS, "attn": "self_attn", "mlp": "mlp"}
     layout = "llama"
     ignored_tensors = (".rotary_emb.inv_freq",)
     required = {"rms_norm_eps": "norm", "hidden_activation": "activation"}
@@ -188,28 +188,6 @@ class Gemma(Family):
     def rope_config(self, rope: dict[str, dict[str, Any]], reasons: list[str]) -> dict[str, Any]:
         """config.json's RoPE fields from each layer type's rope_theta and scaling (None: no layer of that type)."""
         raise NotImplementedError
-
-    def parts(self, model: GPT) -> list[Part]:
-        same = [TensorMap("weight", ("weight",))]
-        parts = [Part(model.wte, "wte.", PREFIX + "embed_tokens.", same)]
-        parts += [Part(p, f"{name}.", PREFIX) for p, name in self.position_parts(model)]
-        names = {**NORMS, "attn": "self_attn", "mlp": "mlp"}
-        for i, block in enumerate(model.blocks):
-            parts += [
-                Part(getattr(block, ours), f"blocks.{i}.{ours}.", f"{PREFIX}layers.{i}.{theirs}.")
-                for ours, theirs in names.items()
-            ]
-        parts.append(Part(model.ln_f, "ln_f.", PREFIX + "norm."))
-        if not model.tied:
-            parts.append(Part(model.lm_head, "lm_head.", "lm_head.", same))
-        return parts
-
-    @staticmethod
-    def position_parts(model: GPT) -> list[tuple[Any, str]]:
-        return [
-            (model.position, "position"),
-            *((p, f"layer_positions.{i}") for i, p in enumerate(model.layer_positions)),
-        ]
 
 
 class Gemma3(Gemma):

@@ -174,14 +174,22 @@ class Llama(Family):
             "initializer_range": m.init_std,
         }
 
+    block_parts: Mapping[str, str] = {
+        "ln_1": "input_layernorm",
+        "attn": "self_attn",
+        "ln_2": "post_attention_layernorm",
+        "mlp": "mlp",
+    }
+    """Our block's parts -> theirs, under model.layers.N."""
+
     def parts(self, model: GPT) -> list[Part]:
         same = [TensorMap("weight", ("weight",))]
         parts = [Part(model.wte, "wte.", PREFIX + "embed_tokens.", same), Part(model.position, "position.", PREFIX)]
-        names = {"ln_1": "input_layernorm", "attn": "self_attn", "ln_2": "post_attention_layernorm", "mlp": "mlp"}
+        parts += [Part(p, f"layer_positions.{i}.", PREFIX) for i, p in enumerate(model.layer_positions)]
         for i, block in enumerate(model.blocks):
             parts += [
                 Part(getattr(block, ours), f"blocks.{i}.{ours}.", f"{PREFIX}layers.{i}.{theirs}.")
-                for ours, theirs in names.items()
+                for ours, theirs in self.block_parts.items()
             ]
         parts.append(Part(model.ln_f, "ln_f.", PREFIX + "norm."))
         if not model.tied:

@@ -32,6 +32,7 @@ from gptzoo.model.gpt import GPT
 from gptzoo.plugin_manager import gptzoo_version
 from gptzoo.recipe import COMPONENT_KEYS, ModelSpec, Recipe, override_recipe, validate
 from gptzoo.recipe.load import read_resolved_recipe_data
+from gptzoo.recipe.schema import LAYER_TYPES
 from gptzoo.registry import Registry, default_registry
 from gptzoo.tokenizer import HF_TOKENIZER_SAVED
 from gptzoo.untrusted import (
@@ -127,9 +128,10 @@ def _n_blocks(keys: Iterable[str]) -> int:
 def structural_change(saved: ModelSpec, wanted: ModelSpec, registry: Registry) -> str | None:
     """How an overridden [model] first changes what a checkpoint's weights mean, or None: a
     component other than attention that resolves to another entry (``dyt`` written
-    ``gptzoo-a:dyt`` is the same one), or any other key changed but FREE_MODEL_KEYS."""
+    ``gptzoo-a:dyt`` is the same one), in [model] or in any layer (the schedule may be written
+    otherwise), or any other key changed but FREE_MODEL_KEYS."""
     for f in fields(ModelSpec):
-        if f.name in FREE_MODEL_KEYS:
+        if f.name in FREE_MODEL_KEYS or f.name in ("layer_pattern", LAYER_TYPES):
             continue
         before, after = getattr(saved, f.name), getattr(wanted, f.name)
         if f.name in COMPONENT_KEYS:
@@ -138,6 +140,11 @@ def structural_change(saved: ModelSpec, wanted: ModelSpec, registry: Registry) -
             before, after = before.name, after.name
         if before != after:
             return f"model.{f.name} would change from {before!r} to {after!r}"
+    for i, (mine, theirs) in enumerate(zip(saved.schedule(), wanted.schedule(), strict=False)):
+        for kind in COMPONENT_KEYS:  # each layer's components, whatever the schedule's names
+            before, after = saved.layer_components(mine)[kind], wanted.layer_components(theirs)[kind]
+            if kind not in FREE_MODEL_KEYS and registry.get(kind, before.name) is not registry.get(kind, after.name):
+                return f"layer {i}'s {kind} would change from {before.name!r} to {after.name!r}"
     return None
 
 

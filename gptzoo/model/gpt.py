@@ -15,12 +15,12 @@ nh n_head, nkv n_kv_head, hs head_dim.
       x ----------+--> (+) ---+--> (+) -->      x --+--> (+) -> ln_1 --+--> (+) -> ln_2 -->
        \ ln_1 > attn /  \ ln_2 > mlp /            \  attn  /          \  mlp  /
 
-    sandwich (Gemma 2 and 3)                  reordered (OLMo 2)
+    sandwich (a norm on each side)            reordered (a norm after each sublayer)
       x --------------------+--> (+) ...        x ------------+--> (+) ...
        \ ln_1 > attn > post_ln_1 /               \ attn > ln_1 /        (mlp likewise, ln_2)
        (mlp likewise: ln_2, post_ln_2)
 
-    parallel (GPT-NeoX, GPT-J: both sublayers read the block's input)
+    parallel (both sublayers read the block's input)
       x ---------------------------+--> (+) -->
        \ ln_1 > attn + ln_2 > mlp /
 
@@ -219,7 +219,7 @@ class GPT(nn.Module):
         else:
             pos = Positions.plain(0, T, idx.device)
         x = self.wte(idx)  # (B, T, d)
-        if self.embed_scale is not None:  # in the embeddings' dtype, as Gemma rounds it
+        if self.embed_scale is not None:  # rounded to the embeddings' dtype first
             x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
         emb = self.position.embed(pos.queries)
         if emb is not None:
