@@ -268,26 +268,6 @@ class Family:
         return tensors
 
 
-def decoder_parts(
-    model: GPT, prefix: str, *, embedding: str, layers: str, names: Mapping[str, str], final: str, head: str
-) -> list[Part]:
-    """The parts of a checkpoint laid out as most decoders are: the token embedding, the position
-    encoding (at ``prefix``: rotary tables have no tensors), block i's parts (ours -> theirs, in
-    ``names``) under ``{prefix}{layers}.{i}.``, the final norm and, unless tied, the head (its key
-    ``head``, outside ``prefix``)."""
-    same = [TensorMap("weight", ("weight",))]
-    parts = [Part(model.wte, "wte.", f"{prefix}{embedding}.", same), Part(model.position, "position.", prefix)]
-    for i, block in enumerate(model.blocks):
-        parts += [
-            Part(getattr(block, ours), f"blocks.{i}.{ours}.", f"{prefix}{layers}.{i}.{theirs}.")
-            for ours, theirs in names.items()
-        ]
-    parts.append(Part(model.ln_f, "ln_f.", f"{prefix}{final}."))
-    if not model.tied:
-        parts.append(Part(model.lm_head, "lm_head.", f"{head}.", same))
-    return parts
-
-
 def show(value: Any, limit: int = 60) -> str:
     """A config value for a message: its repr, cut to ``limit`` characters (an integer beyond 128
     bits by its magnitude)."""

@@ -22,8 +22,9 @@ from typing import Any
 
 from torch import Tensor
 
-from gptzoo.hf.family import Family, Fields, Part, decoder_parts, refuse
+from gptzoo.hf.family import Family, Fields, Part, refuse
 from gptzoo.hf.llama import ACTIVATIONS, plain_embeddings_and_logits, rope_position
+from gptzoo.interfaces import TensorMap
 from gptzoo.model.gpt import GPT
 from gptzoo.recipe import Recipe
 
@@ -124,15 +125,18 @@ class GPTNeoX(Family):
         }
 
     def parts(self, model: GPT) -> list[Part]:
-        return decoder_parts(
-            model,
-            PREFIX,
-            embedding="embed_in",
-            layers="layers",
-            names=NAMES,
-            final="final_layer_norm",
-            head="embed_out",
-        )
+        same = [TensorMap("weight", ("weight",))]
+        parts = [Part(model.wte, "wte.", PREFIX + "embed_in.", same), Part(model.position, "position.", PREFIX)]
+        parts += [Part(p, f"layer_positions.{i}.", PREFIX) for i, p in enumerate(model.layer_positions)]
+        for i, block in enumerate(model.blocks):
+            parts += [
+                Part(getattr(block, ours), f"blocks.{i}.{ours}.", f"{PREFIX}layers.{i}.{theirs}.")
+                for ours, theirs in NAMES.items()
+            ]
+        parts.append(Part(model.ln_f, "ln_f.", PREFIX + "final_layer_norm."))
+        if not model.tied:
+            parts.append(Part(model.lm_head, "lm_head.", "embed_out.", same))
+        return parts
 
     def normalize(self, tensors: dict[str, Tensor], model: GPT, source: Path) -> dict[str, Tensor]:
         if "lm_head.weight" in tensors and self.head not in tensors:  # the head under transformers 5's own name

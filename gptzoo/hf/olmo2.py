@@ -17,25 +17,25 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gptzoo.hf.family import Family, Fields, Part, decoder_parts, refuse
-from gptzoo.hf.llama import ACTIVATIONS, PREFIX, plain_embeddings_and_logits, rope_position
-from gptzoo.model.gpt import GPT
+from gptzoo.hf.family import Fields, refuse
+from gptzoo.hf.llama import ACTIVATIONS, Llama, plain_embeddings_and_logits, rope_position
 from gptzoo.recipe import Recipe
 
-NAMES = {"attn": "self_attn", "ln_1": "post_attention_layernorm", "mlp": "mlp", "ln_2": "post_feedforward_layernorm"}
-"""gptzoo's reordered block parts -> OLMo 2's."""
 
+class Olmo2(Llama):
+    """Llama's checkpoint with the block's two norms after the sublayers (block_parts)."""
 
-class Olmo2(Family):
     name = "olmo2"
     layout = "llama"
+    block_parts: Mapping[str, str] = {
+        "attn": "self_attn",
+        "ln_1": "post_attention_layernorm",
+        "mlp": "mlp",
+        "ln_2": "post_feedforward_layernorm",
+    }
     model_type = "olmo2"
     architecture = "Olmo2ForCausalLM"
-    embedding = PREFIX + "embed_tokens.weight"
-    ignored_tensors = (".rotary_emb.inv_freq",)
     title = "OLMo 2"
-    required = {"rms_norm_eps": "norm", "hidden_act": "activation", "rope_theta": "position"}
-    known = frozenset({"rope_scaling"})
     implied: Mapping[str, Any] = {"rms_norm_scale_in_float32": True, "qk_norm": "full"}
 
     def recipe_data(self, config: Mapping[str, Any]) -> dict[str, Any]:
@@ -94,8 +94,3 @@ class Olmo2(Family):
             "tie_word_embeddings": m.tie_embeddings,
             "initializer_range": m.init_std,
         }
-
-    def parts(self, model: GPT) -> list[Part]:
-        return decoder_parts(
-            model, PREFIX, embedding="embed_tokens", layers="layers", names=NAMES, final="norm", head="lm_head"
-        )

@@ -15,26 +15,23 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gptzoo.hf.family import Family, Fields, Part, decoder_parts, refuse, show
-from gptzoo.hf.llama import ACTIVATIONS, PREFIX, plain_embeddings_and_logits
-from gptzoo.model.gpt import GPT
+from gptzoo.hf.family import Fields, refuse, show
+from gptzoo.hf.llama import ACTIVATIONS, Llama, plain_embeddings_and_logits
 from gptzoo.recipe import Recipe
 
 LONGROPE = ("longrope", "su", "yarn")
 """Rope types a Phi-3 config may name for its longrope (transformers renames su and yarn to it)."""
-NAMES = {"ln_1": "input_layernorm", "attn": "self_attn", "ln_2": "post_attention_layernorm", "mlp": "mlp"}
-"""gptzoo's block parts -> Phi-3's."""
 
 
-class Phi3(Family):
+class Phi3(Llama):
+    """Llama's checkpoint skeleton (block_parts, parts); the components answer for the "phi3" layout."""
+
     name = "phi3"
+    layout = "phi3"  # set here: a subclass of Llama would inherit "llama"
     model_type = "phi3"
     architecture = "Phi3ForCausalLM"
-    embedding = PREFIX + "embed_tokens.weight"
-    ignored_tensors = (".rotary_emb.inv_freq",)
     title = "Phi-3"
-    required = {"rms_norm_eps": "norm", "hidden_act": "activation", "rope_theta": "position"}
-    known = frozenset({"partial_rotary_factor"})
+    known = frozenset({"partial_rotary_factor"})  # no rope_scaling: Phi-3's only other type is longrope
     per_layer = frozenset({"sliding_window"})
 
     def recipe_data(self, config: Mapping[str, Any]) -> dict[str, Any]:
@@ -124,8 +121,3 @@ class Phi3(Family):
             shown = ", ".join("none" if w is None else str(w) for w in distinct)
             reasons.append(f"sliding_window differs between layers ({shown}); Phi-3's applies to every layer")
         return {"sliding_window": windows[0] if windows else None}
-
-    def parts(self, model: GPT) -> list[Part]:
-        return decoder_parts(
-            model, PREFIX, embedding="embed_tokens", layers="layers", names=NAMES, final="norm", head="lm_head"
-        )
