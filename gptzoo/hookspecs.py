@@ -51,7 +51,8 @@ On the built module, for every kind but samplers (optional):
 
 - ``hf_weights(layout: str) -> list[TensorMap] | None``: where its tensors live in a Hugging Face
   checkpoint of that layout ("gpt2": GPT2LMHeadModel; "llama": LlamaForCausalLM and the families
-  that store their parts as it does, gptzoo.hf.family.Family.layout), relative to its place there
+  that store their parts as it does, gptzoo.hf.family.Family.layout; "gpt_neox": GPTNeoXForCausalLM;
+  "phi3": Phi3ForCausalLM), relative to its place there
   (gptzoo.interfaces.TensorMap). The maps must cover its state dict exactly (a contract test checks
   it); None, or no such method, means the layout has no equivalent of the component, and import and
   export refuse it with that reason.

@@ -74,7 +74,17 @@ def prompt(vocab: int, length: int, seed: int = 1) -> torch.Tensor:
 
 
 def hf_greedy(model: Any, ids: torch.Tensor, n: int) -> list[int]:
-    out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
+    """transformers' greedy continuation. The attention mask is explicit: without one, generate takes
+    every prompt token equal to pad_token_id (0 here, a token random prompts hold) for padding."""
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=n,
+        min_new_tokens=n,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
     return out[0, ids.shape[1] :].tolist()
 
 

@@ -410,8 +410,8 @@ def test_bad_checkpoints_are_clear_errors(tmp_path: Path, capsys: pytest.Capture
 
 
 def test_an_unknown_model_type_is_refused(tmp_path: Path) -> None:
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt_neox"}))
-    with pytest.raises(CheckpointError, match=r"model_type 'gpt_neox' is not supported"):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mamba"}))
+    with pytest.raises(CheckpointError, match=r"model_type 'mamba' is not supported"):
         hf_recipe(tmp_path)
 
 

@@ -2,7 +2,8 @@
 
 Each factory takes no parameters, so a recipe cannot reach into torch's modules' options. Each
 activation owns the one config.json field that names it in a Hugging Face family (GPT-2's
-``activation_function``, Llama's ``hidden_act``), with HF's ACT2FN name for the same function.
+``activation_function``, ``hidden_act`` in Llama, GPT-NeoX and Phi-3), with HF's ACT2FN name for the
+same function.
 """
 
 from __future__ import annotations
@@ -14,20 +15,24 @@ from torch import nn
 from gptzoo.hookspecs import hookimpl
 from gptzoo.interfaces import TensorMap
 
-HF_FIELDS = {"gpt2": "activation_function", "llama": "hidden_act"}
-"""family -> the config.json field that names the activation."""
+HF_FIELDS = {"gpt2": "activation_function", "llama": "hidden_act", "gpt_neox": "hidden_act", "phi3": "hidden_act"}
+"""layout -> the config.json field that names the activation."""
+NAMED_AS = {"gpt_neox": "llama", "phi3": "llama"}
+"""Layouts that name activations as another does (``hf_names`` has the names of "gpt2" and "llama")."""
 
 
 class HFNamed:
-    """An activation that Hugging Face names: ``hf_names`` (family -> ACT2FN name)."""
+    """An activation that Hugging Face names: ``hf_names`` (layout -> ACT2FN name; the layouts in
+    NAMED_AS use the names of the one they point to)."""
 
     hf_names: ClassVar[dict[str, str]] = {}
 
     def hf_weights(self, family: str) -> list[TensorMap] | None:
-        return [] if family in self.hf_names else None  # no tensors of its own
+        return [] if NAMED_AS.get(family, family) in self.hf_names else None  # no tensors of its own
 
     def hf_config(self, family: str) -> dict[str, str] | None:
-        return {HF_FIELDS[family]: self.hf_names[family]} if family in self.hf_names else None
+        name = self.hf_names.get(NAMED_AS.get(family, family))
+        return {HF_FIELDS[family]: name} if name is not None else None
 
 
 class GELU(HFNamed, nn.GELU):

@@ -2,7 +2,9 @@
 
 n_kv_head == n_head is MHA; fewer is GQA (Ainslie et al., 2023); one is MQA (Shazeer, 2019).
 q, k and v come from one fused projection ``c_attn`` (d -> (nh + 2 nkv) hs, q rows first, then k,
-then v), as in nanoGPT and GPT-2. Two registered variants differ only in how scores are computed:
+then v), as in nanoGPT and GPT-2; Llama splits it into q_proj, k_proj and v_proj, Phi-3 stores it as it
+is (qkv_proj), and GPT-NeoX interleaves it head by head (query_key_value, [q_h; k_h; v_h] for each head
+h: a TensorMap with groups). Two registered variants differ only in how scores are computed:
 
 - causal: torch.nn.functional.scaled_dot_product_attention (fused kernels where available);
 - eager: the explicit softmax(Q K^T / sqrt(d_k) + M) V, M the causal mask (plus any position bias).
@@ -298,6 +300,19 @@ class CausalSelfAttention(nn.Module):
                     return None
                 maps += inner
             return maps
+        if family == "gpt_neox":  # query_key_value: each head's q, k and v rows together; no GQA, no qk-norm
+            if self.n_kv_head != self.n_head or self.qk_norm != "none":
+                return None
+            parts = (self.n_head * self.head_dim,) * 3
+            maps = [
+                TensorMap(f"c_attn.{k}", (f"query_key_value.{k}",), parts=parts, groups=self.n_head)
+                for k in _kinds(self.c_attn)
+            ]
+            return maps + [TensorMap(f"c_proj.{k}", (f"dense.{k}",)) for k in _kinds(self.c_proj)]
+        if family == "phi3":  # qkv_proj is c_attn as it is; Phi-3 has no biases and no qk-norm
+            if self.c_attn.bias is not None or self.c_proj.bias is not None or self.qk_norm != "none":
+                return None
+            return [TensorMap("c_attn.weight", ("qkv_proj.weight",)), TensorMap("c_proj.weight", ("o_proj.weight",))]
         return None
 
     def hf_config(self, family: str) -> dict[str, object] | None:

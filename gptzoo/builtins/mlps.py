@@ -1,7 +1,9 @@
 """Feed-forward blocks: dense (GPT-2) and gated (GLU variants, Shazeer 2020: SwiGLU, GeGLU).
 
 The gated MLP keeps its gate and up projections in one matrix ``c_fc`` (d -> 2 d_ff, gate rows
-first), so it costs one matmul, not two; its Llama weight map splits it into gate_proj and up_proj.
+first), so it costs one matmul, not two; its Llama weight map splits it into gate_proj and up_proj, and
+Phi-3 stores it as it is (gate_up_proj). GPT-NeoX stores the dense MLP as nn.Linear (dense_h_to_4h,
+dense_4h_to_h), GPT-2 as Conv1D ([in, out]).
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from torch import Tensor, nn
 from gptzoo.flops import linear_flops
 from gptzoo.hookspecs import hookimpl
 from gptzoo.interfaces import TensorMap
+
+_KINDS = ("weight", "bias")
 
 
 class DenseMLP(nn.Module):
@@ -29,6 +33,11 @@ class DenseMLP(nn.Module):
         return {"mlp": linear_flops(batch * seq_len, self.c_fc, self.c_proj)}
 
     def hf_weights(self, family: str) -> list[TensorMap] | None:
+        if family == "gpt_neox":  # nn.Linear; its MLP always has biases
+            if self.c_fc.bias is None:
+                return None
+            names = {"c_fc": "dense_h_to_4h", "c_proj": "dense_4h_to_h"}
+            return [TensorMap(f"{ours}.{k}", (f"{theirs}.{k}",)) for ours, theirs in names.items() for k in _KINDS]
         if family != "gpt2":
             return None
         maps = [
@@ -56,6 +65,13 @@ class GatedMLP(nn.Module):
         return {"mlp": linear_flops(batch * seq_len, self.c_fc, self.c_proj)}
 
     def hf_weights(self, family: str) -> list[TensorMap] | None:
+        if family == "phi3":  # gate_up_proj is c_fc as it is ([gate; up]); Phi-3 has no biases
+            if self.c_fc.bias is not None:
+                return None
+            return [
+                TensorMap("c_fc.weight", ("gate_up_proj.weight",)),
+                TensorMap("c_proj.weight", ("down_proj.weight",)),
+            ]
         if family != "llama":
             return None
         d_ff = self.c_proj.in_features

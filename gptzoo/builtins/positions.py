@@ -139,16 +139,22 @@ class RoPE(Position):
         return problems + _positive("rope theta", theta)
 
     def hf_weights(self, family: str) -> list[TensorMap] | None:
-        return [] if family == "llama" else None  # computed, not stored
+        return [] if family in ("llama", "phi3", "gpt_neox") else None  # computed, not stored
 
     def hf_config(self, family: str) -> dict[str, object] | None:
-        if family != "llama":
+        """Llama and Phi-3: rope_theta, and partial_rotary_factor when some features pass through;
+        GPT-NeoX: its own names, rotary_emb_base and rotary_pct, always (its default rotary_pct is
+        0.25, and it reads no rope_theta). The scaling, if any, as rope_scaling."""
+        if family not in ("llama", "phi3", "gpt_neox"):
             return None
-        fields: dict[str, object] = {"rope_theta": self.theta}
+        if family == "gpt_neox":
+            fields: dict[str, object] = {"rotary_emb_base": self.theta, "rotary_pct": self.fraction}
+        else:
+            fields = {"rope_theta": self.theta}
+            if self.fraction != 1.0:
+                fields["partial_rotary_factor"] = self.fraction
         if self.scaling():
             fields["rope_scaling"] = self.scaling()
-        if self.fraction != 1.0:
-            fields["partial_rotary_factor"] = self.fraction
         return fields
 
     def scaling(self) -> dict[str, object]:

@@ -1,5 +1,6 @@
-"""Hugging Face interop: read GPT-2 and Llama-family checkpoints into gptzoo models, derive their
-recipes from config.json, and export gptzoo models back (see family.py for how maps are owned).
+"""Hugging Face interop: read GPT-2, Llama, Gemma 2 and 3, Qwen2 and 3, Mistral, GPT-NeoX, Phi-3 and
+OLMo 2 checkpoints into gptzoo models, derive their recipes from config.json, and export gptzoo models
+back (see family.py for how maps are owned).
 """
 
 from __future__ import annotations
@@ -20,8 +21,11 @@ from gptzoo.hf.family import Family, NoEquivalentError, show
 from gptzoo.hf.files import locate, read_config, read_tensors, write_checkpoint
 from gptzoo.hf.gemma import Gemma2, Gemma3
 from gptzoo.hf.gpt2 import GPT2
+from gptzoo.hf.gpt_neox import GPTNeoX
 from gptzoo.hf.llama import Llama
 from gptzoo.hf.mistral import Mistral
+from gptzoo.hf.olmo2 import Olmo2
+from gptzoo.hf.phi3 import Phi3
 from gptzoo.hf.qwen import Qwen2, Qwen3
 from gptzoo.model.build import assemble, build_model
 from gptzoo.model.checkpoint import tokenizer_copies
@@ -32,7 +36,8 @@ from gptzoo.registry import Entry, Registry, default_registry
 from gptzoo.untrusted import WEIGHT_DTYPES, WEIGHT_DTYPES_TEXT, dtype_name, first_few
 
 FAMILIES: dict[str, Family] = {
-    family.model_type: family for family in (GPT2(), Llama(), Gemma3(), Gemma2(), Qwen2(), Qwen3(), Mistral())
+    family.model_type: family
+    for family in (GPT2(), Llama(), Gemma3(), Gemma2(), Qwen2(), Qwen3(), Mistral(), GPTNeoX(), Phi3(), Olmo2())
 }
 """config.json model_type -> family."""
 
@@ -223,10 +228,11 @@ def export_hf(
     checkpoint the model came from: ``gptzoo build --hf`` copies them there). config.json's
     bos_token_id and eos_token_id are those of the recipe's tokenizer (:func:`_special_token_ids`).
 
-    The first family (GPT-2, then Llama) that every component of the recipe has an equivalent in is
-    written: each component's ``hf_weights`` places its tensors, its ``hf_config`` gives the
-    config.json fields it owns (gptzoo.hf.family.Family.config); ``registry`` (default: the shared
-    one) builds the recipe's components on the meta device to ask them.
+    The first family in FAMILIES' order (GPT-2, Llama, Gemma 3, Gemma 2, Qwen2, Qwen3, Mistral, GPT-NeoX,
+    Phi-3, OLMo 2) that every component of the recipe has an equivalent in is written: each
+    component's ``hf_weights`` places its tensors, its ``hf_config`` gives the config.json fields it
+    owns (gptzoo.hf.family.Family.config); ``registry`` (default: the shared one) builds the recipe's
+    components on the meta device to ask them.
 
     Raises:
         NoEquivalentError: no Hugging Face architecture expresses the recipe.

@@ -59,6 +59,8 @@ class Family:
     """config.json ``architectures[0]`` and the transformers class."""
     embedding: str
     """Their key of the token embedding."""
+    head: str = "lm_head.weight"
+    """Their key of the LM head (GPT-NeoX: embed_out.weight)."""
     ignored_tensors: tuple[str, ...] = ()
     """Suffixes of non-weight tensors some files carry (masks, rotary tables); dropped on import."""
     title: str
@@ -75,7 +77,8 @@ class Family:
     GPT-2) has no equivalent here."""
     implied: Mapping[str, Any] = {}
     """Fields the architecture implies: components must give exactly these values (a Gemma norm's
-    rms_norm_offset = 1), and they are not written to config.json."""
+    rms_norm_offset = 1), and they are not written to config.json. Once a component of some kind gives
+    one, every component of that kind must (a layer type's norm that lacks it computes otherwise)."""
     renames: Mapping[str, str] = {}
     """Component fields the family's config.json names otherwise (Gemma: hidden_act -> hidden_activation)."""
     per_layer: frozenset[str] = frozenset()
@@ -123,6 +126,7 @@ class Family:
             [*block.modules(), *model.positions[model.position_of[i]].modules()] for i, block in enumerate(model.blocks)
         ]
         per_layer: dict[str, list[Any]] = {key: [None] * len(model.blocks) for key in self.per_layer}
+        given: list[tuple[str, str, set[str]]] = []  # (who, kind, the implied fields it gives)
         for entry, module in components:
             who = f"{entry.kind} {entry.name!r}"
             fields = self._component_fields(entry, module)
@@ -131,6 +135,7 @@ class Family:
                     refused.add(who)
                     reasons.append(f"{who} ({fields}: {self.architecture} has no equivalent of it)")
                 continue
+            given.append((who, entry.kind, {self.renames.get(k, k) for k in fields} & set(self.implied)))
             for key, value in ((self.renames.get(k, k), v) for k, v in fields.items()):
                 if key in structural:
                     raise PluginError(
@@ -163,6 +168,7 @@ class Family:
             for key in self.implied
             if key not in implied_given
         ]
+        reasons += self._implied_gaps(given)
         kinds_refused = {who.split(" ", 1)[0] for who in refused}
         reasons += [
             f"config.json needs {key}, which the {kind}'s hf_config({self.layout!r}) gives, and none does"
@@ -177,6 +183,18 @@ class Family:
                 f"recipe {recipe.name!r} has no Hugging Face {self.title} equivalent: {'; '.join(reasons)}", reasons
             )
         return {**structural, **{key: value for key, (value, _) in owned.items()}, **layered}
+
+    def _implied_gaps(self, given: Sequence[tuple[str, str, set[str]]]) -> list[str]:
+        """Components that lack an implied field other components of their kind give (OLMo 2's norms:
+        a layer type's plain rmsnorm beside the float32-scaling ones)."""
+        reasons = []
+        for key in self.implied:
+            kinds = {kind for _, kind, keys in given if key in keys}
+            for who, kind, keys in given:
+                reason = f"{who} does not set {key}={show(self.implied[key])}, which {self.architecture} implies"
+                if kind in kinds and key not in keys and reason not in reasons:
+                    reasons.append(reason)
+        return reasons
 
     def layer_config(self, recipe: Recipe, values: dict[str, list[Any]], reasons: list[str]) -> dict[str, Any]:
         """config.json fields from the ``per_layer`` fields of each layer (None where a layer's components
@@ -239,12 +257,12 @@ class Family:
         ``parts`` expects: known non-weights dropped, and a tied head stored anyway checked against
         the embedding and dropped."""
         tensors = {k: v for k, v in tensors.items() if not k.endswith(self.ignored_tensors)}
-        if model.tied and "lm_head.weight" in tensors:
-            head = tensors.pop("lm_head.weight")
+        if model.tied and self.head in tensors:
+            head = tensors.pop(self.head)
             embedding = tensors.get(self.embedding)
             if embedding is not None and not head.equal(embedding):
                 raise CheckpointError(
-                    f"{source}: lm_head.weight differs from the token embedding {self.embedding}, but config.json "
+                    f"{source}: {self.head} differs from the token embedding {self.embedding}, but config.json "
                     "ties them (tie_word_embeddings); set tie_word_embeddings to false if the head is its own"
                 )
         return tensors

@@ -160,7 +160,7 @@ def check_hf_weights(subject: Subject) -> str | None:
     hf_config = getattr(module, "hf_config", None)
     state = module.state_dict()
     mapped = []
-    for family in (f.name for f in FAMILIES.values()):
+    for family in dict.fromkeys(f.layout for f in FAMILIES.values()):  # the keys components answer for
         if hf_config is not None:
             config = hf_config(family)
             if config is not None and not (isinstance(config, dict) and all(isinstance(k, str) for k in config)):

@@ -1,0 +1,144 @@
+"""GPT-NeoX checkpoints as Hugging Face stores them (GPTNeoXForCausalLM; Black et al., 2022), the
+architecture of EleutherAI's Pythia suite (Biderman et al., 2023).
+
+Keys: ``gpt_neox.embed_in``, ``gpt_neox.layers.N.{input_layernorm, attention.{query_key_value,
+dense}, post_attention_layernorm, mlp.{dense_h_to_4h, dense_4h_to_h}}``, ``gpt_neox.final_layer_norm``
+and ``embed_out`` (the head; transformers 5 also reads it as ``lm_head``). nn.Linear layout [out, in],
+biases everywhere (``attention_bias`` covers the attention's; the MLP's and the LayerNorms' are always
+there). ``query_key_value`` interleaves q, k and v head by head (rows [q_h; k_h; v_h] for each head h),
+which the attention's map undoes. Each block reads its input twice when ``use_parallel_residual``
+(x + attn(ln_1 x) + mlp(ln_2 x): gptzoo's "parallel"), else it is Pre-LN. RoPE in the rotate-half
+convention on the first ``rotary_pct`` of each head (partial rotary; Pythia: 0.25), base
+``rotary_emb_base``; transformers 5 writes both into ``rope_parameters`` (rope_theta,
+partial_rotary_factor) and reads no top-level rope_theta. Older files carry per-layer mask buffers
+(``attention.bias``, ``attention.masked_bias``) and ``attention.rotary_emb.inv_freq``: ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from gptzoo.hf.family import Family, Fields, Part, refuse
+from gptzoo.hf.llama import ACTIVATIONS, plain_embeddings_and_logits, rope_position
+from gptzoo.interfaces import TensorMap
+from gptzoo.model.gpt import GPT
+from gptzoo.recipe import Recipe
+
+PREFIX = "gpt_neox."
+NAMES = {"ln_1": "input_layernorm", "attn": "attention", "ln_2": "post_attention_layernorm", "mlp": "mlp"}
+"""gptzoo's block parts -> GPT-NeoX's."""
+
+
+class GPTNeoX(Family):
+    name = "gpt_neox"
+    model_type = "gpt_neox"
+    architecture = "GPTNeoXForCausalLM"
+    embedding = PREFIX + "embed_in.weight"
+    head = "embed_out.weight"
+    ignored_tensors = (".attention.bias", ".attention.masked_bias", ".rotary_emb.inv_freq")
+    title = "GPT-NeoX"
+    required = {
+        "layer_norm_eps": "norm",
+        "hidden_act": "activation",
+        "rotary_emb_base": "position",
+        "rotary_pct": "position",
+    }
+    known = frozenset({"rope_scaling"})
+
+    def recipe_data(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        f = Fields(config)
+        context_length = f.integer("max_position_embeddings", 2048)
+        model = {
+            "vocab_size": f.integer("vocab_size"),
+            "context_length": context_length,
+            "n_layer": f.integer("num_hidden_layers"),
+            "n_head": f.integer("num_attention_heads"),
+            "n_embd": f.integer("hidden_size"),
+            "d_ff": f.integer("intermediate_size"),
+            "bias": True,
+            "tie_embeddings": f.flag("tie_word_embeddings", False),
+            "norm": {"name": "layernorm", "eps": f.number("layer_norm_eps", 1e-5)},
+            "norm_placement": "parallel" if f.flag("use_parallel_residual", True) else "pre",
+            "activation": f.choice("hidden_act", "gelu", ACTIVATIONS),
+            "mlp": "dense",
+            "position": self.rope(f, context_length),
+            "attention": "causal",
+            "init_std": f.number("initializer_range", 0.02),
+        }
+        if not f.flag("attention_bias", True):
+            f.problems.append(
+                "config.json attention_bias=false is not supported (GPT-NeoX's MLP always has biases, and "
+                "gptzoo's bias covers the attention and the MLP alike)"
+            )
+        f.problems += refuse(config, {})
+        f.check()
+        return {"model": model, "tokenizer": {"name": "hf"}}
+
+    @staticmethod
+    def rope(f: Fields, context_length: int) -> dict[str, Any]:
+        """The rope position as transformers reads GPT-NeoX's config: rope_scaling, else rope_parameters,
+        gives the type and (when it has them) rope_theta and partial_rotary_factor; the legacy
+        rotary_emb_base (10000) and rotary_pct (0.25) give what it lacks."""
+        source = "rope_scaling" if f.mapping("rope_scaling") else "rope_parameters"
+        table = f.mapping(source)
+        inner = Fields(table, f"config.json {source}.")
+        theta = inner.number("rope_theta", 0.0) if "rope_theta" in table else f.number("rotary_emb_base", 10000.0)
+        fraction = (
+            inner.number("partial_rotary_factor", 0.0)
+            if "partial_rotary_factor" in table
+            else f.number("rotary_pct", 0.25)
+        )
+        f.problems += inner.problems
+        return rope_position(f, context_length, parameters={"rope_theta": theta}, scaling=table, fraction=fraction)
+
+    def structural_reasons(self, recipe: Recipe) -> list[str]:
+        m, reasons = recipe.model, []
+        if m.norm_placement not in ("parallel", "pre"):
+            reasons.append(
+                f"norm_placement {m.norm_placement!r} (GPT-NeoX is parallel, or pre with use_parallel_residual=false)"
+            )
+        if m.n_kv_head != m.n_head or m.head_dim * m.n_head != m.n_embd:
+            reasons.append(
+                f"n_kv_head={m.n_kv_head}, head_dim={m.head_dim} (GPT-NeoX has n_head heads of n_embd/n_head)"
+            )
+        if not m.bias:
+            reasons.append("bias=false (GPT-NeoX's MLP always has biases)")
+        return reasons + plain_embeddings_and_logits(recipe, self.title)
+
+    def structure(self, recipe: Recipe) -> dict[str, Any]:
+        m = recipe.model
+        return {
+            "vocab_size": m.vocab_size,
+            "hidden_size": m.n_embd,
+            "intermediate_size": m.d_ff,
+            "num_hidden_layers": m.n_layer,
+            "num_attention_heads": m.n_head,
+            "max_position_embeddings": m.context_length,
+            "attention_bias": m.bias,
+            "use_parallel_residual": m.norm_placement == "parallel",
+            "tie_word_embeddings": m.tie_embeddings,
+            "initializer_range": m.init_std,
+        }
+
+    def parts(self, model: GPT) -> list[Part]:
+        same = [TensorMap("weight", ("weight",))]
+        parts = [Part(model.wte, "wte.", PREFIX + "embed_in.", same), Part(model.position, "position.", PREFIX)]
+        parts += [Part(p, f"layer_positions.{i}.", PREFIX) for i, p in enumerate(model.layer_positions)]
+        for i, block in enumerate(model.blocks):
+            parts += [
+                Part(getattr(block, ours), f"blocks.{i}.{ours}.", f"{PREFIX}layers.{i}.{theirs}.")
+                for ours, theirs in NAMES.items()
+            ]
+        parts.append(Part(model.ln_f, "ln_f.", PREFIX + "final_layer_norm."))
+        if not model.tied:
+            parts.append(Part(model.lm_head, "lm_head.", "embed_out.", same))
+        return parts
+
+    def normalize(self, tensors: dict[str, Tensor], model: GPT, source: Path) -> dict[str, Tensor]:
+        if "lm_head.weight" in tensors and self.head not in tensors:  # the head under transformers 5's own name
+            tensors = {self.head if k == "lm_head.weight" else k: v for k, v in tensors.items()}
+        return super().normalize(tensors, model, source)
