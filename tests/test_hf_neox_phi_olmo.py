@@ -238,7 +238,11 @@ def test_olmo2_matches_transformers_with_gqa(tmp_path: Path) -> None:
     m = recipe.model
     assert (m.norm_placement, m.n_kv_head, m.attention.kwargs) == ("reordered", 2, {"qk_norm": "full"})
     assert m.norm.kwargs == {"eps": 1e-5, "scale_in_float32": True}
+    assert m.position.kwargs == {"theta": 10000.0, "rotate_in_float32": True}
     parity_with_compare(path)
+    # in bfloat16 too: the norm scales and RoPE rotates in float32 before rounding, as OLMo 2 does
+    bf16 = compare(path, prompts=[prompt(TINY["vocab_size"], 20)[0].tolist()], new_tokens=16, dtype=torch.bfloat16)
+    assert bf16["max_abs_diff"] == 0.0 and bf16["greedy_match"], bf16
 
 
 def test_rmsnorm_scale_in_float32_is_olmo2s_numerics() -> None:

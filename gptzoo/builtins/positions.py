@@ -72,10 +72,13 @@ class RotateHalf:
     """q and k rotated by precomputed cos/sin (B, T, rotary_dim), HF Llama's rotate-half convention;
     when rotary_dim < hs only the first rotary_dim features of each head turn (partial rotary, GPT-NeoX)."""
 
-    def __init__(self, cos: Tensor, sin: Tensor) -> None:
+    def __init__(self, cos: Tensor, sin: Tensor, *, in_float32: bool = False) -> None:
         self.cos, self.sin = cos[:, None], sin[:, None]  # (B, 1, T, rotary_dim): the same for every head
+        self.in_float32 = in_float32
 
     def apply(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        if self.in_float32:  # rotate in float32 (the tables' dtype), then round back: OLMo 2's numerics
+            return self._turn(q, self.cos, self.sin).to(q.dtype), self._turn(k, self.cos, self.sin).to(k.dtype)
         cos, sin = self.cos.to(q.dtype), self.sin.to(q.dtype)
         return self._turn(q, cos, sin), self._turn(k, cos, sin)
 
@@ -101,13 +104,15 @@ class RoPE(Position):
     """Rotary position embeddings (Su et al., 2021), rotate-half convention as in HF Llama.
 
     ``fraction`` of each head's features rotate (the first ones; GPT-NeoX's rotary_pct, Phi's
-    partial_rotary_factor), the rest pass through. Subclasses change the frequencies (``inv_freq``):
+    partial_rotary_factor), the rest pass through. ``rotate_in_float32`` rotates q and k in float32
+    and rounds the result back (OLMo 2); by default the tables are rounded to q's dtype first (Llama).
+    Subclasses change the frequencies (``inv_freq``):
     the scaled variants of transformers' modeling_rope_utils, each named by its rope_type.
     """
 
     rope_type = "default"
     """transformers' rope_parameters rope_type."""
-    examples = [{"fraction": 0.5}]
+    examples = [{"fraction": 0.5}, {"rotate_in_float32": True}]
 
     def __init__(
         self,
@@ -118,9 +123,11 @@ class RoPE(Position):
         context_length: int,
         theta: float = 10000.0,
         fraction: float = 1.0,
+        rotate_in_float32: bool = False,
     ) -> None:
         super().__init__()
         self.head_dim, self.theta, self.fraction = head_dim, theta, fraction
+        self.rotate_in_float32 = rotate_in_float32
         self.dim = int(head_dim * fraction)  # the rotary features, as transformers rounds them
         self.context_length = context_length
 
@@ -155,6 +162,8 @@ class RoPE(Position):
                 fields["partial_rotary_factor"] = self.fraction
         if self.scaling():
             fields["rope_scaling"] = self.scaling()
+        if self.rotate_in_float32:
+            fields["rope_rotate_in_float32"] = True
         return fields
 
     def scaling(self) -> dict[str, object]:
@@ -173,9 +182,8 @@ class RoPE(Position):
         inv_freq, factor = self.inv_freq(positions)
         freqs = positions.float()[..., None] * inv_freq  # (B, T, dim/2)
         emb = torch.cat((freqs, freqs), dim=-1)  # (B, T, dim)
-        if factor == 1.0:
-            return RotateHalf(emb.cos(), emb.sin())
-        return RotateHalf(emb.cos() * factor, emb.sin() * factor)
+        cos, sin = (emb.cos(), emb.sin()) if factor == 1.0 else (emb.cos() * factor, emb.sin() * factor)
+        return RotateHalf(cos, sin, in_float32=self.rotate_in_float32)
 
 
 class LinearRoPE(RoPE):
@@ -193,6 +201,7 @@ class LinearRoPE(RoPE):
         context_length: int,
         theta: float = 10000.0,
         fraction: float = 1.0,
+        rotate_in_float32: bool = False,
         factor: float = 1.0,
     ) -> None:
         super().__init__(
@@ -202,6 +211,7 @@ class LinearRoPE(RoPE):
             context_length=context_length,
             theta=theta,
             fraction=fraction,
+            rotate_in_float32=rotate_in_float32,
         )
         self.factor = factor
 
@@ -256,6 +266,7 @@ class Llama3RoPE(RoPE):
         context_length: int,
         theta: float = 500000.0,
         fraction: float = 1.0,
+        rotate_in_float32: bool = False,
         factor: float = 8.0,
         low_freq_factor: float = 1.0,
         high_freq_factor: float = 4.0,
@@ -268,6 +279,7 @@ class Llama3RoPE(RoPE):
             context_length=context_length,
             theta=theta,
             fraction=fraction,
+            rotate_in_float32=rotate_in_float32,
         )
         self.factor, self.low_freq_factor, self.high_freq_factor = factor, low_freq_factor, high_freq_factor
         self.original_context = original_context
@@ -326,6 +338,7 @@ class YaRNRoPE(RoPE):
         context_length: int,
         theta: float = 10000.0,
         fraction: float = 1.0,
+        rotate_in_float32: bool = False,
         factor: float = 1.0,
         original_context: int = 4096,
         beta_fast: float = 32.0,
@@ -342,6 +355,7 @@ class YaRNRoPE(RoPE):
             context_length=context_length,
             theta=theta,
             fraction=fraction,
+            rotate_in_float32=rotate_in_float32,
         )
         self.factor, self.original_context = factor, original_context
         self.beta_fast, self.beta_slow, self.truncate = beta_fast, beta_slow, truncate

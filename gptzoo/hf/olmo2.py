@@ -36,7 +36,7 @@ class Olmo2(Llama):
     model_type = "olmo2"
     architecture = "Olmo2ForCausalLM"
     title = "OLMo 2"
-    implied: Mapping[str, Any] = {"rms_norm_scale_in_float32": True, "qk_norm": "full"}
+    implied: Mapping[str, Any] = {"rms_norm_scale_in_float32": True, "qk_norm": "full", "rope_rotate_in_float32": True}
 
     def recipe_data(self, config: Mapping[str, Any]) -> dict[str, Any]:
         f = Fields(config)
@@ -58,7 +58,7 @@ class Olmo2(Llama):
             "norm_placement": "reordered",
             "activation": f.choice("hidden_act", "silu", ACTIVATIONS),
             "mlp": "gated",
-            "position": rope_position(f, context_length),
+            "position": {**rope_position(f, context_length), "rotate_in_float32": True},
             "attention": {"name": "causal", "qk_norm": "full"},
             "init_std": f.number("initializer_range", 0.02),
         }
