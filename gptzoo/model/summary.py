@@ -70,10 +70,11 @@ def parameter_counts(model: GPT) -> dict[str, Any]:
 
 
 def schedule(recipe: Recipe) -> dict[str, Any]:
-    """The layer type of each block, the pattern in short (``(sliding x5, full) x3``), and the layers of each type."""
+    """The layer type of each block, the pattern in short (``(sliding x5, full) x3``), and the layers of
+    each type (no types, and so no layers of each, without a pattern)."""
     spec = recipe.model
-    layers = spec.schedule()
     pattern = list(spec.layer_pattern)
+    layers = spec.schedule() if pattern else []  # without a pattern every block is [model]'s: no types
     return {
         "pattern": pattern,
         "layers": layers,
