@@ -97,9 +97,14 @@ def test_schedule_problems_are_reported_with_their_key_paths(tmp_path: Path) -> 
     with pytest.raises(RecipeError) as info:
         _recipe(tmp_path, SCHEDULED, ["model.layer_types.local.depth=3"])
     assert info.value.problems == [
-        "--set 'model.layer_types.local.depth=3': a layer type's component is model.layer_types.TYPE.COMPONENT[.PARAM]"
-        "=VALUE (COMPONENT one of norm, activation, mlp, position, attention)"
+        "--set 'model.layer_types.local.depth=3': a layer type is model.layer_types.TYPE={...}, its component "
+        "model.layer_types.TYPE.COMPONENT[.PARAM]=VALUE (COMPONENT one of norm, activation, mlp, position, attention)"
     ]
+    # a whole layer type, an empty one too
+    overrides = ['model.layer_pattern=["local", "global", "full"]', "model.layer_types.full={}"]
+    recipe = _recipe(tmp_path, SCHEDULED, overrides)
+    assert recipe.model.schedule() == ["local", "global", "full", "local", "global"]
+    assert recipe.model.layer_components("full") == recipe.model.layer_components("")
 
 
 def test_only_the_models_position_adds_an_embedding(tmp_path: Path) -> None:

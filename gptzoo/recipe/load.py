@@ -189,10 +189,10 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         raise ValueError(
             f"--set {show(text)} is not SECTION.KEY=VALUE or SECTION.KEY.PARAM=VALUE (e.g. model.n_layer=6)"
         )
-    if layer and len(path) > 2 and (len(path) < 4 or path[3] not in COMPONENT_KEYS):
+    if layer and len(path) > 3 and path[3] not in COMPONENT_KEYS:
         raise ValueError(
-            f"--set {show(text)}: a layer type's component is model.{LAYER_TYPES}.TYPE.COMPONENT[.PARAM]=VALUE"
-            f" (COMPONENT one of {', '.join(COMPONENT_KEYS)})"
+            f"--set {show(text)}: a layer type is model.{LAYER_TYPES}.TYPE={{...}}, its component "
+            f"model.{LAYER_TYPES}.TYPE.COMPONENT[.PARAM]=VALUE (COMPONENT one of {', '.join(COMPONENT_KEYS)})"
         )
     if not layer and len(path) == 3 and (path[0] != "model" or path[1] not in COMPONENT_KEYS):
         raise ValueError(
@@ -221,6 +221,10 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> tuple[dic
             problems.append(str(exc))
             continue
         section = data.setdefault(path[0], {}) if path[0] not in TOP_LEVEL_KEYS else None
+        if isinstance(section, dict) and path[:2] == ["model", LAYER_TYPES] and len(path) == 3:  # a whole type
+            types = section.get(LAYER_TYPES, {})
+            section[LAYER_TYPES] = {**types, path[2]: value} if isinstance(types, dict) else {path[2]: value}
+            continue
         if isinstance(section, dict) and len(path) > 3:  # model.layer_types.TYPE.COMPONENT[.PARAM]
             section = _layer_type_table(section, path[2])
             if section is None:
