@@ -174,9 +174,23 @@ def test_gemma3_270m_shows_its_schedule_kv_bytes_and_windowed_flops() -> None:
 def test_what_the_gemma_families_refuse(tmp_path: Path) -> None:
     path = save_hf(tmp_path, "g3", gemma3())
     config = json.loads((path / "config.json").read_text())
-    (path / "config.json").write_text(json.dumps({**config, "use_bidirectional_attention": True}))
-    with pytest.raises(RecipeError, match=r"config.json use_bidirectional_attention=True is not supported"):
-        hf_recipe(path)
+    for change, problem in [
+        ({"use_bidirectional_attention": True}, "config.json use_bidirectional_attention=True is not supported"),
+        (
+            {"sliding_window": None},
+            "config.json sliding_window=None, but layer_types has sliding_attention layers; give the window",
+        ),
+        (  # transformers reads a flat table as the full layers' defaults, whatever its theta says
+            {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
+            "config.json rope_parameters={'rope_type': 'default', 'rope_theta': 10000.0} is one table; Gemma 3 has "
+            "one per layer type",
+        ),
+    ]:
+        (path / "config.json").write_text(json.dumps({**config, **change}))
+        with pytest.raises(RecipeError) as info:
+            hf_recipe(path)
+        assert info.value.problems[0].startswith(problem), info.value.problems
+    (path / "config.json").write_text(json.dumps(config))
     plain_norm = load_hf(save_hf(tmp_path, "g2", gemma2()))
     plain_norm.recipe = gptzoo.load_recipe(
         "gemma2-2b", ["model.n_layer=2", "model.n_embd=64", "model.head_dim=16", "model.norm=rmsnorm"]

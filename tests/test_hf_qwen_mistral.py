@@ -240,6 +240,15 @@ def test_qwen2_slides_from_max_window_layers_and_writes_it_back(tmp_path: Path) 
             {"model_type": "qwen2", "quantization_config": {"quant_method": "gptq"}},
             "config.json quantization_config={'quant_method': 'gptq'} is not supported (gptzoo reads plain",
         ),
+        (
+            {"model_type": "mistral", "sliding_window": 6, "layer_types": ["full_attention"] * 3},
+            "config.json layer_types=['full_attention', 'full_attention', 'full_attention'] is not supported for "
+            "Mistral (MistralForCausalLM slides every layer when sliding_window is set and none otherwise)",
+        ),
+        (
+            {"model_type": "llama", "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}},
+            "config.json rope scaling type 'yarn' needs factor, and has none",
+        ),
     ],
     ids=[
         "qwen3 attention_bias",
@@ -249,6 +258,8 @@ def test_qwen2_slides_from_max_window_layers_and_writes_it_back(tmp_path: Path) 
         "window 0",
         "rope",
         "quantized",
+        "mistral layer_types",
+        "yarn without factor",
     ],
 )
 def test_unsupported_config_values_are_refused_by_name(tmp_path: Path, config: dict[str, Any], message: str) -> None:
@@ -487,3 +498,14 @@ def test_shipped_recipe_is_the_official_config(tmp_path: Path, name: str) -> Non
         "tie_word_embeddings",
     ):
         assert exported.get(key) == official.get(key), key
+
+
+def test_compare_names_the_config_transformers_refuses(tmp_path: Path) -> None:
+    """gptzoo reads a null max_window_layers as absent; transformers' config validation refuses it, and
+    compare says config.json (not the tokenizer it would have loaded first)."""
+    path = save_hf(tmp_path, "q2", tiny("qwen2"))
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "max_window_layers": None}))
+    with pytest.raises(gptzoo.CheckpointError) as info:
+        compare(path, prompts=["a prompt"], new_tokens=2)
+    assert str(info.value).startswith(f"transformers refuses {path}/config.json: StrictDataclassFieldValidationError")

@@ -23,6 +23,25 @@ from gptzoo.untrusted import check_directory
 DEFAULT_PROMPT = "The history of the Roman Empire began"
 
 
+def hf_config(path: Path) -> Any:
+    """config.json as transformers reads it (it validates fields gptzoo does not read).
+
+    Raises:
+        CheckpointError: transformers refuses config.json, with its reason.
+    """
+    from transformers import AutoConfig
+
+    check_directory(path)  # transformers opens files by name: none may lead outside the checkpoint
+    try:
+        return AutoConfig.from_pretrained(path)
+    except Exception as exc:  # transformers raises many kinds (validation, key, type errors) for one file
+        raise CheckpointError(
+            f"transformers refuses {path}/config.json: {type(exc).__name__}: {' '.join(str(exc).split())} (compare "
+            "runs the checkpoint in transformers as well: fix config.json, or run it with gptzoo alone, e.g. "
+            "gptzoo generate --hf)"
+        ) from None
+
+
 def hf_model(path: Path, dtype: torch.dtype) -> Any:
     """The checkpoint through transformers, as it is (no quantization, which gptzoo has refused by
     now), with transformers' own attention kernel whatever config.json's _attn_implementation asks.
@@ -94,6 +113,8 @@ def compare(
     hf_logging.disable_progress_bar()
     path = locate(source)
     ours = load_hf(path, recipe, dtype=dtype, registry=registry).eval()
+    hf_config(path)  # before the tokenizer, which transformers would load it for, and blame
+
     texts = [p for p in prompts if isinstance(p, str)]
     tokenizer = recipe_tokenizer(ours.recipe, path) if texts else None
     all_ids = [encode_prompts(tokenizer, [p], chat=chat)[0] if isinstance(p, str) else list(p) for p in prompts]
@@ -103,9 +124,18 @@ def compare(
     rows = []
     for prompt, ids in zip(prompts, all_ids, strict=True):
         input_ids = torch.tensor([ids])
-        stats = logit_stats(ours(input_ids)[0], theirs(input_ids).logits[0])
-        ours_new = generate(ours, [ids], new_tokens)[0]
-        theirs_new = hf_greedy(theirs, input_ids, new_tokens)[0].tolist()
+        ours_logits, ours_new = ours(input_ids)[0], generate(ours, [ids], new_tokens)[0]
+        try:
+            theirs_logits = theirs(input_ids).logits[0]
+            theirs_new = hf_greedy(theirs, input_ids, new_tokens)[0].tolist()
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:  # a config transformers loads but cannot run (e.g. a null sliding window)
+            raise CheckpointError(
+                f"transformers loads {path} but fails to run it: {type(exc).__name__}: {' '.join(str(exc).split())}"
+                " (run it with gptzoo alone, e.g. gptzoo generate --hf)"
+            ) from None
+        stats = logit_stats(ours_logits, theirs_logits)
         row = {
             "prompt": prompt,
             "n_tokens": len(ids),

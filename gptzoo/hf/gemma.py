@@ -88,6 +88,11 @@ class Gemma(Llama):
         scale = f.number("query_pre_attn_scalar", 256.0) ** -0.5
         types = self.layer_types(f, config, n_layer)
         window = f.integer("sliding_window", 4096)
+        if "sliding_window" in config and config["sliding_window"] is None and SLIDING in types:
+            f.problems.append(
+                "config.json sliding_window=None, but layer_types has sliding_attention layers; give the window "
+                "(a number of keys) or make every layer full_attention"
+            )
         full_position, sliding_position = self.positions(f, context_length)
         attention = self.attention(f, scale)
         model: dict[str, Any] = {
@@ -213,6 +218,12 @@ class Gemma3(Gemma):
                 tables[t] = table
             full = rope_position(f, context_length, parameters=tables[FULL], scaling=tables[FULL])
             sliding = rope_position(f, context_length, parameters=tables[SLIDING], scaling=tables[SLIDING])
+        elif parameters:
+            f.problems.append(
+                f"config.json rope_parameters={show(parameters)} is one table; Gemma 3 has one per layer type "
+                f'({{"{SLIDING}": {{...}}, "{FULL}": {{...}}}}), or the older rope_theta and rope_local_base_freq'
+            )
+            full = sliding = {"name": "rope"}
         else:  # transformers 4: rope_theta (+ rope_scaling) for full layers, rope_local_base_freq for sliding ones
             full = rope_position(f, context_length)
             sliding = {"name": "rope", "theta": f.number("rope_local_base_freq", 10000.0)}

@@ -55,6 +55,13 @@ ROPE_TYPES: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
     ),
 }
 """transformers' rope_type -> (gptzoo position, {its config field: (the position's parameter, how to read it)})."""
+ROPE_REQUIRED = {
+    "linear": ("factor",),
+    "dynamic": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    "yarn": ("factor",),
+}
+"""The fields each rope type must have (transformers refuses the config without them)."""
 
 
 def rope_position(
@@ -84,6 +91,9 @@ def rope_position(
     else:
         theta = f.number("rope_theta", 10000.0)
     name, fields = ROPE_TYPES[kind]
+    missing = [key for key in ROPE_REQUIRED.get(kind, ()) if scaling.get(key) is None]
+    if missing:
+        f.problems.append(f"config.json rope scaling type {kind!r} needs {', '.join(missing)}, and has none")
     position: dict[str, Any] = {"name": name, "theta": theta}
     if fraction != 1.0:
         position["fraction"] = fraction

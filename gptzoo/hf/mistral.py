@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gptzoo.hf.family import Fields, refuse
+from gptzoo.hf.family import Fields, refuse, show
 from gptzoo.hf.gemma import one_value, shortest_period
 from gptzoo.hf.llama import ACTIVATIONS, Llama, rope_position
 from gptzoo.recipe import Recipe
@@ -128,8 +128,19 @@ class Mistral(LlamaShaped):
 
     def layer_windows(self, f: Fields, n_layer: int) -> list[int | None]:
         if "sliding_window" in f.config and f.config["sliding_window"] is None:
-            return [None] * n_layer
-        return [f.integer("sliding_window", 4096)] * n_layer  # MistralConfig's default when absent
+            windows: list[int | None] = [None] * n_layer
+        else:
+            windows = [f.integer("sliding_window", 4096)] * n_layer  # MistralConfig's default when absent
+        types = f.config.get("layer_types")
+        implied = ["full_attention" if w is None else "sliding_attention" for w in windows]
+        if types is not None and types != implied:
+            # MistralForCausalLM masks every layer alike, while its cache follows layer_types: no one model
+            f.problems.append(
+                f"config.json layer_types={show(types)} is not supported for Mistral (MistralForCausalLM slides "
+                "every layer when sliding_window is set and none otherwise); remove layer_types, or use a "
+                "family with alternating attention (Qwen2, Gemma)"
+            )
+        return windows
 
     def layer_config(self, recipe: Recipe, values: dict[str, list[Any]], reasons: list[str]) -> dict[str, Any]:
         windows = values["sliding_window"]
