@@ -193,3 +193,29 @@ def _write(tmp_path: Path) -> str:
     path = tmp_path / "scheduled.toml"
     path.write_text(SCHEDULED)
     return str(path)
+
+
+def test_audit_cases_are_refused_with_their_key(tmp_path: Path) -> None:
+    assert _problems(tmp_path, SCHEDULED.replace("n_layer = 5", "n_layer = 5\nlogit_softcap = inf")) == [
+        "[model] logit_softcap=inf must be 0 (off) or a finite number above it"
+    ]
+    bad_pattern = SCHEDULED.replace('["local", "local", "global"]', '["a b"]')
+    assert _problems(tmp_path, bad_pattern.replace("n_layer = 5", "n_layer = 5\nlogit_softcap = -1.0")) == [
+        "[model] layer_pattern must be a list of layer type names (letters, digits, _ and -), e.g. "
+        '["sliding", "full"], got [\'a b\'] (list)',
+        "[model] logit_softcap=-1.0 must be 0 (off) or a finite number above it",
+    ]
+    assert _problems(tmp_path, SCHEDULED, ["model.layer_pattern=" + str(["local"] * 5000).replace("'", '"')]) == [
+        "[model] layer_pattern has 5000 entries, more than the 4096 layers a model may have"
+    ]
+    yarn = ["model.position={name='rope_yarn', theta=1.0}"]
+    assert _problems(tmp_path, SCHEDULED.replace("position = { theta = 100.0 }", ""), yarn) == [
+        "[model] position (rope_yarn): rope_yarn needs theta > 1 (its ramp divides by log(theta)), got 1.0"
+    ]
+
+
+def test_a_layer_types_renamed_component_on_a_checkpoint_is_unknown_not_uninstalled(tmp_path: Path) -> None:
+    gptzoo.build(_write(tmp_path), out=tmp_path / "ckpt")
+    with pytest.raises(RecipeError) as info:
+        load_checkpoint(tmp_path / "ckpt", overrides=["model.layer_types.local.attention=nope"])
+    assert "unknown attention 'nope'" in str(info.value), str(info.value)

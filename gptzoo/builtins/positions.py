@@ -100,6 +100,17 @@ def _positive(name: str, value: float) -> list[str]:
     return [] if math.isfinite(value) and value > 0 else [f"{name} must be a positive number, got {value}"]
 
 
+MAX_FACTOR = 1e4
+"""The widest RoPE scaling factor either way: published models use 2 to 64, and 1e-300 or 1e300 turns
+float32 frequencies into infinities or zeros."""
+
+
+def _factor(value: float) -> list[str]:
+    if math.isfinite(value) and 1 / MAX_FACTOR <= value <= MAX_FACTOR:
+        return []
+    return [f"factor must be a number between {1 / MAX_FACTOR:g} and {MAX_FACTOR:g}, got {value}"]
+
+
 class RoPE(Position):
     """Rotary position embeddings (Su et al., 2021), rotate-half convention as in HF Llama.
 
@@ -217,7 +228,7 @@ class LinearRoPE(RoPE):
 
     @staticmethod
     def check(*, factor: float = 1.0, **params: object) -> list[str]:
-        return RoPE.check(**params) + _positive("factor", factor)
+        return RoPE.check(**params) + _factor(factor)
 
     def scaling(self) -> dict[str, object]:
         return {"rope_type": self.rope_type, "factor": self.factor}
@@ -293,7 +304,7 @@ class Llama3RoPE(RoPE):
         original_context: int = 8192,
         **params: object,
     ) -> list[str]:
-        problems = RoPE.check(**params) + _positive("factor", factor) + _positive("low_freq_factor", low_freq_factor)
+        problems = RoPE.check(**params) + _factor(factor) + _positive("low_freq_factor", low_freq_factor)
         if not high_freq_factor > low_freq_factor:
             problems.append(f"high_freq_factor {high_freq_factor} must be above low_freq_factor {low_freq_factor}")
         return problems + _positive("original_context", original_context)
@@ -371,7 +382,10 @@ class YaRNRoPE(RoPE):
         **params: object,
     ) -> list[str]:
         problems = RoPE.check(**{k: v for k, v in params.items() if k in ("head_dim", "theta", "fraction")})
-        problems += _positive("factor", factor) + _positive("original_context", original_context)
+        theta = params.get("theta", 10000.0)
+        if isinstance(theta, float) and math.isfinite(theta) and 0 < theta <= 1:
+            problems.append(f"rope_yarn needs theta > 1 (its ramp divides by log(theta)), got {theta}")
+        problems += _factor(factor) + _positive("original_context", original_context)
         return problems + _positive("beta_fast", beta_fast) + _positive("beta_slow", beta_slow)
 
     def scaling(self) -> dict[str, object]:

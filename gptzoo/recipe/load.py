@@ -225,18 +225,22 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> tuple[dic
             types = section.get(LAYER_TYPES, {})
             section[LAYER_TYPES] = {**types, path[2]: value} if isinstance(types, dict) else {path[2]: value}
             continue
-        if isinstance(section, dict) and len(path) > 3:  # model.layer_types.TYPE.COMPONENT[.PARAM]
+        in_layer_type = isinstance(section, dict) and len(path) > 3
+        if in_layer_type:  # model.layer_types.TYPE.COMPONENT[.PARAM]
             section = _layer_type_table(section, path[2])
             if section is None:
                 problems.append(f"--set {show(text)}: [model] {LAYER_TYPES} or its {show(path[2])} is not a table")
                 continue
+            if len(path) == 4:
+                _forget_layer_origin(data, path[2], path[3])
             path = ["model", *path[3:]]
         if not isinstance(section, dict):
             problems.append(f"--set {show(text)}: {show(path[0])} is not a section")
         elif len(path) == 2:
             component = path[0] == "model" and path[1] in COMPONENT_KEYS
             section[path[1]] = merge_component(section.get(path[1]), value) if component else value
-            _forget_origin(data, path)
+            if not in_layer_type:  # a layer type's component forgot its own origin above
+                _forget_origin(data, path)
         else:  # a component parameter: model.norm.eps=1e-6
             current = section.get(path[1])
             component = dict(current) if isinstance(current, dict) else {} if current is None else {"name": current}
@@ -254,6 +258,17 @@ def _layer_type_table(model: dict[str, Any], name: str) -> dict[str, Any] | None
     table = dict(types.get(name, {}))
     model[LAYER_TYPES] = {**types, name: table}
     return table
+
+
+def _forget_layer_origin(data: dict[str, Any], layer_type: str, key: str) -> None:
+    """Drop what [provenance] layer_types says of a layer type's component an override renames."""
+    provenance = data.get(PROVENANCE)
+    if not isinstance(provenance, dict) or not isinstance(provenance.get(LAYER_TYPES), dict):
+        return
+    types = dict(provenance[LAYER_TYPES])
+    if isinstance(types.get(layer_type), dict):
+        types[layer_type] = {k: v for k, v in types[layer_type].items() if k != key}
+    data[PROVENANCE] = {**provenance, LAYER_TYPES: types}
 
 
 def _forget_origin(data: dict[str, Any], path: list[str]) -> None:

@@ -209,9 +209,11 @@ class _Validator:
     def layer_provenance(self, data: Any) -> None:
         """[provenance] layer_types: { TYPE = { KEY = "DISTRIBUTION VERSION" } }."""
         ok = isinstance(data, dict) and all(
-            isinstance(origins, dict)
+            isinstance(name, str)
+            and BARE_KEY.fullmatch(name)
+            and isinstance(origins, dict)
             and all(k in COMPONENT_KEYS and isinstance(v, str) and ORIGIN.fullmatch(v) for k, v in origins.items())
-            for origins in data.values()
+            for name, origins in data.items()
         )
         if not ok:
             self.problems.append(
@@ -314,6 +316,12 @@ class _Validator:
         return Component(name, tuple(params.items()), origin=entry.provenance.origin)
 
     def layer_pattern(self, value: Any, _model: dict[str, Any]) -> tuple[str, ...] | None:
+        if isinstance(value, list) and len(value) > MAX_LAYERS:
+            self.problems.append(
+                f"[model] layer_pattern has {len(value)} entries, more than the {MAX_LAYERS} layers a model may have"
+            )
+            self.schedule_refused = True
+            return None
         if isinstance(value, list) and all(isinstance(v, str) and BARE_KEY.fullmatch(v) for v in value):
             return tuple(value)
         self.problems.append(
@@ -382,8 +390,6 @@ class _Validator:
                 self.problems.append(
                     f"[model] {LAYER_TYPES}.{name} is not used by layer_pattern; add it to the pattern or remove it"
                 )
-        if "logit_softcap" in values and not values["logit_softcap"] >= 0:
-            self.problems.append(f"[model] logit_softcap={show(values['logit_softcap'])} must be 0 (off) or more")
 
     def model(self, values: dict[str, Any]) -> ModelSpec | None:
         """Check dimensions; with a complete, consistent [model], check component parameters."""
@@ -419,6 +425,9 @@ class _Validator:
             self.problems.append(f"[model] n_head={n_head} is not divisible by n_kv_head={n_kv_head}")
         self.tensor_sizes(values)
         self.schedule(values)
+        softcap = values.get("logit_softcap", 0.0)
+        if not (math.isfinite(softcap) and softcap >= 0):
+            self.problems.append(f"[model] logit_softcap={show(softcap)} must be 0 (off) or a finite number above it")
         required = {f.name for f in fields(ModelSpec) if f.default is MISSING}
         if len(self.problems) > before or not required <= values.keys():
             return None
