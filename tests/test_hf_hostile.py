@@ -794,9 +794,9 @@ def test_compare_names_what_transformers_refuses(make: Callable[..., Path], chan
     (path / "config.json").write_text(json.dumps({**config, **change}))
     with pytest.raises(CheckpointError) as excinfo:
         compare_ids(path)
-    assert str(excinfo.value).startswith(f"transformers cannot load {path}: {problem}")
+    assert str(excinfo.value).startswith(f"transformers refuses {path}/config.json: {problem}")
     assert str(excinfo.value).endswith(
-        "(compare loads it with transformers as well: fix the checkpoint, or run it with gptzoo alone, "
+        "(compare runs the checkpoint in transformers as well: fix config.json, or run it with gptzoo alone, "
         "e.g. gptzoo generate --hf)"
     )
 

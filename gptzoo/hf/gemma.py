@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gptzoo.hf.family import Fields, refuse, show
-from gptzoo.hf.llama import ACTIVATIONS, PREFIX, Llama, rope_position
+from gptzoo.hf.llama import ACTIVATIONS, PREFIX, Llama, rope_position, sizes
 from gptzoo.recipe import Recipe
 
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -154,17 +154,9 @@ class Gemma(Llama):
     def structure(self, recipe: Recipe) -> dict[str, Any]:
         m = recipe.model
         return {
-            "vocab_size": m.vocab_size,
-            "hidden_size": m.n_embd,
-            "intermediate_size": m.d_ff,
-            "num_hidden_layers": m.n_layer,
-            "num_attention_heads": m.n_head,
-            "num_key_value_heads": m.n_kv_head,
+            **sizes(recipe),
             "head_dim": m.head_dim,
-            "max_position_embeddings": m.context_length,
             "attention_bias": m.bias,
-            "tie_word_embeddings": m.tie_embeddings,
-            "initializer_range": m.init_std,
             "final_logit_softcapping": m.logit_softcap or None,
         }
 

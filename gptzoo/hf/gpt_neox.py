@@ -23,7 +23,7 @@ from typing import Any
 from torch import Tensor
 
 from gptzoo.hf.family import Family, Fields, Part, refuse
-from gptzoo.hf.llama import ACTIVATIONS, plain_embeddings_and_logits, rope_position
+from gptzoo.hf.llama import ACTIVATIONS, plain_embeddings_and_logits, rope_position, sizes
 from gptzoo.interfaces import TensorMap
 from gptzoo.model.gpt import GPT
 from gptzoo.recipe import Recipe
@@ -111,18 +111,9 @@ class GPTNeoX(Family):
 
     def structure(self, recipe: Recipe) -> dict[str, Any]:
         m = recipe.model
-        return {
-            "vocab_size": m.vocab_size,
-            "hidden_size": m.n_embd,
-            "intermediate_size": m.d_ff,
-            "num_hidden_layers": m.n_layer,
-            "num_attention_heads": m.n_head,
-            "max_position_embeddings": m.context_length,
-            "attention_bias": m.bias,
-            "use_parallel_residual": m.norm_placement == "parallel",
-            "tie_word_embeddings": m.tie_embeddings,
-            "initializer_range": m.init_std,
-        }
+        fields = {**sizes(recipe), "attention_bias": m.bias, "use_parallel_residual": m.norm_placement == "parallel"}
+        del fields["num_key_value_heads"]  # GPT-NeoX has one key/value head per query head
+        return fields
 
     def parts(self, model: GPT) -> list[Part]:
         same = [TensorMap("weight", ("weight",))]

@@ -108,6 +108,29 @@ def rope_position(
     return position
 
 
+def sizes(recipe: Recipe) -> dict[str, Any]:
+    """The config.json sizes that Llama and the families shaped like it share (head_dim aside: some
+    write it always, some only when it is not hidden_size / num_attention_heads)."""
+    m = recipe.model
+    return {
+        "vocab_size": m.vocab_size,
+        "hidden_size": m.n_embd,
+        "intermediate_size": m.d_ff,
+        "num_hidden_layers": m.n_layer,
+        "num_attention_heads": m.n_head,
+        "num_key_value_heads": m.n_kv_head,
+        "max_position_embeddings": m.context_length,
+        "tie_word_embeddings": m.tie_embeddings,
+        "initializer_range": m.init_std,
+    }
+
+
+def odd_head_dim(recipe: Recipe) -> dict[str, int]:
+    """{"head_dim": ...} when it is not hidden_size / num_attention_heads, else nothing."""
+    m = recipe.model
+    return {"head_dim": m.head_dim} if m.head_dim * m.n_head != m.n_embd else {}
+
+
 def plain_embeddings_and_logits(recipe: Recipe, title: str) -> list[str]:
     """Why the recipe's scaled embeddings or soft-capped logits have no place in a family without them."""
     m, reasons = recipe.model, []
@@ -169,20 +192,7 @@ class Llama(Family):
 
     def structure(self, recipe: Recipe) -> dict[str, Any]:
         m = recipe.model
-        return {
-            "vocab_size": m.vocab_size,
-            "hidden_size": m.n_embd,
-            "intermediate_size": m.d_ff,
-            "num_hidden_layers": m.n_layer,
-            "num_attention_heads": m.n_head,
-            "num_key_value_heads": m.n_kv_head,
-            "head_dim": m.head_dim,
-            "max_position_embeddings": m.context_length,
-            "attention_bias": m.bias,
-            "mlp_bias": m.bias,
-            "tie_word_embeddings": m.tie_embeddings,
-            "initializer_range": m.init_std,
-        }
+        return {**sizes(recipe), "head_dim": m.head_dim, "attention_bias": m.bias, "mlp_bias": m.bias}
 
     block_parts: Mapping[str, str] = {
         "ln_1": "input_layernorm",

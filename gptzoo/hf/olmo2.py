@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gptzoo.hf.family import Fields, refuse
-from gptzoo.hf.llama import ACTIVATIONS, Llama, plain_embeddings_and_logits, rope_position
+from gptzoo.hf.llama import ACTIVATIONS, Llama, odd_head_dim, plain_embeddings_and_logits, rope_position, sizes
 from gptzoo.recipe import Recipe
 
 
@@ -80,17 +80,4 @@ class Olmo2(Llama):
         return reasons + plain_embeddings_and_logits(recipe, self.title)
 
     def structure(self, recipe: Recipe) -> dict[str, Any]:
-        m = recipe.model
-        return {
-            "vocab_size": m.vocab_size,
-            "hidden_size": m.n_embd,
-            "intermediate_size": m.d_ff,
-            "num_hidden_layers": m.n_layer,
-            "num_attention_heads": m.n_head,
-            "num_key_value_heads": m.n_kv_head,
-            **({"head_dim": m.head_dim} if m.head_dim * m.n_head != m.n_embd else {}),
-            "max_position_embeddings": m.context_length,
-            "attention_bias": m.bias,
-            "tie_word_embeddings": m.tie_embeddings,
-            "initializer_range": m.init_std,
-        }
+        return {**sizes(recipe), **odd_head_dim(recipe), "attention_bias": recipe.model.bias}

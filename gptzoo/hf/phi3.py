@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gptzoo.hf.family import Fields, refuse, show
-from gptzoo.hf.llama import ACTIVATIONS, Llama, plain_embeddings_and_logits
+from gptzoo.hf.llama import ACTIVATIONS, Llama, odd_head_dim, plain_embeddings_and_logits, sizes
 from gptzoo.recipe import Recipe
 
 LONGROPE = ("longrope", "su", "yarn")
@@ -99,20 +99,8 @@ class Phi3(Llama):
         return reasons + plain_embeddings_and_logits(recipe, self.title)
 
     def structure(self, recipe: Recipe) -> dict[str, Any]:
-        m = recipe.model
-        return {
-            "vocab_size": m.vocab_size,
-            "hidden_size": m.n_embd,
-            "intermediate_size": m.d_ff,
-            "num_hidden_layers": m.n_layer,
-            "num_attention_heads": m.n_head,
-            "num_key_value_heads": m.n_kv_head,
-            **({"head_dim": m.head_dim} if m.head_dim * m.n_head != m.n_embd else {}),
-            "max_position_embeddings": m.context_length,
-            "tie_word_embeddings": m.tie_embeddings,
-            "initializer_range": m.init_std,
-            "pad_token_id": None,  # Phi3Config's default, 32000, is no token of a smaller vocabulary
-        }
+        # Phi3Config's default pad_token_id, 32000, is no token of a smaller vocabulary
+        return {**sizes(recipe), **odd_head_dim(recipe), "pad_token_id": None}
 
     def layer_config(self, recipe: Recipe, values: dict[str, list[Any]], reasons: list[str]) -> dict[str, Any]:
         windows = values["sliding_window"]
