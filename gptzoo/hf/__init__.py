@@ -107,18 +107,21 @@ def check_recipe_matches(recipe: Recipe, derived: Recipe, registry: Registry) ->
 
 def _layer_problems(recipe: Recipe, derived: Recipe, registry: Registry) -> list[str]:
     """Each component that some layer uses differently, once per component and layer type of the recipe."""
+    pairs: dict[tuple[str, str], int] = {}  # (recipe's layer type, checkpoint's) -> its first layer
+    for i, pair in enumerate(zip(recipe.model.schedule(), derived.model.schedule(), strict=True)):
+        pairs.setdefault(pair, i)
     problems: list[str] = []
     for kind in COMPONENT_KEYS:
-        for i, (mine, theirs) in enumerate(zip(recipe.model.schedule(), derived.model.schedule(), strict=True)):
+        reported: set[str] = set()
+        for (mine, theirs), i in pairs.items():
             ours = _effective(kind, recipe.model.layer_components(mine)[kind], registry)
             them = _effective(kind, derived.model.layer_components(theirs)[kind], registry)
             if kind == "attention":
                 ours, them = ("", ours[1]), ("", them[1])
-            if not _same(ours, them):
+            if not _same(ours, them) and mine not in reported:
+                reported.add(mine)
                 where = f"[model] {kind}" if not mine else f"[model] {LAYER_TYPES}.{mine}.{kind} (layer {i})"
-                problem = f"{where}: the recipe says {_show(ours)}, {derived.source} says {_show(them)}"
-                if not any(p.startswith(f"{where.split(' (layer')[0]}") for p in problems):
-                    problems.append(problem)
+                problems.append(f"{where}: the recipe says {_show(ours)}, {derived.source} says {_show(them)}")
     return problems
 
 

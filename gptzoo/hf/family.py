@@ -122,9 +122,10 @@ class Family:
         structural = self.structure(recipe)
         refused: set[str] = set()
         implied_given: set[str] = set()
-        layer_modules = [
-            [*block.modules(), *model.positions[model.position_of[i]].modules()] for i, block in enumerate(model.blocks)
-        ]
+        layers_of: dict[int, list[int]] = {}  # id of a module -> the layers it is part of (a position serves many)
+        for i, block in enumerate(model.blocks):
+            for m in (*block.modules(), *model.positions[model.position_of[i]].modules()):
+                layers_of.setdefault(id(m), []).append(i)
         per_layer: dict[str, list[Any]] = {key: [None] * len(model.blocks) for key in self.per_layer}
         given: list[tuple[str, str, set[str]]] = []  # (who, kind, the implied fields it gives)
         for entry, module in components:
@@ -154,9 +155,8 @@ class Family:
                         reasons.append(reason)
                     continue
                 if key in self.per_layer:
-                    for i, modules in enumerate(layer_modules):
-                        if any(m is module for m in modules):
-                            per_layer[key][i] = value
+                    for i in layers_of.get(id(module), ()):
+                        per_layer[key][i] = value
                     continue
                 if key in owned and owned[key][0] != value:
                     reason = f"{owned[key][1]} sets {key}={show(owned[key][0])}, {who} sets {key}={show(value)}"
