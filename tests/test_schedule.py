@@ -112,8 +112,8 @@ def test_only_the_models_position_adds_an_embedding(tmp_path: Path) -> None:
         gptzoo.build_model(_recipe(tmp_path, SCHEDULED.replace("position = { theta = 100.0 }", 'position = "learned"')))
 
 
-def _ctx(T: int) -> AttentionContext:
-    return AttentionContext(0, None, None, is_causal=True)
+CAUSAL = AttentionContext(0, None, None, is_causal=True)
+"""Queries and keys the same tokens, no rotary: what a block's formula needs."""
 
 
 @pytest.mark.parametrize(
@@ -132,7 +132,7 @@ def test_block_shapes_compute_their_formulas(placement: str, formula) -> None:
     block = model.blocks[0]
     x = torch.randn(2, 5, 64)
     with torch.no_grad():
-        torch.testing.assert_close(block(x, _ctx(5)), formula(block, x, _ctx(5)))
+        torch.testing.assert_close(block(x, CAUSAL), formula(block, x, CAUSAL))
     assert not isinstance(model.ln_f, torch.nn.Identity)
     expected = {"sandwich": 4, "reordered": 2, "parallel": 2}[placement]
     assert len(block.norms()) == expected
