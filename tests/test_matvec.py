@@ -1,13 +1,76 @@
-"""Batch-1 CPU decoding through numpy's BLAS: same numbers, everything restored afterwards."""
+"""Few-row CPU decoding through the native kernels: same numbers as torch, threads that do not
+change them, everything restored afterwards, and int8 weights."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from tiny import tiny_model  # tests/ has no __init__.py: pytest puts it on sys.path
 from torch import nn
 
-from gptzoo.inference.matvec import blas_decoding
+from gptzoo.inference import matvec
+from gptzoo.inference.generate import generate
+from gptzoo.inference.matvec import MAX_ROWS, ThreadTuner, native_decoding, native_linear
+from gptzoo.inference.native import library, unavailable_reason
+from gptzoo.inference.quantize import Int8Linear, quantize_int8
+
+pytestmark = pytest.mark.skipif(library() is None, reason=f"native kernels unavailable: {unavailable_reason()}")
+
+# sizes that exercise every tail: below one vector, odd, and above the 64-row chunks
+SHAPES = [(1, 1), (3, 5), (7, 33), (130, 67), (200, 640)]
+
+
+@pytest.mark.parametrize(("out_features", "in_features"), SHAPES)
+@pytest.mark.parametrize("rows", [1, 3, MAX_ROWS])
+def test_float32_products_equal_torch_to_rounding(out_features: int, in_features: int, rows: int) -> None:
+    g = torch.Generator().manual_seed(out_features * 1000 + in_features)
+    w, b = torch.randn(out_features, in_features, generator=g), torch.randn(out_features, generator=g)
+    x = torch.randn(2, rows, in_features, generator=g)[:1]  # a view: the kernels take a copy if need be
+    with torch.no_grad():
+        got = native_linear(x, w, b, None)
+    assert got is not None and got.shape == (1, rows, out_features) and got.dtype == torch.float32
+    torch.testing.assert_close(got, F.linear(x, w, b), rtol=1e-5, atol=1e-5 * in_features**0.5)
+
+
+@pytest.mark.parametrize(("out_features", "in_features"), SHAPES)
+def test_bfloat16_products_are_float32_sums_rounded_once(out_features: int, in_features: int) -> None:
+    g = torch.Generator().manual_seed(in_features)
+    w = torch.randn(out_features, in_features, generator=g).bfloat16()
+    b = torch.randn(out_features, generator=g).bfloat16()
+    x = torch.randn(2, in_features, generator=g).bfloat16()
+    with torch.no_grad():
+        got = native_linear(x, w, b, None)
+    exact = (x.double() @ w.double().T + b.double()).float()
+    assert got is not None and got.dtype == torch.bfloat16
+    # one rounding to bfloat16 of a float32 sum: at most one bfloat16 step from the exact value
+    step = exact.abs().clamp_min(1e-30) * 2**-7
+    assert ((got.float() - exact).abs() <= step + 1e-6 * in_features).all()
+
+
+def test_threads_do_not_change_a_single_bit() -> None:
+    g = torch.Generator().manual_seed(0)
+    w, x = torch.randn(1000, 300, generator=g), torch.randn(4, 300, generator=g)
+    results = []
+    for threads in (1, 2, 3):
+        matvec._tuner = ThreadTuner(threads)
+        matvec._tuner.current = threads
+        try:
+            with torch.no_grad():
+                results.append(native_linear(x, w, None, None))
+        finally:
+            matvec._tuner = None
+    assert all(torch.equal(results[0], r) for r in results[1:])
+
+
+def test_what_the_kernels_do_not_take_is_refused() -> None:
+    w, x = torch.randn(4, 3), torch.randn(1, 3)
+    with torch.no_grad():
+        assert native_linear(torch.randn(MAX_ROWS + 1, 3), w, None, None) is None  # a prefill: torch's
+        assert native_linear(x.double(), w.double(), None, None) is None
+        assert native_linear(x.bfloat16(), w, None, None) is None  # weights of another dtype
+        assert native_linear(x, w, torch.randn(4).bfloat16(), None) is None
+    assert native_linear(x, w, None, None) is None  # gradients enabled
 
 
 @pytest.mark.parametrize("base", ["gpt2-tiny", "llama-tiny"])
@@ -18,14 +81,15 @@ def test_one_token_logits_match_torch_and_layers_are_restored(base: str) -> None
     idx = torch.tensor([[3, 1, 4, 1, 5]])
     with torch.no_grad():
         expected = model(idx[:, -1:])
-        full = model(idx)
-        with blas_decoding(model) as rerouted:
-            assert rerouted == len(linears) > 0
+        full = model(idx[:, :1].expand(MAX_ROWS + 1, 1))
+        with native_decoding(model) as tuner:
+            assert tuner is not None and tuner.current == threads
             assert torch.get_num_threads() == 1
+            assert all("forward" in vars(m) for m in linears)
             got = model(idx[:, -1:])
-            several = model(idx)  # more than one row: the layers' own forward
-    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
-    torch.testing.assert_close(several, full, rtol=0, atol=1e-6)  # one thread instead of several: last bits only
+            several = model(idx[:, :1].expand(MAX_ROWS + 1, 1))  # more rows than the kernels take
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(several, full, rtol=0, atol=1e-5)  # one thread instead of several: last bits only
     assert torch.get_num_threads() == threads
     assert not any("forward" in vars(m) for m in linears)
 
@@ -33,35 +97,73 @@ def test_one_token_logits_match_torch_and_layers_are_restored(base: str) -> None
 def test_restored_when_the_block_raises() -> None:
     model = tiny_model("gpt2-tiny")
     threads = torch.get_num_threads()
-    with pytest.raises(RuntimeError, match="boom"), blas_decoding(model):
+    with pytest.raises(RuntimeError, match="boom"), native_decoding(model):
         raise RuntimeError("boom")
-    assert torch.get_num_threads() == threads
+    assert torch.get_num_threads() == threads and matvec._tuner is None
     assert not any("forward" in vars(m) for m in model.modules())
 
 
-def test_other_dtypes_and_linear_subclasses_are_left_alone() -> None:
-    assert_untouched = lambda model: not any("forward" in vars(m) for m in model.modules())
-    model = tiny_model("gpt2-tiny").to(torch.bfloat16)
-    threads = torch.get_num_threads()
-    with blas_decoding(model) as rerouted:
-        assert rerouted == 0 and torch.get_num_threads() == threads and assert_untouched(model)
-
+def test_linear_subclasses_and_other_dtypes_are_left_alone() -> None:
     class Scaled(nn.Linear):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return 2 * super().forward(x)
 
-    net = nn.Sequential(Scaled(4, 3), nn.Linear(3, 2))
+    net = nn.Sequential(Scaled(4, 3), nn.Linear(3, 2), nn.Linear(2, 2).double())
     x = torch.randn(1, 4)
     with torch.no_grad():
-        expected = net(x)
-        with blas_decoding(net) as rerouted:
-            assert rerouted == 1 and "forward" not in vars(net[0])
-            torch.testing.assert_close(net(x), expected, rtol=0, atol=1e-6)
+        expected = net[1](net[0](x))
+        with native_decoding(net) as tuner:
+            assert tuner is not None
+            assert [("forward" in vars(m)) for m in net] == [False, True, False]
+            torch.testing.assert_close(net[1](net[0](x)), expected, rtol=0, atol=1e-6)
 
 
 def test_inputs_that_need_grad_take_the_layers_own_forward() -> None:
     net = nn.Linear(4, 3)
     x = torch.randn(1, 4, requires_grad=True)
-    with blas_decoding(net):
+    with native_decoding(net):
         net(x).sum().backward()
     assert x.grad is not None and net.weight.grad is not None
+
+
+def test_tuner_settles_on_the_faster_thread_count_and_keeps_checking() -> None:
+    tuner = ThreadTuner(2)
+    chosen = []
+    for _ in range(3 * ThreadTuner.EXPLORE_EVERY):
+        chosen.append(tuner.current)
+        tuner.record(0.010 if tuner.current == 1 else 0.030)  # two threads are slower: the cores are shared
+    tail = chosen[ThreadTuner.EXPLORE_EVERY :]
+    assert tail.count(1) > 0.9 * len(tail) and 2 in tail  # mostly one thread, the other still tried
+    assert ThreadTuner(1).choices == [1]
+
+
+def test_int8_rows_round_to_the_nearest_of_127_steps() -> None:
+    g = torch.Generator().manual_seed(1)
+    linear = nn.Linear(70, 130, bias=True)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(130, 70, generator=g))
+        linear.weight[5] = 0  # an all-zero row stays zero
+    q = Int8Linear.from_linear(linear)
+    w = linear.weight.detach()
+    assert q.qweight.dtype == torch.int8 and q.qweight.abs().max() == 127
+    dequantized = q.qweight.float() * q.scale[:, None]
+    assert (dequantized - w).abs().max() <= q.scale.max() / 2 + 1e-7
+    assert torch.equal(q.qweight[5], torch.zeros(70, dtype=torch.int8))
+    x = torch.randn(3, 70, generator=g)
+    with torch.no_grad():
+        few, many = q(x), q(x.repeat(MAX_ROWS, 1))[:3]  # kernels, then dequantized slices
+    reference = F.linear(x, dequantized, linear.bias)
+    torch.testing.assert_close(few, reference, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(many, reference, rtol=1e-5, atol=1e-4)
+
+
+def test_int8_model_generates_what_its_dequantized_twin_does() -> None:
+    model = tiny_model("llama-tiny")
+    quantized = tiny_model("llama-tiny")
+    assert quantize_int8(quantized) == sum(type(m) is nn.Linear for m in model.modules())
+    with torch.no_grad():
+        for m, q in zip(model.modules(), quantized.modules(), strict=True):
+            if isinstance(q, Int8Linear):  # the float model gets exactly the int8 weights
+                m.weight.copy_(q.qweight.float() * q.scale[:, None])
+    prompts = [[3, 1, 4, 1, 5]]
+    assert generate(quantized, prompts, 12) == generate(model, prompts, 12)

@@ -1,2 +1,2 @@
-"""Inference: KV-cached batched decoding (generate), the sampler chain (sampling) and the batch-1
-CPU matrix-vector path (matvec)."""
+"""Inference: KV-cached batched decoding (generate), the sampler chain (sampling),
+few-row CPU products through native kernels (matvec, native) and weight-only int8 (quantize)."""

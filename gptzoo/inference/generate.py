@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from gptzoo.errors import GptzooError
-from gptzoo.inference.matvec import blas_decoding
+from gptzoo.inference.matvec import MAX_ROWS, native_decoding
 from gptzoo.inference.sampling import SamplerChain, chain_spec, prompts_of
 from gptzoo.interfaces import KVCache
 from gptzoo.memory import available_bytes, format_bytes
@@ -233,7 +233,7 @@ def generate(
     limit = vocab_size if vocab_size is not None and vocab_size < logits.shape[-1] else None
     out: list[list[int]] = [[] for _ in range(B)]
     done = [False] * B
-    with blas_decoding(model) if B == 1 else nullcontext():  # batch-1 CPU float32: numpy's faster GEMV
+    with native_decoding(model) if B <= MAX_ROWS else nullcontext() as tuner:
         for step in range(max_new_tokens):
             check_finite(logits[:, :limit], step)
             if limit is not None:  # ids the tokenizer cannot decode are never chosen
@@ -250,7 +250,10 @@ def generate(
             if all(done) or step + 1 == max_new_tokens:
                 break
             tokens = torch.cat([tokens, nxt[:, None]], dim=1)
+            begun = time.perf_counter()
             logits = model(nxt[:, None], cache)[:, -1]
+            if tuner is not None:
+                tuner.record(time.perf_counter() - begun)
     return out
 
 

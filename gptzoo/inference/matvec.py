@@ -1,16 +1,19 @@
-"""Batch-1 decoding on CPU: float32 matrix-vector products through numpy's BLAS.
+"""Few-row CPU decoding: every Linear layer's product through the native kernels (native/gemv.c).
 
-At batch 1 every Linear layer is a matrix-vector product, and its speed is the speed at which its
-weights stream from memory. torch's CPU wheels compute it with MKL, whose float32 GEMV reads the
-weights at ~8-14 GB/s on the AMD EPYC machines gptzoo is developed on; the OpenBLAS that numpy's
-wheels ship reads the same (out, in) matrices at ~20 GB/s there (bench/README.md has the numbers).
-So while a single sequence is decoded on CPU in float32, plain ``nn.Linear`` layers compute through
-numpy on zero-copy views of their own tensors. OpenBLAS runs its own threads and torch's would
-compete with them for the cores, so torch runs single-threaded meanwhile: what is left for it at
-batch 1 (norms, attention over the cache, activations) is tiny.
+While a model decodes on a CPU, each step multiplies a few rows (one per sequence) by every weight
+matrix, so its speed is the speed at which the weights stream from memory. torch's CPU kernels for
+such products read float32 weights at about a third of the machine's bandwidth (bench/README.md has
+the numbers); the native kernels read them at close to it, in float32, bfloat16 and int8
+(:mod:`gptzoo.inference.quantize`), and sum each output in a fixed order whatever the number of
+threads, so the tokens do not depend on it.
 
-Only ``type(m) is nn.Linear`` is rerouted (a subclass may compute something else), only for inputs
-of one row, and everything else falls back to the layer's own forward.
+Within :func:`native_decoding`, plain ``nn.Linear`` layers (``type(m) is nn.Linear``: a subclass may
+compute something else) on the CPU compute inputs of at most :data:`MAX_ROWS` rows through the
+kernels, torch runs on one thread (what is left for it, norms and attention over the cache, is small
+at these sizes), and :class:`ThreadTuner` picks the kernels' threads from the measured step times:
+when another process shares the cores, one thread that is never descheduled beats two that wait for
+each other. Anything else (gradients, autocast, longer inputs such as a prefill) takes the layer's
+own forward.
 """
 
 from __future__ import annotations
@@ -21,54 +24,133 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
+from gptzoo.inference.native import library
 
-class _MatVec:
-    """A replacement forward for one nn.Linear: y = x W^T + b through numpy for a single row."""
+MAX_ROWS = 16
+"""The most rows the kernels take; longer inputs (a prefill) go to torch's matrix-matrix kernels."""
+
+KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
+"""Tensor dtype -> the kernels' code for it (gemv.c's enum)."""
+ACTIVATIONS = (torch.float32, torch.bfloat16)
+
+
+class ThreadTuner:
+    """The kernels' thread count, chosen from step times: mostly the one measured faster, with a
+    few steps of the other now and then, so that a change in the machine's load is noticed."""
+
+    EXPLORE_EVERY = 32
+    """Steps between two trials of the other thread count."""
+    TRIAL_STEPS = 2
+
+    def __init__(self, most: int) -> None:
+        self.choices = [most, 1] if most > 1 else [1]
+        self.seconds: dict[int, float] = {}
+        """thread count -> its latest smoothed step time"""
+        self.best = self.choices[0]
+        self.current = self.best
+        self._steps = 0
+
+    def record(self, seconds: float) -> None:
+        """Account one decoding step of ``seconds`` at :attr:`current` threads; choose the next."""
+        old = self.seconds.get(self.current)
+        self.seconds[self.current] = seconds if old is None else 0.7 * old + 0.3 * seconds
+        self._steps += 1
+        if len(self.choices) == 1:
+            return
+        self.best = min(self.seconds, key=self.seconds.__getitem__) if len(self.seconds) > 1 else self.best
+        other = next(c for c in self.choices if c != self.best)
+        trial = self._steps % self.EXPLORE_EVERY >= self.EXPLORE_EVERY - self.TRIAL_STEPS
+        self.current = other if trial else self.best
+
+
+class _NativeLinear:
+    """A replacement forward for one nn.Linear: its product through the kernels for few-row inputs."""
 
     def __init__(self, linear: nn.Linear) -> None:
-        self.linear = linear
-        self.weight_t = linear.weight.detach().numpy().T  # (in, out), a view of the (out, in) tensor
-        self.bias = None if linear.bias is None else linear.bias.detach().numpy()
+        self.linear, self.weight, self.lib = linear, linear.weight.detach(), library()
 
     def __call__(self, x: Tensor) -> Tensor:
-        if (
-            x.numel() != x.shape[-1]
-            or x.dtype != torch.float32
-            or torch.is_grad_enabled()
-            or torch.is_autocast_enabled("cpu")
-        ):
-            return type(self.linear).forward(self.linear, x)
-        y = x.reshape(1, -1).numpy() @ self.weight_t  # (1, out)
-        if self.bias is not None:
-            y += self.bias
-        return torch.from_numpy(y).view(*x.shape[:-1], -1)
+        y = native_linear(x, self.weight, self.linear.bias, None, self.lib)
+        return nn.Linear.forward(self.linear, x) if y is None else y
+
+
+_tuner: ThreadTuner | None = None
+"""The tuner of the native_decoding block running now, if any."""
+
+
+def kernel_threads() -> int:
+    """The kernels' thread count: the running native_decoding block's choice, else torch's."""
+    return _tuner.current if _tuner is not None else torch.get_num_threads()
+
+
+def native_linear(
+    x: Tensor, weight: Tensor, bias: Tensor | None, scale: Tensor | None, lib: object | None = None
+) -> Tensor | None:
+    """x W^T (* scale) + b through the kernels, or None where they do not apply: no kernels, a
+    tensor off the CPU, more than MAX_ROWS rows, gradients or autocast wanted, or dtypes they lack
+    (weights of the input's dtype, or int8 with a float32 ``scale`` per output; a bias of the
+    input's dtype)."""
+    lib = library() if lib is None else lib
+    if lib is None or x.dtype not in ACTIVATIONS or x.device.type != "cpu":
+        return None
+    in_features = x.shape[-1]
+    rows = x.numel() // in_features if in_features else 0
+    if not 0 < rows <= MAX_ROWS or torch.is_grad_enabled() or torch.is_autocast_enabled("cpu"):
+        return None
+    if weight.dtype != (torch.int8 if scale is not None else x.dtype) or (bias is not None and bias.dtype != x.dtype):
+        return None
+    out_features = weight.shape[0]
+    x2 = x.reshape(rows, in_features).contiguous()
+    y = torch.empty(rows, out_features, dtype=x.dtype)
+    code = lib.gemv(
+        KINDS[weight.dtype],
+        weight.data_ptr(),
+        None if scale is None else scale.data_ptr(),
+        None if bias is None else bias.data_ptr(),
+        KINDS[x.dtype],
+        x2.data_ptr(),
+        KINDS[x.dtype],
+        y.data_ptr(),
+        rows,
+        out_features,
+        in_features,
+        kernel_threads(),
+    )
+    if code != 0:
+        raise MemoryError(f"the CPU kernels could not allocate {rows * in_features * 4} bytes")
+    return y.view(*x.shape[:-1], out_features)
 
 
 def _eligible(module: nn.Module) -> bool:
-    if type(module) is not nn.Linear:
+    if type(module) is not nn.Linear or "forward" in vars(module):  # not one already rerouted or hooked
         return False
     w = module.weight
-    return w.device.type == "cpu" and w.dtype == torch.float32 and w.layout == torch.strided
+    return w.device.type == "cpu" and w.dtype in ACTIVATIONS and w.layout == torch.strided and w.is_contiguous()
 
 
 @contextmanager
-def blas_decoding(model: nn.Module) -> Iterator[int]:
-    """Within the block, the model's float32 CPU Linear layers compute single rows through numpy's
-    BLAS and torch runs on one thread; both are restored on exit. Yields how many layers were
-    rerouted (0 for a model on a GPU or in another dtype, which is left as it is)."""
-    linears = [
-        m for m in model.modules() if _eligible(m) and "forward" not in vars(m)
-    ]  # not one already rerouted or hooked
-    if not linears:
-        yield 0
+def native_decoding(model: nn.Module) -> Iterator[ThreadTuner | None]:
+    """Within the block, the model's CPU Linear layers compute few-row inputs through the native
+    kernels, as its int8 layers always do, and torch runs on one thread; all is restored on exit.
+    Yields the ThreadTuner that the caller feeds with step times, or None when no layer computes
+    through the kernels (none available, a model on a GPU, no eligible layer)."""
+    global _tuner
+    from gptzoo.inference.quantize import Int8Linear
+
+    linears = [m for m in model.modules() if _eligible(m)]
+    quantized = any(isinstance(m, Int8Linear) for m in model.modules())
+    if library() is None or _tuner is not None or not (linears or quantized):
+        yield None
         return
     threads = torch.get_num_threads()
+    _tuner = ThreadTuner(threads)
     for m in linears:
-        m.forward = _MatVec(m)  # an instance attribute shadows the class's forward
+        m.forward = _NativeLinear(m)  # an instance attribute shadows the class's forward
     torch.set_num_threads(1)
     try:
-        yield len(linears)
+        yield _tuner
     finally:
+        _tuner = None
         torch.set_num_threads(threads)
         for m in linears:
             del m.forward

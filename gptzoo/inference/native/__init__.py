@@ -1,0 +1,95 @@
+"""Native CPU kernels (gemv.c), compiled once for the machine they run on and loaded with ctypes.
+
+The C file is compiled with the system's C compiler (``$CC``, else ``cc``) at ``-O3 -march=native
+-fopenmp`` into the gptzoo cache (``kernels/gemv-<hash>.so``, the hash covering the source, the
+compiler, the flags and the CPU's feature flags, so a cache shared between machines never loads a
+library built for another CPU). Compiling takes about a second; it happens on the first use and the
+library is written atomically. Where no compiler works, :func:`library` returns None with the reason
+in :func:`unavailable_reason`, and decoding keeps torch's own kernels.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from importlib import resources
+from pathlib import Path
+
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
+
+_reason: str | None = None
+
+
+def cpu_flags() -> str:
+    """The CPU's feature flags as the kernel sees them (Linux's /proc/cpuinfo; the machine name elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.machine()
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def _compiler_version(cc: str) -> str:
+    try:
+        return subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def _build(source: bytes, cc: str, target: Path) -> None:
+    """Compile ``source`` into ``target``, atomically (a temporary file in its directory, then a rename)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as tmp:
+        src, out = Path(tmp) / "gemv.c", Path(tmp) / target.name
+        src.write_bytes(source)
+        done = subprocess.run([cc, *FLAGS, str(src), "-o", str(out)], capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            raise OSError(f"{cc} failed: {done.stderr.strip()[-500:]}")
+        os.replace(out, target)
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The compiled kernels (built on first use), or None where they cannot be built or loaded."""
+    global _reason
+    from gptzoo.fetch import cache_root
+
+    source = resources.files(__package__).joinpath("gemv.c").read_bytes()
+    cc = _compiler()
+    if cc is None:
+        _reason = "no C compiler (set CC or install gcc)"
+        return None
+    key = hashlib.sha256(
+        b"\0".join([source, _compiler_version(cc).encode(), " ".join(FLAGS).encode(), cpu_flags().encode()])
+    )
+    target = cache_root() / "kernels" / f"gemv-{key.hexdigest()[:16]}.so"
+    try:
+        if not target.exists():
+            _build(source, cc, target)
+        lib = ctypes.CDLL(str(target))
+    except (OSError, subprocess.SubprocessError) as exc:
+        _reason = f"the CPU kernels could not be built with {cc}: {exc}"
+        return None
+    c = ctypes
+    lib.gemv.argtypes = [c.c_int, c.c_void_p, c.c_void_p, c.c_void_p, c.c_int, c.c_void_p, c.c_int, c.c_void_p]
+    lib.gemv.argtypes += [c.c_long, c.c_long, c.c_long, c.c_int]
+    lib.gemv.restype = c.c_int
+    return lib
+
+
+def unavailable_reason() -> str | None:
+    """Why :func:`library` returned None (None when it did not)."""
+    library()
+    return _reason

@@ -1,0 +1,65 @@
+"""Weight-only int8 for CPU decoding (``--dtype int8``).
+
+Every plain ``nn.Linear`` of the model (the LM head included, tied or not) becomes an
+:class:`Int8Linear`: its weight rounded to int8 with one float32 scale per output row (symmetric,
+scale = max |w| / 127 over the row), everything else (embeddings, norms, the KV cache, the
+activations) stays in the model's dtype. Per token a decoder then reads a byte per weight, half of
+bfloat16. The native kernels compute few-row products straight from the int8 weights; longer inputs
+(a prefill) dequantize a slice of rows at a time and use torch's matrix-matrix kernels.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from gptzoo.inference.matvec import native_linear
+
+SLICE_ROWS = 4096
+"""Rows of weight dequantized at a time for a long input (bounds the temporary memory)."""
+
+
+class Int8Linear(nn.Module):
+    """y = (x @ q^T) * scale + b, q int8 (out, in), scale float32 (out,), b in the input's dtype."""
+
+    def __init__(self, qweight: Tensor, scale: Tensor, bias: Tensor | None) -> None:
+        super().__init__()
+        self.register_buffer("qweight", qweight)
+        self.register_buffer("scale", scale)
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+        self.out_features, self.in_features = qweight.shape
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> Int8Linear:
+        w = linear.weight.detach().float()
+        scale = w.abs().amax(dim=1) / 127
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # an all-zero row stays zero
+        qweight = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+        bias = None if linear.bias is None else linear.bias.detach().clone()
+        return cls(qweight, scale, bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = native_linear(x, self.qweight, self.bias, self.scale)
+        if y is not None:
+            return y
+        parts = [
+            F.linear(x, q.to(x.dtype) * s[:, None].to(x.dtype))
+            for q, s in zip(self.qweight.split(SLICE_ROWS), self.scale.split(SLICE_ROWS), strict=True)
+        ]
+        y = torch.cat(parts, dim=-1)
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def quantize_int8(model: nn.Module) -> int:
+    """Replace every plain nn.Linear of ``model`` (in place) by an Int8Linear; return how many."""
+    replaced = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear:
+                setattr(parent, name, Int8Linear.from_linear(child))
+                replaced += 1
+    return replaced
