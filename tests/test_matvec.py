@@ -167,3 +167,24 @@ def test_int8_model_generates_what_its_dequantized_twin_does() -> None:
                 m.weight.copy_(q.qweight.float() * q.scale[:, None])
     prompts = [[3, 1, 4, 1, 5]]
     assert generate(quantized, prompts, 12) == generate(model, prompts, 12)
+
+
+def _product_in_child(queue: object) -> None:  # module level: what multiprocessing runs
+    torch.set_num_threads(1)  # torch's own OpenMP threads do not survive a fork either
+    matvec._tuner = ThreadTuner(2)
+    with torch.no_grad():
+        queue.put(native_linear(torch.ones(1, 300), torch.ones(1000, 300), None, None).sum().item())
+
+
+def test_a_forked_child_starts_its_own_workers() -> None:
+    """The parent's kernel threads do not exist in a forked child (DataLoader workers, multiprocessing):
+    the child's two-thread products start their own instead of waiting for the parent's."""
+    import multiprocessing
+
+    test_threads_do_not_change_a_single_bit()  # the parent's workers now run
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_product_in_child, args=(queue,))
+    child.start()
+    child.join(timeout=60)
+    assert child.exitcode == 0 and queue.get(timeout=5) == 300_000.0

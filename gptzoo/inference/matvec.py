@@ -36,7 +36,8 @@ ACTIVATIONS = (torch.float32, torch.bfloat16)
 
 class ThreadTuner:
     """The kernels' thread count, chosen from step times: mostly the one measured faster, with a
-    few steps of the other now and then, so that a change in the machine's load is noticed."""
+    few steps of the other from the second step on and then every EXPLORE_EVERY steps, so that a
+    change in the machine's load is noticed. The thread count never changes the numbers."""
 
     EXPLORE_EVERY = 32
     """Steps between two trials of the other thread count."""
@@ -59,7 +60,7 @@ class ThreadTuner:
             return
         self.best = min(self.seconds, key=self.seconds.__getitem__) if len(self.seconds) > 1 else self.best
         other = next(c for c in self.choices if c != self.best)
-        trial = self._steps % self.EXPLORE_EVERY >= self.EXPLORE_EVERY - self.TRIAL_STEPS
+        trial = 0 < self._steps % self.EXPLORE_EVERY <= self.TRIAL_STEPS  # the first trial right after step 1
         self.current = other if trial else self.best
 
 

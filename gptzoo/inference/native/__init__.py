@@ -1,7 +1,7 @@
 """Native CPU kernels (gemv.c), compiled once for the machine they run on and loaded with ctypes.
 
 The C file is compiled with the system's C compiler (``$CC``, else ``cc``) at ``-O3 -march=native
--fopenmp`` into the gptzoo cache (``kernels/gemv-<hash>.so``, the hash covering the source, the
+-pthread`` into the gptzoo cache (``kernels/gemv-<hash>.so``, the hash covering the source, the
 compiler, the flags and the CPU's feature flags, so a cache shared between machines never loads a
 library built for another CPU). Compiling takes about a second; it happens on the first use and the
 library is written atomically. Where no compiler works, :func:`library` returns None with the reason
@@ -21,7 +21,7 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
+FLAGS = ("-O3", "-march=native", "-pthread", "-shared", "-fPIC")
 
 _reason: str | None = None
 

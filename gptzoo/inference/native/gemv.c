@@ -7,12 +7,21 @@
  * chunks as they finish (a thread that the OS deschedules holds up at most one chunk), and each
  * chunk of W is read from memory once for all M inputs.
  *
- * Compiled at run time for the machine it runs on (-O3 -march=native) by gptzoo.inference.native;
+ * The threads are this file's own pool: a worker spins for a while (SPIN_NS) after its last job, so
+ * that the products of one decoding step, a few microseconds apart, start without waking a
+ * sleeping thread (tens of microseconds on a virtual machine), and then sleeps on a condition
+ * variable: nothing spins between two decoding runs.
+ *
+ * Compiled at run time for the machine it runs on (-O3 -march=native -pthread) by gptzoo.inference.native;
  * the vector width follows the instruction set the compiler targets (AVX-512, AVX2, or plain C).
  */
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
@@ -147,36 +156,144 @@ static float load_any(int kind, const void *p, long i) {
     return kind == BF16 ? bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
 }
 
+typedef struct {
+    int wkind, xkind, ykind;
+    const void *W, *bias, *x;
+    const float *scale, *xf;
+    void *y;
+    long M, out, in, chunks;
+} job_t;
+
+static void run_chunk(const job_t *j, long c) {
+    long o0 = c * CHUNK, o1 = o0 + CHUNK < j->out ? o0 + CHUNK : j->out;
+    float dots[CHUNK];
+    for (long m = 0; m < j->M; m++) {
+        const float *xm = j->xf + m * j->in;
+#if HAVE_PAIRS
+        if (j->wkind == BF16 && j->xkind == BF16) {
+            dots_bf16_pairs((const uint16_t *)j->W, (const uint16_t *)j->x + m * j->in, dots, o0, o1, j->in);
+        } else
+#endif
+        if (j->wkind == F32) dots_f32((const float *)j->W, xm, dots, o0, o1, j->in);
+        else if (j->wkind == BF16) dots_bf16((const uint16_t *)j->W, xm, dots, o0, o1, j->in);
+        else dots_i8((const int8_t *)j->W, xm, dots, o0, o1, j->in);
+        for (long o = o0; o < o1; o++) {
+            float v = dots[o - o0];
+            if (j->scale != NULL) v *= j->scale[o];
+            if (j->bias != NULL) v += load_any(j->ykind, j->bias, o);
+            if (j->ykind == BF16) ((uint16_t *)j->y)[m * j->out + o] = f32_to_bf16(v);
+            else ((float *)j->y)[m * j->out + o] = v;
+        }
+    }
+}
+
+/* ---- the pool ---- */
+#define MAX_WORKERS 63
+#define SPIN_NS 2000000L /* how long an idle worker spins before it sleeps */
+
+static job_t job;
+static atomic_long generation;  /* bumped (under lock) for each job */
+static atomic_long next_chunk;  /* the next chunk of the current job to take */
+static atomic_int pending;      /* helpers still working on the current job */
+static int helpers;             /* workers taking part in the current job */
+static int started;             /* workers running */
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;
+static pthread_mutex_t call_lock = PTHREAD_MUTEX_INITIALIZER; /* one job at a time */
+
+static long now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1000000000L + t.tv_nsec;
+}
+
+/* Waiting for a flag: a short busy spin, then yielding the core at each look, so that a waiting
+ * thread that shares a core with the one it waits for (the other cores being busy) lets it run. */
+static inline void relax(long *spins) {
+    if (++*spins < 1000) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+    } else {
+        sched_yield();
+    }
+}
+
+static void take_chunks(const job_t *j) {
+    for (long c; (c = atomic_fetch_add(&next_chunk, 1)) < j->chunks;) run_chunk(j, c);
+}
+
+static long first_seen[MAX_WORKERS]; /* the generation before a worker's first job */
+
+static void *worker(void *arg) {
+    int index = (int)(intptr_t)arg;
+    long seen = first_seen[index];
+    for (;;) {
+        long deadline = now_ns() + SPIN_NS, spins = 0;
+        while (atomic_load_explicit(&generation, memory_order_acquire) == seen) {
+            relax(&spins);
+            if ((spins & 255) == 0 && now_ns() > deadline) {
+                pthread_mutex_lock(&lock);
+                while (atomic_load(&generation) == seen) pthread_cond_wait(&wake, &lock);
+                pthread_mutex_unlock(&lock);
+            }
+        }
+        seen = atomic_load(&generation);
+        if (index < helpers) {
+            take_chunks(&job);
+            atomic_fetch_sub_explicit(&pending, 1, memory_order_release);
+        }
+    }
+    return NULL;
+}
+
+static void forget_workers(void) { started = 0; } /* a forked child has none of them */
+
+static void start_workers(int n) {
+    static int registered;
+    if (!registered) {
+        pthread_atfork(NULL, NULL, forget_workers);
+        registered = 1;
+    }
+    for (; started < n && started < MAX_WORKERS; started++) {
+        pthread_t t;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        first_seen[started] = atomic_load(&generation);
+        int failed = pthread_create(&t, &attr, worker, (void *)(intptr_t)started);
+        pthread_attr_destroy(&attr);
+        if (failed) break;
+    }
+}
+
 /* Returns 0, or -1 when memory for the float32 copy of x cannot be allocated. */
 int gemv(int wkind, const void *W, const float *scale, const void *bias, int xkind, const void *x, int ykind,
          void *y, long M, long out, long in, int threads) {
-    float *xf = malloc(sizeof(float) * (size_t)(M * in));
+    float *xf = malloc(sizeof(float) * (size_t)(M * in > 0 ? M * in : 1));
     if (xf == NULL) return -1;
-    for (long j = 0; j < M * in; j++) xf[j] = load_any(xkind, x, j);
-    long chunks = (out + CHUNK - 1) / CHUNK;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-    for (long c = 0; c < chunks; c++) {
-        long o0 = c * CHUNK, o1 = o0 + CHUNK < out ? o0 + CHUNK : out;
-        float dots[CHUNK];
-        for (long m = 0; m < M; m++) {
-            const float *xm = xf + m * in;
-#if HAVE_PAIRS
-            if (wkind == BF16 && xkind == BF16) {
-                dots_bf16_pairs((const uint16_t *)W, (const uint16_t *)x + m * in, dots, o0, o1, in);
-            } else
-#endif
-            if (wkind == F32) dots_f32((const float *)W, xm, dots, o0, o1, in);
-            else if (wkind == BF16) dots_bf16((const uint16_t *)W, xm, dots, o0, o1, in);
-            else dots_i8((const int8_t *)W, xm, dots, o0, o1, in);
-            for (long o = o0; o < o1; o++) {
-                float v = dots[o - o0];
-                if (scale != NULL) v *= scale[o];
-                if (bias != NULL) v += load_any(ykind, bias, o);
-                if (ykind == BF16) ((uint16_t *)y)[m * out + o] = f32_to_bf16(v);
-                else ((float *)y)[m * out + o] = v;
-            }
-        }
+    for (long k = 0; k < M * in; k++) xf[k] = load_any(xkind, x, k);
+    job_t j = {wkind, xkind, ykind, W, bias, x, scale, xf, y, M, out, in, (out + CHUNK - 1) / CHUNK};
+    int want = threads - 1 < j.chunks - 1 ? threads - 1 : (int)(j.chunks - 1);
+    if (want <= 0 || pthread_mutex_trylock(&call_lock) != 0) { /* alone, or another thread's job runs */
+        for (long c = 0; c < j.chunks; c++) run_chunk(&j, c);
+        free(xf);
+        return 0;
     }
+    start_workers(want);
+    want = want < started ? want : started;
+    job = j;
+    atomic_store(&next_chunk, 0);
+    atomic_store(&pending, want);
+    pthread_mutex_lock(&lock);
+    helpers = want;
+    atomic_fetch_add_explicit(&generation, 1, memory_order_release);
+    pthread_cond_broadcast(&wake);
+    pthread_mutex_unlock(&lock);
+    take_chunks(&j);
+    long spins = 0;
+    while (atomic_load_explicit(&pending, memory_order_acquire) > 0) relax(&spins);
+    pthread_mutex_unlock(&call_lock);
     free(xf);
     return 0;
 }

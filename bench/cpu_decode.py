@@ -1,0 +1,256 @@
+"""CPU decoding, gptzoo vs Hugging Face transformers vs llama.cpp, on the same weights and tokens.
+
+For each model (an HF directory from ``gptzoo fetch NAME``) and precision, the three sides load the
+same weights — llama.cpp from GGUF files that llama.cpp's own ``convert_hf_to_gguf.py`` made of
+that directory (``NAME-f32.gguf``, ``NAME-bf16.gguf``, ``NAME-q8_0.gguf`` in ``--gguf-dir``) — and
+decode the same prompt ids greedily, batch 1, ``--new-tokens`` tokens, no EOS stop, alternating
+runs, median. Reported: decode tokens/s, prefill tokens/s of a ``--prefill``-token prompt, whether
+the greedy tokens agree, and the memory-bandwidth bound (read bandwidth measured here over the
+bytes of weights one token reads). ``int8`` runs gptzoo's weight-only int8 against llama.cpp's
+Q8_0 (transformers has no CPU int8 path to compare).
+
+``--load`` runs a competing CPU-bound process (a one-thread matmul loop) during the measurement,
+as when another job shares the cores. ``--perplexity`` adds each precision's perplexity on held-out
+text (Python's own documentation, pydoc_data.topics), gptzoo's and llama.cpp's.
+
+    python bench/cpu_decode.py --gguf-dir DIR [--models smollm2-135m gemma3-270m]
+        [--precisions float32 bfloat16 int8] [--runs 3] [--new-tokens 128] [--prefill 512]
+        [--load] [--perplexity] [--json]
+
+llama.cpp comes from ``llama-cpp-python`` (built from source, bench/README.md); without it, the
+llama.cpp columns stay empty.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import transformers
+
+from gptzoo.fetch import cache_root
+from gptzoo.hf import load_hf
+from gptzoo.inference.generate import generate
+from gptzoo.inference.native import cpu_flags
+from gptzoo.inference.quantize import quantize_int8
+
+GGUF_TYPES = {"float32": "f32", "bfloat16": "bf16", "int8": "q8_0"}
+PROMPT = "The quick brown fox jumps over the lazy dog. Once upon a time, in a small village by the sea, there"
+LOAD_SCRIPT = "import torch\ntorch.set_num_threads(1)\na = torch.randn(512, 512)\nwhile True:\n    a @ a\n"
+
+
+def read_bandwidth(nbytes: int = 1 << 30, repeats: int = 5) -> float:
+    """Bytes per second read by a sum over a tensor far larger than the caches (all threads)."""
+    src = torch.ones(nbytes // 4)
+    src.sum()
+    best = min(_seconds(lambda: src.sum()) for _ in range(repeats))
+    return nbytes / best
+
+
+def _seconds(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def bytes_per_token(model: torch.nn.Module) -> int:
+    """Bytes of weights one decoding step reads: every parameter and buffer once, except the rows
+    of a token embedding that is not also the head (untied, or quantized apart) and is only looked up."""
+    seen, total = set(), 0
+    embedding = model.wte.weight
+    head = getattr(model.lm_head, "weight", None)
+    for t in (*model.parameters(), *model.buffers()):
+        if id(t) in seen or (t is embedding and head is not embedding):
+            continue
+        seen.add(id(t))
+        total += t.numel() * t.element_size()
+    return total
+
+
+def held_out_ids(tokenizer: transformers.PreTrainedTokenizerBase, n: int) -> list[int]:
+    import pydoc_data.topics
+
+    text = "\n".join(pydoc_data.topics.topics.values())
+    return tokenizer(text[: n * 12], add_special_tokens=False)["input_ids"][:n]
+
+
+class Llama:
+    """llama.cpp through llama-cpp-python, with all cores, like the other sides."""
+
+    def __init__(self, path: Path, n_ctx: int, logits_all: bool = False) -> None:
+        import llama_cpp
+
+        threads = torch.get_num_threads()
+        self.llm = llama_cpp.Llama(
+            model_path=str(path),
+            n_ctx=n_ctx,
+            n_batch=512,
+            n_threads=threads,
+            n_threads_batch=threads,
+            logits_all=logits_all,
+            verbose=False,
+        )
+
+    def greedy(self, ids: list[int], n: int) -> list[int]:
+        out = []
+        for token in self.llm.generate(ids, temp=0.0, top_k=1, reset=True):
+            out.append(token)
+            if len(out) == n:
+                break
+        return out
+
+    def prefill(self, ids: list[int]) -> None:
+        self.llm.reset()
+        self.llm.eval(ids)
+
+    def nll(self, ids: list[int]) -> float:
+        """Mean negative log-likelihood of ids[1:] given what precedes each."""
+        self.prefill(ids)
+        logits = torch.from_numpy(self.llm.scores[: len(ids) - 1]).float()
+        return float(torch.nn.functional.cross_entropy(logits, torch.tensor(ids[1:])))
+
+
+def ours_nll(model: torch.nn.Module, ids: list[int]) -> float:
+    with torch.no_grad():
+        logits = model(torch.tensor([ids]))[0, :-1].float()
+    return float(torch.nn.functional.cross_entropy(logits, torch.tensor(ids[1:])))
+
+
+def measure(name: str, precision: str, args: argparse.Namespace, bandwidth: float) -> dict:
+    directory = cache_root() / name
+    if not (directory / "config.json").exists():
+        sys.exit(f"{directory} has no model: run `gptzoo fetch {name}` first")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+    prompt = tokenizer(PROMPT, add_special_tokens=False)["input_ids"][: args.prompt_tokens]
+    long_prompt = held_out_ids(tokenizer, args.prefill)
+    dtype = torch.float32 if precision == "int8" else getattr(torch, precision)
+    ours = load_hf(directory).eval().to(dtype)
+    if precision == "int8":
+        quantize_int8(ours)
+    sides: dict[str, dict[str, Callable[[], object]]] = {}
+    n = args.new_tokens
+    sides["gptzoo"] = {
+        "decode": lambda: generate(ours, [prompt], n)[0],
+        "prefill": lambda: ours(torch.tensor([long_prompt]), ours.init_cache(1, len(long_prompt)), logits_to_keep=1),
+    }
+    hf = None
+    if precision != "int8":
+        hf = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=dtype).eval()
+        ids = torch.tensor([prompt])
+        sides["transformers"] = {
+            "decode": lambda: hf.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=n,
+                min_new_tokens=n,
+                eos_token_id=None,
+                pad_token_id=0,
+            )[0, len(prompt) :].tolist(),
+            "prefill": lambda: hf(torch.tensor([long_prompt]), logits_to_keep=1),
+        }
+    gguf = args.gguf_dir / f"{name}-{GGUF_TYPES[precision]}.gguf" if args.gguf_dir else None
+    llama = None
+    if gguf is not None and gguf.exists():
+        llama = Llama(gguf, n_ctx=max(args.prefill, len(prompt) + n) + 8)
+        sides["llama.cpp"] = {"decode": lambda: llama.greedy(prompt, n), "prefill": lambda: llama.prefill(long_prompt)}
+    tokens, times = {}, {side: {"decode": [], "prefill": []} for side in sides}
+    with torch.no_grad():
+        for side, run in sides.items():  # warm-up, and the tokens to compare
+            tokens[side] = run["decode"]()
+            run["prefill"]()
+        for _ in range(args.runs):
+            for side, run in sides.items():
+                for what in ("decode", "prefill"):
+                    times[side][what].append(_seconds(run[what]))
+    weight_bytes = bytes_per_token(ours)
+    row = {
+        "model": name,
+        "precision": precision,
+        "weight_bytes_per_token": weight_bytes,
+        "bandwidth_bound_tokens_per_s": bandwidth / weight_bytes,
+        "decode_tokens_per_s": {s: n / statistics.median(t["decode"]) for s, t in times.items()},
+        "prefill_tokens_per_s": {s: len(long_prompt) / statistics.median(t["prefill"]) for s, t in times.items()},
+        "same_tokens_as_gptzoo": {s: tokens[s] == tokens["gptzoo"] for s in sides if s != "gptzoo"},
+        "gguf": gguf.name if llama is not None else None,
+    }
+    if args.perplexity:
+        ids = held_out_ids(tokenizer, args.prefill * 2)[args.prefill :]  # text the prefill did not use
+        row["perplexity"] = {"gptzoo": math.exp(ours_nll(ours, ids))}
+        if gguf is not None and gguf.exists():
+            del llama, sides["llama.cpp"]
+            row["perplexity"]["llama.cpp"] = math.exp(Llama(gguf, n_ctx=len(ids) + 8, logits_all=True).nll(ids))
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--gguf-dir", type=Path, help="where NAME-f32.gguf, NAME-bf16.gguf, NAME-q8_0.gguf are")
+    parser.add_argument("--models", nargs="+", default=["smollm2-135m", "gemma3-270m"])
+    parser.add_argument("--precisions", nargs="+", default=["float32", "bfloat16", "int8"], choices=list(GGUF_TYPES))
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--prompt-tokens", type=int, default=14)
+    parser.add_argument("--prefill", type=int, default=512)
+    parser.add_argument("--load", action="store_true", help="run a competing one-thread matmul loop meanwhile")
+    parser.add_argument("--perplexity", action="store_true", help="also perplexity on held-out text")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    bandwidth = read_bandwidth()
+    load = subprocess.Popen([sys.executable, "-c", LOAD_SCRIPT]) if args.load else None
+    try:
+        rows = [measure(name, p, args, bandwidth) for name in args.models for p in args.precisions]
+    finally:
+        if load is not None:
+            load.kill()
+    result = {
+        "cpu_flags": cpu_flags(),
+        "cpu": next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if "model name" in line), "?")
+        if os.path.exists("/proc/cpuinfo")
+        else "?",
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "read_bandwidth_GBps": bandwidth / 1e9,
+        "competing_load": args.load,
+        "rows": rows,
+    }
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return
+    print(
+        f"{result['cpu']}, {result['threads']} threads, torch {torch.__version__}, transformers "
+        f"{transformers.__version__}; read bandwidth {bandwidth / 1e9:.1f} GB/s; "
+        f"{'with' if args.load else 'no'} competing load"
+    )
+    print(
+        "| model | precision | side | decode tokens/s | vs transformers | vs llama.cpp | % of bound | prefill tok/s |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        decode, prefill = r["decode_tokens_per_s"], r["prefill_tokens_per_s"]
+        for side, tps in decode.items():
+            vs_hf = f"{tps / decode['transformers']:.2f}x" if "transformers" in decode else "-"
+            vs_llama = f"{tps / decode['llama.cpp']:.2f}x" if "llama.cpp" in decode else "-"
+            same = "" if side == "gptzoo" else ("" if r["same_tokens_as_gptzoo"][side] else " (other tokens)")
+            print(
+                f"| {r['model']} | {r['precision']} | {side}{same} | {tps:.1f} | {vs_hf} | {vs_llama} | "
+                f"{100 * tps / r['bandwidth_bound_tokens_per_s']:.0f}% | {prefill[side]:.0f} |"
+            )
+        if "perplexity" in r:
+            print(f"| {r['model']} | {r['precision']} | perplexity | {r['perplexity']} | | | | |")
+
+
+if __name__ == "__main__":
+    main()
