@@ -3,7 +3,8 @@
 
 A recipe uses the entry each of its components resolves to, in [model], in every layer type and in
 its [generate] sampler chain; a name matches every entry registered under it, in any kind (or the one
-entry a qualified ``DIST:name`` means).
+entry a qualified ``DIST:name`` means). Recipes are resolved by name only: no factory is read, so the
+listing runs nothing of a plugin's and imports nothing registered by reference (nor torch).
 """
 
 from __future__ import annotations
@@ -12,9 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gptzoo.errors import GptzooError, RecipeError, did_you_mean
-from gptzoo.model.build import resolve_components
 from gptzoo.plugin_manager import canonical_name
-from gptzoo.recipe import Recipe, load_recipe, shipped_recipes
+from gptzoo.recipe import Recipe, read_recipe_data, resolve_components, shipped_recipes, validate
 from gptzoo.registry import Entry, Registry, split_name
 
 Use = tuple[str, str]
@@ -25,7 +25,8 @@ Use = tuple[str, str]
 class ShippedRecipe:
     name: str
     recipe: Recipe | None
-    """None when the recipe does not validate with the installed plugins (``problem`` says why)."""
+    """Resolved by name only (gptzoo.recipe.validate's ``names_only``); None when its names do not
+    resolve with the installed plugins (``problem`` says why)."""
     problem: str = ""
 
 
@@ -37,11 +38,12 @@ def uses(recipe: Recipe, registry: Registry) -> set[Use]:
 
 
 def shipped(registry: Registry) -> list[ShippedRecipe]:
-    """Every shipped recipe, validated against ``registry`` (one a plugin breaks is kept with its problem)."""
+    """Every shipped recipe, its names resolved in ``registry`` (one a plugin breaks is kept with its problem)."""
     recipes = []
-    for name in shipped_recipes():
+    for name, path in shipped_recipes().items():
         try:
-            recipes.append(ShippedRecipe(name, load_recipe(name, registry=registry)))
+            recipe = validate(read_recipe_data(path), str(path), name=name, registry=registry, names_only=True)
+            recipes.append(ShippedRecipe(name, recipe))
         except (RecipeError, GptzooError) as exc:
             recipes.append(ShippedRecipe(name, None, str(exc)))
     return recipes

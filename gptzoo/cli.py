@@ -6,6 +6,9 @@ was kept) and exits with status 130; ``--debug`` also prints the traceback. With
 holds one JSON document: the result, or ``{"error": MESSAGE, "exit": STATUS}`` (anything else that
 writes to stdout meanwhile, a plugin's print say, goes to stderr). Anything else is a bug and keeps
 its traceback (status 1).
+
+Parsing imports nothing heavy: each command imports the library modules it calls (torch, transformers)
+when it runs, so ``--help``, ``recipes``, ``list`` and ``plugins`` import neither.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ import re
 import sys
 import tomllib
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
@@ -28,27 +32,16 @@ from rich.markup import escape
 from rich.table import Table
 
 from gptzoo import catalog
+from gptzoo.defaults import DEFAULT_PROMPT, DTYPE_NAMES, SEED_LIMIT
 from gptzoo.errors import GptzooError, Interrupted, PluginError, exception_text, terminal_text
-from gptzoo.factories import GPTZOO_DISTRIBUTION, culprit
 from gptzoo.fetch import FETCHABLE, fetch
-from gptzoo.hf import export_hf
-from gptzoo.hf.compare import DEFAULT_PROMPT, compare
 from gptzoo.hookspecs import KINDS
-from gptzoo.inference.generate import SEED_LIMIT, plan_generation
-from gptzoo.inference.sampling import flagged, option
-from gptzoo.loader import build, load_model, resolve_recipe
-from gptzoo.model.checkpoint import load_checkpoint
-from gptzoo.model.summary import DTYPES, render_summary
 from gptzoo.plugin_manager import canonical_name, gptzoo_version
 from gptzoo.recipe import load_recipe, read_recipe_data, shipped_recipes
 from gptzoo.recipe.schema import MAX_DIM
-from gptzoo.registry import Registry, get_registry, split_name
+from gptzoo.registry import GPTZOO_DISTRIBUTION, Registry, culprit, get_registry, split_name
 from gptzoo.scaffold import new_plugin
-from gptzoo.testing import run_conformance
-from gptzoo.training.data import CORPORA, DEFAULT_VAL_FRACTION, NAMED_TOKENIZERS, prepare
-from gptzoo.training.display import TrainDisplay
-from gptzoo.training.plot import plot_run
-from gptzoo.training.trainer import train
+from gptzoo.training.corpora import CORPORA, DEFAULT_VAL_FRACTION, NAMED_TOKENIZERS
 
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
@@ -155,6 +148,8 @@ def _flag_dest(name: str) -> str:
 
 def _add_sampler_flags(parser: argparse.ArgumentParser, registry: Registry) -> None:
     """One flag per registered sampler that declares one (gptzoo.interfaces.SamplerFlag)."""
+    from gptzoo.inference.sampling import flagged, option
+
     group = parser.add_argument_group(
         "sampler flags", "each sets a sampler step's parameter, inserted in Hugging Face's order if the chain lacks it"
     )
@@ -185,6 +180,8 @@ def _add_sampler_flags(parser: argparse.ArgumentParser, registry: Registry) -> N
 
 def _unflagged_hint(registry: Registry, argv: Sequence[str]) -> str:
     """For ``--ban`` where sampler ``ban`` has no flag: how to give it instead; else ``""``."""
+    from gptzoo.inference.sampling import flagged, option
+
     unflagged = {option(e.name): e.name for e in registry.entries("sampler")} | {
         option(e.name): None for e, _ in flagged(registry)
     }
@@ -245,7 +242,7 @@ def make_parser(registry: Registry | None = None) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "compare", parents=[common, recipe], help="run Hugging Face and gptzoo on the same checkpoint and tokens"
     )
-    p.add_argument("--dtype", choices=DTYPES, default="float32")
+    p.add_argument("--dtype", choices=DTYPE_NAMES, default="float32")
     p.add_argument(
         "--prompt",
         action="append",
@@ -295,7 +292,7 @@ def make_parser(registry: Registry | None = None) -> argparse.ArgumentParser:
         metavar="S",
         help=f"0..{MAX_SEED}: make sampling (and random weights, when a recipe has none) reproducible",
     )
-    p.add_argument("--dtype", choices=DTYPES, default="float32")
+    p.add_argument("--dtype", choices=DTYPE_NAMES, default="float32")
     p.add_argument("--chat", action="store_true", help="wrap each prompt in the tokenizer's chat template")
     if registry is not None:
         _add_sampler_flags(p, registry)
@@ -424,6 +421,16 @@ def _write_text(out: Console, text: str) -> None:
     out.file.flush()
 
 
+@contextmanager
+def _importing() -> Iterator[None]:
+    """Around a command's imports of the library, which load torch (a second or more): Ctrl-C there did
+    nothing, and says so."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise Interrupted("nothing was done") from None
+
+
 def _registry(err: Console) -> Registry:
     """The one registry a command validates, builds and loads with; failed plugins are warnings."""
     registry = get_registry()
@@ -434,6 +441,10 @@ def _registry(err: Console) -> Registry:
 
 
 def cmd_build(args: argparse.Namespace, out: Console, err: Console) -> None:
+    with _importing():
+        from gptzoo.loader import build
+        from gptzoo.model.summary import render_summary
+
     summary = build(
         args.recipe,
         hf=args.hf,
@@ -452,6 +463,11 @@ def cmd_build(args: argparse.Namespace, out: Console, err: Console) -> None:
 
 
 def cmd_compare(args: argparse.Namespace, out: Console, err: Console) -> None:
+    with _importing():
+        from gptzoo.hf.compare import compare
+        from gptzoo.loader import resolve_recipe
+        from gptzoo.model.summary import DTYPES
+
     registry = _registry(err)
     recipe, source = resolve_recipe(
         args.recipe, hf=args.hf, overrides=args.overrides, registry=registry, need_weights=True
@@ -492,6 +508,12 @@ def cmd_compare(args: argparse.Namespace, out: Console, err: Console) -> None:
 
 
 def cmd_generate(args: argparse.Namespace, out: Console, err: Console) -> None:
+    with _importing():
+        from gptzoo.inference.generate import plan_generation
+        from gptzoo.inference.sampling import flagged
+        from gptzoo.loader import load_model
+        from gptzoo.model.summary import DTYPES
+
     registry = args.registry  # built once, before the command line was parsed (it has the sampler flags)
     loaded = load_model(
         args.recipe,
@@ -559,6 +581,10 @@ def cmd_generate(args: argparse.Namespace, out: Console, err: Console) -> None:
 
 
 def cmd_export(args: argparse.Namespace, out: Console, err: Console) -> None:
+    with _importing():
+        from gptzoo.hf import export_hf
+        from gptzoo.model.checkpoint import load_checkpoint
+
     registry = _registry(err)
     model = load_checkpoint(args.checkpoint, registry=registry)
     path = export_hf(model, args.hf, tokenizer_from=args.checkpoint, registry=registry)
@@ -577,6 +603,9 @@ def cmd_fetch(args: argparse.Namespace, out: Console, err: Console) -> None:
 
 
 def cmd_prepare(args: argparse.Namespace, out: Console, err: Console) -> None:
+    with _importing():
+        from gptzoo.training.data import prepare
+
     meta = prepare(
         args.source,
         args.out,
@@ -612,6 +641,11 @@ def cmd_prepare(args: argparse.Namespace, out: Console, err: Console) -> None:
 
 
 def cmd_train(args: argparse.Namespace, out: Console, err: Console) -> None:
+    with _importing():
+        from gptzoo.loader import load_model
+        from gptzoo.training.display import TrainDisplay
+        from gptzoo.training.trainer import train
+
     try:
         registry = _registry(err)
         recipe = load_recipe(args.recipe, args.overrides, registry=registry)
@@ -654,6 +688,9 @@ def cmd_train(args: argparse.Namespace, out: Console, err: Console) -> None:
 
 
 def cmd_plot(args: argparse.Namespace, out: Console, err: Console) -> None:
+    with _importing():
+        from gptzoo.training.plot import plot_run
+
     png = plot_run(args.run, args.out)
     if args.json:
         _print_json(out, {"png": str(png)})
@@ -719,6 +756,9 @@ def cmd_plugins(args: argparse.Namespace, out: Console, err: Console) -> int | N
 def check_plugins(args: argparse.Namespace, out: Console, err: Console) -> int:
     """``gptzoo plugins --check [NAME]``: the conformance kit's results as a table (or JSON); exit 1
     when a check failed."""
+    with _importing():
+        from gptzoo.testing import run_conformance
+
     registry = _registry(err)
     entries = list(registry.all_entries())
     name = args.check

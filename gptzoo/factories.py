@@ -6,7 +6,12 @@ component and its plugin (distribution and version), and the fix: ``sys.exit`` a
 (``os._exit`` raises gptzoo.plugin_manager.PluginExit meanwhile, see
 :func:`gptzoo.plugin_manager.exit_guard`). KeyboardInterrupt stays an interrupt. A GptzooError keeps
 its message, prefixed by the component and plugin unless gptzoo itself registered the component (its
-own messages already say what to fix).
+own messages already say what to fix). A factory registered by reference is imported before any of its
+code runs (gptzoo.registry.Entry.factory), and a failure to import it is that PluginError, which names
+the reference.
+
+torch is imported by the functions that inspect what a factory built (it is loaded by then), so that
+validating a recipe's component names imports nothing heavy.
 """
 
 from __future__ import annotations
@@ -15,38 +20,31 @@ import functools
 import inspect
 import types
 import typing
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import nn
-
-from gptzoo import interfaces
 from gptzoo.errors import GptzooError, ParameterError, PluginError, exception_text
 from gptzoo.hookspecs import CONTRACTS
 from gptzoo.plugin_manager import describe_raised, exit_guard
-from gptzoo.registry import GPTZOO_DISTRIBUTION, Entry, show_plain
+from gptzoo.registry import GPTZOO_DISTRIBUTION, Entry, culprit, fix, show_plain
 from gptzoo.untrusted import WEIGHT_DTYPES, WEIGHT_DTYPES_TEXT, dtype_name
 
-
-def culprit(entry: Entry) -> str:
-    """``norm 'rmsnorm' from gptzoo.builtins.norms (gptzoo 0.1.0)``: who a message is about."""
-    return f"{entry.kind} {entry.name!r} from {entry.provenance}"
-
-
-def fix(entry: Entry) -> str:
-    return f"fix the plugin, or choose another {entry.kind}"
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 
 @contextmanager
-def running(entry: Entry, what: str, *, user_errors: tuple[type[Exception], ...] = ()) -> Iterator[None]:
-    """Run the entry's code; what it raises (but KeyboardInterrupt and ``user_errors``, which the
-    caller reports) becomes a PluginError: ``{culprit} {what}: {what it raised}; {fix}``."""
+def running(entry: Entry, what: str, *, user_errors: tuple[type[Exception], ...] = ()) -> Iterator[Callable[..., Any]]:
+    """Run the entry's code, given its factory (imported first when registered by reference); what
+    the code raises (but KeyboardInterrupt and ``user_errors``, which the caller reports) becomes a
+    PluginError: ``{culprit} {what}: {what it raised}; {fix}``."""
+    factory = entry.factory
     try:
         with exit_guard():
-            yield
+            yield factory
     except KeyboardInterrupt:
         raise
     except user_errors:
@@ -64,8 +62,8 @@ def build(entry: Entry, kwargs: Mapping[str, Any], *, user_errors: tuple[type[Ex
     A ValueError, which the contracts say a factory raises for an out-of-range parameter, is a
     ParameterError naming the parameters the recipe gave (unless ``user_errors`` has it)."""
     try:
-        with running(entry, "failed to build", user_errors=(*user_errors, ValueError)):
-            return entry.factory(**kwargs)
+        with running(entry, "failed to build", user_errors=(*user_errors, ValueError)) as factory:
+            return factory(**kwargs)
     except ValueError as exc:
         if isinstance(exc, user_errors):
             raise
@@ -165,6 +163,8 @@ def check_contract(entry: Entry, built: object) -> None:
     """The built object has every member its kind's contract requires, of the type its interface
     declares, and is an nn.Module (a model's component) or callable (a sampler); a module's
     parameters and persistent buffers are of a dtype a checkpoint holds (or the default dtype)."""
+    from torch import nn  # something was built: torch is loaded
+
     contract = CONTRACTS[entry.kind]
     with running(entry, "built an object that cannot be inspected"):
         missing = [member for member in contract.members if not hasattr(built, member)]
@@ -209,6 +209,8 @@ its embed, rotary and attn_bias, which the contract holds it to)."""
 def forward_problem(kind: str, module: nn.Module) -> str | None:
     """Why the model could not call the module as it does (CALLED_WITH), or None. A forward whose
     signature cannot be read (a builtin) is left to run."""
+    from torch import nn  # something was built: torch is loaded
+
     called = CALLED_WITH.get(kind)
     if called is None:
         return None
@@ -229,6 +231,9 @@ def forward_problem(kind: str, module: nn.Module) -> str | None:
 def state_problem(state: Mapping[str, Any]) -> str | None:
     """Why a tensor of a module's state dict (its parameters and persistent buffers) is not one a
     checkpoint holds, or None."""
+    import torch  # something was built: torch is loaded
+    from torch import nn
+
     usable = {*(getattr(torch, name) for name in WEIGHT_DTYPES), torch.get_default_dtype()}
     for key, tensor in state.items():
         if isinstance(tensor, torch.Tensor) and tensor.dtype not in usable:
@@ -272,6 +277,8 @@ class Declared:
 def declared_members(interface: str) -> dict[str, Declared]:
     """The members that the class gptzoo.interfaces.``interface`` defines as a method, or annotates
     with a class or a union of classes, and what it declares of each."""
+    from gptzoo import interfaces  # it imports torch, loaded once something was built
+
     cls = getattr(interfaces, interface)
     declared = {name: Declared("a method") for name, value in vars(cls).items() if inspect.isfunction(value)}
     for name, hint in typing.get_type_hints(cls).items():

@@ -14,8 +14,13 @@ A plugin implements any of these hooks and calls ``register`` once per component
     factory: a callable; its signature is the kind's contract below. Every keyword parameter
         beyond the structural ones must have a default (a plugin whose factory lacks one fails at
         registration): recipe parameters are passed by name and validated against this signature,
-        and contract tests build each component with defaults.
-    doc: one line for listings; defaults to the first line of the factory's docstring.
+        and contract tests build each component with defaults. Or a reference to the callable,
+        ``"module:attribute"`` as an entry point writes it (``"gptzoo.builtins._norms:RMSNorm"``):
+        the module is imported the first time the factory is needed (a build, a recipe's parameters,
+        the conformance kit), never to list components, and a reference that cannot be imported, or
+        names a factory registration would refuse, is then a PluginError naming it (gptzoo.registry).
+    doc: one line for listings; defaults to the first line of the factory's docstring (required
+        with a reference, which listings do not import).
     override: take the bare name from an entry of the same name registered by an earlier plugin
         (built-ins come first); the replaced entry stays reachable qualified. Without it a name a
         built-in has stays the built-in's, and a name two plugins register is ambiguous: usable

@@ -23,11 +23,11 @@ import torch
 from gptzoo.atomic import check_new_directory
 from gptzoo.errors import GptzooError, Interrupted
 from gptzoo.hf import check_recipe_matches, hf_recipe, load_hf, locate
-from gptzoo.model.build import build_model, resolve_components
+from gptzoo.model.build import build_model
 from gptzoo.model.checkpoint import load_checkpoint, save_checkpoint, tokenizer_files
 from gptzoo.model.gpt import GPT
 from gptzoo.model.summary import summarize
-from gptzoo.recipe import Recipe, load_recipe, override_recipe, recipe_tokenizer
+from gptzoo.recipe import Recipe, load_recipe, override_recipe, recipe_tokenizer, resolve_components
 from gptzoo.registry import Registry, default_registry
 from gptzoo.tokenizer import HF_TOKENIZER_FILES, Tokenizer
 from gptzoo.untrusted import check_utf8_path

@@ -11,6 +11,15 @@ which plugin failed. A ``register`` called after its hook returned (a plugin tha
 PluginError instead of registering what nobody would see. A third-party plugin's hooks run under
 :func:`gptzoo.plugin_manager.guarded` (os._exit is caught, a slow one is named on stderr).
 
+By reference. ``register("dyt", "gptzoo_dyt.norms:DyT", doc="...")`` names the factory by where it lives
+(a :class:`Reference`, as an entry point names an object) instead of passing it: the module is imported
+the first time the factory is needed (:attr:`Entry.factory`: building, validating a recipe's parameters,
+the conformance kit), never to list or resolve names, so a plugin that registers everything by reference
+costs ``gptzoo list`` nothing of torch. The doc is then required (the listing cannot read the
+docstring), and the factory is held to the rules above when it is imported: a reference that cannot be
+imported (its module or attribute missing, its import raising, os._exit included) or that names no fit
+factory is a PluginError at that point, naming the plugin, its distribution and the reference.
+
 Names. Every entry has a qualified name ``DISTRIBUTION:name`` (``gptzoo:layernorm``,
 ``gptzoo-extras:sliding_window``; the distribution compared as PEP 503 normalizes it), which always
 reaches it. A bare name reaches the entry it resolves to:
@@ -27,6 +36,7 @@ reaches it. A bare name reaches the entry it resolves to:
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import re
 import unicodedata
@@ -43,7 +53,9 @@ from gptzoo.plugin_manager import (
     PluginInfo,
     canonical_name,
     describe_failure,
+    describe_raised,
     env_flag,
+    exit_guard,
     get_plugin_manager,
     guarded,
     strict_failure,
@@ -71,10 +83,38 @@ class Provenance:
 
 
 @dataclass(frozen=True)
+class Reference:
+    """``"package.module:Attribute"``: a factory named by where it lives, imported when first needed."""
+
+    module: str
+    attribute: str
+    """A name in the module, or a dotted path below one (``Outer.Inner``)."""
+
+    @classmethod
+    def parse(cls, text: str) -> Reference | None:
+        """The reference ``text`` spells (dotted identifiers, one ``:`` between module and attribute), or None."""
+        module, sep, attribute = text.partition(":")
+        if not sep or not all(part.isidentifier() for part in (*module.split("."), *attribute.split("."))):
+            return None
+        return cls(module, attribute)
+
+    def __str__(self) -> str:
+        return f"{self.module}:{self.attribute}"
+
+    def load(self) -> Any:
+        """Import the module and return the attribute (whatever the import raises propagates)."""
+        found = importlib.import_module(self.module)
+        for part in self.attribute.split("."):
+            found = getattr(found, part)
+        return found
+
+
+@dataclass(frozen=True)
 class Entry:
     kind: str
     name: str
-    factory: Callable[..., Any]
+    target: Callable[..., Any] | Reference
+    """The factory as the plugin registered it: the callable itself, or a reference to it."""
     doc: str
     provenance: Provenance
     overrides: Provenance | None = None
@@ -84,6 +124,34 @@ class Entry:
     def qualified_name(self) -> str:
         """``gptzoo-extras:sliding_window``: the name that reaches this entry whatever else is installed."""
         return f"{self.provenance.distribution}:{self.name}"
+
+    @functools.cached_property
+    def factory(self) -> Callable[..., Any]:
+        """The factory. One registered by reference is imported now, the first time it is needed (with
+        ``os._exit`` guarded); a reference that cannot be imported, or that names something registration
+        would have refused, is a PluginError naming the plugin, its distribution and the reference."""
+        if not isinstance(self.target, Reference):
+            return self.target
+        registered = f"{culprit(self)} is registered as {str(self.target)!r}"
+        try:
+            with exit_guard():
+                factory = self.target.load()
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # a plugin's import may raise anything, sys.exit and os._exit included
+            raise PluginError(f"{registered}, which cannot be imported: {describe_raised(exc)}; {fix(self)}") from exc
+        if problem := factory_problem(self.kind, factory):
+            raise PluginError(f"{registered}, {problem}")
+        return factory
+
+
+def culprit(entry: Entry) -> str:
+    """``norm 'rmsnorm' from gptzoo.builtins.norms (gptzoo 0.1.0)``: who a message is about."""
+    return f"{entry.kind} {entry.name!r} from {entry.provenance}"
+
+
+def fix(entry: Entry) -> str:
+    return f"fix the plugin, or choose another {entry.kind}"
 
 
 def split_name(name: str) -> tuple[str | None, str]:
@@ -278,7 +346,9 @@ class Registry:
             nonlocal hook_open
             hook_open = False
 
-        def register(name: str, factory: Callable[..., Any], *, doc: str | None = None, override: bool = False) -> None:
+        def register(
+            name: str, factory: Callable[..., Any] | str, *, doc: str | None = None, override: bool = False
+        ) -> None:
             if not hook_open:
                 raise PluginError(
                     f"{provenance}: register() was called after {CONTRACTS[kind].hook} returned; call it inside "
@@ -292,11 +362,16 @@ class Registry:
             if attempted is not None:
                 attempted.append((kind, name))
             what = f"{provenance} registered {kind} {name!r}"
-            if not callable(factory):
-                raise RegistryError(
-                    f"{what} with a factory that is not callable: {show_plain(factory)}; pass the class or function "
-                    "that builds it"
-                )
+            target: Callable[..., Any] | Reference | None = None
+            if isinstance(factory, str):
+                target = Reference.parse(str.__str__(factory))
+                if target is None:
+                    raise RegistryError(
+                        f"{what} with a reference that is not 'module:attribute': {show_plain(str.__str__(factory))}; "
+                        "name the factory as an entry point does, e.g. 'gptzoo_dyt.norms:DyT'"
+                    )
+            elif not callable(factory):
+                raise RegistryError(f"{what} with {factory_problem(kind, factory)}")
             if doc is not None and not isinstance(doc, str):
                 raise RegistryError(
                     f"{what} with a doc that is not a str: {show_plain(doc)}; doc is one line of text, or None for the "
@@ -306,16 +381,14 @@ class Registry:
                 raise RegistryError(
                     f"{what} with an override that is not a bool: {show_plain(override)}; use True or False"
                 )
-            if required := _without_default(kind, factory):
-                passes = f"only {', '.join(_structural(kind))}" if _structural(kind) else "nothing"
-                whose = (
-                    f"parameter {required[0]!r} has"
-                    if len(required) == 1
-                    else (f"parameters {', '.join(map(repr, required))} have")
-                )
+            if target is None:
+                if problem := factory_problem(kind, factory):
+                    raise RegistryError(f"{what} with {problem}")
+                target = factory
+            elif doc is None:
                 raise RegistryError(
-                    f"{what} with a factory whose {whose} no default; give every parameter a default (a recipe may "
-                    f"leave any out, and the model passes {passes})"
+                    f"{what} by reference {str(target)!r} without a doc; pass doc, the line listings show without "
+                    "importing the factory"
                 )
             given = doc is not None
             if doc is None:
@@ -329,7 +402,7 @@ class Registry:
                     else f"{what} with a factory whose docstring holds {reason} in its first line: {show_plain(line)}; "
                     "write that line as plain text, or pass doc"
                 )
-            staged.append((Entry(kind, name, factory, line, provenance), override))
+            staged.append((Entry(kind, name, target, line, provenance), override))
 
         register.__qualname__ = "register"  # what a TypeError about its arguments calls it
         return register, close
@@ -337,6 +410,24 @@ class Registry:
 
 def _key(entry: Entry) -> tuple[str, str]:
     return canonical_name(entry.provenance.distribution), entry.name
+
+
+def factory_problem(kind: str, factory: object) -> str | None:
+    """What registration refuses in a factory (``a factory that is not callable: ...; pass ...``), or None."""
+    if not callable(factory):
+        return f"a factory that is not callable: {show_plain(factory)}; pass the class or function that builds it"
+    if required := _without_default(kind, factory):
+        passes = f"only {', '.join(_structural(kind))}" if _structural(kind) else "nothing"
+        whose = (
+            f"parameter {required[0]!r} has"
+            if len(required) == 1
+            else (f"parameters {', '.join(map(repr, required))} have")
+        )
+        return (
+            f"a factory whose {whose} no default; give every parameter a default (a recipe may leave any out, and "
+            f"the model passes {passes})"
+        )
+    return None
 
 
 def _structural(kind: str) -> list[str]:

@@ -17,6 +17,7 @@ import gptzoo
 import gptzoo.cli
 import gptzoo.inference.generate
 import gptzoo.registry
+import gptzoo.training.trainer
 from gptzoo.cli import main
 from gptzoo.errors import Interrupted
 from gptzoo.inference.sampling import SamplerChain
@@ -173,7 +174,7 @@ def test_ctrl_c_while_generating(capsys: pytest.CaptureFixture[str], monkeypatch
 def test_ctrl_c_while_training(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, exc: BaseException, line: str
 ) -> None:
-    monkeypatch.setattr(gptzoo.cli, "train", raiser(exc))
+    monkeypatch.setattr(gptzoo.training.trainer, "train", raiser(exc))
     assert main(["train", "gpt2-tiny", "--out", "unused"]) == 130
     assert capsys.readouterr().err.splitlines()[-1] == line  # after the progress display's last frame
     assert main(["train", "gpt2-tiny", "--out", "unused", "--json"]) == 130
@@ -199,11 +200,12 @@ def test_torchrun_leaves_with_the_exit_status(tmp_path: Path, exc: str, code: in
 import atexit, sys
 import gptzoo.cli
 import gptzoo.inference.generate
+import gptzoo.training.trainer
 from gptzoo.errors import GptzooError, Interrupted
 atexit.register(lambda: print("atexit ran"))
 def train(*args, **kwargs):
     raise {exc}
-gptzoo.cli.train = train
+gptzoo.training.trainer.train = train
 sys.exit(gptzoo.cli.main(["train", "gpt2-tiny", "--out", {str(tmp_path / "run")!r}, "--json"]))
 """
     env = {**os.environ, "WORLD_SIZE": "2", "RANK": "0", "PYTHONPATH": str(Path(__file__).parent.parent)}

@@ -93,7 +93,7 @@ def test_build_makes_every_component_kind_of_the_recipe(monkeypatch: pytest.Monk
 
     for kind in COMPONENT_KEYS:
         for name, entry in list(registry._entries[kind].items()):
-            registry._entries[kind][name] = replace(entry, factory=counting(kind, entry.factory))
+            registry._entries[kind][name] = replace(entry, target=counting(kind, entry.factory))
     recipe = load_recipe("gpt2-tiny", registry=registry)
     build_model(recipe, device="meta", registry=registry)
     n = recipe.model.n_layer
@@ -346,8 +346,8 @@ def test_ctrl_c_in_a_factory_stays_an_interrupt(site: FakeSite, capsys: pytest.C
 TYPED = """
 import torch
 from torch import nn
-from gptzoo.builtins.attentions import CausalSelfAttention
-from gptzoo.builtins.mlps import DenseMLP
+from gptzoo.builtins._attentions import CausalSelfAttention
+from gptzoo.builtins._mlps import DenseMLP
 from gptzoo.interfaces import Position
 
 

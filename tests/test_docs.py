@@ -69,7 +69,7 @@ def test_every_code_block_runs_as_the_guide_says(
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(code, encoding="utf-8")
     projects = sorted({p.parent for p in work.rglob("pyproject.toml")})
-    assert [install_project(fake_site, p) for p in projects] == ["gptzoo-dyt"]
+    assert [install_project(fake_site, p) for p in projects] == ["gptzoo-dyt", "gptzoo-scalenorm"]
 
     env = fake_site.env(PATH=os.pathsep.join((str(Path(sys.executable).parent), os.environ.get("PATH", ""))))
     env["PYTHONPATH"] += os.pathsep + str(REPO)  # the gptzoo under test

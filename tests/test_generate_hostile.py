@@ -14,7 +14,7 @@ from tiny import tiny_model
 from torch import nn
 
 import gptzoo
-from gptzoo.builtins.samplers import Temperature
+from gptzoo.builtins._samplers import Temperature
 from gptzoo.cli import main
 from gptzoo.errors import GptzooError
 from gptzoo.inference import generate as generate_module

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import gptzoo
-from gptzoo.builtins.positions import alibi_slopes
+from gptzoo.builtins._positions import alibi_slopes
 from gptzoo.errors import GptzooError
 from gptzoo.inference.sampling import SamplerChain
 

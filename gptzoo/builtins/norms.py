@@ -1,115 +1,26 @@
-"""Normalization layers: LayerNorm (Ba et al., 2016) and RMSNorm (Zhang & Sennrich, 2019).
+"""The built-in norms: LayerNorm, RMSNorm and Gemma's RMSNorm (their code: gptzoo/builtins/_norms.py).
 
-- rmsnorm follows HF transformers' LlamaRMSNorm: normalize in float32 (float64 stays float64), cast
-  back, then scale by the weight. With ``scale_in_float32 = true`` it follows OLMo 2's Olmo2RMSNorm
-  instead: the weight multiplies in float32 too, before the cast back. The two agree exactly in
-  float32 and differ by a rounding in bfloat16 and float16, so Hugging Face families tell them apart
-  (``hf_config`` gives rms_norm_scale_in_float32 = true for the OLMo 2 numerics, which only OLMo 2
-  accepts, and OLMo 2 requires).
-- gemma_rmsnorm follows Gemma's: the weight is stored as an offset from 1 (initialized to zeros),
-  and both the normalization and the scaling by (1 + weight) happen in float32 before the cast back.
+A plugin like any other, which registers each by reference (gptzoo.registry): listing them imports
+neither that module nor torch, which load when a norm is first needed.
 """
 
-from __future__ import annotations
-
-import math
-
-import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
-
 from gptzoo.hookspecs import hookimpl
-from gptzoo.interfaces import TensorMap
-
-
-def check_eps(*, eps: float = 1e-5, **_: object) -> list[str]:
-    return [] if math.isfinite(eps) and eps > 0 else [f"eps must be a positive number, got {eps}"]
-
-
-class LayerNorm(nn.Module):
-    """LayerNorm: (x - mean) / sqrt(var + eps) * weight + bias (bias optional)."""
-
-    check = staticmethod(check_eps)
-
-    def __init__(self, dim: int, *, eps: float = 1e-5, bias: bool = True) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
-
-    def forward(self, x: Tensor) -> Tensor:
-        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
-
-    def hf_weights(self, family: str) -> list[TensorMap] | None:
-        if family not in EPS_FIELDS or self.bias is None:  # GPT-2's and GPT-NeoX's LayerNorms have a bias
-            return None
-        return [TensorMap("weight", ("weight",)), TensorMap("bias", ("bias",))]
-
-    def hf_config(self, family: str) -> dict[str, float] | None:
-        return {EPS_FIELDS[family]: self.eps} if family in EPS_FIELDS else None
-
-
-EPS_FIELDS = {"gpt2": "layer_norm_epsilon", "gpt_neox": "layer_norm_eps"}
-"""Layouts with LayerNorms -> the config.json field of their epsilon."""
-RMS_LAYOUTS = ("llama", "phi3")
-"""Layouts whose RMSNorm weight is stored as it is, with its epsilon in rms_norm_eps."""
-
-
-class RMSNorm(nn.Module):
-    """RMSNorm: x / sqrt(mean(x^2) + eps) * weight, normalized in (at least) float32.
-
-    ``scale_in_float32``: multiply by the weight before casting back to the input's dtype (OLMo 2),
-    not after (Llama); the same in float32.
-    """
-
-    check = staticmethod(check_eps)
-
-    def __init__(self, dim: int, *, eps: float = 1e-6, scale_in_float32: bool = False) -> None:
-        super().__init__()
-        self.eps, self.scale_in_float32 = eps, scale_in_float32
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: Tensor) -> Tensor:
-        h = x.to(torch.promote_types(x.dtype, torch.float32))
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        if self.scale_in_float32:
-            return (self.weight * h).to(x.dtype)
-        return self.weight * h.to(x.dtype)
-
-    def hf_weights(self, family: str) -> list[TensorMap] | None:
-        return [TensorMap("weight", ("weight",))] if family in RMS_LAYOUTS else None
-
-    def hf_config(self, family: str) -> dict[str, float | bool] | None:
-        if family not in RMS_LAYOUTS:
-            return None
-        # only when set: a family that does not imply it has no field for it, and refuses these numerics
-        return {"rms_norm_eps": self.eps, **({"rms_norm_scale_in_float32": True} if self.scale_in_float32 else {})}
-
-
-class GemmaRMSNorm(nn.Module):
-    """RMSNorm with a (1 + weight) scale, all in float32 (Gemma; the weight starts at zero)."""
-
-    check = staticmethod(check_eps)
-
-    def __init__(self, dim: int, *, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.zeros(dim))
-
-    def forward(self, x: Tensor) -> Tensor:
-        h = x.to(torch.promote_types(x.dtype, torch.float32))
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (h * (1.0 + self.weight.to(h.dtype))).to(x.dtype)
-
-    def hf_weights(self, family: str) -> list[TensorMap] | None:
-        return [TensorMap("weight", ("weight",))] if family == "llama" else None
-
-    def hf_config(self, family: str) -> dict[str, float] | None:
-        return {"rms_norm_eps": self.eps, "rms_norm_offset": 1.0} if family == "llama" else None
 
 
 @hookimpl
 def register_norms(register):
-    register("layernorm", LayerNorm)
-    register("rmsnorm", RMSNorm)
-    register("gemma_rmsnorm", GemmaRMSNorm)
+    register(
+        "layernorm",
+        "gptzoo.builtins._norms:LayerNorm",
+        doc="LayerNorm: (x - mean) / sqrt(var + eps) * weight + bias (bias optional).",
+    )
+    register(
+        "rmsnorm",
+        "gptzoo.builtins._norms:RMSNorm",
+        doc="RMSNorm: x / sqrt(mean(x^2) + eps) * weight, normalized in (at least) float32.",
+    )
+    register(
+        "gemma_rmsnorm",
+        "gptzoo.builtins._norms:GemmaRMSNorm",
+        doc="RMSNorm with a (1 + weight) scale, all in float32 (Gemma; the weight starts at zero).",
+    )

@@ -13,14 +13,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from gptzoo.defaults import DEFAULT_PROMPT
 from gptzoo.errors import CheckpointError
 from gptzoo.hf import load_hf, locate
 from gptzoo.inference.generate import check_lengths, check_prompts, encode_prompts, generate
 from gptzoo.recipe import Recipe, recipe_tokenizer
 from gptzoo.registry import Registry
 from gptzoo.untrusted import check_directory
-
-DEFAULT_PROMPT = "The history of the Roman Empire began"
 
 
 def hf_config(path: Path) -> Any:

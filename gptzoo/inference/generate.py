@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from gptzoo.defaults import SEED_LIMIT
 from gptzoo.errors import GptzooError
 from gptzoo.inference.matvec import MAX_ROWS, native_decoding
 from gptzoo.inference.sampling import SamplerChain, chain_spec, prompts_of
@@ -35,8 +36,6 @@ from gptzoo.tokenizer import Tokenizer, shorten, utf8
 CONTEXT_TOKENS = 4
 """Prompt tokens decoded before the new ones, so that their text reads as it does after the prompt."""
 
-SEED_LIMIT = 2**64
-"""Seeds run from 0 to SEED_LIMIT - 1: what ``torch.Generator.manual_seed`` takes."""
 StepCallback = Callable[[list[int | None]], Sequence[int]]
 """Called after each step with each row's new token (None for a finished row); returns the rows to
 stop now (e.g. because a stop string appeared)."""

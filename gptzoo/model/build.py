@@ -17,19 +17,9 @@ from gptzoo.hookspecs import CONTRACTS
 from gptzoo.interfaces import Position
 from gptzoo.memory import available_bytes, format_bytes
 from gptzoo.model.gpt import BLOCKS, GPT
-from gptzoo.recipe import COMPONENT_KEYS, Recipe, load_recipe, structural_args
-from gptzoo.recipe.schema import LAYER_TYPES, Component, LayerType
+from gptzoo.recipe import Recipe, load_recipe, structural_args
+from gptzoo.recipe.schema import LayerType
 from gptzoo.registry import Entry, Registry, default_registry
-
-
-def resolve_components(recipe: Recipe, registry: Registry) -> dict[str, tuple[Entry, Component]]:
-    """The registry entry and recipe value of each component of the recipe, by [model] key (= kind),
-    then those of each layer type, by ``layer_types.TYPE.KEY``."""
-    spec = recipe.model
-    components = {kind: getattr(spec, kind) for kind in COMPONENT_KEYS}
-    for name, layer in spec.layer_types:
-        components.update({f"{LAYER_TYPES}.{name}.{kind}": c for kind, c in layer.overrides().items()})
-    return {key: (registry.get(key.rsplit(".", 1)[-1], c.name), c) for key, c in components.items()}
 
 
 def build_model(

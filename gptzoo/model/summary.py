@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from gptzoo.defaults import DTYPE_NAMES
 from gptzoo.errors import GptzooError, terminal_text
 from gptzoo.flops import FLOPS_CONVENTION, TRAIN_FORWARD_RATIO, forward_flops
 from gptzoo.interfaces import KVCache
@@ -21,7 +22,7 @@ from gptzoo.model.gpt import GPT
 from gptzoo.recipe import Component, Recipe
 from gptzoo.registry import Entry
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 SHAPE_KEYS = (
     "n_layer",
     "n_embd",

@@ -22,7 +22,7 @@ from gptzoo.recipe.schema import (
     dump_toml,
 )
 from gptzoo.recipe.tokenizer import recipe_tokenizer
-from gptzoo.recipe.validate import structural_args, validate
+from gptzoo.recipe.validate import resolve_components, structural_args, validate
 
 __all__ = [
     "COMPONENT_KEYS",
@@ -39,6 +39,7 @@ __all__ = [
     "override_recipe",
     "read_recipe_data",
     "recipe_tokenizer",
+    "resolve_components",
     "resolve_recipe_path",
     "shipped_recipes",
     "structural_args",

@@ -175,8 +175,10 @@ def _float(value: int | float) -> float | None:
 class _Validator:
     """Collects every problem of one recipe."""
 
-    def __init__(self, registry: Registry) -> None:
+    def __init__(self, registry: Registry, *, names_only: bool = False) -> None:
         self.registry = registry
+        self.names_only = names_only
+        """Resolve component names without reading their factories (see :func:`validate`)."""
         self.problems: list[str] = []
         self.origins: dict[str, str] = {}
         """[provenance]: [model] key -> the ``DISTRIBUTION VERSION`` its component came from."""
@@ -310,7 +312,8 @@ class _Validator:
             self.problems.append(f"{where}: {self.missing(kind, name, origin) if known else exc}")
             return None
         before = len(self.problems)
-        self.component_params(where, entry, params)
+        if not self.names_only:
+            self.component_params(where, entry, params)
         if len(self.problems) > before:
             return None
         return Component(name, tuple(params.items()), origin=entry.provenance.origin)
@@ -432,7 +435,8 @@ class _Validator:
         if len(self.problems) > before or not required <= values.keys():
             return None
         spec = ModelSpec(**values)
-        self.component_checks(spec)
+        if not self.names_only:
+            self.component_checks(spec)
         return spec
 
     def tensor_sizes(self, values: dict[str, Any]) -> None:
@@ -521,7 +525,7 @@ class _Validator:
         if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
             self.problems.append(f"[generate] stop must be a list of non-empty strings, got {describe(stop)}")
         for i, step in enumerate(steps):
-            if step is not None:
+            if step is not None and not self.names_only:
                 self.sampler(i, step, last=i == len(steps) - 1)
         if len(self.problems) > before:
             return None
@@ -626,6 +630,16 @@ def structural_args(spec: ModelSpec, kind: str) -> dict[str, Any]:
     return {arg: getattr(spec, attr) for arg, attr in CONTRACTS[kind].structural}
 
 
+def resolve_components(recipe: Recipe, registry: Registry) -> dict[str, tuple[Entry, Component]]:
+    """The registry entry and recipe value of each component of the recipe, by [model] key (= kind),
+    then those of each layer type, by ``layer_types.TYPE.KEY``."""
+    spec = recipe.model
+    components = {kind: getattr(spec, kind) for kind in COMPONENT_KEYS}
+    for name, layer in spec.layer_types:
+        components.update({f"{LAYER_TYPES}.{name}.{kind}": c for kind, c in layer.overrides().items()})
+    return {key: (registry.get(key.rsplit(".", 1)[-1], c.name), c) for key, c in components.items()}
+
+
 def step_problems(where: str, entry: Entry, params: dict[str, Any], registry: Registry) -> list[str]:
     """The problems of a sampler step given on the command line (``--sampler NAME:k=v``), found as
     a recipe's [generate] samplers' are (parameters against the factory's signature and the
@@ -636,12 +650,23 @@ def step_problems(where: str, entry: Entry, params: dict[str, Any], registry: Re
 
 
 def validate(
-    data: dict[str, Any], source: str, *, name: str, registry: Registry | None = None, problems: Iterable[str] = ()
+    data: dict[str, Any],
+    source: str,
+    *,
+    name: str,
+    registry: Registry | None = None,
+    problems: Iterable[str] = (),
+    names_only: bool = False,
 ) -> Recipe:
     """A Recipe from resolved data, or a RecipeError listing every problem (after ``problems``
     found earlier, e.g. in overrides). Data whose keys or text are not valid Unicode strings, or
-    that nests too deeply, is refused with those problems alone."""
-    v = _Validator(registry if registry is not None else default_registry())
+    that nests too deeply, is refused with those problems alone.
+
+    ``names_only``: resolve every component name, but read no factory: parameters are neither checked
+    against the signature nor by ``check``, and samplers are not built, so nothing of a plugin runs and
+    nothing registered by reference is imported. Such a Recipe says which entries a recipe uses (what
+    ``gptzoo list`` shows), not that it builds."""
+    v = _Validator(registry if registry is not None else default_registry(), names_only=names_only)
     v.problems.extend(problems)
     if not isinstance(data, dict):
         raise RecipeError(source, [*v.problems, f"a recipe must be a table of sections, got {describe(data)}"])

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from gptzoo import factories
+from gptzoo.errors import GptzooError, exception_text
 from gptzoo.hf import FAMILIES
 from gptzoo.inference.sampling import SamplerChain
 from gptzoo.interfaces import TensorMap
@@ -454,7 +455,11 @@ def variant(name: str, *parts: str) -> str:
 def examples_of(entry: Entry) -> tuple[list[dict[str, Any]], str | None]:
     """The factory's valid ``examples`` and the problem with them (None when they are fine)."""
     try:
-        examples = getattr(entry.factory, "examples", None)
+        factory = entry.factory
+    except GptzooError as exc:  # a factory registered by reference that cannot be imported
+        return [], exception_text(exc)
+    try:
+        examples = getattr(factory, "examples", None)
     except Exception as exc:
         return [], f"reading examples raised {harness.one_line(repr(exc))}"
     if examples is None:

