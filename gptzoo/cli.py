@@ -32,7 +32,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from gptzoo import catalog
-from gptzoo.defaults import DEFAULT_PROMPT, DTYPE_NAMES, SEED_LIMIT
+from gptzoo.defaults import DEFAULT_PROMPT, DTYPE_NAMES, GENERATE_DTYPES, SEED_LIMIT
 from gptzoo.errors import GptzooError, Interrupted, PluginError, exception_text, terminal_text
 from gptzoo.fetch import FETCHABLE, fetch
 from gptzoo.hookspecs import KINDS
@@ -292,7 +292,12 @@ def make_parser(registry: Registry | None = None) -> argparse.ArgumentParser:
         metavar="S",
         help=f"0..{MAX_SEED}: make sampling (and random weights, when a recipe has none) reproducible",
     )
-    p.add_argument("--dtype", choices=DTYPE_NAMES, default="float32")
+    p.add_argument(
+        "--dtype",
+        choices=GENERATE_DTYPES,
+        default="float32",
+        help="int8: every Linear layer's weights in int8 (a float32 scale per row), the rest in float32",
+    )
     p.add_argument("--chat", action="store_true", help="wrap each prompt in the tokenizer's chat template")
     if registry is not None:
         _add_sampler_flags(p, registry)
@@ -510,20 +515,24 @@ def cmd_compare(args: argparse.Namespace, out: Console, err: Console) -> None:
 def cmd_generate(args: argparse.Namespace, out: Console, err: Console) -> None:
     with _importing():
         from gptzoo.inference.generate import plan_generation
+        from gptzoo.inference.quantize import quantize_int8
         from gptzoo.inference.sampling import flagged
         from gptzoo.loader import load_model
         from gptzoo.model.summary import DTYPES
 
     registry = args.registry  # built once, before the command line was parsed (it has the sampler flags)
+    int8 = args.dtype == "int8"
     loaded = load_model(
         args.recipe,
         hf=args.hf,
         checkpoint=args.checkpoint,
         overrides=args.overrides,
         registry=registry,
-        dtype=DTYPES[args.dtype],
+        dtype=DTYPES["float32" if int8 else args.dtype],
         seed=args.seed,
     )
+    if int8:
+        quantize_int8(loaded.model)
     sampling = {entry.name: getattr(args, _flag_dest(entry.name)) for entry, _ in flagged(registry)}
     plan = plan_generation(
         loaded.model,

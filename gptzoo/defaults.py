@@ -7,5 +7,7 @@ SEED_LIMIT = 2**64
 DTYPE_NAMES = ("float32", "bfloat16")
 """The dtypes a model runs in for ``compare`` and ``generate`` (--dtype), and that ``build`` sizes its
 weights and KV cache in (gptzoo.model.summary.DTYPES)."""
+GENERATE_DTYPES = (*DTYPE_NAMES, "int8")
+"""What ``generate --dtype`` takes: int8 is weight-only int8 (gptzoo.inference.quantize) on float32."""
 DEFAULT_PROMPT = "The history of the Roman Empire began"
 """What ``compare`` runs without a prompt."""

@@ -15,6 +15,7 @@ import gptzoo
 from gptzoo.cli import main
 from gptzoo.hf import load_hf
 from gptzoo.inference.generate import IncrementalDecoder, generate, generate_text
+from gptzoo.inference.quantize import quantize_int8
 from gptzoo.inference.sampling import SamplerChain, chain_spec
 from gptzoo.tokenizer import load_tokenizer
 
@@ -170,6 +171,19 @@ def test_cli_generate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
         == 0
     )
     assert len(json.loads(capsys.readouterr().out)["tokens"][0]) == 3
+
+
+def test_cli_generate_int8_runs_the_quantized_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bytes_tokenizer = ("tokenizer.name=bytes",)
+    model = tiny_model("llama-tiny", *bytes_tokenizer)
+    gptzoo.save_checkpoint(model, gptzoo.load_recipe("llama-tiny", bytes_tokenizer), tmp_path / "ck")
+    argv = ["generate", "--checkpoint", str(tmp_path / "ck"), "--prompt", "Hi there", "--max-new-tokens", "8"]
+    assert main([*argv, "--dtype", "int8", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)["tokens"][0]
+    quantize_int8(model)
+    tokenizer = load_tokenizer("bytes")
+    expected = generate(model, [tokenizer.encode("Hi there")], 8, vocab_size=tokenizer.vocab_size)[0]
+    assert got == expected and len(got) == 8
 
 
 @pytest.mark.parametrize(
