@@ -45,7 +45,12 @@ from gptzoo.inference.quantize import quantize_int8
 
 GGUF_TYPES = {"float32": "f32", "bfloat16": "bf16", "int8": "q8_0"}
 PROMPT = "The quick brown fox jumps over the lazy dog. Once upon a time, in a small village by the sea, there"
-LOAD_SCRIPT = "import torch\ntorch.set_num_threads(1)\na = torch.randn(512, 512)\nwhile True:\n    a @ a\n"
+LOAD_SCRIPT = """import os, torch
+torch.set_num_threads(1)
+a, parent = torch.randn(512, 512), os.getppid()
+while os.getppid() == parent:  # ends with the benchmark, however that ends
+    a @ a
+"""
 
 
 def read_bandwidth(nbytes: int = 1 << 30, repeats: int = 5) -> float:

@@ -70,6 +70,7 @@ def test_what_the_kernels_do_not_take_is_refused() -> None:
         assert native_linear(x.double(), w.double(), None, None) is None
         assert native_linear(x.bfloat16(), w, None, None) is None  # weights of another dtype
         assert native_linear(x, w, torch.randn(4).bfloat16(), None) is None
+        assert native_linear(x, torch.randn(3, 4).T, None, None) is None  # not contiguous
     assert native_linear(x, w, None, None) is None  # gradients enabled
 
 
@@ -188,3 +189,20 @@ def test_a_forked_child_starts_its_own_workers() -> None:
     child.start()
     child.join(timeout=60)
     assert child.exitcode == 0 and queue.get(timeout=5) == 300_000.0
+
+
+def test_without_a_working_compiler_decoding_keeps_torchs_kernels(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gptzoo.inference import native
+
+    monkeypatch.setattr(native, "_reason", None)  # restored afterwards: this process's kernels did build
+    monkeypatch.setenv("GPTZOO_CACHE", str(tmp_path))
+    monkeypatch.setenv("CC", "no-such-compiler --quiet")
+    assert native.library.__wrapped__() is None
+    assert native._reason is not None and "could not be built with no-such-compiler --quiet" in native._reason
+    monkeypatch.setattr(matvec, "library", lambda: None)
+    model = tiny_model("gpt2-tiny")
+    with torch.no_grad(), native_decoding(model) as tuner:
+        assert tuner is None and not any("forward" in vars(m) for m in model.modules())
+    assert generate(model, [[1, 2, 3]], 4) == generate(tiny_model("gpt2-tiny"), [[1, 2, 3]], 4)

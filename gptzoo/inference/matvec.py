@@ -68,10 +68,10 @@ class _NativeLinear:
     """A replacement forward for one nn.Linear: its product through the kernels for few-row inputs."""
 
     def __init__(self, linear: nn.Linear) -> None:
-        self.linear, self.weight, self.lib = linear, linear.weight.detach(), library()
+        self.linear, self.lib = linear, library()
 
     def __call__(self, x: Tensor) -> Tensor:
-        y = native_linear(x, self.weight, self.linear.bias, None, self.lib)
+        y = native_linear(x, self.linear.weight, self.linear.bias, None, self.lib)
         return nn.Linear.forward(self.linear, x) if y is None else y
 
 
@@ -88,9 +88,9 @@ def native_linear(
     x: Tensor, weight: Tensor, bias: Tensor | None, scale: Tensor | None, lib: object | None = None
 ) -> Tensor | None:
     """x W^T (* scale) + b through the kernels, or None where they do not apply: no kernels, a
-    tensor off the CPU, more than MAX_ROWS rows, gradients or autocast wanted, or dtypes they lack
-    (weights of the input's dtype, or int8 with a float32 ``scale`` per output; a bias of the
-    input's dtype)."""
+    tensor off the CPU, more than MAX_ROWS rows, gradients or autocast wanted, dtypes they lack
+    (they take contiguous weights of the input's dtype, or int8 ones with a float32 ``scale`` per
+    output, and a bias of the input's dtype)."""
     lib = library() if lib is None else lib
     if lib is None or x.dtype not in ACTIVATIONS or x.device.type != "cpu":
         return None
@@ -98,7 +98,9 @@ def native_linear(
     rows = x.numel() // in_features if in_features else 0
     if not 0 < rows <= MAX_ROWS or torch.is_grad_enabled() or torch.is_autocast_enabled("cpu"):
         return None
-    if weight.dtype != (torch.int8 if scale is not None else x.dtype) or (bias is not None and bias.dtype != x.dtype):
+    if weight.dtype != (torch.int8 if scale is not None else x.dtype) or not weight.is_contiguous():
+        return None
+    if bias is not None and (bias.dtype != x.dtype or not bias.is_contiguous()):
         return None
     out_features = weight.shape[0]
     x2 = x.reshape(rows, in_features).contiguous()

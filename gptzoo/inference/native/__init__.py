@@ -15,6 +15,7 @@ import functools
 import hashlib
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -37,26 +38,30 @@ def cpu_flags() -> str:
     return platform.machine()
 
 
-def _compiler() -> str | None:
-    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+def _compiler() -> list[str] | None:
+    """The C compiler's command: ``$CC`` (which may hold arguments, e.g. ``ccache gcc``), else cc or gcc."""
+    if os.environ.get("CC", "").strip():
+        return shlex.split(os.environ["CC"])
+    found = shutil.which("cc") or shutil.which("gcc")
+    return [found] if found else None
 
 
-def _compiler_version(cc: str) -> str:
+def _compiler_version(cc: list[str]) -> str:
     try:
-        return subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+        return subprocess.run([*cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         return ""
 
 
-def _build(source: bytes, cc: str, target: Path) -> None:
+def _build(source: bytes, cc: list[str], target: Path) -> None:
     """Compile ``source`` into ``target``, atomically (a temporary file in its directory, then a rename)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as tmp:
         src, out = Path(tmp) / "gemv.c", Path(tmp) / target.name
         src.write_bytes(source)
-        done = subprocess.run([cc, *FLAGS, str(src), "-o", str(out)], capture_output=True, text=True, timeout=300)
+        done = subprocess.run([*cc, *FLAGS, str(src), "-o", str(out)], capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
-            raise OSError(f"{cc} failed: {done.stderr.strip()[-500:]}")
+            raise OSError(f"{' '.join(cc)} failed: {done.stderr.strip()[-500:]}")
         os.replace(out, target)
 
 
@@ -80,7 +85,7 @@ def library() -> ctypes.CDLL | None:
             _build(source, cc, target)
         lib = ctypes.CDLL(str(target))
     except (OSError, subprocess.SubprocessError) as exc:
-        _reason = f"the CPU kernels could not be built with {cc}: {exc}"
+        _reason = f"the CPU kernels could not be built with {' '.join(cc)}: {exc}"
         return None
     c = ctypes
     lib.gemv.argtypes = [c.c_int, c.c_void_p, c.c_void_p, c.c_void_p, c.c_int, c.c_void_p, c.c_int, c.c_void_p]
