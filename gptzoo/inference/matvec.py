@@ -134,15 +134,14 @@ def _eligible(module: nn.Module) -> bool:
 @contextmanager
 def native_decoding(model: nn.Module) -> Iterator[ThreadTuner | None]:
     """Within the block, the model's CPU Linear layers compute few-row inputs through the native
-    kernels, as its int8 layers always do, and torch runs on one thread; all is restored on exit.
+    kernels, as layers that always do (``uses_native_kernels = True``: int8 ones) do anyway, and
+    torch runs on one thread; all is restored on exit.
     Yields the ThreadTuner that the caller feeds with step times, or None when no layer computes
     through the kernels (none available, a model on a GPU, no eligible layer)."""
     global _tuner
-    from gptzoo.inference.quantize import Int8Linear
-
     linears = [m for m in model.modules() if _eligible(m)]
-    quantized = any(isinstance(m, Int8Linear) for m in model.modules())
-    if library() is None or _tuner is not None or not (linears or quantized):
+    own = any(getattr(m, "uses_native_kernels", False) for m in model.modules())  # e.g. quantize's Int8Linear
+    if library() is None or _tuner is not None or not (linears or own):
         yield None
         return
     threads = torch.get_num_threads()

@@ -23,6 +23,9 @@ SLICE_ROWS = 4096
 class Int8Linear(nn.Module):
     """y = (x @ q^T) * scale + b, q int8 (out, in), scale float32 (out,), b in the input's dtype."""
 
+    uses_native_kernels = True
+    """Few-row inputs go through gptzoo.inference.matvec's kernels (which native_decoding tunes)."""
+
     def __init__(self, qweight: Tensor, scale: Tensor, bias: Tensor | None) -> None:
         super().__init__()
         self.register_buffer("qweight", qweight)
