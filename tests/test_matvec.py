@@ -206,3 +206,21 @@ def test_without_a_working_compiler_decoding_keeps_torchs_kernels(
     with torch.no_grad(), native_decoding(model) as tuner:
         assert tuner is None and not any("forward" in vars(m) for m in model.modules())
     assert generate(model, [[1, 2, 3]], 4) == generate(tiny_model("gpt2-tiny"), [[1, 2, 3]], 4)
+
+
+def test_jobs_of_changing_thread_counts_and_sizes_stay_exact() -> None:
+    """More threads than cores, and jobs that need 1 to 7 of them in turn (a matrix of n 64-row
+    chunks takes at most n threads): every product equals the one-thread result, none is lost."""
+    g = torch.Generator().manual_seed(2)
+    mats = [torch.randn(64 * n - 5, 40, generator=g) for n in range(1, 8)]
+    x = torch.randn(2, 40, generator=g)
+    with torch.no_grad():
+        expected = [native_linear(x, w, None, None) for w in mats]  # outside a block: torch's threads
+        matvec._tuner = ThreadTuner(8)
+        try:
+            for i in range(400):
+                matvec._tuner.current = (8, 3, 1, 5)[i % 4]
+                w = i % len(mats)
+                assert torch.equal(native_linear(x, mats[w], None, None), expected[w])
+        finally:
+            matvec._tuner = None

@@ -192,11 +192,13 @@ static void run_chunk(const job_t *j, long c) {
 #define SPIN_NS 2000000L /* how long an idle worker spins before it sleeps */
 
 static job_t job;
-static atomic_long generation;  /* bumped (under lock) for each job */
-static atomic_long next_chunk;  /* the next chunk of the current job to take */
-static atomic_int pending;      /* helpers still working on the current job */
-static int helpers;             /* workers taking part in the current job */
-static int started;             /* workers running */
+/* A job's ticket: its generation (one more than the last job's) << 8 | how many workers take part
+ * (workers 0..n-1). One atomic word, so that a worker never pairs one job's generation with another
+ * job's count; job, next_chunk and pending are written before the ticket is published. */
+static atomic_long ticket;
+static atomic_long next_chunk; /* the next chunk of the current job to take */
+static atomic_int pending;     /* workers still working on the current job */
+static int started;            /* workers running */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;
 static pthread_mutex_t call_lock = PTHREAD_MUTEX_INITIALIZER; /* one job at a time */
@@ -225,21 +227,25 @@ static void take_chunks(const job_t *j) {
 
 static long first_seen[MAX_WORKERS]; /* the generation before a worker's first job */
 
+static long generation_of(long t) { return t >> 8; }
+
 static void *worker(void *arg) {
     int index = (int)(intptr_t)arg;
     long seen = first_seen[index];
     for (;;) {
         long deadline = now_ns() + SPIN_NS, spins = 0;
-        while (atomic_load_explicit(&generation, memory_order_acquire) == seen) {
+        while (generation_of(atomic_load_explicit(&ticket, memory_order_acquire)) == seen) {
             relax(&spins);
             if ((spins & 255) == 0 && now_ns() > deadline) {
                 pthread_mutex_lock(&lock);
-                while (atomic_load(&generation) == seen) pthread_cond_wait(&wake, &lock);
+                while (generation_of(atomic_load(&ticket)) == seen) pthread_cond_wait(&wake, &lock);
                 pthread_mutex_unlock(&lock);
             }
         }
-        seen = atomic_load(&generation);
-        if (index < helpers) {
+        /* the newest job: one that needs this worker cannot be followed by another before it helped */
+        long t = atomic_load_explicit(&ticket, memory_order_acquire);
+        seen = generation_of(t);
+        if (index < (t & 255)) {
             take_chunks(&job);
             atomic_fetch_sub_explicit(&pending, 1, memory_order_release);
         }
@@ -260,7 +266,7 @@ static void start_workers(int n) {
         pthread_attr_t attr;
         pthread_attr_init(&attr);
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        first_seen[started] = atomic_load(&generation);
+        first_seen[started] = generation_of(atomic_load(&ticket));
         int failed = pthread_create(&t, &attr, worker, (void *)(intptr_t)started);
         pthread_attr_destroy(&attr);
         if (failed) break;
@@ -286,8 +292,7 @@ int gemv(int wkind, const void *W, const float *scale, const void *bias, int xki
     atomic_store(&next_chunk, 0);
     atomic_store(&pending, want);
     pthread_mutex_lock(&lock);
-    helpers = want;
-    atomic_fetch_add_explicit(&generation, 1, memory_order_release);
+    atomic_store_explicit(&ticket, ((generation_of(atomic_load(&ticket)) + 1) << 8) | want, memory_order_release);
     pthread_cond_broadcast(&wake);
     pthread_mutex_unlock(&lock);
     take_chunks(&j);
