@@ -160,7 +160,7 @@ def valid_recipes(draw: st.DrawFn, registry: gptzoo.Registry) -> dict[str, Any]:
             "warmup_steps": st.integers(0, INT64_MAX),
             "beta1": unit,
             "beta2": unit,
-            "eps": st.floats(0, 1e300),
+            "eps": st.floats(0, 1e300, exclude_min=True),  # AdamW divides by it
             "weight_decay": st.floats(0, 10),
             "grad_clip": st.floats(0, 1e6),
             "precision": st.sampled_from(PRECISIONS),
@@ -332,8 +332,10 @@ def mutated_recipes(draw: st.DrawFn, registry: gptzoo.Registry) -> tuple[dict[st
         table[key] = draw(
             st.integers() | ANY_TEXT | st.lists(bad_component(registry, "sampler"), min_size=1, max_size=2)
         )
-    elif key == "stop":
+    elif key in ("stop", "layer_pattern"):
         table[key] = draw(st.integers() | st.lists(st.just("") | BAD_TEXT | st.integers(), min_size=1, max_size=2))
+    elif key == "layer_types":
+        table[key] = draw(st.integers() | ANY_TEXT | st.lists(st.integers(), min_size=1, max_size=2))
     elif section == "tokenizer":
         table[key] = draw(ANY_TEXT.filter(lambda s: s not in TOKENIZER_NAMES) | bad_value(str))
     else:
