@@ -84,7 +84,7 @@ def allow(dist: str) -> None:
 
 # --- plugin sources ------------------------------------------------------------------------------
 
-SCALENORM = '''
+SCALENORM_CLASS = '''
 import torch
 from torch import nn
 
@@ -99,12 +99,17 @@ class ScaleNorm(nn.Module):
 
     def forward(self, x):
         return self.g * x / x.norm(dim=-1, keepdim=True).clamp_min(self.eps)
-
+'''
+"""A norm's code, as a plugin's module holds it."""
+SCALENORM = (
+    SCALENORM_CLASS
+    + """
 
 @gptzoo.hookimpl
 def register_norms(register):
     register("scalenorm", ScaleNorm)
-'''
+"""
+)
 """A good plugin: norm ``scalenorm``."""
 
 BROKEN_MESSAGE = "boom: this plugin needs the frobnicator extension"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from cli_run import run_error, run_json
-from fakedist import FakeSite
+from fakedist import SCALENORM_CLASS, FakeSite
 from test_plugins import report
 
 import gptzoo
@@ -26,22 +26,9 @@ from gptzoo.testing import run_conformance
 
 REPO = Path(__file__).resolve().parents[1]
 
-IMPL = '''
-import torch
-from torch import nn
-
-
-class ScaleNorm(nn.Module):
-    """ScaleNorm: g * x / max(||x||, eps), one learned scalar g (Nguyen & Salazar, 2019)."""
-
-    def __init__(self, dim: int, *, eps: float = 1e-5) -> None:
-        super().__init__()
-        self.eps = eps
-        self.g = nn.Parameter(torch.tensor(float(dim) ** 0.5))
-
-    def forward(self, x):
-        return self.g * x / x.norm(dim=-1, keepdim=True).clamp_min(self.eps)
-
+IMPL = (
+    SCALENORM_CLASS
+    + """
 
 class Needy(nn.Module):
     def __init__(self, dim: int, *, eps: float) -> None:
@@ -49,7 +36,8 @@ class Needy(nn.Module):
 
 
 NOT_A_FACTORY = 42
-'''
+"""
+)
 """A plugin's implementation module (imports torch)."""
 DOC = "ScaleNorm: g * x / max(||x||, eps), one learned scalar g (Nguyen & Salazar, 2019)."
 LAZY = f"""
