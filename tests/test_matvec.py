@@ -48,18 +48,14 @@ def test_bfloat16_products_are_float32_sums_rounded_once(out_features: int, in_f
     assert ((got.float() - exact).abs() <= step + 1e-6 * in_features).all()
 
 
-def test_threads_do_not_change_a_single_bit() -> None:
+def test_threads_do_not_change_a_single_bit(monkeypatch: pytest.MonkeyPatch) -> None:
     g = torch.Generator().manual_seed(0)
     w, x = torch.randn(1000, 300, generator=g), torch.randn(4, 300, generator=g)
     results = []
     for threads in (1, 2, 3):
-        matvec._tuner = ThreadTuner(threads)
-        matvec._tuner.current = threads
-        try:
-            with torch.no_grad():
-                results.append(native_linear(x, w, None, None))
-        finally:
-            matvec._tuner = None
+        monkeypatch.setattr(matvec, "_tuner", ThreadTuner(threads))  # current: threads
+        with torch.no_grad():
+            results.append(native_linear(x, w, None, None))
     assert all(torch.equal(results[0], r) for r in results[1:])
 
 
@@ -177,12 +173,14 @@ def _product_in_child(queue: object) -> None:  # module level: what multiprocess
         queue.put(native_linear(torch.ones(1, 300), torch.ones(1000, 300), None, None).sum().item())
 
 
-def test_a_forked_child_starts_its_own_workers() -> None:
+def test_a_forked_child_starts_its_own_workers(monkeypatch: pytest.MonkeyPatch) -> None:
     """The parent's kernel threads do not exist in a forked child (DataLoader workers, multiprocessing):
     the child's two-thread products start their own instead of waiting for the parent's."""
     import multiprocessing
 
-    test_threads_do_not_change_a_single_bit()  # the parent's workers now run
+    monkeypatch.setattr(matvec, "_tuner", ThreadTuner(3))
+    with torch.no_grad():  # the parent's workers now run
+        native_linear(torch.ones(1, 300), torch.ones(1000, 300), None, None)
     context = multiprocessing.get_context("fork")
     queue = context.Queue()
     child = context.Process(target=_product_in_child, args=(queue,))
@@ -208,7 +206,7 @@ def test_without_a_working_compiler_decoding_keeps_torchs_kernels(
     assert generate(model, [[1, 2, 3]], 4) == generate(tiny_model("gpt2-tiny"), [[1, 2, 3]], 4)
 
 
-def test_jobs_of_changing_thread_counts_and_sizes_stay_exact() -> None:
+def test_jobs_of_changing_thread_counts_and_sizes_stay_exact(monkeypatch: pytest.MonkeyPatch) -> None:
     """More threads than cores, and jobs that need 1 to 7 of them in turn (a matrix of n 64-row
     chunks takes at most n threads): every product equals the one-thread result, none is lost."""
     g = torch.Generator().manual_seed(2)
@@ -216,11 +214,9 @@ def test_jobs_of_changing_thread_counts_and_sizes_stay_exact() -> None:
     x = torch.randn(2, 40, generator=g)
     with torch.no_grad():
         expected = [native_linear(x, w, None, None) for w in mats]  # outside a block: torch's threads
-        matvec._tuner = ThreadTuner(8)
-        try:
-            for i in range(400):
-                matvec._tuner.current = (8, 3, 1, 5)[i % 4]
-                w = i % len(mats)
-                assert torch.equal(native_linear(x, mats[w], None, None), expected[w])
-        finally:
-            matvec._tuner = None
+        tuner = ThreadTuner(8)
+        monkeypatch.setattr(matvec, "_tuner", tuner)
+        for i in range(400):
+            tuner.current = (8, 3, 1, 5)[i % 4]
+            w = i % len(mats)
+            assert torch.equal(native_linear(x, mats[w], None, None), expected[w])

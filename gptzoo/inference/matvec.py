@@ -47,9 +47,13 @@ class ThreadTuner:
         self.choices = [most, 1] if most > 1 else [1]
         self.seconds: dict[int, float] = {}
         """thread count -> its latest smoothed step time"""
-        self.best = self.choices[0]
-        self.current = self.best
+        self.current = self.choices[0]
         self._steps = 0
+
+    @property
+    def best(self) -> int:
+        """The thread count with the shortest smoothed step time (the most, before any step)."""
+        return min(self.seconds, key=self.seconds.__getitem__, default=self.choices[0])
 
     def record(self, seconds: float) -> None:
         """Account one decoding step of ``seconds`` at :attr:`current` threads; choose the next."""
@@ -58,20 +62,20 @@ class ThreadTuner:
         self._steps += 1
         if len(self.choices) == 1:
             return
-        self.best = min(self.seconds, key=self.seconds.__getitem__) if len(self.seconds) > 1 else self.best
-        other = next(c for c in self.choices if c != self.best)
+        best = self.best
+        other = next(c for c in self.choices if c != best)
         trial = 0 < self._steps % self.EXPLORE_EVERY <= self.TRIAL_STEPS  # the first trial right after step 1
-        self.current = other if trial else self.best
+        self.current = other if trial else best
 
 
 class _NativeLinear:
     """A replacement forward for one nn.Linear: its product through the kernels for few-row inputs."""
 
     def __init__(self, linear: nn.Linear) -> None:
-        self.linear, self.lib = linear, library()
+        self.linear = linear
 
     def __call__(self, x: Tensor) -> Tensor:
-        y = native_linear(x, self.linear.weight, self.linear.bias, None, self.lib)
+        y = native_linear(x, self.linear.weight, self.linear.bias, None)
         return nn.Linear.forward(self.linear, x) if y is None else y
 
 
@@ -84,14 +88,12 @@ def kernel_threads() -> int:
     return _tuner.current if _tuner is not None else torch.get_num_threads()
 
 
-def native_linear(
-    x: Tensor, weight: Tensor, bias: Tensor | None, scale: Tensor | None, lib: object | None = None
-) -> Tensor | None:
+def native_linear(x: Tensor, weight: Tensor, bias: Tensor | None, scale: Tensor | None) -> Tensor | None:
     """x W^T (* scale) + b through the kernels, or None where they do not apply: no kernels, a
     tensor off the CPU, more than MAX_ROWS rows, gradients or autocast wanted, dtypes they lack
     (they take contiguous weights of the input's dtype, or int8 ones with a float32 ``scale`` per
     output, and a bias of the input's dtype)."""
-    lib = library() if lib is None else lib
+    lib = library()  # built once, then cached
     if lib is None or x.dtype not in ACTIVATIONS or x.device.type != "cpu":
         return None
     in_features = x.shape[-1]
