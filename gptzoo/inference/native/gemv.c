@@ -168,15 +168,17 @@ static void run_chunk(const job_t *j, long c) {
     long o0 = c * CHUNK, o1 = o0 + CHUNK < j->out ? o0 + CHUNK : j->out;
     float dots[CHUNK];
     for (long m = 0; m < j->M; m++) {
-        const float *xm = j->xf + m * j->in;
+        if (j->xf == NULL) { /* bfloat16 pairs: x as it is */
 #if HAVE_PAIRS
-        if (j->wkind == BF16 && j->xkind == BF16) {
             dots_bf16_pairs((const uint16_t *)j->W, (const uint16_t *)j->x + m * j->in, dots, o0, o1, j->in);
-        } else
 #endif
-        if (j->wkind == F32) dots_f32((const float *)j->W, xm, dots, o0, o1, j->in);
-        else if (j->wkind == BF16) dots_bf16((const uint16_t *)j->W, xm, dots, o0, o1, j->in);
-        else dots_i8((const int8_t *)j->W, xm, dots, o0, o1, j->in);
+        } else if (j->wkind == F32) {
+            dots_f32((const float *)j->W, j->xf + m * j->in, dots, o0, o1, j->in);
+        } else if (j->wkind == BF16) {
+            dots_bf16((const uint16_t *)j->W, j->xf + m * j->in, dots, o0, o1, j->in);
+        } else {
+            dots_i8((const int8_t *)j->W, j->xf + m * j->in, dots, o0, o1, j->in);
+        }
         for (long o = o0; o < o1; o++) {
             float v = dots[o - o0];
             if (j->scale != NULL) v *= j->scale[o];
@@ -276,9 +278,12 @@ static void start_workers(int n) {
 /* Returns 0, or -1 when memory for the float32 copy of x cannot be allocated. */
 int gemv(int wkind, const void *W, const float *scale, const void *bias, int xkind, const void *x, int ykind,
          void *y, long M, long out, long in, int threads) {
-    float *xf = malloc(sizeof(float) * (size_t)(M * in > 0 ? M * in : 1));
-    if (xf == NULL) return -1;
-    for (long k = 0; k < M * in; k++) xf[k] = load_any(xkind, x, k);
+    float *xf = NULL; /* x in float32, which every product but bfloat16 pairs reads */
+    if (!(HAVE_PAIRS && wkind == BF16 && xkind == BF16)) {
+        xf = malloc(sizeof(float) * (size_t)(M * in > 0 ? M * in : 1));
+        if (xf == NULL) return -1;
+        for (long k = 0; k < M * in; k++) xf[k] = load_any(xkind, x, k);
+    }
     job_t j = {wkind, xkind, ykind, W, bias, x, scale, xf, y, M, out, in, (out + CHUNK - 1) / CHUNK};
     int want = threads - 1 < j.chunks - 1 ? threads - 1 : (int)(j.chunks - 1);
     if (want <= 0 || pthread_mutex_trylock(&call_lock) != 0) { /* alone, or another thread's job runs */
