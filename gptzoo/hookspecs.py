@@ -69,6 +69,9 @@ On the built module, for every kind but samplers (optional):
   whole component alone. GPT-2's initialization (normal(0, init_std) for linear weights, zero
   biases, and std / sqrt(2 n_layer) for the ``c_proj`` of attentions and mlps) is for components
   without one.
+- ``decode_ops(plan, src, dst, ...)`` (norms, activations, mlps, attentions): the component's
+  share of a CPU decoding step as native operations (gptzoo.inference.decode_plan; docs/plugins.md,
+  "Fast CPU decoding"). Without it a model that holds the component decodes with its eager forward.
 
 Members that every kind with them shares:
 
@@ -131,11 +134,14 @@ class Contract:
         return frozenset(arg for arg, _ in self.structural) | frozenset(self.components) | frozenset(self.builders)
 
 
+DECODING = ("hf_weights", "hf_config", "reset_parameters", "decode_ops")
+"""The optional methods of the kinds that take part in a native decoding step."""
+
 CONTRACTS: dict[str, Contract] = {
     c.kind: c
     for c in (
-        Contract("norm", "Norm", "norm", structural=(("dim", "n_embd"),)),
-        Contract("activation", "Activation", "activation"),
+        Contract("norm", "Norm", "norm", structural=(("dim", "n_embd"),), optional=DECODING),
+        Contract("activation", "Activation", "activation", optional=DECODING),
         Contract(
             "mlp",
             "MLP",
@@ -143,6 +149,7 @@ CONTRACTS: dict[str, Contract] = {
             structural=(("d_model", "n_embd"), ("d_ff", "d_ff"), ("bias", "bias")),
             components=("activation",),
             members=("c_proj", "flops"),
+            optional=DECODING,
         ),
         Contract(
             "position",
@@ -170,6 +177,7 @@ CONTRACTS: dict[str, Contract] = {
             ),
             builders=("norm",),
             members=("c_proj", "init_cache", "kv_bytes", "flops"),
+            optional=DECODING,
         ),
         Contract(
             "sampler",
@@ -205,7 +213,7 @@ def register_norms(register: Register) -> None:
     layers only, since checkpoints differ on the two.
 
     Members: none.
-    Optional: ``hf_weights``, ``hf_config``, ``reset_parameters``.
+    Optional: ``hf_weights``, ``hf_config``, ``reset_parameters``, ``decode_ops``.
     On the factory: ``check``, ``examples``.
     """
 
@@ -217,7 +225,7 @@ def register_activations(register: Register) -> None:
     Factory: ``factory(*, **params) -> Activation``. Forward: any shape -> same shape and dtype.
 
     Members: none.
-    Optional: ``hf_weights``, ``hf_config``, ``reset_parameters``.
+    Optional: ``hf_weights``, ``hf_config``, ``reset_parameters``, ``decode_ops``.
     On the factory: ``check``, ``examples``.
     """
 
@@ -233,7 +241,7 @@ def register_mlps(register: Register) -> None:
     module docstring.
 
     Members: ``c_proj``, ``flops``.
-    Optional: ``hf_weights``, ``hf_config``, ``reset_parameters``.
+    Optional: ``hf_weights``, ``hf_config``, ``reset_parameters``, ``decode_ops``.
     On the factory: ``check``, ``examples``.
     """
 
@@ -279,7 +287,7 @@ def register_attentions(register: Register) -> None:
     as in the module docstring.
 
     Members: ``c_proj``, ``init_cache``, ``kv_bytes``, ``flops``.
-    Optional: ``hf_weights``, ``hf_config``, ``reset_parameters``.
+    Optional: ``hf_weights``, ``hf_config``, ``reset_parameters``, ``decode_ops``.
     On the factory: ``check``, ``examples``.
     """
 

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from gptzoo.defaults import SEED_LIMIT
 from gptzoo.errors import GptzooError
+from gptzoo.inference.decode_plan import compile_step
 from gptzoo.inference.matvec import MAX_ROWS, native_decoding
 from gptzoo.inference.sampling import SamplerChain, chain_spec, prompts_of
 from gptzoo.interfaces import KVCache
@@ -186,7 +187,9 @@ def check_finite(logits: Tensor, step: int) -> None:
     Raises:
         GptzooError: naming the new token (from 1) and the prompts whose logits are NaN or infinite.
     """
-    broken = ~logits.isfinite().all(dim=-1)
+    if logits.sum(-1, dtype=torch.float32).isfinite().all():  # one pass; NaN and infinity propagate
+        return
+    broken = ~logits.isfinite().all(dim=-1)  # or a sum that overflowed: then look at each logit
     if broken.any():
         dtype = str(logits.dtype).removeprefix("torch.")
         hint = "" if logits.dtype == torch.float32 else f", or its activations overflow {dtype} (try float32)"
@@ -233,6 +236,7 @@ def generate(
     out: list[list[int]] = [[] for _ in range(B)]
     done = [False] * B
     with native_decoding(model) if B <= MAX_ROWS else nullcontext() as tuner:
+        compiled = compile_step(model, cache, B)[0] if tuner is not None else None
         for step in range(max_new_tokens):
             check_finite(logits[:, :limit], step)
             if limit is not None:  # ids the tokenizer cannot decode are never chosen
@@ -250,7 +254,7 @@ def generate(
                 break
             tokens = torch.cat([tokens, nxt[:, None]], dim=1)
             begun = time.perf_counter()
-            logits = model(nxt[:, None], cache)[:, -1]
+            logits = (compiled(nxt[:, None]) if compiled is not None else model(nxt[:, None], cache))[:, -1]
             if tuner is not None:
                 tuner.record(time.perf_counter() - begun)
     return out

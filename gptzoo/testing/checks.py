@@ -381,6 +381,34 @@ def check_cache_padded(subject: Subject, partner: Entry) -> str:
     return f"decoded {length - PREFILL - PAD} tokens after a padded prefill"
 
 
+def check_decode_plan(subject: Subject) -> str:
+    """Decoding steps through the native plan (gptzoo.inference.decode_plan) give the logits of the
+    eager steps; where the plan cannot describe a component (no ``decode_ops``: optional), it says
+    why, and the model decodes with its eager forward."""
+    from gptzoo.inference.decode_plan import compile_step
+
+    model = subject.model(PLAIN)
+    length = decode_length(subject)
+    idx = tokens(length)
+    with torch.no_grad():
+        expected = _decode(model, idx, PREFILL)
+        cache = model.init_cache(idx.shape[0], idx.shape[1])
+        steps = [model(idx[:, :PREFILL], cache)]
+        step, why = compile_step(model, cache, idx.shape[0])
+        if step is None and why == "no native kernels":
+            raise Skipped("no C compiler for the native kernels")
+        if step is None:  # optional: the model then decodes with its eager forward, which check_cache covers
+            return f"decodes with its eager forward: {why}"
+        steps += [step(idx[:, t : t + 1]) for t in range(PREFILL, length)]
+    found = _first_difference(expected, torch.cat(steps, dim=1))
+    if found:
+        raise Failed(
+            f"decoding through its decode_ops differs from its eager forward at position {found[1]} (a prefill of "
+            f"{PREFILL} tokens, then one token at a time to {length}); fix decode_ops or remove it"
+        )
+    return f"decoded {length - PREFILL} tokens through the native plan"
+
+
 # --- samplers --------------------------------------------------------------------------------------------
 
 FORBIDDEN = ((0, 0), (0, 5), (1, 3))
@@ -511,6 +539,7 @@ def _checks(subject: Subject) -> Iterator[Planned]:
         yield add("flops", check_flops)
     if kind == "attention":
         yield add("kv_bytes", check_kv_bytes)
+    yield add("decode_plan", check_decode_plan)
     partner_kind = {"attention": "position", "position": "attention"}.get(kind)
     if partner_kind is None:
         return

@@ -1,7 +1,10 @@
-"""Native CPU kernels (gemv.c), compiled once for the machine they run on and loaded with ctypes.
+"""Native CPU kernels, compiled once for the machine they run on and loaded with ctypes.
 
-The C file is compiled with the system's C compiler (``$CC``, else ``cc``) at ``-O3 -march=native
--pthread`` into the gptzoo cache (``kernels/gemv-<hash>.so``, the hash covering the source, the
+gemv.c holds the matrix-vector products and their thread pool, step.c the interpreter of a whole
+decoding step (gptzoo.inference.decode_plan), kernels.h what they share. They are compiled with
+the system's C compiler (``$CC``, else ``cc``) at ``-O3 -march=native -pthread -ffp-contract=off``
+(no fused multiply-adds that the source does not ask for, so that elementwise operations round as
+torch's do) into the gptzoo cache (``kernels/gemv-<hash>.so``, the hash covering the sources, the
 compiler, the flags and the CPU's feature flags, so a cache shared between machines never loads a
 library built for another CPU). Compiling takes about a second; it happens on the first use and the
 library is written atomically. Where no compiler works, :func:`library` returns None with the reason
@@ -22,7 +25,9 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
-FLAGS = ("-O3", "-march=native", "-pthread", "-shared", "-fPIC")
+FLAGS = ("-O3", "-march=native", "-pthread", "-ffp-contract=off", "-shared", "-fPIC")
+SOURCES = ("kernels.h", "gemv.c", "step.c")
+"""The files compiled (the .c ones) or included, in the order they are hashed."""
 
 _reason: str | None = None
 
@@ -53,13 +58,16 @@ def _compiler_version(cc: list[str]) -> str:
         return ""
 
 
-def _build(source: bytes, cc: list[str], target: Path) -> None:
-    """Compile ``source`` into ``target``, atomically (a temporary file in its directory, then a rename)."""
+def _build(sources: dict[str, bytes], cc: list[str], target: Path) -> None:
+    """Compile ``sources`` (file name -> text) into ``target``, atomically (a temporary file in its
+    directory, then a rename)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as tmp:
-        src, out = Path(tmp) / "gemv.c", Path(tmp) / target.name
-        src.write_bytes(source)
-        done = subprocess.run([*cc, *FLAGS, str(src), "-o", str(out)], capture_output=True, text=True, timeout=300)
+        for name, text in sources.items():
+            (Path(tmp) / name).write_bytes(text)
+        compiled = [str(Path(tmp) / name) for name in sources if name.endswith(".c")]
+        out = Path(tmp) / target.name
+        done = subprocess.run([*cc, *FLAGS, *compiled, "-o", str(out)], capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
             raise OSError(f"{' '.join(cc)} failed: {done.stderr.strip()[-500:]}")
         os.replace(out, target)
@@ -71,18 +79,18 @@ def library() -> ctypes.CDLL | None:
     global _reason
     from gptzoo.fetch import cache_root
 
-    source = resources.files(__package__).joinpath("gemv.c").read_bytes()
+    sources = {name: resources.files(__package__).joinpath(name).read_bytes() for name in SOURCES}
     cc = _compiler()
     if cc is None:
         _reason = "no C compiler (set CC or install gcc)"
         return None
     key = hashlib.sha256(
-        b"\0".join([source, _compiler_version(cc).encode(), " ".join(FLAGS).encode(), cpu_flags().encode()])
+        b"\0".join([*sources.values(), _compiler_version(cc).encode(), " ".join(FLAGS).encode(), cpu_flags().encode()])
     )
     target = cache_root() / "kernels" / f"gemv-{key.hexdigest()[:16]}.so"
     try:
         if not target.exists():
-            _build(source, cc, target)
+            _build(sources, cc, target)
         lib = ctypes.CDLL(str(target))
     except (OSError, subprocess.SubprocessError) as exc:
         _reason = f"the CPU kernels could not be built with {' '.join(cc)}: {exc}"
@@ -91,6 +99,8 @@ def library() -> ctypes.CDLL | None:
     lib.gemv.argtypes = [c.c_int, c.c_void_p, c.c_void_p, c.c_void_p, c.c_int, c.c_void_p, c.c_int, c.c_void_p]
     lib.gemv.argtypes += [c.c_long, c.c_long, c.c_long, c.c_int]
     lib.gemv.restype = c.c_int
+    lib.decode_step.argtypes = [c.c_void_p, c.c_long, c.c_long, c.c_long, c.c_void_p, c.c_int, c.c_void_p]
+    lib.decode_step.restype = c.c_int
     return lib
 
 

@@ -15,6 +15,7 @@
  * Compiled at run time for the machine it runs on (-O3 -march=native -pthread) by gptzoo.inference.native;
  * the vector width follows the instruction set the compiler targets (AVX-512, AVX2, or plain C).
  */
+#include <math.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -22,105 +23,61 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#if defined(__AVX512F__) || defined(__AVX2__)
-#include <immintrin.h>
-#endif
-
-enum { F32 = 0, BF16 = 1, I8 = 2 };
-
-static inline float bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline uint16_t f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* NaN stays NaN */
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-#define VW 16
-typedef __m512 vf;
-static inline vf vzero(void) { return _mm512_setzero_ps(); }
-static inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
-static inline float vsum(vf v) { return _mm512_reduce_add_ps(v); }
-static inline vf load_f32(const float *p) { return _mm512_loadu_ps(p); }
-static inline vf load_bf16(const uint16_t *p) {
-    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-}
-static inline vf load_i8(const int8_t *p) {
-    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
-}
-#elif defined(__AVX2__) && defined(__FMA__)
-#define VW 8
-typedef __m256 vf;
-static inline vf vzero(void) { return _mm256_setzero_ps(); }
-static inline vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
-static inline float vsum(vf v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-static inline vf load_f32(const float *p) { return _mm256_loadu_ps(p); }
-static inline vf load_bf16(const uint16_t *p) {
-    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
-}
-static inline vf load_i8(const int8_t *p) {
-    int64_t bytes;
-    memcpy(&bytes, p, 8);
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_cvtsi64_si128(bytes)));
-}
-#else
-#define VW 1
-typedef float vf;
-static inline vf vzero(void) { return 0.0f; }
-static inline vf vfma(vf a, vf b, vf c) { return a * b + c; }
-static inline float vsum(vf v) { return v; }
-static inline vf load_f32(const float *p) { return *p; }
-static inline vf load_bf16(const uint16_t *p) { return bf16_to_f32(*p); }
-static inline vf load_i8(const int8_t *p) { return (float)*p; }
-#endif
-
-static inline float scalar_f32(const float *p) { return *p; }
-static inline float scalar_bf16(const uint16_t *p) { return bf16_to_f32(*p); }
-static inline float scalar_i8(const int8_t *p) { return (float)*p; }
+#include "kernels.h"
 
 #define ROWS 4 /* rows of W per pass over x: independent accumulators */
+#define PREFETCH_ROWS 8 /* how far ahead, in rows of W, the products ask for what they will read */
 
-/* dots[o - o0] = dot(W[o, :], x) for o0 <= o < o1 */
-#define DEFINE_DOTS(NAME, T, LOAD, SCALAR)                                                        \
-    static void NAME(const T *W, const float *x, float *dots, long o0, long o1, long in) {       \
+/* Ask for the bytes PREFETCH_ROWS rows after p (rows of row_bytes): a thread alone streams at about
+ * the machine's bandwidth only with more reads in flight than the hardware prefetchers start. */
+static inline void prefetch_ahead(const void *p, long row_bytes) {
+    __builtin_prefetch((const char *)p + PREFETCH_ROWS * row_bytes, 0, 3);
+}
+
+/* dots[m * CHUNK + o - o0] = dot(W[o, :], x[m, :]) for o0 <= o < o1 and m < nx <= XR (x rows `in`
+ * apart): each row of W read once for XR rows of x. Every dot is summed in the same order whatever
+ * XR and nx, so the rows of a batch get the numbers each would get alone. */
+#define DEFINE_DOTS(NAME, T, LOAD, SCALAR, XR)                                                    \
+    static void NAME(const T *W, const float *x, long nx, float *dots, long o0, long o1, long in) { \
         long full = in - in % VW;                                                                 \
         for (long o = o0; o < o1; o += ROWS) {                                                    \
             int r = o1 - o < ROWS ? (int)(o1 - o) : ROWS;                                         \
             const T *w[ROWS];                                                                     \
-            vf acc[ROWS];                                                                         \
+            const float *xr[XR];                                                                  \
+            vf acc[ROWS][XR];                                                                     \
+            for (int m = 0; m < XR; m++) xr[m] = x + (m < nx ? m : 0) * in;                       \
             for (int k = 0; k < ROWS; k++) {                                                      \
                 w[k] = W + (o + (k < r ? k : 0)) * in;                                            \
-                acc[k] = vzero();                                                                 \
+                for (int m = 0; m < XR; m++) acc[k][m] = vzero();                                 \
             }                                                                                     \
             for (long i = 0; i < full; i += VW) {                                                 \
-                vf xv = load_f32(x + i);                                                          \
-                for (int k = 0; k < ROWS; k++) acc[k] = vfma(LOAD(w[k] + i), xv, acc[k]);         \
+                vf xv[XR];                                                                        \
+                for (int m = 0; m < XR; m++) xv[m] = load_f32(xr[m] + i);                         \
+                for (int k = 0; k < ROWS; k++) {                                                  \
+                    if (i % (64 / sizeof(T)) == 0) prefetch_ahead(w[k] + i, in * sizeof(T));      \
+                    vf wv = LOAD(w[k] + i);                                                       \
+                    for (int m = 0; m < XR; m++) acc[k][m] = vfma(wv, xv[m], acc[k][m]);          \
+                }                                                                                 \
             }                                                                                     \
-            for (int k = 0; k < r; k++) {                                                         \
-                float s = vsum(acc[k]);                                                           \
-                for (long i = full; i < in; i++) s += SCALAR(w[k] + i) * x[i];                    \
-                dots[o - o0 + k] = s;                                                             \
-            }                                                                                     \
+            for (int k = 0; k < r; k++)                                                           \
+                for (int m = 0; m < nx; m++) {                                                    \
+                    float s = vsum(acc[k][m]);                                                    \
+                    for (long i = full; i < in; i++) s += SCALAR(w[k] + i) * xr[m][i];            \
+                    dots[m * CHUNK + o - o0 + k] = s;                                             \
+                }                                                                                 \
         }                                                                                         \
     }
 
-DEFINE_DOTS(dots_f32, float, load_f32, scalar_f32)
-DEFINE_DOTS(dots_bf16, uint16_t, load_bf16, scalar_bf16)
-DEFINE_DOTS(dots_i8, int8_t, load_i8, scalar_i8)
+#define CHUNK 64 /* rows of W per unit of work */
+#define XROWS 4       /* rows of x per pass over rows of W */
+#define BATCH_ROWS 32 /* rows of x per pass over a chunk of W */
+
+DEFINE_DOTS(dots_f32, float, load_f32, scalar_f32, 1)
+DEFINE_DOTS(dots_bf16, uint16_t, load_bf16, scalar_bf16, 1)
+DEFINE_DOTS(dots_i8, int8_t, load_i8, scalar_i8, 1)
+DEFINE_DOTS(dots_f32_rows, float, load_f32, scalar_f32, XROWS)
+DEFINE_DOTS(dots_bf16_rows, uint16_t, load_bf16, scalar_bf16, XROWS)
+DEFINE_DOTS(dots_i8_rows, int8_t, load_i8, scalar_i8, XROWS)
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
 /* bfloat16 weights and inputs: vdpbf16ps multiplies pairs exactly and sums them in float32 */
@@ -136,7 +93,10 @@ static void dots_bf16_pairs(const uint16_t *W, const uint16_t *x, float *dots, l
         }
         for (long i = 0; i < full; i += 32) {
             __m512bh xv = (__m512bh)_mm512_loadu_si512(x + i);
-            for (int k = 0; k < ROWS; k++) acc[k] = _mm512_dpbf16_ps(acc[k], (__m512bh)_mm512_loadu_si512(w[k] + i), xv);
+            for (int k = 0; k < ROWS; k++) {
+                prefetch_ahead(w[k] + i, in * sizeof(*w[k]));
+                acc[k] = _mm512_dpbf16_ps(acc[k], (__m512bh)_mm512_loadu_si512(w[k] + i), xv);
+            }
         }
         for (int k = 0; k < r; k++) {
             float s = _mm512_reduce_add_ps(acc[k]);
@@ -150,42 +110,109 @@ static void dots_bf16_pairs(const uint16_t *W, const uint16_t *x, float *dots, l
 #define HAVE_PAIRS 0
 #endif
 
-#define CHUNK 64 /* rows of W per unit of work */
-
-static float load_any(int kind, const void *p, long i) {
-    return kind == BF16 ? bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define QBLOCK 64 /* inputs per float32 scale of their int16 copy */
+/* int8 weights and x as int16 in blocks of QBLOCK (xq, with scale xs per block): vpdpwssd sums
+ * pairs of exact int8 x int16 products in int32 (at most 4 per lane per block: no overflow), each
+ * block's sums go to float32 times its scale. The int16 copy of x (15 bits per block) is finer than
+ * bfloat16 (8 bits per element) for every element within 1/128 of its block's largest. */
+static void dots_i8_q16(const int8_t *W, const int16_t *xq, const float *xs, float *dots, long o0, long o1, long in) {
+    for (long o = o0; o < o1; o += ROWS) {
+        int r = o1 - o < ROWS ? (int)(o1 - o) : ROWS;
+        const int8_t *w[ROWS];
+        __m512 acc[ROWS];
+        for (int k = 0; k < ROWS; k++) {
+            w[k] = W + (o + (k < r ? k : 0)) * in;
+            acc[k] = _mm512_setzero_ps();
+        }
+        for (long b = 0; b < in; b += QBLOCK) {
+            __m512i lo = _mm512_loadu_si512(xq + b), hi = _mm512_loadu_si512(xq + b + 32);
+            __m512 scale = _mm512_set1_ps(xs[b / QBLOCK]);
+            for (int k = 0; k < ROWS; k++) {
+                prefetch_ahead(w[k] + b, in);
+                __m512i sums = _mm512_dpwssd_epi32(_mm512_setzero_si512(),
+                                                   _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(w[k] + b))), lo);
+                sums = _mm512_dpwssd_epi32(sums, _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(w[k] + b + 32))), hi);
+                acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), scale, acc[k]);
+            }
+        }
+        for (int k = 0; k < r; k++) dots[o - o0 + k] = _mm512_reduce_add_ps(acc[k]);
+    }
 }
+
+/* x (M, in) -> int16 per block of QBLOCK (the largest magnitude of a block to 32767) and the scales. */
+static void quantize_q16(const float *x, long n, int16_t *xq, float *xs) {
+    for (long b = 0; b < n; b += QBLOCK) {
+        float top = 0.0f;
+        for (long i = b; i < b + QBLOCK; i++) top = fabsf(x[i]) > top ? fabsf(x[i]) : top;
+        float inv = top > 0.0f ? 32767.0f / top : 0.0f;
+        xs[b / QBLOCK] = top / 32767.0f;
+        for (long i = b; i < b + QBLOCK; i++) xq[i] = (int16_t)lrintf(x[i] * inv);
+    }
+}
+#define HAVE_Q16 1
+#else
+#define QBLOCK 1
+#define HAVE_Q16 0
+#endif
 
 typedef struct {
     int wkind, xkind, ykind;
     const void *W, *bias, *x;
     const float *scale, *xf;
+    const int16_t *xq; /* int8 weights: x in int16 per block, or NULL */
+    const float *xs;   /* and the blocks' scales */
     void *y;
     long M, out, in, chunks;
 } job_t;
 
+/* the products of a chunk of W with x rows m .. m + nx - 1 (nx <= BATCH_ROWS), into dots */
+static void float_dots(const job_t *j, long m, long nx, float *dots, long o0, long o1) {
+    const float *x = j->xf + m * j->in;
+    if (nx == 1) {
+        if (j->wkind == F32) dots_f32((const float *)j->W, x, 1, dots, o0, o1, j->in);
+        else if (j->wkind == BF16) dots_bf16((const uint16_t *)j->W, x, 1, dots, o0, o1, j->in);
+        else dots_i8((const int8_t *)j->W, x, 1, dots, o0, o1, j->in);
+        return;
+    }
+    /* ROWS rows of W at a time (in L1) against every x row, XROWS at a time */
+    for (long o = o0; o < o1; o += ROWS) {
+        long end = o + ROWS < o1 ? o + ROWS : o1;
+        for (long t = 0; t < nx; t += XROWS) {
+            long n = nx - t < XROWS ? nx - t : XROWS;
+            float *at = dots + t * CHUNK + (o - o0);
+            if (j->wkind == F32) dots_f32_rows((const float *)j->W, x + t * j->in, n, at, o, end, j->in);
+            else if (j->wkind == BF16) dots_bf16_rows((const uint16_t *)j->W, x + t * j->in, n, at, o, end, j->in);
+            else dots_i8_rows((const int8_t *)j->W, x + t * j->in, n, at, o, end, j->in);
+        }
+    }
+}
+
 static void run_chunk(const job_t *j, long c) {
     long o0 = c * CHUNK, o1 = o0 + CHUNK < j->out ? o0 + CHUNK : j->out;
-    float dots[CHUNK];
-    for (long m = 0; m < j->M; m++) {
+    float dots[BATCH_ROWS * CHUNK];
+    for (long m = 0; m < j->M;) {
+        long nx = 1;
         if (j->xf == NULL) { /* bfloat16 pairs: x as it is */
 #if HAVE_PAIRS
             dots_bf16_pairs((const uint16_t *)j->W, (const uint16_t *)j->x + m * j->in, dots, o0, o1, j->in);
 #endif
-        } else if (j->wkind == F32) {
-            dots_f32((const float *)j->W, j->xf + m * j->in, dots, o0, o1, j->in);
-        } else if (j->wkind == BF16) {
-            dots_bf16((const uint16_t *)j->W, j->xf + m * j->in, dots, o0, o1, j->in);
+        } else if (j->xq != NULL) {
+#if HAVE_Q16
+            dots_i8_q16((const int8_t *)j->W, j->xq + m * j->in, j->xs + m * (j->in / QBLOCK), dots, o0, o1, j->in);
+#endif
         } else {
-            dots_i8((const int8_t *)j->W, j->xf + m * j->in, dots, o0, o1, j->in);
+            nx = j->M - m < BATCH_ROWS ? j->M - m : BATCH_ROWS;
+            float_dots(j, m, nx, dots, o0, o1);
         }
-        for (long o = o0; o < o1; o++) {
-            float v = dots[o - o0];
-            if (j->scale != NULL) v *= j->scale[o];
-            if (j->bias != NULL) v += load_any(j->ykind, j->bias, o);
-            if (j->ykind == BF16) ((uint16_t *)j->y)[m * j->out + o] = f32_to_bf16(v);
-            else ((float *)j->y)[m * j->out + o] = v;
-        }
+        for (long t = 0; t < nx; t++, m++)
+            for (long o = o0; o < o1; o++) {
+                float v = dots[t * CHUNK + o - o0];
+                if (j->scale != NULL) v *= j->scale[o];
+                if (j->bias != NULL) v += load_act(j->ykind, j->bias, o);
+                if (j->ykind == BF16) ((uint16_t *)j->y)[m * j->out + o] = f32_to_bf16(v);
+                else ((float *)j->y)[m * j->out + o] = v;
+            }
     }
 }
 
@@ -282,13 +309,26 @@ int gemv(int wkind, const void *W, const float *scale, const void *bias, int xki
     if (!(HAVE_PAIRS && wkind == BF16 && xkind == BF16)) {
         xf = malloc(sizeof(float) * (size_t)(M * in > 0 ? M * in : 1));
         if (xf == NULL) return -1;
-        for (long k = 0; k < M * in; k++) xf[k] = load_any(xkind, x, k);
+        for (long k = 0; k < M * in; k++) xf[k] = load_act(xkind, x, k);
     }
-    job_t j = {wkind, xkind, ykind, W, bias, x, scale, xf, y, M, out, in, (out + CHUNK - 1) / CHUNK};
+    int16_t *xq = NULL;
+    float *xs = NULL;
+    if (HAVE_Q16 && wkind == I8 && in % QBLOCK == 0 && in > 0) {
+        xq = malloc(sizeof(int16_t) * (size_t)(M * in));
+        xs = malloc(sizeof(float) * (size_t)(M * in / QBLOCK));
+        if (xq == NULL || xs == NULL) {
+            free(xq), free(xs), free(xf);
+            return -1;
+        }
+#if HAVE_Q16
+        quantize_q16(xf, M * in, xq, xs);
+#endif
+    }
+    job_t j = {wkind, xkind, ykind, W, bias, x, scale, xf, xq, xs, y, M, out, in, (out + CHUNK - 1) / CHUNK};
     int want = threads - 1 < j.chunks - 1 ? threads - 1 : (int)(j.chunks - 1);
     if (want <= 0 || pthread_mutex_trylock(&call_lock) != 0) { /* alone, or another thread's job runs */
         for (long c = 0; c < j.chunks; c++) run_chunk(&j, c);
-        free(xf);
+        free(xf), free(xq), free(xs);
         return 0;
     }
     start_workers(want);
@@ -304,6 +344,6 @@ int gemv(int wkind, const void *W, const float *scale, const void *bias, int xki
     long spins = 0;
     while (atomic_load_explicit(&pending, memory_order_acquire) > 0) relax(&spins);
     pthread_mutex_unlock(&call_lock);
-    free(xf);
+    free(xf), free(xq), free(xs);
     return 0;
 }

@@ -1,0 +1,360 @@
+"""A whole decoding step in one native call: the model's plan, written once per generation.
+
+The eager forward of one new token runs ~50 torch operations per layer, each a few microseconds of
+dispatch; on a small model that is as long as streaming the weights. Here the model and its
+components describe a step once, as a list of native operations (native/step.c) over buffers
+allocated up front, and each step is then one call. Each component describes itself in its own
+module, with a ``decode_ops(plan, src, dst, ...)`` method that appends its operations through the
+plan it is given (gptzoo.interfaces.DecodePlan, implemented here by :class:`NativePlan`): norms,
+MLPs and attention take ``src``/``dst`` Buffers; activations also ``gated``; attention also its
+layer's cache and its PositionStep.
+
+A component without ``decode_ops``, or one that changes what its ``decode_ops`` describes (a
+subclass overriding ``forward``, or any method named in the owner's ``decode_depends``), a module
+with forward hooks, a position encoding with an attention bias, a model off the CPU or in another
+dtype than float32/bfloat16: then :func:`compile_step` returns None with the
+reason, and decoding keeps the eager forward. The plan computes what the eager step computes, with
+the same roundings in the activations' dtype, up to the order of the sums (tests/test_decode_plan.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from gptzoo.errors import GptzooError
+from gptzoo.inference.matvec import KINDS, MAX_ROWS, kernel_threads, runs_its_class_forward
+from gptzoo.inference.native import library
+from gptzoo.interfaces import Buffer, KVCache, Position, Positions, PositionStep
+
+OPS = {
+    name: code
+    for code, name in enumerate(
+        ("embed", "rmsnorm", "layernorm", "linear", "add", "rope", "attend", "activate", "softcap", "copy")
+    )
+}
+"""Operation name -> step.c's code (its enum, in order)."""
+RMS_MODES = {"plain": 0, "scale_in_float32": 1, "offset": 2}
+"""How an RMSNorm applies its weight: after rounding (Llama), before (OLMo 2), as 1 + w (Gemma)."""
+ACTIVATIONS = {"gelu": 0, "gelu_tanh": 1, "relu": 2, "silu": 3}
+"""The activations step.c computes."""
+ERRORS = {-2: "a token id outside the embedding table", -3: "out of memory", -4: "more keys than the cache holds"}
+
+
+class Unsupported(Exception):
+    """The model cannot be described as native operations; the message says what and why."""
+
+
+class _Op(ctypes.Structure):
+    _fields_ = [
+        ("code", ctypes.c_int),
+        ("kind", ctypes.c_int),
+        ("wkind", ctypes.c_int),
+        ("mode", ctypes.c_int),
+        ("p", ctypes.c_void_p * 6),
+        ("n", ctypes.c_long * 12),
+        ("f", ctypes.c_float * 4),
+    ]
+
+
+def decode_ops_of(module: nn.Module) -> Callable[..., None]:
+    """``module.decode_ops``, when it describes what the module computes.
+
+    Raises:
+        Unsupported: no decode_ops; forward hooks; a forward set on the instance; a class below the
+            one that defines decode_ops that overrides ``forward`` or a name in its ``decode_depends``.
+    """
+    cls = type(module)
+    if not runs_its_class_forward(module):
+        raise Unsupported(f"{cls.__name__} has forward hooks or a forward of its own")
+    owner = next((c for c in cls.__mro__ if "decode_ops" in vars(c)), None)
+    if owner is None:
+        raise Unsupported(f"{cls.__module__}.{cls.__qualname__} has no decode_ops")
+    depends = ("forward", *getattr(owner, "decode_depends", ()))
+    for c in cls.__mro__[: cls.__mro__.index(owner)]:
+        changed = [name for name in depends if name in vars(c)]
+        if changed:
+            raise Unsupported(
+                f"{c.__name__} overrides {changed[0]} of {owner.__name__}, whose decode_ops would not describe it"
+            )
+    return module.decode_ops
+
+
+class NativePlan:
+    """The operations of one decoding step for ``batch`` rows in ``dtype``, with the buffers they use:
+    gptzoo.interfaces.DecodePlan, which components' ``decode_ops`` are written against, for step.c."""
+
+    def __init__(self, batch: int, dtype: torch.dtype, max_keys: int, key_mask: Tensor | None = None) -> None:
+        if dtype not in (torch.float32, torch.bfloat16):
+            raise Unsupported(f"activations in {dtype} (the plan takes float32 and bfloat16)")
+        self.batch, self.dtype, self.max_keys = batch, dtype, max_keys
+        self.key_mask = key_mask
+        """(batch, max_keys) bool, which keys are real tokens (the cache's, updated at each step), or
+        None: rows not left-padded, every key real."""
+        self.kind = KINDS[dtype]
+        self.ops: list[_Op] = []
+        self.keep: list[Tensor] = []
+        """Every tensor an operation points to, alive as long as the plan."""
+        self.before_step: list[Callable[[Positions], None]] = []
+        """Run before each step with its positions: they rewrite the position-dependent tables."""
+        self.scores = torch.empty(max_keys, dtype=torch.float32)
+
+    @staticmethod
+    def refuse(reason: str) -> None:
+        """Give up on the plan (the model decodes with its eager forward); ``reason`` says why."""
+        raise Unsupported(reason)
+
+    def buffer(self, width: int) -> Buffer:
+        """A new (batch, width) activation buffer, alive as long as the plan."""
+        self.keep.append(torch.zeros(self.batch, width, dtype=self.dtype))
+        return Buffer(self.keep[-1])
+
+    def _op(self, name: str, *, p: tuple = (), n: tuple = (), f: tuple = (), wkind: int = 0, mode: int = 0) -> None:
+        op = _Op(code=OPS[name], kind=self.kind, wkind=wkind, mode=mode)
+        for i, value in enumerate(p):
+            op.p[i] = value if isinstance(value, int) or value is None else value.data_ptr()
+        for i, value in enumerate(n):
+            op.n[i] = value
+        for i, value in enumerate(f):
+            op.f[i] = value
+        self.keep.extend(t for t in p if isinstance(t, Tensor))
+        self.ops.append(op)
+
+    def _weight(self, tensor: Tensor, what: str, dtypes: tuple[torch.dtype, ...] | None = None) -> int:
+        """The kernels' code of a weight's dtype; it must be a contiguous CPU tensor of one of ``dtypes``
+        (default: the activations')."""
+        dtypes = dtypes or (self.dtype,)
+        if tensor.device.type != "cpu" or tensor.dtype not in dtypes or not tensor.is_contiguous():
+            raise Unsupported(f"{what} is {tensor.dtype} on {tensor.device}, the plan needs {dtypes[0]} on the CPU")
+        return KINDS[tensor.dtype]
+
+    def call(self, module: nn.Module, src: Buffer, dst: Buffer, **kwargs: object) -> None:
+        """Append ``module``'s operations (``decode_ops``; a plain nn.Linear is a product, nn.Identity a copy)."""
+        if type(module) in (nn.Linear, nn.Identity) and runs_its_class_forward(module):
+            if isinstance(module, nn.Linear):
+                self.linear(module.weight, None, module.bias, src, dst)
+            else:
+                self.copy(src, dst)
+        else:
+            decode_ops_of(module)(self, src, dst, **kwargs)
+
+    def embed(self, table: Tensor, dst: Buffer, scale: float | None) -> None:
+        """dst = table[token] (* scale, rounded to the activations' dtype first, as the model does)."""
+        wkind = self._weight(table, "the token embedding")
+        rounded = 0.0 if scale is None else torch.tensor(scale, dtype=self.dtype).item()
+        self._op("embed", p=(table, dst.ptr), n=(table.shape[1], table.shape[0]), f=(rounded,), wkind=wkind)
+
+    def add(self, a: Buffer, b: Buffer, out: Buffer) -> None:
+        """out = a + b (whole buffers of one width)."""
+        self._whole(a, b, out, same_width=True)
+        self._op("add", p=(a.ptr, b.ptr, out.ptr), n=(out.width,))
+
+    def linear(self, weight: Tensor, scale: Tensor | None, bias: Tensor | None, src: Buffer, dst: Buffer) -> None:
+        """dst = src W^T (* scale) + bias: W (dst.width, src.width) in the activations' dtype, or int8
+        with a float32 scale per row."""
+        self._whole(src, dst)
+        int8 = scale is not None
+        wkind = self._weight(weight, "a linear layer's weight", (torch.int8,) if int8 else None)
+        if int8:
+            self._weight(scale, "an int8 weight's scale", (torch.float32,))
+        if bias is not None:
+            self._weight(bias, "a linear layer's bias")
+        if tuple(weight.shape) != (dst.width, src.width):
+            raise Unsupported(f"a weight of shape {tuple(weight.shape)} between widths {src.width} and {dst.width}")
+        self._op("linear", p=(weight, scale, bias, src.ptr, dst.ptr), n=(dst.width, src.width), wkind=wkind)
+
+    def rmsnorm(self, src: Buffer, dst: Buffer, weight: Tensor, eps: float, mode: str) -> None:
+        """Each ``weight.numel()`` features of a row normalized by their root mean square (a row of a
+        wider buffer holds several such vectors: per-head norms), the weight applied as ``mode`` says
+        (:data:`RMS_MODES`)."""
+        dim = weight.numel()
+        if src.width != dst.width or src.width % dim:
+            raise Unsupported(f"an RMSNorm of {dim} features over {src.width}")
+        wkind = self._weight(weight, "an RMSNorm's weight")
+        self._op(
+            "rmsnorm",
+            p=(src.ptr, dst.ptr, weight),
+            n=(dim, src.width // dim, src.stride, dst.stride),
+            f=(eps,),
+            wkind=wkind,
+            mode=RMS_MODES[mode],
+        )
+
+    def layernorm(self, src: Buffer, dst: Buffer, weight: Tensor, bias: Tensor | None, eps: float) -> None:
+        """Each ``weight.numel()`` features of a row normalized to mean 0 and variance 1, then * weight + bias."""
+        dim = weight.numel()
+        if src.width != dst.width or src.width % dim:
+            raise Unsupported(f"a LayerNorm of {dim} features over {src.width}")
+        wkind = self._weight(weight, "a LayerNorm's weight")
+        if bias is not None:
+            self._weight(bias, "a LayerNorm's bias")
+        n = (dim, src.width // dim, src.stride, dst.stride)
+        self._op("layernorm", p=(src.ptr, dst.ptr, weight, bias), n=n, f=(eps,), wkind=wkind)
+
+    def copy(self, src: Buffer, dst: Buffer) -> None:
+        self._whole(src, dst, same_width=True)
+        self._op("copy", p=(src.ptr, dst.ptr), n=(dst.width,))
+
+    def rope(self, heads: Buffer, head_dim: int, position: PositionStep) -> None:
+        """Rotate each head of ``heads`` (head_dim features each) by the step's rotary tables."""
+        if position.rotary is None:
+            return
+        cos, sin, in_float32 = position.rotary
+        dim = cos.shape[1]
+        if dim > head_dim or heads.width % head_dim:
+            raise Unsupported(f"{dim} rotary features in heads of {head_dim}")
+        self._op(
+            "rope",
+            p=(heads.ptr, cos, sin),
+            n=(heads.stride, heads.width // head_dim, head_dim, dim, dim),
+            mode=int(in_float32),
+        )
+
+    def attend(
+        self,
+        qkv: Buffer,
+        sizes: tuple[int, int, int],
+        keys: Tensor,
+        values: Tensor,
+        out: Buffer,
+        *,
+        window: int,
+        scale: float,
+        softcap: float,
+        fused: bool,
+    ) -> None:
+        """Write this token's k and v into ``keys``/``values`` (B, nkv, slots, hs; key i in slot
+        i % slots), then out = softmax(softcap(q K^T scale)) V over the last ``window`` keys (0: all).
+        ``qkv`` holds each row's q (nh heads), k and v (nkv heads each), in that order; sizes (nh, nkv, hs).
+        ``fused``: round as scaled_dot_product_attention's CPU kernel does (no softcap), else as the
+        explicit torch operations do."""
+        nh, nkv, hs = sizes
+        if not qkv.whole or not out.whole or out.width != nh * hs or qkv.width != (nh + 2 * nkv) * hs:
+            raise Unsupported("attention buffers of unexpected widths")
+        for cache in (keys, values):
+            self._weight(cache, "the KV cache")
+            if tuple(cache.shape[:2]) != (self.batch, nkv) or cache.shape[3] != hs:
+                raise Unsupported(f"a KV cache of shape {tuple(cache.shape)}")
+        mask = self.key_mask
+        n = (qkv.stride, 0, nh * hs, (nh + nkv) * hs, nh, nkv, hs, keys.shape[2], window, self.max_keys)
+        n += (0 if mask is None else mask.shape[1],)
+        if fused and softcap:
+            raise Unsupported("a fused attention kernel with a softcap")
+        p = (qkv.ptr, keys, values, out.ptr, self.scores, mask)
+        self._op("attend", p=p, n=n, f=(scale, softcap), mode=int(fused))
+
+    def activate(self, src: Buffer, dst: Buffer, name: str, *, gated: bool) -> None:
+        """dst = act(src) or, gated, act(src's first half) * its second half."""
+        width = dst.width
+        if src.width != (2 * width if gated else width):
+            raise Unsupported(f"an activation from width {src.width} to {width}")
+        self._op(
+            "activate", p=(src.ptr, dst.ptr), n=(width, src.stride, dst.stride, int(gated)), mode=ACTIVATIONS[name]
+        )
+
+    def softcap(self, buf: Buffer, cap: float) -> None:
+        self._whole(buf)
+        self._op("softcap", p=(buf.ptr,), n=(buf.width,), f=(cap,))
+
+    def position(self, position: Position, device: torch.device) -> PositionStep:
+        """What ``position`` adds to a step, rewritten before each from its own embed and rotary."""
+        probe = Positions.plain(0, 1, device)
+        if position.attn_bias(probe.queries, probe.keys) is not None:
+            raise Unsupported(f"{type(position).__name__} biases attention (the plan has no attention bias)")
+        step = PositionStep(None)
+        rotary = position.rotary(probe.queries)
+        if rotary is not None:
+            tables = getattr(rotary, "decode_tables", None)
+            if tables is None:
+                raise Unsupported(f"{type(rotary).__name__} (from {type(position).__name__}) has no decode_tables")
+            dim = tables()[0].numel()
+            cos, sin = torch.empty(self.batch, dim), torch.empty(self.batch, dim)
+            step.rotary = (cos, sin, tables()[2])
+
+            def rotate(pos: Positions) -> None:
+                new_cos, new_sin, _ = position.rotary(pos.queries).decode_tables()
+                cos.copy_(new_cos.view(-1, dim).expand(self.batch, dim))  # one row for all, or one per row
+                sin.copy_(new_sin.view(-1, dim).expand(self.batch, dim))
+
+            self.before_step.append(rotate)
+        return step
+
+    def embedding(self, position: Position, dst: Buffer) -> None:
+        """Add ``position``'s embedding of each row's position to ``dst``, if it has one."""
+        probe = Positions.plain(0, 1, dst.tensor.device)
+        if position.embed(probe.queries) is None:
+            return
+        rows = self.buffer(dst.width)
+
+        def embed(pos: Positions) -> None:
+            emb = position.embed(pos.queries).to(self.dtype)
+            rows.tensor.copy_(emb.view(-1, dst.width).expand(self.batch, dst.width))
+
+        self.before_step.append(embed)
+        self.add(dst, rows, dst)
+
+    @staticmethod
+    def _whole(*buffers: Buffer, same_width: bool = False) -> None:
+        if not all(b.whole for b in buffers):
+            raise Unsupported("an operation over part of a buffer")
+        if same_width and len({b.width for b in buffers}) > 1:
+            raise Unsupported(f"an elementwise operation over widths {[b.width for b in buffers]}")
+
+
+class CompiledStep:
+    """``step(tokens)`` = ``model(tokens, cache)`` for one token per row, as one native call."""
+
+    def __init__(self, model: nn.Module, cache: KVCache, plan: NativePlan, logits: Buffer) -> None:
+        self.model, self.cache, self.plan, self.logits = model, cache, plan, logits
+        self.ops = (_Op * len(plan.ops))(*plan.ops)
+        self.tokens = torch.empty(plan.batch, dtype=torch.int64)
+        self.failed = ctypes.c_long(0)
+        self.device = logits.tensor.device
+        limits = [p.max_positions for p in model.positions if p.max_positions is not None]
+        self.limit = min([cache.max_len, *limits])
+        """The most positions; a step past them runs the eager forward, which says what is wrong."""
+
+    def __call__(self, tokens: Tensor) -> Tensor:
+        """tokens (B, 1) -> logits (B, 1, V), the cache one token longer."""
+        if tokens.shape != (self.plan.batch, 1) or self.cache.length + 1 > self.limit:
+            return self.model(tokens, self.cache)  # the eager forward, which explains what is wrong
+        pos = self.cache.advance(1, None, self.device)
+        for rewrite in self.plan.before_step:
+            rewrite(pos)
+        self.tokens.copy_(tokens.reshape(-1))
+        lib = library()
+        code = lib.decode_step(
+            ctypes.addressof(self.ops),
+            len(self.ops),
+            self.plan.batch,
+            pos.start,
+            self.tokens.data_ptr(),
+            kernel_threads(),
+            ctypes.byref(self.failed),
+        )
+        if code != 0:
+            raise GptzooError(
+                f"the native decoding step failed at its operation {self.failed.value}: "
+                f"{ERRORS.get(code, f'code {code}')}"
+            )
+        return self.logits.tensor.clone().view(self.plan.batch, 1, -1)
+
+
+def compile_step(model: nn.Module, cache: KVCache, batch: int) -> tuple[CompiledStep | None, str | None]:
+    """The model's decoding step for ``batch`` rows over ``cache`` (made for them, the prompts already
+    in it) as one native call, or (None, the reason) where the plan cannot describe it (then the
+    eager forward decodes)."""
+    if library() is None:
+        return None, "no native kernels"
+    weight = model.wte.weight
+    if weight.device.type != "cpu" or not 0 < batch <= MAX_ROWS:
+        return None, f"a batch of {batch} on {weight.device} (the plan takes 1 to {MAX_ROWS} rows on the CPU)"
+    try:
+        plan = NativePlan(batch, weight.dtype, cache.max_len, cache.key_mask)
+        logits = decode_ops_of(model)(plan, cache)
+    except Unsupported as exc:
+        return None, str(exc)
+    return CompiledStep(model, cache, plan, logits), None

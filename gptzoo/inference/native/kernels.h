@@ -1,0 +1,96 @@
+/* What gemv.c and step.c share: the dtype codes, bfloat16 rounding, the vector helpers of the
+ * instruction set the compiler targets (AVX-512, AVX2, or plain C), and gemv itself. */
+#ifndef GPTZOO_KERNELS_H
+#define GPTZOO_KERNELS_H
+
+#include <stdint.h>
+#include <string.h>
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+enum { F32 = 0, BF16 = 1, I8 = 2 };
+
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* NaN stays NaN */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* Element i of an activation tensor of kind F32 or BF16, as float32. */
+static inline float load_act(int kind, const void *p, long i) {
+    return kind == BF16 ? bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+/* v stored at element i, rounded to nearest even for BF16. */
+static inline void store_act(int kind, void *p, long i, float v) {
+    if (kind == BF16) ((uint16_t *)p)[i] = f32_to_bf16(v);
+    else ((float *)p)[i] = v;
+}
+
+/* v as the kind holds it: what a torch operation in that dtype returns. */
+static inline float round_to(int kind, float v) { return kind == BF16 ? bf16_to_f32(f32_to_bf16(v)) : v; }
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#define VW 16
+typedef __m512 vf;
+static inline vf vzero(void) { return _mm512_setzero_ps(); }
+static inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+static inline float vsum(vf v) { return _mm512_reduce_add_ps(v); }
+static inline vf load_f32(const float *p) { return _mm512_loadu_ps(p); }
+static inline vf load_bf16(const uint16_t *p) {
+    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+static inline vf load_i8(const int8_t *p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+#define VW 8
+typedef __m256 vf;
+static inline vf vzero(void) { return _mm256_setzero_ps(); }
+static inline vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+static inline float vsum(vf v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+static inline vf load_f32(const float *p) { return _mm256_loadu_ps(p); }
+static inline vf load_bf16(const uint16_t *p) {
+    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+static inline vf load_i8(const int8_t *p) {
+    int64_t bytes;
+    memcpy(&bytes, p, 8);
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_cvtsi64_si128(bytes)));
+}
+#else
+#define VW 1
+typedef float vf;
+static inline vf vzero(void) { return 0.0f; }
+static inline vf vfma(vf a, vf b, vf c) { return a * b + c; }
+static inline float vsum(vf v) { return v; }
+static inline vf load_f32(const float *p) { return *p; }
+static inline vf load_bf16(const uint16_t *p) { return bf16_to_f32(*p); }
+static inline vf load_i8(const int8_t *p) { return (float)*p; }
+#endif
+
+static inline float scalar_f32(const float *p) { return *p; }
+static inline float scalar_bf16(const uint16_t *p) { return bf16_to_f32(*p); }
+static inline float scalar_i8(const int8_t *p) { return (float)*p; }
+
+/* y (M, out) = scale * (W x) + bias for x (M, in); see gemv.c. */
+int gemv(int wkind, const void *W, const float *scale, const void *bias, int xkind, const void *x, int ykind,
+         void *y, long M, long out, long in, int threads);
+
+#endif

@@ -1,0 +1,339 @@
+/* One decoding step of a whole model in one call: a list of operations (a plan), run in order.
+ *
+ * gptzoo.inference.decode_plan builds the plan once per generation from what each component says
+ * it computes (its decode_ops): every pointer in it (weights, the KV cache, the activation buffers)
+ * stays valid for the whole generation, so a step costs one call from Python, not the ~50 torch
+ * operations per layer of the eager forward. Only the position and the token ids change between
+ * steps; the few tables that depend on the position (rotary cos/sin, a position embedding) are
+ * written into their buffers by Python before the call, with the position encoding's own code.
+ *
+ * Each operation works on B rows (one token of each sequence) and rounds where the eager forward in
+ * the activations' dtype rounds (float32 or bfloat16), so that a step computes what the eager step
+ * computes, up to the order of the sums. Products go to gemv (gemv.c), with its threads; everything
+ * else runs on the calling thread (it is small next to the weights).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "kernels.h"
+
+enum {
+    OP_EMBED,
+    OP_RMSNORM,
+    OP_LAYERNORM,
+    OP_LINEAR,
+    OP_ADD,
+    OP_ROPE,
+    OP_ATTEND,
+    OP_ACTIVATE,
+    OP_SOFTCAP,
+    OP_COPY
+};
+enum { RMS_PLAIN, RMS_SCALE_F32, RMS_OFFSET }; /* the weight after rounding (Llama), before (OLMo 2), as 1 + w (Gemma) */
+enum { ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU };
+enum { ATTEND_EXPLICIT, ATTEND_FUSED }; /* how the eager forward computes the scores: step by step, or in one kernel */
+
+#define NP 6
+#define NN 12
+
+/* One operation. p: pointers, n: sizes, f: parameters; their meaning per code is written at each
+ * case below. kind: the activations' dtype (F32 or BF16); wkind: a weight's (F32, BF16 or I8). */
+typedef struct {
+    int code, kind, wkind, mode;
+    void *p[NP];
+    long n[NN];
+    float f[4];
+} op_t;
+
+#define ERR_TOKEN -2   /* a token id outside the embedding table */
+#define ERR_MEMORY -3  /* gemv could not allocate */
+#define ERR_CACHE -4   /* more keys than the cache holds */
+#define ERR_UNKNOWN -5 /* an operation code this file lacks */
+
+static float activate(int code, float x) {
+    switch (code) {
+    case ACT_GELU:
+        return x * 0.5f * (1.0f + erff(x * (float)M_SQRT1_2));
+    case ACT_GELU_TANH: {
+        const float beta = (float)(M_SQRT2 * M_2_SQRTPI * 0.5), kappa = 0.044715f;
+        float inner = beta * (x + kappa * (x * x * x));
+        return 0.5f * x * (1.0f + tanhf(inner));
+    }
+    case ACT_RELU:
+        return x > 0.0f || x != x ? x : 0.0f;
+    default: /* ACT_SILU */
+        return x / (1.0f + expf(-x));
+    }
+}
+
+static float dot_f32(const float *a, const void *b, int kind, long n) {
+    long i = 0;
+    float s = 0.0f;
+#if VW > 1
+    vf acc = vzero();
+    for (; i + VW <= n; i += VW)
+        acc = vfma(load_f32(a + i), kind == BF16 ? load_bf16((const uint16_t *)b + i) : load_f32((const float *)b + i),
+                   acc);
+    s = vsum(acc);
+#endif
+    for (; i < n; i++) s += a[i] * load_act(kind, b, i);
+    return s;
+}
+
+/* n0 dim, n1 vectors per row, n2/n3 the source/destination row strides; p0 src, p1 dst, p2 weight;
+ * f0 eps. Normalized in float32: x / sqrt(mean(x^2) + eps), then scaled as ``mode`` says. */
+static void rmsnorm(const op_t *o, long B) {
+    long dim = o->n[0];
+    float eps = o->f[0];
+    for (long r = 0; r < B; r++)
+        for (long v = 0; v < o->n[1]; v++) {
+            const char *src = (const char *)o->p[0];
+            long at = r * o->n[2] + v * dim, to = r * o->n[3] + v * dim;
+            float ss = 0.0f;
+            for (long i = 0; i < dim; i++) {
+                float x = load_act(o->kind, src, at + i);
+                ss += x * x;
+            }
+            float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+            for (long i = 0; i < dim; i++) {
+                float h = load_act(o->kind, src, at + i) * inv, w = load_act(o->wkind, o->p[2], i), y;
+                if (o->mode == RMS_PLAIN) y = w * round_to(o->kind, h);
+                else if (o->mode == RMS_SCALE_F32) y = w * h;
+                else y = h * (1.0f + w);
+                store_act(o->kind, o->p[1], to + i, y);
+            }
+        }
+}
+
+/* n0 dim, n1 vectors per row, n2/n3 row strides; p0 src, p1 dst, p2 weight, p3 bias (or NULL); f0 eps. */
+static void layernorm(const op_t *o, long B) {
+    long dim = o->n[0];
+    for (long r = 0; r < B; r++)
+        for (long v = 0; v < o->n[1]; v++) {
+            long at = r * o->n[2] + v * dim, to = r * o->n[3] + v * dim;
+            float sum = 0.0f, var = 0.0f;
+            for (long i = 0; i < dim; i++) sum += load_act(o->kind, o->p[0], at + i);
+            float mean = sum / (float)dim;
+            for (long i = 0; i < dim; i++) {
+                float d = load_act(o->kind, o->p[0], at + i) - mean;
+                var += d * d;
+            }
+            float rstd = 1.0f / sqrtf(var / (float)dim + o->f[0]);
+            for (long i = 0; i < dim; i++) {
+                float y = (load_act(o->kind, o->p[0], at + i) - mean) * rstd * load_act(o->wkind, o->p[2], i);
+                if (o->p[3] != NULL) y += load_act(o->wkind, o->p[3], i);
+                store_act(o->kind, o->p[1], to + i, y);
+            }
+        }
+}
+
+/* p0 the first head's features of row 0, n0 row stride, n1 heads, n2 head size, n3 rotary
+ * features (the first ones of each head; the rest pass through); p1/p2 cos/sin (float32, n3 per
+ * row, rows n4 apart: each row has its own position when prompts were left-padded).
+ * Rotate-half: x cos + (-x2, x1) sin, rounded per product and sum in the activations' dtype, or
+ * (mode 1) computed in float32 and rounded once. */
+static void rope(const op_t *o, long B) {
+    long hs = o->n[2], dim = o->n[3], half = dim / 2;
+    float xs[dim > 0 ? dim : 1];
+    for (long r = 0; r < B; r++)
+        for (long h = 0; h < o->n[1]; h++) {
+            const float *cos = (const float *)o->p[1] + r * o->n[4], *sin = (const float *)o->p[2] + r * o->n[4];
+            long at = r * o->n[0] + h * hs;
+            for (long i = 0; i < dim; i++) xs[i] = load_act(o->kind, o->p[0], at + i);
+            for (long i = 0; i < dim; i++) {
+                float rot = i < half ? -xs[i + half] : xs[i - half], y;
+                if (o->mode == 1) {
+                    float a = xs[i] * cos[i], b = rot * sin[i];
+                    y = a + b;
+                } else {
+                    float a = round_to(o->kind, xs[i] * round_to(o->kind, cos[i]));
+                    float b = round_to(o->kind, rot * round_to(o->kind, sin[i]));
+                    y = a + b;
+                }
+                store_act(o->kind, o->p[0], at + i, y);
+            }
+        }
+}
+
+/* One query per head over the cached keys. p0 the q/k/v buffer (row 0), n0 its row stride, n1/n2/n3
+ * the offsets of q, k and v in a row, n4 heads, n5 kv heads, n6 head size; p1/p2 the cache's keys
+ * and values (B, n5, n7 slots, n6), key i in slot i % n7; n8 the window (0: every key); p3 out
+ * (B, n4 * n6); p4 float32 scratch for the scores (n9 of them); p5 NULL, or which keys are real
+ * tokens (bool, B rows n10 apart: left padding is not attended to); f0 scale, f1 softcap (0: none).
+ * This token's k and v are written to the cache first. Mode ATTEND_EXPLICIT rounds as torch's
+ * operations do one by one (scores, scaled, capped; probabilities before the product with V);
+ * ATTEND_FUSED as scaled_dot_product_attention's CPU kernel: scores in float32, the unnormalized
+ * weights rounded for the product with V, times the reciprocal of their float32 sum at the end. */
+static int attend(const op_t *o, long B, long pos) {
+    long nh = o->n[4], nkv = o->n[5], hs = o->n[6], slots = o->n[7], window = o->n[8];
+    long first = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+    long n_keys = pos - first + 1, group = nh / nkv;
+    if (n_keys > slots || n_keys > o->n[9]) return ERR_CACHE;
+    int size = o->kind == BF16 ? 2 : 4;
+    char *K = (char *)o->p[1], *V = (char *)o->p[2];
+    float *scores = (float *)o->p[4], q[hs > 0 ? hs : 1], acc[hs > 0 ? hs : 1];
+    for (long r = 0; r < B; r++) {
+        const char *row = (const char *)o->p[0] + (size_t)(r * o->n[0]) * size;
+        for (long g = 0; g < nkv; g++) {
+            size_t head = (size_t)((r * nkv + g) * slots), at = (head + pos % slots) * hs * size;
+            memcpy(K + at, row + (o->n[2] + g * hs) * size, hs * size);
+            memcpy(V + at, row + (o->n[3] + g * hs) * size, hs * size);
+        }
+        for (long h = 0; h < nh; h++) {
+            size_t head = (size_t)((r * nkv + h / group) * slots);
+            for (long i = 0; i < hs; i++) q[i] = load_act(o->kind, row, o->n[1] + h * hs + i);
+            float top = -INFINITY;
+            const uint8_t *real = o->p[5] != NULL ? (const uint8_t *)o->p[5] + r * o->n[10] + first : NULL;
+            for (long j = 0; j < n_keys; j++) {
+                if (real != NULL && !real[j]) {
+                    scores[j] = -INFINITY;
+                    continue;
+                }
+                float s = dot_f32(q, K + (head + (first + j) % slots) * hs * size, o->kind, hs);
+                if (o->mode == ATTEND_FUSED) {
+                    s *= o->f[0];
+                } else {
+                    s = round_to(o->kind, round_to(o->kind, s) * o->f[0]);
+                    if (o->f[1] != 0.0f) s = round_to(o->kind, round_to(o->kind, tanhf(round_to(o->kind, s / o->f[1]))) * o->f[1]);
+                }
+                scores[j] = s;
+                top = s > top ? s : top;
+            }
+            float total = 0.0f;
+            for (long j = 0; j < n_keys; j++) total += scores[j] = expf(scores[j] - top);
+            for (long i = 0; i < hs; i++) acc[i] = 0.0f;
+            for (long j = 0; j < n_keys; j++) {
+                /* explicit: the probability rounded; fused: the unnormalized weight rounded, the sum divided out last */
+                float p = round_to(o->kind, o->mode == ATTEND_FUSED ? scores[j] : scores[j] / total);
+                if (p == 0.0f) continue;
+                const char *v = V + (head + (first + j) % slots) * hs * size;
+                for (long i = 0; i < hs; i++) acc[i] += p * load_act(o->kind, v, i);
+            }
+            if (o->mode == ATTEND_FUSED) {
+                float reciprocal = 1.0f / total;
+                for (long i = 0; i < hs; i++) acc[i] *= reciprocal;
+            }
+            for (long i = 0; i < hs; i++) store_act(o->kind, o->p[3], r * nh * hs + h * hs + i, acc[i]);
+        }
+    }
+    return 0;
+}
+
+#if VW == 16
+/* exp(x) for 16 floats: 2^n p(r), n = round(x log2 e), r = x - n ln 2 in two parts, p Cephes's
+ * degree-7 polynomial of expf (within 2 ulp of the exact value), 2^n by vscalefps (so overflow gives
+ * infinity and underflow 0). NaN stays NaN (the clamps take x as their second operand). */
+static inline __m512 exp16(__m512 x) {
+    x = _mm512_max_ps(_mm512_set1_ps(-104.0f), _mm512_min_ps(_mm512_set1_ps(89.0f), x));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* silu and gelu_tanh of 16 floats (tanh u = 1 - 2 / (exp(2u) + 1)); 0: an activation done one by one. */
+static inline int activate16(int code, const float *in, float *out) {
+    __m512 x = _mm512_loadu_ps(in), one = _mm512_set1_ps(1.0f), y;
+    if (code == ACT_SILU) {
+        y = _mm512_div_ps(x, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), x))));
+    } else if (code == ACT_GELU_TANH) {
+        const __m512 beta = _mm512_set1_ps((float)(M_SQRT2 * M_2_SQRTPI * 0.5)), kappa = _mm512_set1_ps(0.044715f);
+        __m512 inner = _mm512_mul_ps(beta, _mm512_fmadd_ps(kappa, _mm512_mul_ps(_mm512_mul_ps(x, x), x), x));
+        __m512 e = exp16(_mm512_add_ps(inner, inner));
+        __m512 t = _mm512_sub_ps(one, _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(e, one)));
+        y = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5f), x), _mm512_add_ps(one, t));
+    } else {
+        return 0;
+    }
+    _mm512_storeu_ps(out, y);
+    return 1;
+}
+#endif
+
+/* n0 features, n1/n2 source/destination row strides; n3 1: gated, act(x[:n0]) * x[n0:2 n0], 0:
+ * act(x); p0 src, p1 dst; mode the activation (silu and gelu_tanh 16 at a time where AVX-512 is). */
+static void activate_rows(const op_t *o, long B) {
+    long width = o->n[0];
+    float in[16], out[16];
+    for (long r = 0; r < B; r++)
+        for (long i0 = 0; i0 < width; i0 += 16) {
+            long n = width - i0 < 16 ? width - i0 : 16;
+            for (long i = 0; i < n; i++) in[i] = load_act(o->kind, o->p[0], r * o->n[1] + i0 + i);
+#if VW == 16
+            if (n < 16 || !activate16(o->mode, in, out))
+#endif
+                for (long i = 0; i < n; i++) out[i] = activate(o->mode, in[i]);
+            for (long i = 0; i < n; i++) {
+                float a = round_to(o->kind, out[i]);
+                if (o->n[3]) a *= load_act(o->kind, o->p[0], r * o->n[1] + width + i0 + i);
+                store_act(o->kind, o->p[1], r * o->n[2] + i0 + i, a);
+            }
+        }
+}
+
+/* Runs ``n_ops`` operations for B rows at position ``pos`` with token ids ``tokens`` (B), the
+ * products on ``threads`` threads. Returns 0, or a negative ERR_ code; *failed is the operation. */
+int decode_step(const op_t *ops, long n_ops, long B, long pos, const int64_t *tokens, int threads, long *failed) {
+    for (long k = 0; k < n_ops; k++) {
+        const op_t *o = &ops[k];
+        int code = 0;
+        *failed = k;
+        switch (o->code) {
+        case OP_EMBED: /* p0 table (n1 rows of n0, wkind), p1 out; f0 the scale (0: none) */
+            for (long r = 0; r < B; r++) {
+                if (tokens[r] < 0 || tokens[r] >= o->n[1]) return ERR_TOKEN;
+                for (long i = 0; i < o->n[0]; i++) {
+                    float x = load_act(o->wkind, o->p[0], tokens[r] * o->n[0] + i);
+                    store_act(o->kind, o->p[1], r * o->n[0] + i, o->f[0] != 0.0f ? x * o->f[0] : x);
+                }
+            }
+            break;
+        case OP_ADD: /* p2 (B, n0) = p0 (B, n0) + p1 (B, n0) */
+            for (long i = 0; i < B * o->n[0]; i++)
+                store_act(o->kind, o->p[2], i, load_act(o->kind, o->p[0], i) + load_act(o->kind, o->p[1], i));
+            break;
+        case OP_RMSNORM:
+            rmsnorm(o, B);
+            break;
+        case OP_LAYERNORM:
+            layernorm(o, B);
+            break;
+        case OP_LINEAR: /* p0 W (n0, n1), p1 scale, p2 bias, p3 x (B, n1), p4 y (B, n0) */
+            if (gemv(o->wkind, o->p[0], (const float *)o->p[1], o->p[2], o->kind, o->p[3], o->kind, o->p[4], B,
+                     o->n[0], o->n[1], threads) != 0)
+                return ERR_MEMORY;
+            break;
+        case OP_ROPE:
+            rope(o, B);
+            break;
+        case OP_ATTEND:
+            code = attend(o, B, pos);
+            break;
+        case OP_ACTIVATE:
+            activate_rows(o, B);
+            break;
+        case OP_SOFTCAP: /* p0 (B, n0) = tanh(x / f0) * f0, rounded at each operation */
+            for (long i = 0; i < B * o->n[0]; i++) {
+                float t = round_to(o->kind, tanhf(round_to(o->kind, load_act(o->kind, o->p[0], i) / o->f[0])));
+                store_act(o->kind, o->p[0], i, t * o->f[0]);
+            }
+            break;
+        case OP_COPY: /* p1 (B, n0) = p0 (B, n0) */
+            if (o->p[1] != o->p[0]) memmove(o->p[1], o->p[0], (size_t)(B * o->n[0]) * (o->kind == BF16 ? 2 : 4));
+            break;
+        default:
+            return ERR_UNKNOWN;
+        }
+        if (code != 0) return code;
+    }
+    return 0;
+}

@@ -1,0 +1,221 @@
+"""A decoding step as one native call (gptzoo.inference.decode_plan) computes what the eager forward
+computes, for every registered component it accepts, and refuses, with the reason, what it cannot
+describe; generate() uses it wherever it applies."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny import tiny_model
+
+import gptzoo
+from gptzoo.errors import GptzooError
+from gptzoo.inference import generate as generate_module
+from gptzoo.inference import matvec
+from gptzoo.inference.decode_plan import compile_step
+from gptzoo.inference.generate import generate
+from gptzoo.inference.native import library
+from gptzoo.inference.quantize import quantize_int8
+
+pytestmark = pytest.mark.skipif(library() is None, reason="no C compiler for the native kernels")
+
+GEMMA_LIKE = [
+    "model.norm.name=gemma_rmsnorm",
+    "model.norm_placement=sandwich",
+    "model.activation=gelu_tanh",
+    "model.scale_embeddings=true",
+    "model.logit_softcap=30.0",
+    "model.attention={name='causal', qk_norm='head', scale=0.3}",
+    "model.layer_pattern=['sliding', 'full']",
+    "model.layer_types.sliding.attention={name='sliding_window', window=3, qk_norm='head', scale=0.3}",
+    "model.layer_types.sliding.position={theta=100.0}",
+    "model.layer_types.full.attention={name='causal', qk_norm='head', scale=0.3}",
+]
+"""Gemma 3's parts at test size: (1 + w) RMSNorm, sandwich norms, GeGLU, scaled embeddings, capped
+logits, per-head QK-norm, a window of 3 keys (a ring buffer that wraps many times) on every other
+layer with its own RoPE."""
+
+MODELS = {
+    "gpt2": ("gpt2-tiny",),
+    "llama": ("llama-tiny",),
+    "gemma": ("llama-tiny", *GEMMA_LIKE),
+    "olmo": ("llama-tiny", "model.norm.scale_in_float32=true", "model.attention={name='causal', qk_norm='full'}"),
+    "neox": ("gpt2-tiny", "model.position={name='rope', fraction=0.5}", "model.norm_placement=parallel"),
+    "postln": ("gpt2-tiny", "model.norm_placement=post", "model.position=sinusoidal"),
+    "reordered": ("llama-tiny", "model.norm_placement=reordered", "model.attention={name='eager', softcap=5.0}"),
+}
+"""Recipes the plan must take: every block shape, norm, rotation and attention feature."""
+
+
+def decode_both(
+    model: gptzoo.GPT, prompts: torch.Tensor, steps: int, threads: int = 1, mask: torch.Tensor | None = None
+):
+    """Logits of ``steps`` greedy steps after ``prompts`` (B, T; ``mask``: 0 for left padding): the
+    eager forward's and the compiled step's."""
+    eager_cache, plan_cache = model.init_cache(len(prompts), 64), model.init_cache(len(prompts), 64)
+    with torch.no_grad(), matvec.native_decoding(model) as tuner:
+        tuner.choices, tuner.current = [threads], threads
+        model(prompts, eager_cache, attention_mask=mask)
+        model(prompts, plan_cache, attention_mask=mask)
+        step, why = compile_step(model, plan_cache, len(prompts))
+        assert step is not None, why
+        eager, planned = [], []
+        token = prompts[:, -1:]
+        for _ in range(steps):
+            eager.append(model(token, eager_cache)[:, -1])
+            planned.append(step(token)[:, -1])
+            token = eager[-1].argmax(-1, keepdim=True)
+    return torch.stack(eager), torch.stack(planned)
+
+
+def prompts(model: gptzoo.GPT, batch: int = 1, length: int = 5) -> torch.Tensor:
+    return torch.randint(0, model.wte.weight.shape[0], (batch, length), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_step_equals_the_eager_forward_in_float32(name: str) -> None:
+    model = tiny_model(*MODELS[name])
+    eager, planned = decode_both(model, prompts(model), steps=12)
+    assert (planned - eager).abs().max().item() <= 1e-5 * eager.abs().max().item()
+    assert torch.equal(planned.argmax(-1), eager.argmax(-1))
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma", "reordered"])
+def test_step_rounds_as_the_eager_forward_in_bfloat16(name: str) -> None:
+    model = tiny_model(*MODELS[name]).to(torch.bfloat16)
+    eager, planned = decode_both(model, prompts(model), steps=12)
+    diff = (planned.float() - eager.float()).abs().max().item()
+    if name == "reordered":  # explicit attention: the same roundings as torch's operations, one by one
+        assert diff == 0.0
+    else:  # scaled_dot_product_attention's kernel has its own exp: a bfloat16 rounding here and there
+        assert diff <= 0.02 * eager.float().abs().max().item()
+    assert torch.equal(planned.argmax(-1), eager.argmax(-1))
+
+
+def test_rows_and_threads_do_not_change_a_bit() -> None:
+    model = tiny_model(*MODELS["llama"])
+    batch = prompts(model, batch=3)
+    eager, one = decode_both(model, batch, steps=6, threads=1)
+    _, three = decode_both(model, batch, steps=6, threads=3)
+    assert torch.equal(one, three)
+    assert (one - eager).abs().max().item() <= 1e-5 * eager.abs().max().item()
+
+
+@pytest.mark.parametrize(("name", "dtype"), [("gpt2", "float32"), ("gemma", "float32"), ("llama", "bfloat16")])
+def test_left_padded_rows_decode_as_the_eager_forward(name: str, dtype: str) -> None:
+    """Rows of different lengths: each row its own positions (learned, rotary), padding never attended to."""
+    model = tiny_model(*MODELS[name]).to(getattr(torch, dtype))
+    batch = prompts(model, batch=3, length=6)
+    mask = torch.ones_like(batch)
+    mask[0, :4], mask[2, :1] = 0, 0
+    eager, planned = decode_both(model, batch, steps=10, mask=mask)
+    bound = 1e-5 if dtype == "float32" else 0.02
+    assert (planned.float() - eager.float()).abs().max().item() <= bound * eager.float().abs().max().item()
+    assert torch.equal(planned.argmax(-1), eager.argmax(-1))
+
+
+def test_int8_weights() -> None:
+    model = tiny_model(*MODELS["llama"])
+    quantize_int8(model)
+    eager, planned = decode_both(model, prompts(model), steps=8)
+    # the products read x in int16 blocks: a last-bit change upstream can move an input by one step
+    assert (planned - eager).abs().max().item() <= 1e-4 * eager.abs().max().item()
+    assert torch.equal(planned.argmax(-1), eager.argmax(-1))
+
+
+def test_every_registered_component_is_computed_right_or_refused_with_its_name() -> None:
+    """Each registered norm, activation, mlp, position and attention (third-party ones included) in
+    the llama recipe: the plan equals the eager forward, or compile_step says which class it refuses."""
+    registry = gptzoo.get_registry()
+    checked = refused = 0
+    for kind in ("norm", "activation", "mlp", "position", "attention"):
+        for name in registry.names(kind):
+            try:
+                model = tiny_model("llama-tiny", f"model.{kind}={name}")
+            except gptzoo.GptzooError:
+                continue  # a component this recipe's other parts cannot take (e.g. sizes)
+            cache = model.init_cache(1, 16)
+            with torch.no_grad(), matvec.native_decoding(model):
+                model(prompts(model), cache)
+                step, why = compile_step(model, cache, 1)
+            if step is None:
+                classes = {type(m).__name__ for m in model.modules()} | {type(p).__name__ for p in model.positions}
+                assert any(c in why for c in classes), (kind, name, why)
+                refused += 1
+                continue
+            eager, planned = decode_both(model, prompts(model), steps=4)
+            assert (planned - eager).abs().max().item() <= 1e-5 * eager.abs().max().item(), (kind, name)
+            checked += 1
+    assert checked >= 10
+
+
+def test_a_subclass_that_changes_forward_is_refused() -> None:
+    model = tiny_model(*MODELS["llama"])
+    norm = model.blocks[0].ln_1
+
+    class Shifted(type(norm)):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return super().forward(x) + 1
+
+    norm.__class__ = Shifted
+    cache = model.init_cache(1, 8)
+    step, why = compile_step(model, cache, 1)
+    assert step is None and why == "Shifted overrides forward of RMSNorm, whose decode_ops would not describe it"
+
+
+def test_hooks_dtypes_and_biases_are_refused() -> None:
+    model = tiny_model(*MODELS["llama"])
+    handle = model.blocks[1].mlp.register_forward_hook(lambda *_: None)
+    assert compile_step(model, model.init_cache(1, 8), 1) == (
+        None,
+        "GatedMLP has forward hooks or a forward of its own",
+    )
+    handle.remove()
+    model.double()
+    assert compile_step(model, model.init_cache(1, 8), 1) == (
+        None,
+        "activations in torch.float64 (the plan takes float32 and bfloat16)",
+    )
+    alibi = tiny_model("gpt2-tiny", "model.position=alibi")
+    assert compile_step(alibi, alibi.init_cache(1, 8), 1) == (
+        None,
+        "ALiBi biases attention (the plan has no attention bias)",
+    )
+
+
+def test_a_step_past_the_cache_is_the_eager_forward_s_error() -> None:
+    model = tiny_model(*MODELS["llama"])
+    cache = model.init_cache(1, 6)
+    with torch.no_grad():
+        model(prompts(model), cache)
+        step, _ = compile_step(model, cache, 1)
+        step(torch.tensor([[3]]))
+        with pytest.raises(GptzooError, match="the KV cache holds 6 positions, 7 were asked for"):
+            step(torch.tensor([[3]]))
+
+
+def test_a_token_outside_the_vocabulary_is_an_error() -> None:
+    model = tiny_model(*MODELS["llama"])
+    cache = model.init_cache(1, 8)
+    with torch.no_grad():
+        model(prompts(model), cache)
+        step, _ = compile_step(model, cache, 1)
+        with pytest.raises(GptzooError, match=r"failed at its operation 0: a token id outside the embedding table"):
+            step(torch.tensor([[model.wte.weight.shape[0]]]))
+
+
+def test_generate_decodes_through_the_plan_and_gives_the_eager_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = tiny_model(*MODELS["gemma"])
+    batch = prompts(model, batch=2).tolist()
+    compiled = []
+
+    def spy(*args):
+        step = compile_step(*args)
+        compiled.append(step[0] is not None)
+        return step
+
+    monkeypatch.setattr(generate_module, "compile_step", spy)
+    planned = generate(model, batch, 20)
+    monkeypatch.setattr(generate_module, "compile_step", lambda *args: (None, "off"))
+    assert compiled == [True]
+    assert planned == generate(model, batch, 20)
