@@ -11,7 +11,8 @@ Q8_0 (transformers has no CPU int8 path to compare).
 
 ``--load`` runs a competing CPU-bound process (a one-thread matmul loop) during the measurement,
 as when another job shares the cores. ``--perplexity`` adds each precision's perplexity on held-out
-text (Python's own documentation, pydoc_data.topics), gptzoo's and llama.cpp's.
+text (Python's own documentation, pydoc_data.topics), gptzoo's (in one forward, and fed token by token
+through the decoding path) and llama.cpp's.
 
     python bench/cpu_decode.py --gguf-dir DIR [--models smollm2-135m gemma3-270m]
         [--precisions float32 bfloat16 int8] [--runs 3] [--new-tokens 128] [--prefill 512]
@@ -39,7 +40,9 @@ import transformers
 
 from gptzoo.fetch import cache_root
 from gptzoo.hf import load_hf
+from gptzoo.inference.decode_plan import compile_step
 from gptzoo.inference.generate import generate
+from gptzoo.inference.matvec import native_decoding
 from gptzoo.inference.native import cpu_flags
 from gptzoo.inference.quantize import quantize_int8
 
@@ -130,6 +133,20 @@ def ours_nll(model: torch.nn.Module, ids: list[int]) -> float:
     return float(torch.nn.functional.cross_entropy(logits, torch.tensor(ids[1:])))
 
 
+def ours_decoded_nll(model: torch.nn.Module, ids: list[int]) -> float:
+    """ours_nll with the text fed one token at a time through the decoding path generate takes (the
+    native step and its kernels: for int8, products of int16 input blocks), not one forward."""
+    with torch.no_grad():
+        cache = model.init_cache(1, len(ids))
+        logits = [model(torch.tensor([ids[:1]]), cache)[0, -1]]
+        with native_decoding(model) as tuner:
+            step = compile_step(model, cache, 1)[0] if tuner is not None else None
+            for token in ids[1:-1]:
+                t = torch.tensor([[token]])
+                logits.append((step(t) if step is not None else model(t, cache))[0, -1])
+    return float(torch.nn.functional.cross_entropy(torch.stack(logits).float(), torch.tensor(ids[1:])))
+
+
 def measure(name: str, precision: str, args: argparse.Namespace, bandwidth: float) -> dict:
     directory = cache_root() / name
     if not (directory / "config.json").exists():
@@ -190,7 +207,10 @@ def measure(name: str, precision: str, args: argparse.Namespace, bandwidth: floa
     }
     if args.perplexity:
         ids = held_out_ids(tokenizer, args.prefill * 2)[args.prefill :]  # text the prefill did not use
-        row["perplexity"] = {"gptzoo": math.exp(ours_nll(ours, ids))}
+        row["perplexity"] = {
+            "gptzoo": math.exp(ours_nll(ours, ids)),
+            "gptzoo decoded": math.exp(ours_decoded_nll(ours, ids)),
+        }
         if gguf is not None and gguf.exists():
             del llama, sides["llama.cpp"]
             row["perplexity"]["llama.cpp"] = math.exp(Llama(gguf, n_ctx=len(ids) + 8, logits_all=True).nll(ids))
