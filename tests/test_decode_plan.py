@@ -149,6 +149,7 @@ def test_every_registered_component_is_computed_right_or_refused_with_its_name()
     assert checked >= 10
 
 
+@torch.no_grad()
 def test_a_subclass_that_changes_forward_is_refused() -> None:
     model = tiny_model(*MODELS["llama"])
     norm = model.blocks[0].ln_1
@@ -163,6 +164,7 @@ def test_a_subclass_that_changes_forward_is_refused() -> None:
     assert step is None and why == "Shifted overrides forward of RMSNorm, whose decode_ops would not describe it"
 
 
+@torch.no_grad()
 def test_hooks_dtypes_and_biases_are_refused() -> None:
     model = tiny_model(*MODELS["llama"])
     handle = model.blocks[1].mlp.register_forward_hook(lambda *_: None)
@@ -171,6 +173,11 @@ def test_hooks_dtypes_and_biases_are_refused() -> None:
         "GatedMLP has forward hooks or a forward of its own",
     )
     handle.remove()
+    with torch.enable_grad():
+        assert (
+            compile_step(model, model.init_cache(1, 8), 1)[1]
+            == "gradients or autocast wanted (the plan computes neither)"
+        )
     model.double()
     assert compile_step(model, model.init_cache(1, 8), 1) == (
         None,

@@ -349,6 +349,8 @@ def compile_step(model: nn.Module, cache: KVCache, batch: int) -> tuple[Compiled
     eager forward decodes)."""
     if library() is None:
         return None, "no native kernels"
+    if torch.is_grad_enabled() or torch.is_autocast_enabled("cpu"):
+        return None, "gradients or autocast wanted (the plan computes neither)"
     weight = model.wte.weight
     if weight.device.type != "cpu" or not 0 < batch <= MAX_ROWS:
         return None, f"a batch of {batch} on {weight.device} (the plan takes 1 to {MAX_ROWS} rows on the CPU)"
