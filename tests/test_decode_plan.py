@@ -190,25 +190,30 @@ def test_hooks_dtypes_and_biases_are_refused() -> None:
     )
 
 
+def prefilled_step(model: gptzoo.GPT, max_len: int):
+    """The compiled step of one row over a cache of ``max_len`` positions, the prompt already in it."""
+    cache = model.init_cache(1, max_len)
+    model(prompts(model), cache)
+    step, why = compile_step(model, cache, 1)
+    assert step is not None, why
+    return step
+
+
+@torch.no_grad()
 def test_a_step_past_the_cache_is_the_eager_forward_s_error() -> None:
     model = tiny_model(*MODELS["llama"])
-    cache = model.init_cache(1, 6)
-    with torch.no_grad():
-        model(prompts(model), cache)
-        step, _ = compile_step(model, cache, 1)
+    step = prefilled_step(model, 6)
+    step(torch.tensor([[3]]))
+    with pytest.raises(GptzooError, match="the KV cache holds 6 positions, 7 were asked for"):
         step(torch.tensor([[3]]))
-        with pytest.raises(GptzooError, match="the KV cache holds 6 positions, 7 were asked for"):
-            step(torch.tensor([[3]]))
 
 
+@torch.no_grad()
 def test_a_token_outside_the_vocabulary_is_an_error() -> None:
     model = tiny_model(*MODELS["llama"])
-    cache = model.init_cache(1, 8)
-    with torch.no_grad():
-        model(prompts(model), cache)
-        step, _ = compile_step(model, cache, 1)
-        with pytest.raises(GptzooError, match=r"failed at its operation 0: a token id outside the embedding table"):
-            step(torch.tensor([[model.wte.weight.shape[0]]]))
+    step = prefilled_step(model, 8)
+    with pytest.raises(GptzooError, match=r"failed at its operation 0: a token id outside the embedding table"):
+        step(torch.tensor([[model.wte.weight.shape[0]]]))
 
 
 def test_generate_decodes_through_the_plan_and_gives_the_eager_tokens(monkeypatch: pytest.MonkeyPatch) -> None:

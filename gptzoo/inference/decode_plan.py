@@ -167,9 +167,8 @@ class NativePlan:
         self._op("linear", p=(weight, scale, bias, src.ptr, dst.ptr), n=(dst.width, src.width), wkind=wkind)
 
     def rmsnorm(self, src: Buffer, dst: Buffer, weight: Tensor, eps: float, mode: str) -> None:
-        """Each ``weight.numel()`` features of a row normalized by their root mean square (a row of a
-        wider buffer holds several such vectors: per-head norms), the weight applied as ``mode`` says
-        (:data:`RMS_MODES`)."""
+        """gptzoo.interfaces.DecodePlan.rmsnorm (a row of a wider buffer holds several vectors: per-head
+        norms; ``mode`` one of :data:`RMS_MODES`)."""
         dim = weight.numel()
         if src.width != dst.width or src.width % dim:
             raise Unsupported(f"an RMSNorm of {dim} features over {src.width}")
@@ -226,11 +225,7 @@ class NativePlan:
         softcap: float,
         fused: bool,
     ) -> None:
-        """Write this token's k and v into ``keys``/``values`` (B, nkv, slots, hs; key i in slot
-        i % slots), then out = softmax(softcap(q K^T scale)) V over the last ``window`` keys (0: all).
-        ``qkv`` holds each row's q (nh heads), k and v (nkv heads each), in that order; sizes (nh, nkv, hs).
-        ``fused``: round as scaled_dot_product_attention's CPU kernel does (no softcap), else as the
-        explicit torch operations do."""
+        """gptzoo.interfaces.DecodePlan.attend; the cache is (B, nkv, slots, hs) of the activations' dtype."""
         nh, nkv, hs = sizes
         if not qkv.whole or not out.whole or out.width != nh * hs or qkv.width != (nh + 2 * nkv) * hs:
             raise Unsupported("attention buffers of unexpected widths")
@@ -270,9 +265,10 @@ class NativePlan:
             tables = getattr(rotary, "decode_tables", None)
             if tables is None:
                 raise Unsupported(f"{type(rotary).__name__} (from {type(position).__name__}) has no decode_tables")
-            dim = tables()[0].numel()
+            probe_cos, _, in_float32 = tables()
+            dim = probe_cos.numel()
             cos, sin = torch.empty(self.batch, dim), torch.empty(self.batch, dim)
-            step.rotary = (cos, sin, tables()[2])
+            step.rotary = (cos, sin, in_float32)
 
             def rotate(pos: Positions) -> None:
                 new_cos, new_sin, _ = position.rotary(pos.queries).decode_tables()
@@ -313,6 +309,7 @@ class CompiledStep:
         self.tokens = torch.empty(plan.batch, dtype=torch.int64)
         self.failed = ctypes.c_long(0)
         self.device = logits.tensor.device
+        self.lib = library()
         limits = [p.max_positions for p in model.positions if p.max_positions is not None]
         self.limit = min([cache.max_len, *limits])
         """The most positions; a step past them runs the eager forward, which says what is wrong."""
@@ -325,8 +322,7 @@ class CompiledStep:
         for rewrite in self.plan.before_step:
             rewrite(pos)
         self.tokens.copy_(tokens.reshape(-1))
-        lib = library()
-        code = lib.decode_step(
+        code = self.lib.decode_step(
             ctypes.addressof(self.ops),
             len(self.ops),
             self.plan.batch,

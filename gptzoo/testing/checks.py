@@ -386,7 +386,10 @@ def check_decode_plan(subject: Subject) -> str:
     eager steps; where the plan cannot describe a component (no ``decode_ops``: optional), it says
     why, and the model decodes with its eager forward."""
     from gptzoo.inference.decode_plan import compile_step
+    from gptzoo.inference.native import library
 
+    if library() is None:
+        raise Skipped("no C compiler for the native kernels")
     model = subject.model(PLAIN)
     length = decode_length(subject)
     idx = tokens(length)
@@ -395,8 +398,6 @@ def check_decode_plan(subject: Subject) -> str:
         cache = model.init_cache(idx.shape[0], idx.shape[1])
         steps = [model(idx[:, :PREFILL], cache)]
         step, why = compile_step(model, cache, idx.shape[0])
-        if step is None and why == "no native kernels":
-            raise Skipped("no C compiler for the native kernels")
         if step is None:  # optional: the model then decodes with its eager forward, which check_cache covers
             return f"decodes with its eager forward: {why}"
         steps += [step(idx[:, t : t + 1]) for t in range(PREFILL, length)]
