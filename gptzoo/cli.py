@@ -86,6 +86,14 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _lengths(text: str) -> list[int]:
+    """Comma-separated positive integers: --lengths 128,256,512."""
+    values = [_positive_int(part.strip()) for part in text.split(",") if part.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError(f"{_cut(text)!r} names no length; give e.g. 128,256,512")
+    return sorted(set(values))
+
+
 def _seed(text: str) -> int:
     value = _int(text)
     if not 0 <= value <= MAX_SEED:
@@ -302,6 +310,48 @@ def make_parser(registry: Registry | None = None) -> argparse.ArgumentParser:
     if registry is not None:
         _add_sampler_flags(p, registry)
     p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser(
+        "eval", parents=[common], help="loss, perplexity and bits per byte on held-out text, at several lengths"
+    )
+    p.add_argument(
+        "model",
+        metavar="MODEL",
+        help="a gptzoo checkpoint or run directory, a Hugging Face directory or fetchable name, or a recipe with "
+        "[weights]",
+    )
+    p.add_argument(
+        "--text", action="append", default=[], metavar="FILE", help="a UTF-8 text file, one document (repeatable)"
+    )
+    p.add_argument(
+        "--data",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="prepared data (`gptzoo prepare`): its val.bin, in the model's tokenizer (repeatable)",
+    )
+    p.add_argument(
+        "--lengths",
+        type=_lengths,
+        metavar="L,L,...",
+        help="context lengths in tokens, also beyond the training context where the positions allow "
+        "(default: the context length, at most 1024)",
+    )
+    p.add_argument(
+        "--stride", type=_positive_int, metavar="S", help="tokens between sliding windows (default: half the length)"
+    )
+    p.add_argument("--batch", type=_positive_int, metavar="B", help="windows per forward (default: by memory)")
+    p.add_argument("--max-tokens", type=_positive_int, metavar="N", help="only the first N tokens of each text")
+    p.add_argument("--dtype", choices=DTYPE_NAMES, default="float32")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="override a recipe key where the weights keep their meaning, e.g. model.attention=eager (repeatable)",
+    )
+    p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("export", parents=[common], help="write a gptzoo checkpoint as a Hugging Face checkpoint")
     p.add_argument("checkpoint", help="a gptzoo checkpoint directory (from `gptzoo build --out`)")
@@ -587,6 +637,32 @@ def cmd_generate(args: argparse.Namespace, out: Console, err: Console) -> None:
             _write_text(out, f"{prompt}{r.text}\n")
             out.print(f"[dim]({r.finish_reason}, {len(r.tokens)} tokens)[/dim]")
     err.print(f"[dim]{tokens_per_s:.1f} tokens/s[/dim]")
+
+
+def cmd_eval(args: argparse.Namespace, out: Console, err: Console) -> None:
+    with _importing():
+        from gptzoo.evaluation import eval_model
+        from gptzoo.evaluation.display import EvalProgress, render_eval
+        from gptzoo.model.summary import DTYPES
+
+    kwargs: dict[str, Any] = dict(
+        texts=args.text,
+        data=args.data,
+        lengths=args.lengths,
+        stride=args.stride,
+        batch_size=args.batch,
+        max_tokens=args.max_tokens,
+        dtype=DTYPES[args.dtype],
+        overrides=args.overrides,
+        registry=_registry(err),
+    )
+    if args.json:
+        report = eval_model(args.model, **kwargs)
+        _print_json(out, report)
+        return
+    with EvalProgress(err) as progress:
+        report = eval_model(args.model, progress=progress, **kwargs)
+    render_eval(report, out)
 
 
 def cmd_export(args: argparse.Namespace, out: Console, err: Console) -> None:

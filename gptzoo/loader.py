@@ -24,10 +24,11 @@ from gptzoo.atomic import check_new_directory
 from gptzoo.errors import GptzooError, Interrupted
 from gptzoo.hf import check_recipe_matches, hf_recipe, load_hf, locate
 from gptzoo.model.build import build_model
+from gptzoo.model.checkpoint import FILES as CHECKPOINT_FILES
 from gptzoo.model.checkpoint import load_checkpoint, save_checkpoint, tokenizer_files
 from gptzoo.model.gpt import GPT
 from gptzoo.model.summary import summarize
-from gptzoo.recipe import Recipe, load_recipe, override_recipe, recipe_tokenizer, resolve_components
+from gptzoo.recipe import Recipe, load_recipe, override_recipe, recipe_tokenizer, resolve_components, shipped_recipes
 from gptzoo.registry import Registry, default_registry
 from gptzoo.tokenizer import HF_TOKENIZER_FILES, Tokenizer
 from gptzoo.untrusted import check_utf8_path
@@ -151,6 +152,50 @@ def load_model(
             model = build_model(resolved, device=dev, dtype=dtype, registry=registry)
     warnings = (f"recipe {resolved.name!r} has no [weights]: the model has random weights",) if recipe_weights else ()
     return Loaded(model, resolved, "random initialization", warnings=warnings)
+
+
+def load_any(
+    source: str | Path,
+    *,
+    overrides: Sequence[str] = (),
+    registry: Registry | None = None,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+) -> Loaded:
+    """A model with real weights from one name, as `gptzoo eval` takes it: a gptzoo checkpoint directory,
+    a run directory (its newest checkpoint), a Hugging Face directory, a recipe with [weights], or a
+    name `gptzoo fetch` (or the local Hugging Face cache) knows.
+
+    Raises:
+        GptzooError: nothing by that name, a run without checkpoints, or a recipe without weights.
+    """
+    from gptzoo.training import run_dir
+
+    text = str(source)
+    path = Path(text)
+    if path.is_dir():
+        if all((path / f).is_file() for f in CHECKPOINT_FILES):
+            return load_model(checkpoint=path, overrides=overrides, registry=registry, device=device, dtype=dtype)
+        if (path / run_dir.CHECKPOINTS).is_dir():
+            newest = run_dir.latest(path)
+            if newest is None:
+                raise GptzooError(f"run {text} has no complete checkpoint yet; train it (or resume it) first")
+            return load_model(checkpoint=newest, overrides=overrides, registry=registry, device=device, dtype=dtype)
+        if (path / "config.json").is_file():
+            return load_model(hf=path, overrides=overrides, registry=registry, device=device, dtype=dtype)
+        raise GptzooError(
+            f"{text} is a directory but not a model: expected a gptzoo checkpoint ({', '.join(CHECKPOINT_FILES)}), "
+            f"a run directory ({run_dir.CHECKPOINTS}/) or a Hugging Face checkpoint (config.json)"
+        )
+    if text.endswith(".toml") or text in shipped_recipes():
+        recipe, weights = resolve_recipe(text, overrides=overrides, registry=registry)
+        if weights is None:
+            raise GptzooError(
+                f"recipe {recipe.name!r} has no [weights]: its random weights have nothing to evaluate; give a "
+                "checkpoint or run directory (`gptzoo train`), a Hugging Face directory or a fetchable name"
+            )
+        return load_model(recipe, registry=registry, device=device, dtype=dtype)
+    return load_model(hf=text, overrides=overrides, registry=registry, device=device, dtype=dtype)
 
 
 def build(

@@ -1,0 +1,91 @@
+"""`gptzoo eval`: a model's loss, perplexity and bits per byte on held-out text, at several context
+lengths (length extrapolation), with bootstrap intervals.
+
+- gptzoo.evaluation.windows: the sliding windows over a long text;
+- gptzoo.evaluation.texts: text files and prepared data as token documents with their bytes;
+- gptzoo.evaluation.perplexity: the scores.
+
+Example::
+
+    from gptzoo.evaluation import eval_model
+    report = eval_model("runs/shakespeare", data=["data/shakespeare-bytes"], lengths=[256, 512])
+    report["scores"][0]["bits_per_byte"]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gptzoo.errors import GptzooError
+from gptzoo.evaluation.perplexity import Progress, Score, evaluate, length_limit
+from gptzoo.evaluation.texts import EvalText, read_prepared, read_text_file
+from gptzoo.loader import Loaded, load_any
+from gptzoo.registry import Registry
+
+DEFAULT_LONGEST = 1024
+"""The default length is the model's context, at most this many tokens."""
+
+__all__ = ["EvalText", "Score", "default_lengths", "eval_model", "evaluate", "length_limit", "texts_for"]
+
+
+def default_lengths(loaded: Loaded) -> list[int]:
+    return [min(loaded.recipe.model.context_length, DEFAULT_LONGEST)]
+
+
+def texts_for(
+    loaded: Loaded,
+    *,
+    texts: Sequence[str | Path] = (),
+    data: Sequence[str | Path] = (),
+    max_tokens: int | None = None,
+) -> list[EvalText]:
+    """The files and prepared data to evaluate ``loaded`` on, in its tokenizer.
+
+    Raises:
+        GptzooError: neither given, or one that cannot be read (see gptzoo.evaluation.texts).
+    """
+    if not texts and not data:
+        raise GptzooError("nothing to evaluate on: give --text FILE or --data DIR (prepared by `gptzoo prepare`)")
+    tokenizer = loaded.tokenizer()
+    out = [read_prepared(d, loaded.recipe, tokenizer, hf_dir=loaded.hf_dir, max_tokens=max_tokens) for d in data]
+    out += [read_text_file(t, tokenizer, max_tokens=max_tokens) for t in texts]
+    return out
+
+
+def eval_model(
+    model: str | Path | Loaded,
+    *,
+    texts: Sequence[str | Path] = (),
+    data: Sequence[str | Path] = (),
+    lengths: Sequence[int] | None = None,
+    stride: int | None = None,
+    batch_size: int | None = None,
+    max_tokens: int | None = None,
+    dtype: torch.dtype = torch.float32,
+    overrides: Sequence[str] = (),
+    registry: Registry | None = None,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Evaluate ``model`` (a name gptzoo.loader.load_any takes, or a loaded model) on ``texts`` and
+    ``data``; JSON-ready: the model, where its weights came from, and one score per text and length."""
+    loaded = (
+        model if isinstance(model, Loaded) else load_any(model, overrides=overrides, registry=registry, dtype=dtype)
+    )
+    sources = texts_for(loaded, texts=texts, data=data, max_tokens=max_tokens)
+    chosen = list(lengths) if lengths else default_lengths(loaded)
+    with torch.inference_mode():
+        scores = evaluate(loaded.model, sources, chosen, stride=stride, batch_size=batch_size, progress=progress)
+    limit = length_limit(loaded.model)
+    return {
+        "model": str(model) if not isinstance(model, Loaded) else loaded.source,
+        "recipe": loaded.recipe.name,
+        "weights": loaded.source,
+        "dtype": str(next(loaded.model.parameters()).dtype).removeprefix("torch."),
+        "context_length": loaded.recipe.model.context_length,
+        "max_positions": limit[0] if limit is not None else None,
+        "scores": [s.to_dict() for s in scores],
+    }

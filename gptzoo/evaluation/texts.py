@@ -1,0 +1,97 @@
+"""What `gptzoo eval` reads: text files (one document each, tokenized with the model's tokenizer) and
+prepared data (the val.bin of `gptzoo prepare`, which must be in the model's tokenizer).
+
+Bits per byte compare models whose tokenizers differ, so each document records the UTF-8 bytes its
+scored tokens stand for. A text file is encoded as the model sees a prompt (an HF tokenizer adds its
+BOS); when the tokenizer has a BOS token that the encoding lacks, it is put in front, so every token of
+the text is predicted and the bytes are the whole file's. Without a BOS (the bytes tokenizer) the
+first token cannot be predicted: its bytes are left out of the count. Prepared data is one stream
+whose bytes are those of its decoded text, less its first token's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from gptzoo.errors import GptzooError
+from gptzoo.recipe import Recipe
+from gptzoo.tokenizer import Tokenizer, utf8
+from gptzoo.training.data import TokenData
+from gptzoo.training.trainer import check_data
+
+
+@dataclass(frozen=True)
+class Document:
+    ids: np.ndarray
+    """Token ids (int64), including a BOS put in front."""
+    n_bytes: int
+    """UTF-8 bytes of the tokens that are scored (all but the first)."""
+
+
+@dataclass(frozen=True)
+class EvalText:
+    name: str
+    """As the person gave it: a file or a data directory."""
+    documents: tuple[Document, ...]
+
+
+def _bytes_of(tokenizer: Tokenizer, ids: list[int]) -> int:
+    return len(tokenizer.decode(ids).encode("utf-8", errors="replace"))
+
+
+def read_text_file(path: str | Path, tokenizer: Tokenizer, *, max_tokens: int | None = None) -> EvalText:
+    """One document: the file's UTF-8 text in ``tokenizer``'s ids (see the module docstring).
+
+    Raises:
+        GptzooError: no such file, not UTF-8, or fewer than 2 tokens.
+    """
+    path = Path(path)
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise GptzooError(f"--text {path}: no such file") from None
+    except IsADirectoryError:
+        raise GptzooError(f"--text {path} is a directory; give a text file (or prepared data with --data)") from None
+    except UnicodeDecodeError as exc:
+        raise GptzooError(f"--text {path} is not UTF-8 text (byte {exc.start}); convert it to UTF-8") from None
+    except OSError as exc:
+        raise GptzooError(f"cannot read --text {path}: {exc.strerror}") from None
+    utf8(text, f"--text {path}")
+    ids = tokenizer.encode(text)
+    bos = tokenizer.bos_token_id
+    if bos is not None and (not ids or ids[0] != bos):
+        ids = [bos, *ids]
+        n_bytes = len(text.encode("utf-8"))
+    else:
+        n_bytes = len(text.encode("utf-8")) - (_bytes_of(tokenizer, ids[:1]) if bos is None else 0)
+    if max_tokens is not None and len(ids) > max_tokens:
+        ids = ids[:max_tokens]
+        n_bytes = _bytes_of(tokenizer, ids[1:])  # after the BOS, or the first token
+    if len(ids) < 2:
+        raise GptzooError(f"--text {path} gives {len(ids)} token(s); evaluation needs at least 2")
+    return EvalText(str(path), (Document(np.asarray(ids, dtype=np.int64), n_bytes),))
+
+
+def read_prepared(
+    directory: str | Path,
+    recipe: Recipe,
+    tokenizer: Tokenizer,
+    *,
+    hf_dir: str | Path | None = None,
+    max_tokens: int | None = None,
+) -> EvalText:
+    """The val.bin of prepared data, checked against the model's tokenizer and vocabulary.
+
+    Raises:
+        GptzooError: not prepared data, or data in another tokenizer (as for training).
+    """
+    data = TokenData.open(directory)
+    check_data(recipe, data, hf_dir)
+    ids = np.asarray(data.val[: max_tokens if max_tokens is not None else len(data.val)], dtype=np.int64)
+    if len(ids) < 2:
+        raise GptzooError(f"--data {directory}: val.bin has {len(ids)} token(s); evaluation needs at least 2")
+    n_bytes = _bytes_of(tokenizer, ids[1:].tolist())
+    return EvalText(str(directory), (Document(ids, n_bytes),))
