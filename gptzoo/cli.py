@@ -23,7 +23,7 @@ import tomllib
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
@@ -41,6 +41,7 @@ from gptzoo.recipe import load_recipe, read_recipe_data, shipped_recipes
 from gptzoo.recipe.schema import MAX_DIM
 from gptzoo.registry import GPTZOO_DISTRIBUTION, Registry, culprit, get_registry, split_name
 from gptzoo.scaffold import new_plugin
+from gptzoo.sweep.names import BUDGETS, SWEEP_RECORD, SWEEPS
 from gptzoo.training.corpora import CORPORA, DEFAULT_VAL_FRACTION, NAMED_TOKENIZERS
 
 EXIT_USER_ERROR = 2
@@ -92,6 +93,21 @@ def _lengths(text: str) -> list[int]:
     if not values:
         raise argparse.ArgumentTypeError(f"{_cut(text)!r} names no length; give e.g. 128,256,512")
     return sorted(set(values))
+
+
+def _budget(text: str) -> tuple[str, float]:
+    kind, sep, amount = text.partition("=")
+    if not sep or kind not in BUDGETS:
+        raise argparse.ArgumentTypeError(f"{_cut(text)!r} is not KIND=N with KIND one of {', '.join(BUDGETS)}")
+    try:
+        value = float(amount)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{_cut(amount)!r} is not a number") from None
+    if not math.isfinite(value) or value <= 0 or (kind != "flops" and value != int(value)):
+        raise argparse.ArgumentTypeError(
+            f"{_cut(text)}: the amount must be a positive {'number' if kind == 'flops' else 'integer'}"
+        )
+    return kind, value if kind == "flops" else int(value)
 
 
 def _seed(text: str) -> int:
@@ -416,9 +432,31 @@ def make_parser(registry: Registry | None = None) -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("plot", parents=[common], help="draw a run's train and validation loss into a PNG")
-    p.add_argument("run", help="a run directory (`gptzoo train --out`)")
-    p.add_argument("--out", metavar="PNG", help="default: RUN/loss.png")
+    p = sub.add_parser(
+        "sweep",
+        parents=[common],
+        help="train and evaluate every variant of an ablation (a spec), with seeds, then report what each swap did",
+    )
+    p.add_argument("spec", metavar="SPEC", help="a sweep spec (.toml) or a shipped sweep: " + ", ".join(SWEEPS))
+    p.add_argument("--out", metavar="DIR", help="the sweep directory (default: sweeps/SPEC)")
+    p.add_argument("--resume", action="store_true", help="finish the sweep in --out: only the runs it lacks")
+    p.add_argument(
+        "--jobs", type=_positive_int, default=1, metavar="N", help="runs at once, each in its own process (default 1)"
+    )
+    p.add_argument("--data", metavar="DIR", help="prepared data for every run, instead of the spec's [data]")
+    p.add_argument(
+        "--budget",
+        type=_budget,
+        metavar="KIND=N",
+        help="instead of the spec's [budget]: steps=N, tokens=N or flops=N per run (e.g. a short try: steps=20)",
+    )
+    p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser(
+        "plot", parents=[common], help="draw a run's loss into a PNG, or a sweep's plots into its directory"
+    )
+    p.add_argument("run", help="a run directory (`gptzoo train --out`) or a sweep directory (`gptzoo sweep --out`)")
+    p.add_argument("--out", metavar="PNG", help="default: RUN/loss.png (a run only)")
     p.set_defaults(func=cmd_plot)
 
     p = sub.add_parser("plugins", parents=[common], help="list plugins, where they come from and what they registered")
@@ -772,10 +810,59 @@ def cmd_train(args: argparse.Namespace, out: Console, err: Console) -> None:
     )
 
 
+def cmd_sweep(args: argparse.Namespace, out: Console, err: Console) -> None:
+    with _importing():
+        from gptzoo.sweep.display import RunBar
+        from gptzoo.sweep.report import render_report
+        from gptzoo.sweep.runner import run_sweep
+        from gptzoo.sweep.spec import read_spec
+
+    registry = _registry(err)
+    spec = read_spec(args.spec, registry=registry)
+    if args.data is not None:
+        spec = replace(spec, data_path=str(Path(args.data).resolve()), prepare=None, tokenizer=None)
+    if args.budget is not None:
+        spec = replace(spec, budget=args.budget)
+    target = args.out if args.out is not None else Path("sweeps") / spec.name
+
+    def bar(task: Any, k: int, total: int) -> RunBar:
+        return RunBar(err, f"[{k}/{total}] {task.variant} seed {task.seed}", task.recipe.train.max_steps)
+
+    report = run_sweep(
+        spec,
+        target,
+        resume=args.resume,
+        jobs=args.jobs,
+        registry=registry,
+        say=None if args.json or not _first_process(args) else (lambda line: err.print(_text(line))),
+        display=None if args.json or not _first_process(args) else bar,
+    )
+    if report is None:  # under torchrun, not the first process: it reports
+        return
+    if args.json:
+        _print_json(out, report)
+        return
+    render_report(report, out)
+    out.print(f"report: {_text(str(Path(target) / 'report.md'))}")
+
+
 def cmd_plot(args: argparse.Namespace, out: Console, err: Console) -> None:
     with _importing():
         from gptzoo.training.plot import plot_run
 
+    if (Path(args.run) / SWEEP_RECORD).is_file():
+        with _importing():
+            from gptzoo.sweep.report import replot
+
+        if args.out is not None:
+            raise GptzooError("--out is for a run's plot; a sweep's plots go into its own directory")
+        written = replot(Path(args.run))
+        if args.json:
+            _print_json(out, {"png": [str(p) for p in written]})
+            return
+        for path in written:
+            out.print(f"wrote {_text(str(path))}")
+        return
     png = plot_run(args.run, args.out)
     if args.json:
         _print_json(out, {"png": str(png)})
@@ -998,8 +1085,8 @@ def cmd_new_plugin(args: argparse.Namespace, out: Console, err: Console) -> None
 
 
 def _first_process(args: argparse.Namespace) -> bool:
-    """False in the other processes of a torchrun training (only the first one reports)."""
-    if args is None or args.command != "train":
+    """False in the other processes of a torchrun training or sweep (only the first one reports)."""
+    if args is None or args.command not in ("train", "sweep"):
         return True
     return _env_int("RANK", 0) == 0
 
@@ -1139,7 +1226,7 @@ def _main(argv: list[str], out: Console, err: Console) -> int:
         text = exception_text(exc)
         message = f"interrupted: {text}" if text else "interrupted"
         code = _fail(args, out, err, f"[yellow]{_text(message)}[/yellow]", message, EXIT_INTERRUPTED)
-    if args.command == "train" and _env_int("WORLD_SIZE", 1) > 1:
+    if args.command in ("train", "sweep") and _env_int("WORLD_SIZE", 1) > 1:
         # torch 2.13 with gloo aborted at interpreter exit after DDP in 1 to 3 runs of 6, although the work
         # was done ("terminate called without an active exception"): leave right away, with the run's own status.
         out.file.flush()

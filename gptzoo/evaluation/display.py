@@ -50,7 +50,7 @@ class EvalProgress:
 
 
 def _ci(ci: list[float] | None) -> str:
-    return f"{ci[0]:.4f} - {ci[1]:.4f}" if ci else "-"
+    return f"{ci[0]:.4f}–{ci[1]:.4f}" if ci else "-"
 
 
 def render_eval(report: dict[str, Any], out: Console) -> None:

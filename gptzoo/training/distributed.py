@@ -22,6 +22,9 @@ class Processes:
     rank: int
     world_size: int
     device: torch.device
+    owns_group: bool = False
+    """This call of :func:`start` joined the process group, so :func:`stop` leaves it; a caller that
+    joined first (a sweep running many trainings) keeps it for the next."""
 
     @property
     def is_main(self) -> bool:
@@ -42,17 +45,35 @@ def start() -> Processes:
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    if not dist.is_initialized():
+    owns = not dist.is_initialized()
+    if owns:
         dist.init_process_group(backend="nccl" if cuda else "gloo", device_id=device if cuda else None)
-    return Processes(dist.get_rank(), dist.get_world_size(), device)
+    return Processes(dist.get_rank(), dist.get_world_size(), device, owns)
 
 
 def stop(procs: Processes, *, wait: bool = True) -> None:
-    """Leave the process group; ``wait`` for the others first (not when this one is failing)."""
+    """``wait`` for the other processes (not when this one is failing), and leave the process group if
+    this one's :func:`start` joined it."""
     if procs.distributed and dist.is_initialized():
         if wait:
             dist.barrier()
-        dist.destroy_process_group()
+        if procs.owns_group:
+            dist.destroy_process_group()
+
+
+def barrier(procs: Processes) -> None:
+    """Wait until every process gets here."""
+    if procs.distributed:
+        dist.barrier()
+
+
+def share(value: object, procs: Processes) -> object:
+    """The first process's ``value``, in every process (a picklable object)."""
+    if not procs.distributed:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def replicate(model: nn.Module, procs: Processes, parallel: str) -> nn.Module:

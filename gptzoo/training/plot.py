@@ -7,6 +7,7 @@ import stat
 import tempfile
 from contextlib import suppress
 from pathlib import Path
+from typing import Any
 
 from gptzoo.atomic import default_mode, write_problem
 from gptzoo.errors import GptzooError, Interrupted
@@ -78,22 +79,31 @@ def _plot(run: Path, path: Path, *, given: bool) -> Path:
         ax.grid(alpha=0.3)
         ax.legend()
         fig.tight_layout()
-        tmp: str | None = None
-        try:
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-            os.fchmod(fd, default_mode(directory=False))  # mkstemp's 0o600 is for temporary files
-            with os.fdopen(fd, "wb") as f:
-                fig.savefig(f, format=kind)
-            os.replace(tmp, path)
-        except OSError as exc:
-            _remove(tmp)
-            raise GptzooError(f"cannot write {path}: {write_problem(exc)}; {fix}") from None
-        except BaseException:  # Ctrl-C in savefig, or any failure of matplotlib's: no temporary file stays
-            _remove(tmp)
-            raise
+        write_figure(fig, path, kind, fix)
     finally:
         plt.close(fig)
     return path
+
+
+def write_figure(fig: Any, path: Path, kind: str, fix: str) -> None:
+    """Save a matplotlib figure to ``path`` in one rename: complete or not there.
+
+    Raises:
+        GptzooError: the write failed, with ``fix``.
+    """
+    tmp: str | None = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.fchmod(fd, default_mode(directory=False))  # mkstemp's 0o600 is for temporary files
+        with os.fdopen(fd, "wb") as f:
+            fig.savefig(f, format=kind)
+        os.replace(tmp, path)
+    except OSError as exc:
+        _remove(tmp)
+        raise GptzooError(f"cannot write {path}: {write_problem(exc)}; {fix}") from None
+    except BaseException:  # Ctrl-C in savefig, or any failure of matplotlib's: no temporary file stays
+        _remove(tmp)
+        raise
 
 
 def _remove(tmp: str | None) -> None:

@@ -1,0 +1,74 @@
+"""Matched variants: one [model] key (by default d_ff) chosen so that a variant has the base's parameter
+count, or its training FLOPs per token, as the GLU-variants paper sizes SwiGLU's hidden layer (2/3 of
+the dense one's 4d). Computed from models built on the meta device (no weights), never hand-entered."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gptzoo.errors import GptzooError, RecipeError
+from gptzoo.flops import TRAIN_FORWARD_RATIO, forward_flops
+from gptzoo.model.build import build_model
+from gptzoo.recipe import Recipe, override_recipe
+from gptzoo.registry import Registry
+
+TOLERANCE = 0.01
+"""A matched variant is within 1% of its target."""
+LARGEST = 1 << 24
+
+
+def parameters(recipe: Recipe, registry: Registry) -> int:
+    """Parameters of the recipe's model (a tied head once)."""
+    model = build_model(recipe, device="meta", registry=registry)
+    return sum(p.numel() for p in model.parameters())
+
+
+def train_flops_per_token(recipe: Recipe, registry: Registry) -> float:
+    """Training FLOPs per token at the recipe's training length (gptzoo.flops' convention, x3 for backward)."""
+    seq = recipe.train.seq_len or recipe.model.context_length
+    model = build_model(recipe, device="meta", registry=registry)
+    return TRAIN_FORWARD_RATIO * sum(forward_flops(model, 1, seq).values()) / seq
+
+
+MEASURES = {"params": parameters, "flops": train_flops_per_token}
+
+
+def _value(recipe: Recipe, key: str) -> Any:
+    return recipe.to_dict()["model"].get(key.removeprefix("model."))
+
+
+def match_variant(recipe: Recipe, reference: Recipe, by: str, key: str, multiple: int, registry: Registry) -> Recipe:
+    """``recipe`` with ``key`` set to the multiple of ``multiple`` whose model comes closest to
+    ``reference``'s by ``by`` ("params" or "flops"), which must grow with the key.
+
+    Raises:
+        GptzooError: the key is not an integer of the recipe, or no value comes within 1%.
+    """
+    measure = MEASURES[by]
+    if not isinstance(_value(recipe, key), int) or isinstance(_value(recipe, key), bool):
+        raise GptzooError(f"match.key {key} is not an integer key of the recipe's [model]; match by model.d_ff")
+    target = measure(reference, registry)
+
+    def at(steps: int) -> float:
+        try:
+            return measure(override_recipe(recipe, [f"{key}={steps * multiple}"], registry=registry), registry)
+        except RecipeError as exc:
+            raise GptzooError(f"{key}={steps * multiple} does not build: {exc.problems[0]}") from None
+
+    lo, hi = 1, 1
+    while at(hi) < target:
+        lo, hi = hi, hi * 2
+        if hi * multiple > LARGEST:
+            raise GptzooError(f"no {key} up to {LARGEST:,} reaches the base's {by} ({target:,.0f})")
+    while hi - lo > 1:  # at(lo) < target <= at(hi), or lo == hi == 1
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if at(mid) < target else (lo, mid)
+    best = min((lo, hi), key=lambda s: abs(at(s) - target))
+    reached = at(best)
+    if abs(reached - target) > TOLERANCE * target:
+        raise GptzooError(
+            f"matching {by}: the closest {key} = {best * multiple} gives {reached:,.0f}, "
+            f"{100 * (reached / target - 1):+.1f}% off the base's {target:,.0f} (more than 1%); "
+            "use a finer match.multiple"
+        )
+    return override_recipe(recipe, [f"{key}={best * multiple}"], registry=registry)

@@ -1,0 +1,294 @@
+"""A sweep's report: per variant, over its seeds, what it costs and how well it learned; written as
+``report.json`` (every run's result too) and ``report.md`` (the table, the machine, the plots), and
+shown as a rich table."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from gptzoo.errors import GptzooError, terminal_text
+from gptzoo.sweep.spec import SweepSpec
+from gptzoo.training import run_dir
+
+REPORT_JSON = "report.json"
+REPORT_MD = "report.md"
+
+
+def _spread(values: list[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0}
+
+
+def read_results(out: Path) -> list[dict[str, Any]]:
+    """Every run's result under ``out``/results."""
+    from gptzoo.sweep.runner import RESULTS
+
+    results = []
+    for path in sorted((out / RESULTS).glob("*/seed-*.json")):
+        try:
+            results.append(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError) as exc:
+            raise GptzooError(f"cannot read the run result {path} ({exc}); remove it and resume the sweep") from None
+    return results
+
+
+def summarize(results: list[dict[str, Any]], order: list[str]) -> list[dict[str, Any]]:
+    """One row per variant (in ``order``) over its seeds."""
+    rows = []
+    for name in order:
+        runs = [r for r in results if r["variant"] == name]
+        if not runs:
+            continue
+        done = [r for r in runs if r["status"] == "done"]
+        first = runs[0]
+        evals: dict[int, list[dict[str, Any]]] = {}
+        for r in done:
+            for s in r["eval"] or []:
+                evals.setdefault(s["length"], []).append(s)
+        lengths = []
+        for length, scores in sorted(evals.items()):
+            refused = next((s["refused"] for s in scores if s["refused"]), None)
+            lengths.append(
+                {
+                    "length": length,
+                    "refused": refused,
+                    "perplexity": _spread([s["perplexity"] for s in scores if s["perplexity"] is not None]),
+                    "bits_per_byte": _spread([s["bits_per_byte"] for s in scores if s["bits_per_byte"] is not None]),
+                }
+            )
+        reached = [r["steps_to_target"] for r in done if r["steps_to_target"] is not None]
+        rows.append(
+            {
+                "variant": name,
+                "seeds": [r["seed"] for r in runs],
+                "params": first["params"],
+                "train_flops_per_token": first["train_flops_per_token"],
+                "kv_bytes_per_token": first["kv_bytes_per_token"],
+                "matched": first["matched"],
+                "tokens_per_s": _spread([r["tokens_per_s"] for r in runs if r["tokens_per_s"] is not None]),
+                "final_val_loss": _spread([r["final_val_loss"] for r in done if r["final_val_loss"] is not None]),
+                "best_val_loss": _spread([r["best_val_loss"] for r in runs if r["best_val_loss"] is not None]),
+                "bits_per_byte": lengths[0]["bits_per_byte"] if lengths else None,
+                "lengths": lengths,
+                "steps_to_target": _spread([float(s) for s in reached]),
+                "reached_target": f"{len(reached)}/{len(runs)}",
+                "max_grad_norm": max(
+                    (r["max_grad_norm"] for r in runs if r["max_grad_norm"] is not None), default=None
+                ),
+                "max_spike": max(r["max_spike"] for r in runs),
+                "diverged": sum(1 for r in runs if r["status"] == "diverged"),
+                "reasons": sorted({r["reason"] for r in runs if r["reason"]}),
+            }
+        )
+    return rows
+
+
+def _pm(spread: dict[str, float] | None, spec: str = ".4f") -> str:
+    """``mean±std`` (the spread without its leading zero: 2.417±.007), or the mean of one."""
+    if spread is None:
+        return "-"
+    if not spread["std"]:
+        return f"{spread['mean']:{spec}}"
+    std = f"{spread['std']:{spec}}"
+    return f"{spread['mean']:{spec}}±{std[1:] if std.startswith('0.') else std}"
+
+
+def _si(n: float) -> str:
+    """Three significant digits and a unit: 842k, 5.70M."""
+    for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.3g}{unit}" if n / size < 100 else f"{n / size:.0f}{unit}"
+    return f"{n:.0f}"
+
+
+COLUMNS = (
+    "variant",
+    "params",
+    "FLOPs/token",
+    "tok/s",
+    "final val loss",
+    "best val loss",
+    "bits/byte",
+    "max ‖g‖",
+    "diverged",
+)
+
+
+def table_rows(
+    rows: list[dict[str, Any]], target: float | None, loss: str = ".4f"
+) -> tuple[tuple[str, ...], list[list[str]]]:
+    """Column names and cells for the table (as text), losses formatted with ``loss``."""
+    columns = COLUMNS[:-1] + (("to target",) if target is not None else ()) + COLUMNS[-1:]
+    cells = []
+    for row in rows:
+        matched = row["matched"]
+        name = row["variant"] + (f" ({matched['key'].removeprefix('model.')}={matched['value']})" if matched else "")
+        line = [
+            name,
+            _si(row["params"]),
+            _si(row["train_flops_per_token"]),
+            _si(row["tokens_per_s"]["mean"]) if row["tokens_per_s"] else "-",
+            _pm(row["final_val_loss"], loss),
+            _pm(row["best_val_loss"], loss),
+            _pm(row["bits_per_byte"], loss),
+            f"{row['max_grad_norm']:.2f}" if row["max_grad_norm"] is not None else "-",
+        ]
+        if target is not None:
+            reached = row["steps_to_target"]
+            line.append(
+                f"{reached['mean']:.0f} ({row['reached_target']})" if reached else f"- ({row['reached_target']})"
+            )
+        line.append(f"{row['diverged']}/{len(row['seeds'])}" + (" ⚠" if row["max_spike"] > 1.0 else ""))
+        cells.append(line)
+    return columns, cells
+
+
+def length_table(rows: list[dict[str, Any]]) -> tuple[list[int], list[list[str]]] | None:
+    """Perplexity by evaluation length, when the sweep evaluates at more than one."""
+    lengths = sorted({entry["length"] for row in rows for entry in row["lengths"]})
+    if len(lengths) < 2:
+        return None
+    cells = []
+    for row in rows:
+        by = {e["length"]: e for e in row["lengths"]}
+        line = [row["variant"]]
+        for n in lengths:
+            e = by.get(n)
+            line.append("-" if e is None else "refused" if e["refused"] else _pm(e["perplexity"], ".2f"))
+        cells.append(line)
+    return lengths, cells
+
+
+def machine() -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def write_report(spec: SweepSpec, out: Path, *, seconds: float | None = None) -> dict[str, Any]:
+    """report.json, report.md and the plots in ``out``; the report."""
+    from gptzoo.sweep.plots import plot_sweep
+
+    order = [v.name for v in spec.variants]
+    results = sorted(read_results(out), key=lambda r: (order.index(r["variant"]), r["seed"]))
+    rows = summarize(results, order)
+    report = {
+        "sweep": spec.name,
+        "description": spec.description,
+        "spec": spec.source,
+        "budget": {spec.budget[0]: spec.budget[1]},
+        "seeds": list(spec.seeds),
+        "target_loss": spec.target_loss,
+        "machine": machine(),
+        "seconds": seconds,
+        "variants": rows,
+        "runs": results,
+    }
+    run_dir.write_text_atomically(out / REPORT_JSON, json.dumps(report, indent=1) + "\n")
+    plots = plot_sweep(out, report)
+    report["plots"] = [p.name for p in plots]
+    run_dir.write_text_atomically(out / REPORT_MD, markdown(report))
+    return report
+
+
+def replot(out: Path) -> list[Path]:
+    """Draw the plots of a finished sweep again from its report.json.
+
+    Raises:
+        GptzooError: the sweep has no report yet.
+    """
+    from gptzoo.sweep.plots import plot_sweep
+
+    try:
+        report = json.loads((out / REPORT_JSON).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise GptzooError(
+            f"{out} has no {REPORT_JSON} yet: finish the sweep first (gptzoo sweep SPEC --out {out} --resume)"
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise GptzooError(f"cannot read {out / REPORT_JSON} ({exc}); run the sweep again with --resume") from None
+    return plot_sweep(out, report)
+
+
+def _md_table(columns: tuple[str, ...] | list[str], cells: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in line) + " |" for line in cells]
+    return "\n".join(lines)
+
+
+def markdown(report: dict[str, Any]) -> str:
+    columns, cells = table_rows(report["variants"], report["target_loss"])
+    m = report["machine"]
+    took = f", {report['seconds'] / 60:.1f} minutes" if report["seconds"] else ""
+    parts = [
+        f"# Sweep {report['sweep']}",
+        report["description"],
+        f"Budget {', '.join(f'{k} {v:g}' for k, v in report['budget'].items())} per run, seeds "
+        f"{', '.join(map(str, report['seeds']))}; {m['cpu']}, {m['cores']} cores, torch {m['torch']}{took}.",
+        "Mean±standard deviation over seeds; FLOPs per token for training (forward + backward); final and best "
+        "validation loss in nats per token; bits per byte from `gptzoo eval` on the validation split at the first "
+        "evaluation length; max ‖g‖: the largest gradient norm before clipping; ⚠: a training loss spike of more "
+        "than 1 nat.",
+        _md_table(columns, cells),
+    ]
+    lengths = length_table(report["variants"])
+    if lengths is not None:
+        parts += [
+            "Perplexity by evaluation length (tokens):",
+            _md_table(["variant", *map(str, lengths[0])], lengths[1]),
+        ]
+    reasons = [(row["variant"], r) for row in report["variants"] for r in row["reasons"]]
+    reasons += [
+        (row["variant"], f"length {e['length']} refused: {e['refused']}")
+        for row in report["variants"]
+        for e in row["lengths"]
+        if e["refused"]
+    ]
+    if reasons:
+        parts.append("\n".join(f"- {name}: {r}" for name, r in reasons))
+    parts += [f"![{p}]({p})" for p in report.get("plots", [])]
+    return "\n\n".join(p for p in parts if p) + "\n"
+
+
+def render_report(report: dict[str, Any], out: Console) -> None:
+    columns, cells = table_rows(report["variants"], report["target_loss"], loss=".3f")
+    best = columns.index("best val loss")  # in report.md; the terminal keeps to what fits 80 columns
+    columns = tuple(c for i, c in enumerate(columns) if i != best)
+    cells = [[c for i, c in enumerate(line) if i != best] for line in cells]
+    table = Table(title=f"sweep {escape(terminal_text(report['sweep']))}", title_justify="left")
+    for i, name in enumerate(columns):
+        table.add_column(name, justify="left" if i == 0 else "right", overflow="fold")
+    for line in cells:
+        table.add_row(*(escape(c) for c in line))
+    out.print(table)
+    lengths = length_table(report["variants"])
+    if lengths is not None:
+        t = Table(title="perplexity by evaluation length", title_justify="left")
+        t.add_column("variant")
+        for n in lengths[0]:
+            t.add_column(str(n), justify="right")
+        for line in lengths[1]:
+            t.add_row(*(escape(c) for c in line))
+        out.print(t)

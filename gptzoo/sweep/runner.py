@@ -1,0 +1,440 @@
+"""Running a sweep: every (variant, seed) as an ordinary run directory, then its evaluation, then the report.
+
+SWEEP/ holds ``sweep.json`` (the spec that decides the results), ``data/`` (when the spec prepares its
+data), ``runs/VARIANT/seed-S/`` (run directories: resumable, locked while they train) and
+``results/VARIANT/seed-S.json`` (written atomically once a run has trained and been evaluated, or has
+diverged). A sweep interrupted at any point (Ctrl-C, SIGKILL) and run again with ``--resume`` skips the
+runs that have results, resumes a run from its newest checkpoint (bit for bit, as `gptzoo train
+--resume` does), and starts the rest; the results equal those of a sweep run straight through. The
+sweep directory is locked, so two sweeps never share a run.
+
+Each run trains for the budget (steps, tokens or training FLOPs; a FLOPs budget gives each variant the
+steps its own FLOPs per token allow), logging every step, evaluating the validation loss about ten times
+and checkpointing about four times (unless the spec sets train.eval_every / checkpoint_every / log_every).
+A run whose loss or gradient becomes non-finite is recorded as diverged and the sweep goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import nullcontext
+from dataclasses import dataclass, replace
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gptzoo.errors import GptzooError, Interrupted, NonFiniteError, RecipeError
+from gptzoo.recipe import Recipe, override_recipe
+from gptzoo.registry import Registry, default_registry
+from gptzoo.sweep.display import RunBar
+from gptzoo.sweep.matching import parameters, train_flops_per_token
+from gptzoo.sweep.names import SWEEP_RECORD as SPEC
+from gptzoo.sweep.spec import SweepSpec, Variant
+from gptzoo.training import distributed, run_dir
+
+RUNS = "runs"
+RESULTS = "results"
+DATA = "data"
+SPIKE = 1.0
+"""A training loss this many nats above its running minimum is a spike."""
+
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Task:
+    """One run: a variant at one seed, its recipe (budget applied) and where it goes."""
+
+    variant: str
+    seed: int
+    recipe: Recipe
+    run: Path
+    result: Path
+    data: Path
+    eval_lengths: tuple[int, ...]
+    eval_max_tokens: int | None
+    eval_stride: int | None
+    target_loss: float | None
+    matched: dict[str, Any] | None
+
+
+def tokens_per_step(recipe: Recipe) -> int:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return recipe.train.micro_batch_size * recipe.train.grad_accum * (recipe.train.seq_len or 0) * world
+
+
+def budget_steps(spec: SweepSpec, recipe: Recipe, registry: Registry) -> int:
+    kind, amount = spec.budget
+    if kind == "steps":
+        return int(amount)
+    per_step = tokens_per_step(recipe)
+    if kind == "tokens":
+        return max(1, math.ceil(amount / per_step))
+    return max(1, math.floor(amount / (train_flops_per_token(recipe, registry) * per_step)))
+
+
+def _set(variant: Variant, key: str) -> bool:
+    return any(o.partition("=")[0].strip() == key for o in variant.overrides)
+
+
+def run_recipe(spec: SweepSpec, variant: Variant, seed: int, registry: Registry) -> Recipe:
+    """The variant's recipe for one seed, with the budget's steps and the sweep's logging cadence."""
+    recipe = spec.recipes[variant.name]
+    seq_len = recipe.train.seq_len or recipe.model.context_length
+    recipe = replace(recipe, train=replace(recipe.train, seq_len=seq_len, seed=seed))
+    steps = budget_steps(spec, recipe, registry)
+    changes = [f"train.max_steps={steps}"]
+    for key, value in (("eval_every", max(1, steps // 10)), ("checkpoint_every", max(1, steps // 4)), ("log_every", 1)):
+        if not _set(variant, f"train.{key}"):
+            changes.append(f"train.{key}={value}")
+    return override_recipe(recipe, changes, registry=registry)
+
+
+def tasks(spec: SweepSpec, out: Path, data: Path, registry: Registry) -> list[Task]:
+    found = []
+    for variant in spec.variants:
+        matched = None
+        if variant.match is not None:
+            key = spec.match_key.removeprefix("model.")
+            matched = {
+                "by": variant.match,
+                "key": spec.match_key,
+                "value": getattr(spec.recipes[variant.name].model, key),
+            }
+        for seed in spec.seeds:
+            found.append(
+                Task(
+                    variant.name,
+                    seed,
+                    run_recipe(spec, variant, seed, registry),
+                    out / RUNS / variant.name / f"seed-{seed}",
+                    out / RESULTS / variant.name / f"seed-{seed}.json",
+                    data,
+                    spec.eval_lengths,
+                    spec.eval_max_tokens,
+                    spec.eval_stride,
+                    spec.target_loss,
+                    matched,
+                )
+            )
+    return found
+
+
+# --- one run -------------------------------------------------------------------------------------
+
+
+def _curve_stats(records: list[dict[str, Any]], target: float | None) -> dict[str, Any]:
+    train = [(r["step"], r["loss"]) for r in records if "loss" in r and r.get("loss") is not None]
+    val = [(r["step"], r["val_loss"]) for r in records if r.get("val_loss") is not None]
+    norms = [r["grad_norm"] for r in records if r.get("grad_norm") is not None]
+    speeds = [r["tokens_per_s"] for r in records if r.get("tokens_per_s") is not None]
+    spike, low = 0.0, math.inf
+    for _, loss in train:
+        spike = max(spike, loss - low) if low < math.inf else spike
+        low = min(low, loss)
+    reached = next((step for step, loss in val if target is not None and loss <= target), None)
+    return {
+        "train_curve": train,
+        "val_curve": val,
+        "final_val_loss": val[-1][1] if val else None,
+        "best_val_loss": min(v for _, v in val) if val else None,
+        "max_grad_norm": max(norms) if norms else None,
+        "max_spike": spike,
+        "tokens_per_s": sorted(speeds)[len(speeds) // 2] if speeds else None,
+        "steps_to_target": reached,
+        "skipped_steps": sum(1 for r in records if r.get("skipped")),
+    }
+
+
+def run_task(
+    task: Task,
+    *,
+    log: Callable[[dict[str, Any]], None] | None = None,
+    started: Callable[[int], None] | None = None,
+    threads: int = 0,
+    procs: distributed.Processes | None = None,
+) -> dict[str, Any] | None:
+    """Train (or resume) one run, evaluate its final checkpoint, and write its result; the result.
+    ``log`` gets every metrics record, ``started`` the step the run starts from (gptzoo.training.trainer.train).
+    Under torchrun (``procs``) every process trains; only the first evaluates and writes (the others get None)."""
+    from gptzoo.evaluation import eval_model
+    from gptzoo.model.build import build_model
+    from gptzoo.model.summary import kv_bytes_per_token
+    from gptzoo.training.trainer import train
+
+    if threads:
+        torch.set_num_threads(threads)
+    registry = default_registry()
+    main = procs is None or procs.is_main
+    resume = run_dir.latest(task.run) is not None
+    if main and not resume and task.run.exists():  # killed before its first checkpoint: nothing to keep
+        shutil.rmtree(task.run)
+    if procs is not None:
+        distributed.barrier(procs)  # the others wait for that
+    captured: list[dict[str, Any]] = []
+
+    def record(entry: dict[str, Any]) -> None:
+        captured.append(entry)
+        if log is not None:
+            log(entry)
+
+    status, reason = "done", None
+    try:
+        train(task.recipe, out=task.run, data=task.data, resume=resume, log=record, started=started, registry=registry)
+    except NonFiniteError as exc:
+        status, reason = "diverged", str(exc).split(";")[0]
+    if not main:
+        return None
+    records = run_dir.read_metrics(task.run) if (task.run / run_dir.METRICS).is_file() else captured
+    stats = _curve_stats(records, task.target_loss)
+    if status == "done" and stats["final_val_loss"] is not None and stats["val_curve"][0][1] < stats["final_val_loss"]:
+        status, reason = "diverged", "the final validation loss is above the first"
+    seq_len = task.recipe.train.seq_len
+    meta = build_model(task.recipe, device="meta", registry=registry)
+    evaluation = None
+    if status == "done":
+        checkpoint = run_dir.latest(task.run)
+        evaluation = eval_model(
+            str(checkpoint),
+            data=[task.data],
+            lengths=list(task.eval_lengths) or [seq_len],
+            max_tokens=task.eval_max_tokens,
+            stride=task.eval_stride,
+            registry=registry,
+        )
+    result = {
+        "variant": task.variant,
+        "seed": task.seed,
+        "status": status,
+        "reason": reason,
+        "steps": task.recipe.train.max_steps,
+        "params": parameters(task.recipe, registry),
+        "train_flops_per_token": train_flops_per_token(task.recipe, registry),
+        "tokens_per_step": tokens_per_step(task.recipe),
+        "kv_bytes_per_token": kv_bytes_per_token(meta, seq_len, torch.float32),
+        "matched": task.matched,
+        **stats,
+        "eval": evaluation["scores"] if evaluation is not None else None,
+    }
+    task.result.parent.mkdir(parents=True, exist_ok=True)
+    run_dir.write_text_atomically(task.result, json.dumps(result, indent=1) + "\n")
+    return result
+
+
+# --- the sweep -----------------------------------------------------------------------------------
+
+
+def _check_out(out: Path, spec: SweepSpec, identity: dict[str, Any], resume: bool) -> None:
+    stored = out / SPEC
+    if out.exists() and not out.is_dir():
+        raise GptzooError(f"--out {out} is a file; give a directory for the sweep")
+    if stored.is_file():
+        try:
+            before = json.loads(stored.read_text(encoding="utf-8"))["identity"]
+        except (OSError, ValueError, KeyError, TypeError):
+            raise GptzooError(f"{stored} is not a sweep's record; give another --out") from None
+        if not resume:
+            raise GptzooError(f"{out} holds a sweep already; pass --resume to finish it, or give another --out")
+        if before != identity:
+            changed = ", ".join(k for k in identity if before.get(k) != identity[k])
+            raise GptzooError(
+                f"{out} holds another sweep (its {changed} differ from {spec.source}'s); give another --out, "
+                "or the spec it ran"
+            )
+        return
+    if resume:
+        raise GptzooError(f"{out} holds no sweep to resume ({SPEC} is missing); run without --resume")
+    if out.is_dir() and [p for p in out.iterdir() if p.name != run_dir.LOCK]:
+        raise GptzooError(f"--out {out} already holds files and no sweep; give a new or empty directory")
+
+
+def _check_runs(spec: SweepSpec, registry: Registry) -> None:
+    """Every run's recipe (a seed, the budget's steps) is valid: all problems at once."""
+    problems = []
+    for variant in spec.variants:
+        for seed in spec.seeds:
+            try:
+                run_recipe(spec, variant, seed, registry)
+            except RecipeError as exc:
+                problems += [f"variant {variant.name!r} seed {seed}: {p}" for p in exc.problems]
+    if problems:
+        raise RecipeError(spec.source, list(dict.fromkeys(problems)))
+
+
+def _check_data(spec: SweepSpec, data: Path | None) -> None:
+    """Prepared data fits every variant (tokenizer, vocabulary), checked before anything starts."""
+    from gptzoo.training.data import TokenData
+    from gptzoo.training.trainer import check_data
+
+    if data is None:
+        tokenizers = {r.tokenizer.name if r.tokenizer else "hf" for r in spec.recipes.values()}
+        if len(tokenizers) > 1 or tokenizers != {spec.tokenizer}:
+            raise GptzooError(
+                f"the variants use the tokenizer(s) {', '.join(sorted(tokenizers))}, the data would be prepared "
+                f"with {spec.tokenizer!r}; give [data] tokenizer that every variant uses"
+            )
+        return
+    tokens = TokenData.open(data)
+    problems = []
+    for name, recipe in spec.recipes.items():
+        try:
+            check_data(recipe, tokens)
+        except GptzooError as exc:
+            problems.append(f"variant {name!r}: {exc}")
+    if problems:
+        raise RecipeError(spec.source, problems)
+
+
+def prepared_data(spec: SweepSpec, out: Path, say: Say) -> Path:
+    if spec.data_path is not None:
+        return Path(spec.data_path)
+    path = out / DATA
+    if not path.is_dir():
+        from gptzoo.training.data import DEFAULT_VAL_FRACTION, prepare
+
+        assert spec.prepare is not None and spec.tokenizer is not None
+        say(f"preparing {spec.prepare} with the {spec.tokenizer} tokenizer into {path}")
+        prepare(spec.prepare, path, tokenizer=spec.tokenizer, val_fraction=spec.val_fraction or DEFAULT_VAL_FRACTION)
+    return path
+
+
+def run_sweep(
+    spec: SweepSpec,
+    out: str | Path,
+    *,
+    resume: bool = False,
+    jobs: int = 1,
+    registry: Registry | None = None,
+    say: Say | None = None,
+    display: Callable[[Task, int, int], RunBar] | None = None,
+) -> dict[str, Any] | None:
+    """Run every missing (variant, seed) of ``spec`` into ``out``, then write the report; the report.
+
+    Args:
+        jobs: runs at once, each in its own process (torch threads split between them).
+        say: called with one line per event (a run finished, data prepared).
+        display: for one run at a time, called with (task, its number, how many) to give its progress bar.
+
+    Under torchrun every process takes part in every run (each run is distributed as `gptzoo train`
+    distributes it); the first process checks, writes the results and the report, and returns it (the
+    others return None).
+
+    Raises:
+        GptzooError: ``out`` holds files of something else, another sweep, or nothing to resume; data that
+            does not fit. All of it is checked before anything is written.
+        Interrupted: Ctrl-C; the message says how to resume.
+    """
+
+    registry = registry if registry is not None else default_registry()
+    say = say or (lambda _line: None)
+    out = Path(out)
+    identity = spec.identity()
+    procs = distributed.start()  # under torchrun: every run of the sweep trains in these processes
+    if procs.distributed and jobs > 1:
+        distributed.stop(procs, wait=False)
+        raise GptzooError("under torchrun each run already uses every process; leave out --jobs")
+    started = time.time()
+    try:
+        problem = None
+        if procs.is_main:
+            try:
+                _check_out(out, spec, identity, resume)
+                _check_runs(spec, registry)
+                _check_data(spec, Path(spec.data_path) if spec.data_path is not None else None)
+            except GptzooError as exc:
+                problem = exc
+        shared = distributed.share(None if problem is None else str(problem), procs)
+        if problem is not None:
+            raise problem
+        if shared is not None:
+            raise GptzooError(str(shared))
+        with run_dir.locked(out) if procs.is_main else nullcontext():
+            report = _run(spec, out, identity, jobs, registry, say, display, procs, started)
+        distributed.stop(procs)
+        return report
+    except KeyboardInterrupt:
+        distributed.stop(procs, wait=False)
+        raise Interrupted(
+            f"the runs with results are kept: finish with `gptzoo sweep {spec.source} --out {out} --resume`"
+        ) from None
+    except BaseException:
+        distributed.stop(procs, wait=False)
+        raise
+
+
+def _run(
+    spec: SweepSpec,
+    out: Path,
+    identity: dict[str, Any],
+    jobs: int,
+    registry: Registry,
+    say: Say,
+    display: Callable[[Task, int, int], RunBar] | None,
+    procs: distributed.Processes,
+    started: float,
+) -> dict[str, Any] | None:
+    from gptzoo.sweep.report import write_report
+
+    data = None
+    if procs.is_main:
+        if not (out / SPEC).is_file():
+            run_dir.write_text_atomically(
+                out / SPEC, json.dumps({"spec": spec.source, "identity": identity}, indent=1) + "\n"
+            )
+        data = prepared_data(spec, out, say)
+        if spec.data_path is None:
+            _check_tokens(spec, data)
+    data = Path(str(distributed.share(str(data) if data is not None else None, procs)))
+    every = tasks(spec, out, data, registry)
+    missing = distributed.share([i for i, t in enumerate(every) if not t.result.is_file()], procs)
+    todo = [every[i] for i in missing]  # type: ignore[union-attr]
+    total = len(every)
+    done = total - len(todo)
+    if done and procs.is_main:
+        say(f"{done} of {total} runs already have results; {len(todo)} to go")
+    if jobs > 1 and len(todo) > 1:
+        _parallel(todo, jobs, say, done, total)
+    else:
+        for k, task in enumerate(todo, start=done + 1):
+            if display is not None and procs.is_main:
+                with display(task, k, total) as bar:
+                    result = run_task(task, log=bar, started=bar.start, procs=procs)
+            else:
+                result = run_task(task, procs=procs)
+            if result is not None:
+                say(_finished(result, k, total))
+    return write_report(spec, out, seconds=time.time() - started) if procs.is_main else None
+
+
+def _check_tokens(spec: SweepSpec, data: Path) -> None:
+    _check_data(replace(spec, data_path=str(data)), data)
+
+
+def _parallel(todo: list[Task], jobs: int, say: Say, done: int, total: int) -> None:
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
+        futures = [pool.submit(run_task, task, threads=threads) for task in todo]
+        try:
+            for k, future in enumerate(as_completed(futures), start=done + 1):
+                say(_finished(future.result(), k, total))
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise
+
+
+def _finished(result: dict[str, Any], k: int, total: int) -> str:
+    head = f"[{k}/{total}] {result['variant']} seed {result['seed']}:"
+    if result["status"] == "diverged":
+        return f"{head} diverged ({result['reason']})"
+    score = (result["eval"] or [{}])[0]
+    bpb = f", {score['bits_per_byte']:.4f} bits/byte" if score.get("bits_per_byte") is not None else ""
+    return f"{head} val loss {result['final_val_loss']:.4f}{bpb}"

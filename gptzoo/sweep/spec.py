@@ -1,0 +1,388 @@
+"""A sweep spec (TOML): a base recipe, the data, a budget, the variants and the seeds; read and checked
+whole, every problem reported at once, before anything runs.
+
+```toml
+description = "Pre-LN vs Post-LN"
+base = "shakespeare-bytes"          # a shipped recipe or a file (relative to the spec)
+set = ["model.n_layer=2"]           # --set overrides every variant starts from (optional)
+seeds = [0, 1]                      # each variant trains once per seed (train.seed)
+target_loss = 2.0                   # optional: the steps each run takes to reach this val loss
+
+[data]                              # prepared data, or a source `gptzoo prepare` reads into SWEEP/data
+prepare = "shakespeare"             # (or: path = "data/shakespeare-bytes")
+tokenizer = "bytes"
+
+[budget]                            # exactly one: steps, tokens (per run) or flops (training FLOPs per run)
+steps = 300
+
+[[variants]]                        # a named set of overrides ...
+name = "post"
+set = ["model.norm_placement=post"]
+match = "params"                    # optional: "params" or "flops", matched to the base by [match] key
+
+[grid]                              # ... and/or a grid: every combination (crossed with [[variants]])
+"train.lr" = [1e-3, 3e-3]
+
+[match]                             # optional: how a variant is matched (default model.d_ff, any multiple)
+key = "model.d_ff"
+multiple = 1
+
+[eval]                              # optional: evaluate each final checkpoint on the data's val split
+lengths = [128, 256, 512]
+max_tokens = 20000
+```
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gptzoo.errors import GptzooError, RecipeError
+from gptzoo.recipe import Recipe, load_recipe, override_recipe, resolve_recipe_path
+from gptzoo.registry import Registry, default_registry
+from gptzoo.sweep.names import BUDGETS, shipped_sweeps
+
+MATCHES = ("params", "flops")
+TOP_KEYS = ("description", "base", "set", "seeds", "target_loss", "data", "budget", "variants", "grid", "match", "eval")
+DATA_KEYS = ("path", "prepare", "tokenizer", "val_fraction")
+VARIANT_KEYS = ("name", "set", "match")
+MATCH_KEYS = ("key", "multiple")
+EVAL_KEYS = ("lengths", "max_tokens", "stride")
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=,+-]{0,99}")
+"""A variant's name is its run directory's: letters, digits and . _ = , + - (at most 100)."""
+MAX_RUNS = 10_000
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    overrides: tuple[str, ...]
+    """The spec's ``set``, then the variant's own (and its grid point's)."""
+    match: str | None = None
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    name: str
+    source: str
+    """The spec file."""
+    base: str
+    """The base recipe's file."""
+    overrides: tuple[str, ...]
+    seeds: tuple[int, ...]
+    budget: tuple[str, float]
+    """("steps" | "tokens" | "flops", amount)."""
+    variants: tuple[Variant, ...]
+    data_path: str | None = None
+    prepare: str | None = None
+    tokenizer: str | None = None
+    val_fraction: float | None = None
+    match_key: str = "model.d_ff"
+    match_multiple: int = 1
+    eval_lengths: tuple[int, ...] = ()
+    eval_max_tokens: int | None = None
+    eval_stride: int | None = None
+    target_loss: float | None = None
+    description: str = ""
+    recipes: dict[str, Recipe] = field(default_factory=dict, compare=False)
+    """Each variant's resolved recipe (matched, budget not yet applied), by variant name."""
+
+    def identity(self) -> dict[str, Any]:
+        """What decides the runs' results: a resumed sweep must have the same."""
+        return {
+            "base": self.base,
+            "overrides": list(self.overrides),
+            "seeds": list(self.seeds),
+            "budget": list(self.budget),
+            "variants": [[v.name, list(v.overrides), v.match] for v in self.variants],
+            "match": [self.match_key, self.match_multiple],
+            "data": [self.data_path, self.prepare, self.tokenizer, self.val_fraction],
+            "eval": [list(self.eval_lengths), self.eval_max_tokens, self.eval_stride],
+            "recipes": {name: recipe.to_dict() for name, recipe in self.recipes.items()},
+        }
+
+
+def toml_value(value: Any) -> str:
+    """A TOML value as an override's right-hand side."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(str(k))} = {toml_value(v)}" for k, v in value.items()) + "}"
+    raise TypeError(f"not a TOML value: {value!r}")
+
+
+def _shown(value: Any) -> str:
+    """A grid value in a variant's name."""
+    if isinstance(value, dict):
+        return str(value.get("name", "table"))
+    return value if isinstance(value, str) else toml_value(value)
+
+
+def find_spec(name_or_path: str | Path) -> Path:
+    """A spec file: an existing path, or the name of a shipped sweep (gptzoo/sweeps/NAME.toml).
+
+    Raises:
+        GptzooError: neither.
+    """
+    from gptzoo.errors import did_you_mean
+
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    shipped = shipped_sweeps()
+    if str(name_or_path) in shipped:
+        return shipped[str(name_or_path)]
+    if path.exists():
+        raise GptzooError(f"{path} is not a sweep spec file; give a .toml file or a shipped sweep")
+    raise GptzooError(
+        f"no sweep spec {str(name_or_path)!r}: no such file, nor a shipped sweep"
+        f"{did_you_mean(str(name_or_path), list(shipped))} (shipped: {', '.join(shipped)})"
+    )
+
+
+def _strings(value: Any, where: str, problems: list[str]) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        problems.append(f'{where} must be a list of --set overrides (strings such as "model.n_layer=2")')
+        return ()
+    return tuple(value)
+
+
+def _unknown(table: dict[str, Any], allowed: tuple[str, ...], where: str, problems: list[str]) -> None:
+    from gptzoo.errors import did_you_mean
+
+    for key in table:
+        if key not in allowed:
+            problems.append(
+                f"unknown key {where}{key!r}{did_you_mean(key, list(allowed))} (known: {', '.join(allowed)})"
+            )
+
+
+def _positive_int(value: Any, where: str, problems: list[str], low: int = 1) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        problems.append(f"{where} must be an integer >= {low}, not {value!r}")
+        return None
+    return value
+
+
+def _table(data: dict[str, Any], key: str, problems: list[str]) -> dict[str, Any]:
+    value = data.get(key, {})
+    if not isinstance(value, dict):
+        problems.append(f"[{key}] must be a table")
+        return {}
+    return value
+
+
+def _variants(data: dict[str, Any], common: tuple[str, ...], problems: list[str]) -> list[Variant]:
+    named: list[Variant] = []
+    raw = data.get("variants", [])
+    if not isinstance(raw, list) or not all(isinstance(v, dict) for v in raw):
+        problems.append("variants must be [[variants]] tables (name, set, match)")
+        raw = []
+    for i, v in enumerate(raw):
+        where = f"variants[{i}]"
+        _unknown(v, VARIANT_KEYS, f"{where}.", problems)
+        name = v.get("name")
+        if not isinstance(name, str) or not NAME.fullmatch(name):
+            problems.append(f"{where}.name must be a name of letters, digits and . _ = , + - (it names a directory)")
+            continue
+        match = v.get("match")
+        if match is not None and match not in MATCHES:
+            problems.append(f"variant {name!r}: match must be one of {', '.join(MATCHES)}, not {match!r}")
+            match = None
+        named.append(Variant(name, _strings(v.get("set", []), f"variant {name!r}: set", problems), match))
+    grid = _table(data, "grid", problems)
+    points: list[tuple[str, tuple[str, ...]]] = [("", ())]
+    if grid:
+        axes = []
+        for key, values in grid.items():
+            if not isinstance(values, list) or not values:
+                problems.append(f"grid key {key!r} must list its values, e.g. [1e-3, 3e-3]")
+                continue
+            axes.append([(f"{key.rsplit('.', 1)[-1]}={_shown(v)}", f"{key}={toml_value(v)}") for v in values])
+        points = [
+            (",".join(n for n, _ in combo), tuple(o for _, o in combo)) for combo in itertools.product(*axes)
+        ] or points
+    if not named and not grid:
+        problems.append("a sweep needs [[variants]] or a [grid] (or both: every variant at every grid point)")
+        return []
+    variants = []
+    for v in named or [Variant("", ())]:
+        for point, overrides in points:
+            name = "+".join(n for n in (v.name, point) if n)
+            variants.append(Variant(name, (*common, *v.overrides, *overrides), v.match))
+    seen: set[str] = set()
+    for v in variants:
+        if v.name in seen:
+            problems.append(f"two variants are named {v.name!r}; give each its own name")
+        seen.add(v.name)
+        if not NAME.fullmatch(v.name):
+            problems.append(f"variant name {v.name!r} is not a directory name (letters, digits, . _ = , + -)")
+    return variants
+
+
+def read_spec(name_or_path: str | Path, *, registry: Registry | None = None) -> SweepSpec:
+    """The spec, with each variant's recipe resolved and matched; every problem at once.
+
+    Raises:
+        GptzooError: no such spec, or a :class:`gptzoo.errors.RecipeError` listing every problem.
+    """
+    from gptzoo.sweep.matching import match_variant
+
+    registry = registry if registry is not None else default_registry()
+    path = find_spec(name_or_path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise RecipeError(str(path), [f"not valid TOML: {exc}"]) from None
+    except OSError as exc:
+        raise GptzooError(f"cannot read {path}: {exc.strerror}") from None
+    problems: list[str] = []
+    _unknown(data, TOP_KEYS, "", problems)
+    common = _strings(data.get("set", []), "set", problems)
+    base_path: Path | None = None
+    base = data.get("base")
+    if not isinstance(base, str):
+        problems.append('base must name the recipe every variant starts from, e.g. base = "shakespeare-bytes"')
+    else:
+        try:
+            base_path = resolve_recipe_path(base, relative_to=path.parent if not Path(base).is_absolute() else None)
+        except RecipeError as exc:
+            try:
+                base_path = resolve_recipe_path(base)  # a shipped name
+            except RecipeError:
+                problems.extend(f"base: {p}" for p in exc.problems)
+    seeds_raw = data.get("seeds", [0])
+    if not isinstance(seeds_raw, list) or not seeds_raw:
+        problems.append("seeds must be a list of integers, e.g. [0, 1]")
+        seeds_raw = []
+    seeds = tuple(s for i, s in enumerate(seeds_raw) if _positive_int(s, f"seeds[{i}]", problems, low=0) is not None)
+    if len(set(seeds)) != len(seeds):
+        problems.append(f"seeds repeat: {list(seeds)}")
+    budget_table = _table(data, "budget", problems)
+    _unknown(budget_table, BUDGETS, "budget.", problems)
+    given = [(k, v) for k, v in budget_table.items() if k in BUDGETS]
+    budget: tuple[str, float] = ("steps", 0)
+    if len(given) != 1:
+        problems.append("[budget] needs exactly one of steps, tokens or flops")
+    else:
+        kind, amount = given[0]
+        if isinstance(amount, bool) or not isinstance(amount, (int, float)) or not math.isfinite(amount) or amount <= 0:
+            problems.append(f"budget.{kind} must be a positive number, not {amount!r}")
+        elif kind != "flops" and not isinstance(amount, int):
+            problems.append(f"budget.{kind} must be a whole number, not {amount!r}")
+        else:
+            budget = (kind, amount)
+    data_table = _table(data, "data", problems)
+    _unknown(data_table, DATA_KEYS, "data.", problems)
+    if ("path" in data_table) == ("prepare" in data_table):
+        problems.append("[data] needs path (prepared data) or prepare (a source for `gptzoo prepare`), one of them")
+    for key in ("path", "prepare", "tokenizer"):
+        if key in data_table and not isinstance(data_table[key], str):
+            problems.append(f"data.{key} must be a string")
+    fraction = data_table.get("val_fraction")
+    if fraction is not None and (
+        isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 0.5
+    ):
+        problems.append(f"data.val_fraction must be a number in (0, 0.5], not {fraction!r}")
+    prepare = data_table.get("prepare")
+    if isinstance(prepare, str) and (path.parent / prepare).exists():  # a file or folder beside the spec
+        prepare = str((path.parent / prepare).resolve())
+    match_table = _table(data, "match", problems)
+    _unknown(match_table, MATCH_KEYS, "match.", problems)
+    match_key = match_table.get("key", "model.d_ff")
+    if not isinstance(match_key, str) or not match_key.startswith("model."):
+        problems.append(f"match.key must be a [model] key such as model.d_ff, not {match_key!r}")
+        match_key = "model.d_ff"
+    multiple = _positive_int(match_table.get("multiple", 1), "match.multiple", problems) or 1
+    eval_table = _table(data, "eval", problems)
+    _unknown(eval_table, EVAL_KEYS, "eval.", problems)
+    lengths_raw = eval_table.get("lengths", [])
+    if not isinstance(lengths_raw, list):
+        problems.append("eval.lengths must be a list of lengths in tokens, e.g. [128, 256]")
+        lengths_raw = []
+    lengths = tuple(n for i, n in enumerate(lengths_raw) if _positive_int(n, f"eval.lengths[{i}]", problems))
+    max_tokens = eval_table.get("max_tokens")
+    if max_tokens is not None:
+        max_tokens = _positive_int(max_tokens, "eval.max_tokens", problems, low=2)
+    stride = eval_table.get("stride")
+    if stride is not None:
+        stride = _positive_int(stride, "eval.stride", problems)
+    target = data.get("target_loss")
+    if target is not None and (isinstance(target, bool) or not isinstance(target, (int, float)) or target <= 0):
+        problems.append(f"target_loss must be a positive number, not {target!r}")
+        target = None
+    description = data.get("description", "")
+    if not isinstance(description, str):
+        problems.append("description must be a string")
+        description = ""
+    variants = _variants(data, common, problems)
+    if len(variants) * max(1, len(seeds)) > MAX_RUNS:
+        problems.append(f"{len(variants)} variants x {len(seeds)} seeds is more than {MAX_RUNS:,} runs")
+    recipes: dict[str, Recipe] = {}
+    reference_tokenizer = None
+    for v in variants:
+        for o in v.overrides:
+            if o.partition("=")[0].strip() == "train.max_steps":
+                problems.append(f"variant {v.name!r}: {o} is the budget's to set; give [budget] steps instead")
+    if base_path is not None and len(variants) * max(1, len(seeds)) <= MAX_RUNS:
+        try:
+            reference = load_recipe(base_path, common, registry=registry)
+            reference_tokenizer = reference.tokenizer.name if reference.tokenizer is not None else "hf"
+        except RecipeError as exc:
+            problems.extend(f"set: {p}" for p in exc.problems)
+            reference = None
+        for seed in seeds if reference is not None else ():
+            try:
+                override_recipe(reference, [f"train.seed={seed}"], registry=registry)
+            except RecipeError as exc:
+                problems.extend(f"seeds: {p}" for p in exc.problems)
+        for v in variants:
+            try:
+                recipe = load_recipe(base_path, v.overrides, registry=registry)
+            except RecipeError as exc:
+                problems.extend(f"variant {v.name!r}: {p}" for p in exc.problems)
+                continue
+            if v.match is not None and reference is not None:
+                try:
+                    recipe = match_variant(recipe, reference, v.match, match_key, multiple, registry)
+                except GptzooError as exc:
+                    problems.append(f"variant {v.name!r}: {exc}")
+                    continue
+            recipes[v.name] = recipe
+    if problems:
+        raise RecipeError(str(path), list(dict.fromkeys(problems)))
+    assert base_path is not None
+    return SweepSpec(
+        name=path.stem,
+        source=str(path),
+        base=str(base_path),
+        overrides=common,
+        seeds=seeds,
+        budget=budget,
+        variants=tuple(variants),
+        data_path=str((path.parent / data_table["path"]).resolve()) if "path" in data_table else None,
+        prepare=prepare if isinstance(prepare, str) else None,
+        tokenizer=data_table.get("tokenizer") or (reference_tokenizer if prepare else None),
+        val_fraction=data_table.get("val_fraction"),
+        match_key=match_key,
+        match_multiple=multiple,
+        eval_lengths=lengths,
+        eval_max_tokens=max_tokens,
+        eval_stride=stride,
+        target_loss=float(target) if target is not None else None,
+        description=description,
+        recipes=recipes,
+    )

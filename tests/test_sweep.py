@@ -1,0 +1,262 @@
+"""`gptzoo sweep`: specs checked whole before anything starts, matched variants, a sweep killed with SIGKILL
+and resumed equal to one run straight, divergence reported, the report and its plots; and the shipped
+norm-placement and position sweeps end to end at a reduced budget."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gptzoo.cli import main
+from gptzoo.sweep.matching import parameters
+from gptzoo.sweep.runner import run_sweep
+from gptzoo.sweep.spec import read_spec
+from gptzoo.training.data import prepare
+from tests.cli_run import run_error, run_json
+
+TINY = [
+    "model.n_layer=1",
+    "model.n_embd=32",
+    "model.n_head=2",
+    "model.d_ff=64",
+    "train.seq_len=32",
+    "train.micro_batch_size=2",
+    "train.eval_batches=2",
+    "train.warmup_steps=2",
+]
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Python's documentation in bytes: a prepared corpus that needs no download."""
+    return Path(prepare("stdlib-docs", tmp_path_factory.mktemp("data") / "docs", tokenizer="bytes")["out"])
+
+
+def write_spec(folder: Path, data: Path, body: str, *, steps: int = 12, seeds: str = "[0, 1]", top: str = "") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "tiny.toml"
+    path.write_text(
+        f'base = "shakespeare-bytes"\nset = {json.dumps(TINY)}\nseeds = {seeds}\ntarget_loss = 3.5\n{top}'
+        f'[data]\npath = "{data}"\n[budget]\nsteps = {steps}\n[eval]\nlengths = [32, 64]\nmax_tokens = 2000\n{body}',
+        encoding="utf-8",
+    )
+    return path
+
+
+TWO = '[[variants]]\nname = "pre"\n[[variants]]\nname = "post"\nset = ["model.norm_placement=post"]\n'
+
+
+def _without_timing(result: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in result.items() if k != "tokens_per_s"}
+
+
+def results(out: Path) -> dict[str, dict[str, Any]]:
+    found = {}
+    for path in sorted((out / "results").glob("*/seed-*.json")):
+        found[f"{path.parent.name}/{path.stem}"] = _without_timing(json.loads(path.read_text()))
+    return found
+
+
+def test_a_spec_with_problems_lists_them_all_and_starts_nothing(
+    tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = write_spec(
+        tmp_path,
+        data,
+        '[[variants]]\nname = "a"\nset = ["model.norm=nosuchnorm"]\n'
+        '[[variants]]\nname = "b"\nset = ["model.n_layerz=2", "train.max_steps=5"]\n'
+        '[[variants]]\nname = "c"\nset = ["model.position.theta=10"]\n'
+        '[[variants]]\nname = "a"\nmatch = "bytes"\n',
+        top='colour = "blue"\n',
+        seeds="[0, 99999999999999999999999]",
+    )
+    out = tmp_path / "out"
+    message = run_error(capsys, "sweep", str(spec), "--out", str(out))
+    for expected in (
+        "unknown key 'colour'",
+        "variant 'a': [model] norm: unknown norm 'nosuchnorm'",
+        "variant 'b':",
+        "n_layerz",
+        "train.max_steps=5 is the budget's to set",
+        "variant 'c':",
+        "match must be one of params, flops, not 'bytes'",
+        "two variants are named 'a'",
+    ):
+        assert expected in message, (expected, message)
+    assert not out.exists()
+
+
+def test_matched_variants_are_within_one_percent_of_the_base() -> None:
+    spec = read_spec("activation")
+    from gptzoo.registry import default_registry
+
+    registry = default_registry()
+    base = parameters(spec.recipes["gelu"], registry)
+    for name in ("swiglu", "geglu"):
+        recipe = spec.recipes[name]
+        assert recipe.model.mlp.name == "gated" and recipe.model.d_ff == 341  # 2/3 of 512, computed
+        assert abs(parameters(recipe, registry) / base - 1) < 0.01
+
+
+def test_killed_and_resumed_equals_straight(tmp_path: Path, data: Path) -> None:
+    spec_path = write_spec(tmp_path / "spec", data, TWO, steps=40)
+    straight = tmp_path / "straight"
+    report = run_sweep(read_spec(spec_path), straight)
+    assert [r["status"] for r in report["runs"]] == ["done"] * 4
+    killed = tmp_path / "killed"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gptzoo", "sweep", str(spec_path), "--out", str(killed), "--json"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
+    try:  # kill it while a run is between checkpoints, after one run has finished
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            finished = list((killed / "results").glob("*/*.json"))
+            checkpoints = list((killed / "runs").glob("*/seed-*/checkpoints/step-*"))
+            mid_run = [
+                c
+                for c in checkpoints
+                if not (killed / "results" / c.parents[2].name / f"{c.parents[1].name}.json").exists()
+            ]
+            if finished and mid_run:
+                break
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    finally:
+        proc.kill()
+    assert 1 <= len(list((killed / "results").glob("*/*.json"))) < 4, "the sweep was killed mid-way"
+    assert mid_run, "a run was killed between checkpoints: the resume continues it"
+    resumed = run_sweep(read_spec(spec_path), killed, resume=True)
+    assert results(killed) == results(straight)
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in rows]  # noqa: E731
+    assert strip(resumed["variants"]) == strip(report["variants"])
+
+
+def test_a_diverging_variant_is_reported_and_the_sweep_goes_on(
+    tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    body = TWO + '[[variants]]\nname = "blowup"\nset = ["train.lr=1e30", "train.grad_clip=0", "train.warmup_steps=0"]\n'
+    spec = write_spec(tmp_path, data, body, steps=6, seeds="[0]")
+    report = run_json(capsys, "sweep", str(spec), "--out", str(tmp_path / "out"))
+    rows = {row["variant"]: row for row in report["variants"]}
+    assert rows["blowup"]["diverged"] == 1 and rows["pre"]["diverged"] == rows["post"]["diverged"] == 0
+    (blowup,) = [r for r in report["runs"] if r["variant"] == "blowup"]
+    assert blowup["status"] == "diverged" and "is nan" in blowup["reason"] or "is inf" in blowup["reason"]
+    assert blowup["eval"] is None and rows["pre"]["final_val_loss"]["mean"] < 5.6
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "| blowup |" in md and "| 1/1 |" in md.replace(" ⚠", "") and "- blowup: step" in md
+
+
+def test_report_plots_and_resume_rules(tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = write_spec(tmp_path, data, TWO, steps=6, seeds="[0]")
+    out = tmp_path / "out"
+    assert main(["sweep", str(spec), "--out", str(out)]) == 0
+    shown = capsys.readouterr().out
+    assert "sweep tiny" in shown and "post" in shown and "report:" in shown
+    md = (out / "report.md").read_text()
+    assert md.startswith("# Sweep tiny") and "| variant | params |" in md and "Perplexity by evaluation length" in md
+    for png in ("val_loss_by_step.png", "val_loss_by_flops.png", "perplexity_by_length.png"):
+        assert f"![{png}]({png})" in md
+        (out / png).unlink()
+    assert run_json(capsys, "plot", str(out))["png"] == [
+        str(out / p) for p in ("val_loss_by_step.png", "val_loss_by_flops.png", "perplexity_by_length.png")
+    ]
+    import matplotlib.image
+
+    for png in out.glob("*.png"):
+        assert png.read_bytes().startswith(PNG) and matplotlib.image.imread(png).shape[2] in (3, 4)
+    report = json.loads((out / "report.json").read_text())
+    assert [r["variant"] for r in report["variants"]] == ["pre", "post"]
+    assert report["variants"][0]["params"] == report["runs"][0]["params"] > 0
+    assert "already" in run_error(capsys, "sweep", str(spec), "--out", str(out))  # not without --resume
+    assert "no sweep to resume" in run_error(capsys, "sweep", str(spec), "--out", str(tmp_path / "new"), "--resume")
+    other = run_error(capsys, "sweep", str(spec), "--out", str(out), "--resume", "--budget", "steps=7")
+    assert "holds another sweep (its budget differ" in other
+    again = run_json(capsys, "sweep", str(spec), "--out", str(out), "--resume")  # nothing left: the same report
+    assert [r["final_val_loss"] for r in again["variants"]] == [r["final_val_loss"] for r in report["variants"]]
+
+
+def test_parallel_jobs_give_the_sequential_results(tmp_path: Path, data: Path) -> None:
+    spec = read_spec(write_spec(tmp_path, data, TWO, steps=6, seeds="[0]"))
+    one, two = run_sweep(spec, tmp_path / "one"), run_sweep(spec, tmp_path / "two", jobs=2)
+    for a, b in zip(one["runs"], two["runs"], strict=True):
+        assert a["variant"] == b["variant"]
+        assert a["final_val_loss"] == pytest.approx(
+            b["final_val_loss"], rel=1e-4
+        )  # one thread each: close, not bitwise
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["norm-placement", "position"])
+def test_shipped_sweeps_run_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str) -> None:
+    out = tmp_path / name
+    report = run_json(capsys, "sweep", name, "--out", str(out), "--budget", "steps=4")
+    spec = read_spec(name)
+    assert len(report["runs"]) == len(spec.variants) * len(spec.seeds)
+    assert all(r["status"] in ("done", "diverged") for r in report["runs"])
+    md = (out / "report.md").read_text()
+    assert f"# Sweep {name}" in md and "| variant | params |" in md
+    pngs = sorted(p.name for p in out.glob("*.png"))
+    expected = ["val_loss_by_flops.png", "val_loss_by_step.png"]
+    if name == "position":
+        expected = ["perplexity_by_length.png", *expected]
+        learned = next(row for row in report["variants"] if row["variant"] == "learned")
+        assert [e["refused"] is not None for e in learned["lengths"]] == [False, True, True]
+        rope = next(row for row in report["variants"] if row["variant"] == "rope")
+        assert [e["refused"] for e in rope["lengths"]] == [None, None, None]
+    assert pngs == expected
+    for png in pngs:
+        assert (out / png).read_bytes().startswith(PNG) and f"![{png}]({png})" in md
+
+
+@pytest.mark.slow
+def test_under_torchrun_each_run_is_distributed(tmp_path: Path, data: Path) -> None:
+    """Two processes with micro-batches of 2 train what one process does with 2 x 2 accumulated."""
+    two = write_spec(tmp_path / "two", data, TWO, steps=4, seeds="[0]")
+    one = write_spec(tmp_path / "one", data, TWO + "", steps=4, seeds="[0]")
+    one.write_text(one.read_text().replace('"train.warmup_steps=2"', '"train.warmup_steps=2", "train.grad_accum=2"'))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "gptzoo",
+            "sweep",
+            str(two),
+            "--out",
+            str(tmp_path / "dist"),
+            "--json",
+        ],  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    distributed = json.loads(proc.stdout)  # one report, from the first process
+    single = run_sweep(read_spec(one), tmp_path / "single")
+    for a, b in zip(distributed["runs"], single["runs"], strict=True):
+        assert a["variant"] == b["variant"] and a["tokens_per_step"] == b["tokens_per_step"] == 128
+        for (step_a, loss_a), (step_b, loss_b) in zip(a["val_curve"], b["val_curve"], strict=True):
+            assert step_a == step_b and loss_a == pytest.approx(loss_b, rel=1e-5)
+    assert sorted(p.name for p in (tmp_path / "dist").glob("*.png")) == sorted(
+        p.name for p in (tmp_path / "single").glob("*.png")
+    )
