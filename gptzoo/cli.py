@@ -23,7 +23,7 @@ import tomllib
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
@@ -221,6 +221,13 @@ def escape_help(text: str) -> str:
     return text.replace("%", "%%")
 
 
+def _add_set(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--set K=V`` (repeatable) into ``overrides``; ``what`` says what it changes, with an example."""
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="K=V", help=f"{what} (repeatable)"
+    )
+
+
 def make_parser(registry: Registry | None = None) -> argparse.ArgumentParser:
     """The command line; with a registry, ``generate`` also has the flags of its samplers."""
     common = Parser(add_help=False)
@@ -240,14 +247,7 @@ def make_parser(registry: Registry | None = None) -> argparse.ArgumentParser:
         metavar="DIR|NAME",
         help="a Hugging Face checkpoint: a directory, a name `gptzoo fetch` knows, or a hub name in the local HF cache",
     )
-    recipe.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="K=V",
-        help="override a recipe key, e.g. model.n_layer=6 (repeatable)",
-    )
+    _add_set(recipe, "override a recipe key, e.g. model.n_layer=6")
 
     p = sub.add_parser(
         "build", parents=[common, recipe], help="build a model from a recipe and show what it is made of and costs"
@@ -359,14 +359,7 @@ def make_parser(registry: Registry | None = None) -> argparse.ArgumentParser:
     p.add_argument("--batch", type=_positive_int, metavar="B", help="windows per forward (default: by memory)")
     p.add_argument("--max-tokens", type=_positive_int, metavar="N", help="only the first N tokens of each text")
     p.add_argument("--dtype", choices=DTYPE_NAMES, default="float32")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="K=V",
-        help="override a recipe key where the weights keep their meaning, e.g. model.attention=eager (repeatable)",
-    )
+    _add_set(p, "override a recipe key where the weights keep their meaning, e.g. model.attention=eager")
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("export", parents=[common], help="write a gptzoo checkpoint as a Hugging Face checkpoint")
@@ -412,14 +405,7 @@ def make_parser(registry: Registry | None = None) -> argparse.ArgumentParser:
         "train", parents=[common], help="train a recipe on prepared data (also under torchrun: DDP or FSDP2)"
     )
     p.add_argument("recipe", help="a shipped recipe name or a .toml file; its [train] section sets the run")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="K=V",
-        help="override a recipe key, e.g. train.max_steps=200 (repeatable)",
-    )
+    _add_set(p, "override a recipe key, e.g. train.max_steps=200")
     p.add_argument("--data", metavar="DIR", help="prepared data (`gptzoo prepare`); default: the recipe's train.data")
     p.add_argument(
         "--out", metavar="DIR", help="the run directory: metrics.jsonl and checkpoints (default: runs/RECIPE)"
@@ -818,11 +804,7 @@ def cmd_sweep(args: argparse.Namespace, out: Console, err: Console) -> None:
         from gptzoo.sweep.spec import read_spec
 
     registry = _registry(err)
-    spec = read_spec(args.spec, registry=registry)
-    if args.data is not None:
-        spec = replace(spec, data_path=str(Path(args.data).resolve()), prepare=None, tokenizer=None)
-    if args.budget is not None:
-        spec = replace(spec, budget=args.budget)
+    spec = read_spec(args.spec, registry=registry, data=args.data, budget=args.budget)
     target = args.out if args.out is not None else Path("sweeps") / spec.name
 
     def bar(task: Any, k: int, total: int) -> RunBar:

@@ -23,6 +23,7 @@ from importlib import metadata
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Protocol, cast, runtime_checkable
 
+import numpy as np
 import tiktoken
 import tiktoken.load
 import tiktoken_ext.openai_public
@@ -104,6 +105,11 @@ class Tokenizer(Protocol):
 
     def decode(self, ids: Sequence[int]) -> str: ...
 
+    def n_bytes(self, ids: Sequence[int]) -> int:
+        """The UTF-8 bytes of the text these tokens stand for (special tokens stand for none): what bits
+        per byte divide by. Exact token by token where the tokenizer knows each token's bytes."""
+        ...
+
     def chat(self, messages: list[dict[str, str]]) -> list[int]:
         """The ids of ``messages`` in the model's chat template, ending with the generation prompt.
 
@@ -180,6 +186,7 @@ class TiktokenTokenizer:
         self.vocab_size = encoding.n_vocab
         self.bos_token_id = encoding.encode_single_token(bos_token) if bos_token is not None else None
         self.eos_token_id = encoding.encode_single_token(eos_token) if eos_token is not None else None
+        self._lengths: np.ndarray | None = None  # each token's bytes, for n_bytes
 
     def encode(self, text: str) -> list[int]:
         utf8(text)  # tiktoken would encode invalid UTF-8 as U+FFFD without a word
@@ -197,6 +204,18 @@ class TiktokenTokenizer:
                 f"token id {bad[0]} is outside the {self.name} tokenizer's vocabulary (0..{self.vocab_size - 1})"
             )
         return self.encoding.decode(list(ids))
+
+    def n_bytes(self, ids: Sequence[int]) -> int:
+        if self._lengths is None:
+            special = {self.encoding.encode_single_token(t) for t in self.encoding.special_tokens_set}
+            self._lengths = np.array(
+                [
+                    0 if i in special else len(self.encoding.decode_single_token_bytes(i))
+                    for i in range(self.vocab_size)
+                ],
+                dtype=np.int64,
+            )
+        return int(self._lengths[np.asarray(ids, dtype=np.int64)].sum())
 
     def chat(self, messages: list[dict[str, str]]) -> list[int]:
         raise GptzooError(
@@ -232,6 +251,9 @@ class ByteTokenizer:
                 f"token id {bad[0]} is not a byte (0..255); the model's vocab_size is larger than the bytes tokenizer's"
             )
         return bytes(ids).decode("utf-8", errors="replace")
+
+    def n_bytes(self, ids: Sequence[int]) -> int:
+        return len(ids)
 
     def chat(self, messages: list[dict[str, str]]) -> list[int]:
         raise GptzooError("the bytes tokenizer has no chat template; give a plain prompt")
@@ -291,6 +313,10 @@ class HFTokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids))
+
+    def n_bytes(self, ids: Sequence[int]) -> int:
+        """The decoded text's bytes, special tokens skipped (a character cut at either end counts as U+FFFD)."""
+        return len(self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=True).encode("utf-8"))
 
     def chat(self, messages: list[dict[str, str]]) -> list[int]:
         if not getattr(self.tokenizer, "chat_template", None):

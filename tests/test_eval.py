@@ -235,3 +235,23 @@ def test_bad_input_names_the_culprit(
     }
     message = run_error(capsys, "eval", *(a.format(**names) for a in argv))
     assert expected in message, message
+
+
+def test_bytes_count_the_text_not_separators_or_cut_characters(tmp_path: Path) -> None:
+    gpt2, byte = load_tokenizer("gpt2"), load_tokenizer("bytes")
+    doc = "naïve café — ünïcödé"
+    ids = gpt2.encode(doc + "<|endoftext|>" + doc)  # prepared data joins documents with <|endoftext|>
+    assert 50256 in ids and gpt2.n_bytes(ids) == 2 * len(doc.encode())
+    assert sum(gpt2.n_bytes([i]) for i in ids) == gpt2.n_bytes(ids)  # token by token: exact, cut characters too
+    assert byte.n_bytes(list("é".encode())[1:]) == 1  # half a character is one byte, not U+FFFD's three
+    path = _text_file(tmp_path, "é" + TEXT)
+    text = eval_model(_loaded("gpt2-tiny", "tokenizer.name=bytes", "model.vocab_size=256"), texts=[path], lengths=[64])
+    assert text["scores"][0]["bytes"] == len(("é" + TEXT).encode()) - 1  # all but the first byte, which is context
+
+
+def test_hf_tokenizers_count_decoded_text_without_special_tokens(tmp_path: Path) -> None:
+    from gptzoo.tokenizer import HFTokenizer
+
+    tok = HFTokenizer.from_dir(_hf_gpt2_dir(tmp_path))
+    ids = [tok.eos_token_id, *tok.encode(TEXT), tok.eos_token_id]
+    assert tok.n_bytes(ids) == len(TEXT.encode())

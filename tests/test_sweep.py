@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from gptzoo.cli import main
-from gptzoo.sweep.matching import parameters
+from gptzoo.sweep.matching import match_variant, parameters, train_flops_per_token
 from gptzoo.sweep.runner import run_sweep
 from gptzoo.sweep.spec import read_spec
 from gptzoo.training.data import prepare
@@ -105,6 +105,9 @@ def test_matched_variants_are_within_one_percent_of_the_base() -> None:
         recipe = spec.recipes[name]
         assert recipe.model.mlp.name == "gated" and recipe.model.d_ff == 341  # 2/3 of 512, computed
         assert abs(parameters(recipe, registry) / base - 1) < 0.01
+    flops = match_variant(spec.recipes["swiglu"], spec.recipes["gelu"], "flops", "model.d_ff", 8, registry)
+    target = train_flops_per_token(spec.recipes["gelu"], registry)
+    assert flops.model.d_ff % 8 == 0 and abs(train_flops_per_token(flops, registry) / target - 1) < 0.01
 
 
 def test_killed_and_resumed_equals_straight(tmp_path: Path, data: Path) -> None:
@@ -218,8 +221,11 @@ def test_shipped_sweeps_run_end_to_end(tmp_path: Path, capsys: pytest.CaptureFix
         rope = next(row for row in report["variants"] if row["variant"] == "rope")
         assert [e["refused"] for e in rope["lengths"]] == [None, None, None]
     assert pngs == expected
+    import matplotlib.image
+
     for png in pngs:
         assert (out / png).read_bytes().startswith(PNG) and f"![{png}]({png})" in md
+        assert matplotlib.image.imread(out / png).shape[2] in (3, 4)  # it opens
 
 
 @pytest.mark.slow
@@ -260,3 +266,69 @@ def test_under_torchrun_each_run_is_distributed(tmp_path: Path, data: Path) -> N
     assert sorted(p.name for p in (tmp_path / "dist").glob("*.png")) == sorted(
         p.name for p in (tmp_path / "single").glob("*.png")
     )
+
+
+def test_a_run_killed_after_its_last_checkpoint_is_evaluated_not_trained_again(tmp_path: Path, data: Path) -> None:
+    spec = read_spec(write_spec(tmp_path / "spec", data, TWO, steps=6, seeds="[0]"))
+    out = tmp_path / "out"
+    run_sweep(spec, out)
+    before = results(out)
+    run = out / "runs" / "post" / "seed-0"
+    (out / "results" / "post" / "seed-0.json").unlink()  # as if killed after the save, before its validation
+    metrics = [
+        line
+        for line in (run / "metrics.jsonl").read_text().splitlines()
+        if '"val_loss"' not in line or '"step": 6,' not in line
+    ]
+    (run / "metrics.jsonl").write_text("\n".join(metrics) + "\n")
+    saved = (run / "checkpoints" / "step-000006" / "model.safetensors").stat().st_mtime_ns
+    run_sweep(spec, out, resume=True)
+    assert (run / "checkpoints" / "step-000006" / "model.safetensors").stat().st_mtime_ns == saved  # not retrained
+    assert results(out) == before
+
+
+PRE_16 = TWO.replace('name = "pre"', 'name = "pre"\nset = ["train.seq_len=16"]')
+
+
+@pytest.mark.parametrize(
+    ("body", "lengths", "expected"),
+    [
+        (
+            TWO + '[grid]\n"train.lr" = [1979-05-27]\n',
+            "lengths = [32]",
+            "grid key 'train.lr': cannot write datetime.date(1979, 5, 27) as TOML",
+        ),
+        (TWO + "[grid]\ntrain.lr = [1e-3]\n", "lengths = [32]", "grid key 'train' is a table: quote a dotted key"),
+        (TWO, "lengths = [16, 64]\nstride = 24", "eval.stride 24 is longer than the length 16"),
+        (PRE_16, "stride = 24", "variant 'pre': eval.stride 24 is longer than its training length"),
+    ],
+)
+def test_more_spec_problems_are_found_before_anything_starts(
+    tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str], body: str, lengths: str, expected: str
+) -> None:
+    spec = write_spec(tmp_path, data, body)
+    spec.write_text(spec.read_text().replace("lengths = [32, 64]", lengths))
+    message = run_error(capsys, "sweep", str(spec), "--out", str(tmp_path / "out"))
+    assert expected in message, message
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_bad_data_source_is_a_spec_problem_and_command_line_data_stands_in(
+    tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = write_spec(tmp_path, data, TWO, steps=2, seeds="[0]")
+    spec.write_text(spec.read_text().replace(f'path = "{data}"', 'prepare = "shakespear"'))
+    message = run_error(capsys, "sweep", str(spec), "--out", str(tmp_path / "out"))
+    assert "data.prepare: unknown source 'shakespear'" in message and "did you mean 'shakespeare'" in message
+    assert not (tmp_path / "out").exists()
+    spec.write_text(
+        "\n".join(
+            line
+            for line in spec.read_text().splitlines()
+            if "prepare" not in line and "[data]" not in line and "steps = 2" not in line and "[budget]" not in line
+        )
+    )
+    report = run_json(
+        capsys, "sweep", str(spec), "--out", str(tmp_path / "out"), "--data", str(data), "--budget", "tokens=128"
+    )
+    assert [r["steps"] for r in report["runs"]] == [2, 2]  # 128 tokens of 2 x 32 per step

@@ -76,8 +76,11 @@ def bootstrap(nll: np.ndarray, count: np.ndarray, seed: int = 0) -> tuple[float,
     if len(nll) < 2:
         return None
     rng = np.random.default_rng(seed)
-    picks = rng.integers(0, len(nll), size=(RESAMPLES, len(nll)))
-    ratios = nll[picks].sum(axis=1) / count[picks].sum(axis=1)
+    ratios = np.empty(RESAMPLES)
+    chunk = max(1, (1 << 22) // len(nll))  # resamples at a time: a few million picks in memory, however many windows
+    for start in range(0, RESAMPLES, chunk):
+        picks = rng.integers(0, len(nll), size=(min(chunk, RESAMPLES - start), len(nll)))
+        ratios[start : start + len(picks)] = nll[picks].sum(axis=1) / count[picks].sum(axis=1)
     low, high = np.percentile(ratios, [2.5, 97.5])
     return float(low), float(high)
 

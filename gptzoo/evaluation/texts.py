@@ -2,11 +2,11 @@
 prepared data (the val.bin of `gptzoo prepare`, which must be in the model's tokenizer).
 
 Bits per byte compare models whose tokenizers differ, so each document records the UTF-8 bytes its
-scored tokens stand for. A text file is encoded as the model sees a prompt (an HF tokenizer adds its
-BOS); when the tokenizer has a BOS token that the encoding lacks, it is put in front, so every token of
-the text is predicted and the bytes are the whole file's. Without a BOS (the bytes tokenizer) the
-first token cannot be predicted: its bytes are left out of the count. Prepared data is one stream
-whose bytes are those of its decoded text, less its first token's.
+scored tokens stand for (the tokenizer's ``n_bytes``: special tokens such as a document separator
+stand for none). A text file is encoded as the model sees a prompt (an HF tokenizer adds its BOS);
+when the tokenizer has a BOS token that the encoding lacks, it is put in front, so every token of the
+text is predicted and the bytes are the whole file's. Without a BOS (the bytes tokenizer) the first
+token cannot be predicted: its bytes are left out of the count.
 """
 
 from __future__ import annotations
@@ -38,10 +38,6 @@ class EvalText:
     documents: tuple[Document, ...]
 
 
-def _bytes_of(tokenizer: Tokenizer, ids: list[int]) -> int:
-    return len(tokenizer.decode(ids).encode("utf-8", errors="replace"))
-
-
 def read_text_file(path: str | Path, tokenizer: Tokenizer, *, max_tokens: int | None = None) -> EvalText:
     """One document: the file's UTF-8 text in ``tokenizer``'s ids (see the module docstring).
 
@@ -64,15 +60,11 @@ def read_text_file(path: str | Path, tokenizer: Tokenizer, *, max_tokens: int | 
     bos = tokenizer.bos_token_id
     if bos is not None and (not ids or ids[0] != bos):
         ids = [bos, *ids]
-        n_bytes = len(text.encode("utf-8"))
-    else:
-        n_bytes = len(text.encode("utf-8")) - (_bytes_of(tokenizer, ids[:1]) if bos is None else 0)
-    if max_tokens is not None and len(ids) > max_tokens:
+    if max_tokens is not None:
         ids = ids[:max_tokens]
-        n_bytes = _bytes_of(tokenizer, ids[1:])  # after the BOS, or the first token
     if len(ids) < 2:
         raise GptzooError(f"--text {path} gives {len(ids)} token(s); evaluation needs at least 2")
-    return EvalText(str(path), (Document(np.asarray(ids, dtype=np.int64), n_bytes),))
+    return EvalText(str(path), (Document(np.asarray(ids, dtype=np.int64), tokenizer.n_bytes(ids[1:])),))
 
 
 def read_prepared(
@@ -93,5 +85,4 @@ def read_prepared(
     ids = np.asarray(data.val[: max_tokens if max_tokens is not None else len(data.val)], dtype=np.int64)
     if len(ids) < 2:
         raise GptzooError(f"--data {directory}: val.bin has {len(ids)} token(s); evaluation needs at least 2")
-    n_bytes = _bytes_of(tokenizer, ids[1:].tolist())
-    return EvalText(str(directory), (Document(ids, n_bytes),))
+    return EvalText(str(directory), (Document(ids, tokenizer.n_bytes(ids[1:])),))

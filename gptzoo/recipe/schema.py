@@ -344,7 +344,12 @@ def _toml_key(key: str) -> str:
     return key if BARE_KEY.fullmatch(key) else _toml_string(key)
 
 
-def _toml_value(value: Any) -> str:
+def toml_value(value: Any) -> str:
+    """One TOML value as it is written after ``key = `` (or in a ``--set K=V``).
+
+    Raises:
+        TypeError: a value TOML cannot hold as written here (a date, None).
+    """
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
@@ -352,16 +357,16 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, str):
         return _toml_string(value)
     if isinstance(value, Mapping):
-        return "{ " + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items()) + " }"
+        return "{ " + ", ".join(f"{_toml_key(k)} = {toml_value(v)}" for k, v in value.items()) + " }"
     if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
     raise TypeError(f"cannot write {value!r} as TOML")
 
 
 def dump_toml(data: Mapping[str, Any]) -> str:
     """TOML for recipe data: top-level scalars, then one table per section."""
-    lines = [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, Mapping)]
+    lines = [f"{_toml_key(k)} = {toml_value(v)}" for k, v in data.items() if not isinstance(v, Mapping)]
     for section, table in data.items():
         if isinstance(table, Mapping):
-            lines += ["", f"[{_toml_key(section)}]", *(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in table.items())]
+            lines += ["", f"[{_toml_key(section)}]", *(f"{_toml_key(k)} = {toml_value(v)}" for k, v in table.items())]
     return "\n".join(lines).lstrip("\n") + "\n"

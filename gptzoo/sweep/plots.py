@@ -15,6 +15,7 @@ from gptzoo.training.plot import write_figure
 VAL_BY_STEP = "val_loss_by_step.png"
 VAL_BY_FLOPS = "val_loss_by_flops.png"
 PPL_BY_LENGTH = "perplexity_by_length.png"
+LOSS_BY_KV = "val_loss_by_kv_bytes.png"
 
 
 def _mean_curve(runs: list[dict[str, Any]]) -> list[tuple[int, float]]:
@@ -77,6 +78,19 @@ def plot_sweep(out: Path, report: dict[str, Any]) -> list[Path]:
                     )
             ax.set_xscale("log")
         written.append(out / VAL_BY_FLOPS)
+    kv = [(row["kv_bytes_per_token"], row["final_val_loss"], row["variant"]) for row in report["variants"]]
+    kv = [(b, loss["mean"], name) for b, loss, name in kv if loss is not None]
+    if len({b for b, _, _ in kv}) > 1:  # the variants' caches differ (e.g. MHA / GQA / MQA): quality against memory
+        with _figure(
+            out / LOSS_BY_KV,
+            "KV cache bytes per token",
+            "final validation loss",
+            f"{report['sweep']}: loss by KV cache",
+        ) as ax:
+            for b, loss, name in kv:
+                ax.scatter([b], [loss], label=name)
+            ax.set_xscale("log", base=2)
+        written.append(out / LOSS_BY_KV)
     lengths = sorted({e["length"] for row in report["variants"] for e in row["lengths"]})
     if len(lengths) > 1:
         with _figure(

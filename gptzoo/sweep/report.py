@@ -17,6 +17,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from gptzoo.errors import GptzooError, terminal_text
+from gptzoo.sweep.names import RESULTS, SPIKE
 from gptzoo.sweep.spec import SweepSpec
 from gptzoo.training import run_dir
 
@@ -32,8 +33,6 @@ def _spread(values: list[float]) -> dict[str, float] | None:
 
 def read_results(out: Path) -> list[dict[str, Any]]:
     """Every run's result under ``out``/results."""
-    from gptzoo.sweep.runner import RESULTS
-
     results = []
     for path in sorted((out / RESULTS).glob("*/seed-*.json")):
         try:
@@ -78,7 +77,7 @@ def summarize(results: list[dict[str, Any]], order: list[str]) -> list[dict[str,
                 "matched": first["matched"],
                 "tokens_per_s": _spread([r["tokens_per_s"] for r in runs if r["tokens_per_s"] is not None]),
                 "final_val_loss": _spread([r["final_val_loss"] for r in done if r["final_val_loss"] is not None]),
-                "best_val_loss": _spread([r["best_val_loss"] for r in runs if r["best_val_loss"] is not None]),
+                "best_val_loss": _spread([r["best_val_loss"] for r in done if r["best_val_loss"] is not None]),
                 "bits_per_byte": lengths[0]["bits_per_byte"] if lengths else None,
                 "lengths": lengths,
                 "steps_to_target": _spread([float(s) for s in reached]),
@@ -116,6 +115,7 @@ COLUMNS = (
     "variant",
     "params",
     "FLOPs/token",
+    "KV bytes/token",
     "tok/s",
     "final val loss",
     "best val loss",
@@ -138,6 +138,7 @@ def table_rows(
             name,
             _si(row["params"]),
             _si(row["train_flops_per_token"]),
+            _si(row["kv_bytes_per_token"]),
             _si(row["tokens_per_s"]["mean"]) if row["tokens_per_s"] else "-",
             _pm(row["final_val_loss"], loss),
             _pm(row["best_val_loss"], loss),
@@ -149,7 +150,7 @@ def table_rows(
             line.append(
                 f"{reached['mean']:.0f} ({row['reached_target']})" if reached else f"- ({row['reached_target']})"
             )
-        line.append(f"{row['diverged']}/{len(row['seeds'])}" + (" ⚠" if row["max_spike"] > 1.0 else ""))
+        line.append(f"{row['diverged']}/{len(row['seeds'])}" + (" ⚠" if row["max_spike"] > SPIKE else ""))
         cells.append(line)
     return columns, cells
 
@@ -247,10 +248,11 @@ def markdown(report: dict[str, Any]) -> str:
         report["description"],
         f"Budget {', '.join(f'{k} {v:g}' for k, v in report['budget'].items())} per run, seeds "
         f"{', '.join(map(str, report['seeds']))}; {m['cpu']}, {m['cores']} cores, torch {m['torch']}{took}.",
-        "Mean±standard deviation over seeds; FLOPs per token for training (forward + backward); final and best "
+        "Mean±standard deviation over seeds; FLOPs per token for training (forward + backward); KV bytes per token "
+        "of the attention cache in float32 at the training length; final and best "
         "validation loss in nats per token; bits per byte from `gptzoo eval` on the validation split at the first "
         "evaluation length; max ‖g‖: the largest gradient norm before clipping; ⚠: a training loss spike of more "
-        "than 1 nat.",
+        f"than {SPIKE:g} nat; diverged: a non-finite loss, or a final validation loss {SPIKE:g} nat above the best.",
         _md_table(columns, cells),
     ]
     lengths = length_table(report["variants"])
@@ -274,9 +276,9 @@ def markdown(report: dict[str, Any]) -> str:
 
 def render_report(report: dict[str, Any], out: Console) -> None:
     columns, cells = table_rows(report["variants"], report["target_loss"], loss=".3f")
-    best = columns.index("best val loss")  # in report.md; the terminal keeps to what fits 80 columns
-    columns = tuple(c for i, c in enumerate(columns) if i != best)
-    cells = [[c for i, c in enumerate(line) if i != best] for line in cells]
+    drop = {columns.index("best val loss"), columns.index("KV bytes/token")}  # in report.md: the terminal has 80
+    columns = tuple(c for i, c in enumerate(columns) if i not in drop)
+    cells = [[c for i, c in enumerate(line) if i not in drop] for line in cells]
     table = Table(title=f"sweep {escape(terminal_text(report['sweep']))}", title_justify="left")
     for i, name in enumerate(columns):
         table.add_column(name, justify="left" if i == 0 else "right", overflow="fold")

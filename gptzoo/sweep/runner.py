@@ -36,15 +36,10 @@ from gptzoo.recipe import Recipe, override_recipe
 from gptzoo.registry import Registry, default_registry
 from gptzoo.sweep.display import RunBar
 from gptzoo.sweep.matching import parameters, train_flops_per_token
+from gptzoo.sweep.names import DATA, RESULTS, RUNS, SPIKE
 from gptzoo.sweep.names import SWEEP_RECORD as SPEC
 from gptzoo.sweep.spec import SweepSpec, Variant
 from gptzoo.training import distributed, run_dir
-
-RUNS = "runs"
-RESULTS = "results"
-DATA = "data"
-SPIKE = 1.0
-"""A training loss this many nats above its running minimum is a spike."""
 
 Say = Callable[[str], None]
 
@@ -161,10 +156,13 @@ def run_task(
     started: Callable[[int], None] | None = None,
     threads: int = 0,
     procs: distributed.Processes | None = None,
+    registry: Registry | None = None,
 ) -> dict[str, Any] | None:
     """Train (or resume) one run, evaluate its final checkpoint, and write its result; the result.
     ``log`` gets every metrics record, ``started`` the step the run starts from (gptzoo.training.trainer.train).
-    Under torchrun (``procs``) every process trains; only the first evaluates and writes (the others get None)."""
+    Under torchrun (``procs``) every process trains; only the first evaluates and writes (the others get None).
+    A run killed after its last checkpoint is not trained again: its final validation loss is computed from
+    that checkpoint if the kill came before it was logged."""
     from gptzoo.evaluation import eval_model
     from gptzoo.model.build import build_model
     from gptzoo.model.summary import kv_bytes_per_token
@@ -172,10 +170,10 @@ def run_task(
 
     if threads:
         torch.set_num_threads(threads)
-    registry = default_registry()
+    registry = registry if registry is not None else default_registry()
     main = procs is None or procs.is_main
-    resume = run_dir.latest(task.run) is not None
-    if main and not resume and task.run.exists():  # killed before its first checkpoint: nothing to keep
+    newest = run_dir.latest(task.run)
+    if main and newest is None and task.run.exists():  # killed before its first checkpoint: nothing to keep
         shutil.rmtree(task.run)
     if procs is not None:
         distributed.barrier(procs)  # the others wait for that
@@ -187,16 +185,33 @@ def run_task(
             log(entry)
 
     status, reason = "done", None
-    try:
-        train(task.recipe, out=task.run, data=task.data, resume=resume, log=record, started=started, registry=registry)
-    except NonFiniteError as exc:
-        status, reason = "diverged", str(exc).split(";")[0]
+    trained = newest is not None and _step(newest) >= task.recipe.train.max_steps  # killed after its last save
+    if not trained:
+        try:
+            train(
+                task.recipe,
+                out=task.run,
+                data=task.data,
+                resume=newest is not None,
+                log=record,
+                started=started,
+                registry=registry,
+            )
+        except NonFiniteError as exc:
+            status, reason = "diverged", str(exc).split(";")[0]
     if not main:
         return None
+    if trained:
+        _final_validation(task, registry)
     records = run_dir.read_metrics(task.run) if (task.run / run_dir.METRICS).is_file() else captured
     stats = _curve_stats(records, task.target_loss)
-    if status == "done" and stats["final_val_loss"] is not None and stats["val_curve"][0][1] < stats["final_val_loss"]:
-        status, reason = "diverged", "the final validation loss is above the first"
+    if (
+        status == "done"
+        and stats["final_val_loss"] is not None
+        and stats["final_val_loss"] > stats["best_val_loss"] + SPIKE
+    ):
+        status = "diverged"
+        reason = f"the final validation loss {stats['final_val_loss']:.4f} is {SPIKE:g} nat or more above the best"
     seq_len = task.recipe.train.seq_len
     meta = build_model(task.recipe, device="meta", registry=registry)
     evaluation = None
@@ -227,6 +242,27 @@ def run_task(
     task.result.parent.mkdir(parents=True, exist_ok=True)
     run_dir.write_text_atomically(task.result, json.dumps(result, indent=1) + "\n")
     return result
+
+
+def _step(checkpoint: Path) -> int:
+    return int(checkpoint.name.removeprefix("step-"))
+
+
+def _final_validation(task: Task, registry: Registry) -> None:
+    """Log the final validation loss of a run whose last checkpoint was saved but not evaluated."""
+    from gptzoo.model.checkpoint import load_checkpoint
+    from gptzoo.training.data import TokenData
+    from gptzoo.training.trainer import validation_loss
+
+    steps = task.recipe.train.max_steps
+    if any(r["step"] == steps and r.get("val_loss") is not None for r in run_dir.read_metrics(task.run)):
+        return
+    newest = run_dir.latest(task.run)
+    assert newest is not None
+    loss = validation_loss(load_checkpoint(newest, registry=registry), task.recipe, TokenData.open(task.data))
+    run_dir.append_metrics(
+        task.run, {"step": steps, "val_loss": loss, "val_ppl": math.exp(min(loss, 700)), "time": time.time()}
+    )
 
 
 # --- the sweep -----------------------------------------------------------------------------------
@@ -269,19 +305,11 @@ def _check_runs(spec: SweepSpec, registry: Registry) -> None:
         raise RecipeError(spec.source, list(dict.fromkeys(problems)))
 
 
-def _check_data(spec: SweepSpec, data: Path | None) -> None:
-    """Prepared data fits every variant (tokenizer, vocabulary), checked before anything starts."""
+def _check_data(spec: SweepSpec, data: Path) -> None:
+    """Prepared data fits every variant (tokenizer, vocabulary)."""
     from gptzoo.training.data import TokenData
     from gptzoo.training.trainer import check_data
 
-    if data is None:
-        tokenizers = {r.tokenizer.name if r.tokenizer else "hf" for r in spec.recipes.values()}
-        if len(tokenizers) > 1 or tokenizers != {spec.tokenizer}:
-            raise GptzooError(
-                f"the variants use the tokenizer(s) {', '.join(sorted(tokenizers))}, the data would be prepared "
-                f"with {spec.tokenizer!r}; give [data] tokenizer that every variant uses"
-            )
-        return
     tokens = TokenData.open(data)
     problems = []
     for name, recipe in spec.recipes.items():
@@ -343,31 +371,38 @@ def run_sweep(
         raise GptzooError("under torchrun each run already uses every process; leave out --jobs")
     started = time.time()
     try:
-        problem = None
-        if procs.is_main:
-            try:
-                _check_out(out, spec, identity, resume)
-                _check_runs(spec, registry)
-                _check_data(spec, Path(spec.data_path) if spec.data_path is not None else None)
-            except GptzooError as exc:
-                problem = exc
-        shared = distributed.share(None if problem is None else str(problem), procs)
-        if problem is not None:
-            raise problem
-        if shared is not None:
-            raise GptzooError(str(shared))
+        _agree(
+            procs,
+            lambda: _check_runs(spec, registry),
+            lambda: None if spec.data_path is None else _check_data(spec, Path(spec.data_path)),
+        )
         with run_dir.locked(out) if procs.is_main else nullcontext():
+            _agree(procs, lambda: _check_out(out, spec, identity, resume))  # under the lock: no sweep races it
             report = _run(spec, out, identity, jobs, registry, say, display, procs, started)
         distributed.stop(procs)
         return report
     except KeyboardInterrupt:
         distributed.stop(procs, wait=False)
-        raise Interrupted(
-            f"the runs with results are kept: finish with `gptzoo sweep {spec.source} --out {out} --resume`"
-        ) from None
+        raise Interrupted(f"the runs with results in {out} are kept: run the same command with --resume") from None
     except BaseException:
         distributed.stop(procs, wait=False)
         raise
+
+
+def _agree(procs: distributed.Processes, *checks: Callable[[], object]) -> None:
+    """Run the checks in the first process; every process raises the first one's error."""
+    problem = None
+    if procs.is_main:
+        try:
+            for check in checks:
+                check()
+        except GptzooError as exc:
+            problem = exc
+    shared = distributed.share(None if problem is None else str(problem), procs)
+    if problem is not None:
+        raise problem
+    if shared is not None:
+        raise GptzooError(str(shared))
 
 
 def _run(
@@ -383,16 +418,19 @@ def _run(
 ) -> dict[str, Any] | None:
     from gptzoo.sweep.report import write_report
 
-    data = None
-    if procs.is_main:
+    prepared: list[Path] = []
+
+    def setup() -> None:
         if not (out / SPEC).is_file():
             run_dir.write_text_atomically(
                 out / SPEC, json.dumps({"spec": spec.source, "identity": identity}, indent=1) + "\n"
             )
-        data = prepared_data(spec, out, say)
+        prepared.append(prepared_data(spec, out, say))
         if spec.data_path is None:
-            _check_tokens(spec, data)
-    data = Path(str(distributed.share(str(data) if data is not None else None, procs)))
+            _check_data(spec, prepared[0])
+
+    _agree(procs, setup)
+    data = Path(str(distributed.share(str(prepared[0]) if prepared else None, procs)))
     every = tasks(spec, out, data, registry)
     missing = distributed.share([i for i, t in enumerate(every) if not t.result.is_file()], procs)
     todo = [every[i] for i in missing]  # type: ignore[union-attr]
@@ -406,16 +444,12 @@ def _run(
         for k, task in enumerate(todo, start=done + 1):
             if display is not None and procs.is_main:
                 with display(task, k, total) as bar:
-                    result = run_task(task, log=bar, started=bar.start, procs=procs)
+                    result = run_task(task, log=bar, started=bar.start, procs=procs, registry=registry)
             else:
-                result = run_task(task, procs=procs)
+                result = run_task(task, procs=procs, registry=registry)
             if result is not None:
                 say(_finished(result, k, total))
     return write_report(spec, out, seconds=time.time() - started) if procs.is_main else None
-
-
-def _check_tokens(spec: SweepSpec, data: Path) -> None:
-    _check_data(replace(spec, data_path=str(data)), data)
 
 
 def _parallel(todo: list[Task], jobs: int, say: Say, done: int, total: int) -> None:

@@ -36,7 +36,6 @@ max_tokens = 20000
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import re
 import tomllib
@@ -46,6 +45,7 @@ from typing import Any
 
 from gptzoo.errors import GptzooError, RecipeError
 from gptzoo.recipe import Recipe, load_recipe, override_recipe, resolve_recipe_path
+from gptzoo.recipe.schema import toml_value
 from gptzoo.registry import Registry, default_registry
 from gptzoo.sweep.names import BUDGETS, shipped_sweeps
 
@@ -97,7 +97,6 @@ class SweepSpec:
     def identity(self) -> dict[str, Any]:
         """What decides the runs' results: a resumed sweep must have the same."""
         return {
-            "base": self.base,
             "overrides": list(self.overrides),
             "seeds": list(self.seeds),
             "budget": list(self.budget),
@@ -105,23 +104,15 @@ class SweepSpec:
             "match": [self.match_key, self.match_multiple],
             "data": [self.data_path, self.prepare, self.tokenizer, self.val_fraction],
             "eval": [list(self.eval_lengths), self.eval_max_tokens, self.eval_stride],
-            "recipes": {name: recipe.to_dict() for name, recipe in self.recipes.items()},
+            "recipes": {name: _content(recipe) for name, recipe in self.recipes.items()},
         }
 
 
-def toml_value(value: Any) -> str:
-    """A TOML value as an override's right-hand side."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{json.dumps(str(k))} = {toml_value(v)}" for k, v in value.items()) + "}"
-    raise TypeError(f"not a TOML value: {value!r}")
+def _content(recipe: Recipe) -> dict[str, Any]:
+    """What a recipe decides, without where it came from (its file, the plugins' versions)."""
+    data = recipe.to_dict()
+    data.pop("provenance", None)
+    return data
 
 
 def _shown(value: Any) -> str:
@@ -208,10 +199,16 @@ def _variants(data: dict[str, Any], common: tuple[str, ...], problems: list[str]
     if grid:
         axes = []
         for key, values in grid.items():
+            if isinstance(values, dict):
+                problems.append(f'grid key {key!r} is a table: quote a dotted key, e.g. "train.lr" = [1e-3, 3e-3]')
+                continue
             if not isinstance(values, list) or not values:
                 problems.append(f"grid key {key!r} must list its values, e.g. [1e-3, 3e-3]")
                 continue
-            axes.append([(f"{key.rsplit('.', 1)[-1]}={_shown(v)}", f"{key}={toml_value(v)}") for v in values])
+            try:
+                axes.append([(f"{key.rsplit('.', 1)[-1]}={_shown(v)}", f"{key}={toml_value(v)}") for v in values])
+            except TypeError as exc:
+                problems.append(f"grid key {key!r}: {exc} (give numbers, strings, booleans, arrays or tables)")
         points = [
             (",".join(n for n, _ in combo), tuple(o for _, o in combo)) for combo in itertools.product(*axes)
         ] or points
@@ -233,8 +230,83 @@ def _variants(data: dict[str, Any], common: tuple[str, ...], problems: list[str]
     return variants
 
 
-def read_spec(name_or_path: str | Path, *, registry: Registry | None = None) -> SweepSpec:
-    """The spec, with each variant's recipe resolved and matched; every problem at once.
+def _budget(data: dict[str, Any], problems: list[str]) -> tuple[str, float]:
+    table = _table(data, "budget", problems)
+    _unknown(table, BUDGETS, "budget.", problems)
+    given = [(k, v) for k, v in table.items() if k in BUDGETS]
+    if len(given) != 1:
+        problems.append("[budget] needs exactly one of steps, tokens or flops")
+        return ("steps", 0)
+    kind, amount = given[0]
+    if isinstance(amount, bool) or not isinstance(amount, (int, float)) or not math.isfinite(amount) or amount <= 0:
+        problems.append(f"budget.{kind} must be a positive number, not {amount!r}")
+    elif kind != "flops" and not isinstance(amount, int):
+        problems.append(f"budget.{kind} must be a whole number, not {amount!r}")
+    return kind, amount
+
+
+def _data(data: dict[str, Any], folder: Path, problems: list[str]) -> tuple[str | None, str | None, str | None, Any]:
+    """(prepared data path, a source to prepare, its tokenizer, val_fraction), checked as far as can be without
+    reading the data: the source names a corpus or a path, the tokenizer is one `gptzoo prepare` knows."""
+    from gptzoo.training.data import corpus_reader
+
+    table = _table(data, "data", problems)
+    _unknown(table, DATA_KEYS, "data.", problems)
+    if ("path" in table) == ("prepare" in table):
+        problems.append("[data] needs path (prepared data) or prepare (a source for `gptzoo prepare`), one of them")
+    found: dict[str, str | None] = {}
+    for key in ("path", "prepare", "tokenizer"):
+        value = table.get(key)
+        if value is not None and (not isinstance(value, str) or not value or "\0" in value):
+            problems.append(f"data.{key} must be a non-empty string (a name or a path)")
+            value = None
+        found[key] = value
+    path, prepare, tokenizer = found["path"], found["prepare"], found["tokenizer"]
+    if path is not None:
+        path = str((folder / path).resolve())
+    if prepare is not None:
+        if (folder / prepare).exists():  # a file or folder beside the spec
+            prepare = str((folder / prepare).resolve())
+        try:
+            corpus_reader(prepare)
+        except GptzooError as exc:
+            problems.append(f"data.prepare: {exc}")
+    fraction = table.get("val_fraction")
+    if fraction is not None and (
+        isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 0.5
+    ):
+        problems.append(f"data.val_fraction must be a number in (0, 0.5], not {fraction!r}")
+    return path, prepare, tokenizer, fraction
+
+
+def _eval(data: dict[str, Any], problems: list[str]) -> tuple[tuple[int, ...], int | None, int | None]:
+    table = _table(data, "eval", problems)
+    _unknown(table, EVAL_KEYS, "eval.", problems)
+    raw = table.get("lengths", [])
+    if not isinstance(raw, list):
+        problems.append("eval.lengths must be a list of lengths in tokens, e.g. [128, 256]")
+        raw = []
+    lengths = tuple(sorted({n for i, n in enumerate(raw) if _positive_int(n, f"eval.lengths[{i}]", problems)}))
+    max_tokens = table.get("max_tokens")
+    if max_tokens is not None:
+        max_tokens = _positive_int(max_tokens, "eval.max_tokens", problems, low=2)
+    stride = table.get("stride")
+    if stride is not None:
+        stride = _positive_int(stride, "eval.stride", problems)
+    if stride is not None and lengths and stride > lengths[0]:
+        problems.append(f"eval.stride {stride} is longer than the length {lengths[0]}; give a stride <= every length")
+    return lengths, max_tokens, stride
+
+
+def read_spec(
+    name_or_path: str | Path,
+    *,
+    registry: Registry | None = None,
+    data: str | Path | None = None,
+    budget: tuple[str, float] | None = None,
+) -> SweepSpec:
+    """The spec, with each variant's recipe resolved and matched; every problem at once. ``data`` (prepared
+    data) and ``budget`` stand in for the spec's [data] and [budget] (`--data`, `--budget`).
 
     Raises:
         GptzooError: no such spec, or a :class:`gptzoo.errors.RecipeError` listing every problem.
@@ -244,17 +316,21 @@ def read_spec(name_or_path: str | Path, *, registry: Registry | None = None) -> 
     registry = registry if registry is not None else default_registry()
     path = find_spec(name_or_path)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        spec = tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise RecipeError(str(path), [f"not valid TOML: {exc}"]) from None
     except OSError as exc:
         raise GptzooError(f"cannot read {path}: {exc.strerror}") from None
+    if data is not None:
+        spec["data"] = {"path": str(Path(data).resolve())}
+    if budget is not None:
+        spec["budget"] = {budget[0]: budget[1]}
     problems: list[str] = []
-    _unknown(data, TOP_KEYS, "", problems)
-    common = _strings(data.get("set", []), "set", problems)
+    _unknown(spec, TOP_KEYS, "", problems)
+    common = _strings(spec.get("set", []), "set", problems)
     base_path: Path | None = None
-    base = data.get("base")
-    if not isinstance(base, str):
+    base = spec.get("base")
+    if not isinstance(base, str) or not base or "\0" in base:
         problems.append('base must name the recipe every variant starts from, e.g. base = "shakespeare-bytes"')
     else:
         try:
@@ -264,86 +340,47 @@ def read_spec(name_or_path: str | Path, *, registry: Registry | None = None) -> 
                 base_path = resolve_recipe_path(base)  # a shipped name
             except RecipeError:
                 problems.extend(f"base: {p}" for p in exc.problems)
-    seeds_raw = data.get("seeds", [0])
+    seeds_raw = spec.get("seeds", [0])
     if not isinstance(seeds_raw, list) or not seeds_raw:
         problems.append("seeds must be a list of integers, e.g. [0, 1]")
         seeds_raw = []
     seeds = tuple(s for i, s in enumerate(seeds_raw) if _positive_int(s, f"seeds[{i}]", problems, low=0) is not None)
     if len(set(seeds)) != len(seeds):
         problems.append(f"seeds repeat: {list(seeds)}")
-    budget_table = _table(data, "budget", problems)
-    _unknown(budget_table, BUDGETS, "budget.", problems)
-    given = [(k, v) for k, v in budget_table.items() if k in BUDGETS]
-    budget: tuple[str, float] = ("steps", 0)
-    if len(given) != 1:
-        problems.append("[budget] needs exactly one of steps, tokens or flops")
-    else:
-        kind, amount = given[0]
-        if isinstance(amount, bool) or not isinstance(amount, (int, float)) or not math.isfinite(amount) or amount <= 0:
-            problems.append(f"budget.{kind} must be a positive number, not {amount!r}")
-        elif kind != "flops" and not isinstance(amount, int):
-            problems.append(f"budget.{kind} must be a whole number, not {amount!r}")
-        else:
-            budget = (kind, amount)
-    data_table = _table(data, "data", problems)
-    _unknown(data_table, DATA_KEYS, "data.", problems)
-    if ("path" in data_table) == ("prepare" in data_table):
-        problems.append("[data] needs path (prepared data) or prepare (a source for `gptzoo prepare`), one of them")
-    for key in ("path", "prepare", "tokenizer"):
-        if key in data_table and not isinstance(data_table[key], str):
-            problems.append(f"data.{key} must be a string")
-    fraction = data_table.get("val_fraction")
-    if fraction is not None and (
-        isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 0.5
-    ):
-        problems.append(f"data.val_fraction must be a number in (0, 0.5], not {fraction!r}")
-    prepare = data_table.get("prepare")
-    if isinstance(prepare, str) and (path.parent / prepare).exists():  # a file or folder beside the spec
-        prepare = str((path.parent / prepare).resolve())
-    match_table = _table(data, "match", problems)
+    kind_amount = _budget(spec, problems)
+    data_path, prepare, tokenizer, fraction = _data(spec, path.parent, problems)
+    match_table = _table(spec, "match", problems)
     _unknown(match_table, MATCH_KEYS, "match.", problems)
     match_key = match_table.get("key", "model.d_ff")
     if not isinstance(match_key, str) or not match_key.startswith("model."):
         problems.append(f"match.key must be a [model] key such as model.d_ff, not {match_key!r}")
         match_key = "model.d_ff"
     multiple = _positive_int(match_table.get("multiple", 1), "match.multiple", problems) or 1
-    eval_table = _table(data, "eval", problems)
-    _unknown(eval_table, EVAL_KEYS, "eval.", problems)
-    lengths_raw = eval_table.get("lengths", [])
-    if not isinstance(lengths_raw, list):
-        problems.append("eval.lengths must be a list of lengths in tokens, e.g. [128, 256]")
-        lengths_raw = []
-    lengths = tuple(n for i, n in enumerate(lengths_raw) if _positive_int(n, f"eval.lengths[{i}]", problems))
-    max_tokens = eval_table.get("max_tokens")
-    if max_tokens is not None:
-        max_tokens = _positive_int(max_tokens, "eval.max_tokens", problems, low=2)
-    stride = eval_table.get("stride")
-    if stride is not None:
-        stride = _positive_int(stride, "eval.stride", problems)
-    target = data.get("target_loss")
-    if target is not None and (isinstance(target, bool) or not isinstance(target, (int, float)) or target <= 0):
+    lengths, max_tokens, stride = _eval(spec, problems)
+    target = spec.get("target_loss")
+    if target is not None and (
+        isinstance(target, bool) or not isinstance(target, (int, float)) or not math.isfinite(target) or target <= 0
+    ):
         problems.append(f"target_loss must be a positive number, not {target!r}")
         target = None
-    description = data.get("description", "")
+    description = spec.get("description", "")
     if not isinstance(description, str):
         problems.append("description must be a string")
         description = ""
-    variants = _variants(data, common, problems)
-    if len(variants) * max(1, len(seeds)) > MAX_RUNS:
-        problems.append(f"{len(variants)} variants x {len(seeds)} seeds is more than {MAX_RUNS:,} runs")
-    recipes: dict[str, Recipe] = {}
-    reference_tokenizer = None
+    variants = _variants(spec, common, problems)
     for v in variants:
         for o in v.overrides:
             if o.partition("=")[0].strip() == "train.max_steps":
                 problems.append(f"variant {v.name!r}: {o} is the budget's to set; give [budget] steps instead")
-    if base_path is not None and len(variants) * max(1, len(seeds)) <= MAX_RUNS:
+    recipes: dict[str, Recipe] = {}
+    reference: Recipe | None = None
+    if base_path is not None and len(variants) * max(1, len(seeds)) > MAX_RUNS:
+        problems.append(f"{len(variants)} variants x {len(seeds)} seeds is more than {MAX_RUNS:,} runs")
+    elif base_path is not None:
         try:
             reference = load_recipe(base_path, common, registry=registry)
-            reference_tokenizer = reference.tokenizer.name if reference.tokenizer is not None else "hf"
         except RecipeError as exc:
             problems.extend(f"set: {p}" for p in exc.problems)
-            reference = None
         for seed in seeds if reference is not None else ():
             try:
                 override_recipe(reference, [f"train.seed={seed}"], registry=registry)
@@ -361,7 +398,20 @@ def read_spec(name_or_path: str | Path, *, registry: Registry | None = None) -> 
                 except GptzooError as exc:
                     problems.append(f"variant {v.name!r}: {exc}")
                     continue
+            if stride is not None and not lengths and stride > (recipe.train.seq_len or recipe.model.context_length):
+                problems.append(
+                    f"variant {v.name!r}: eval.stride {stride} is longer than its training length, "
+                    "the length it is evaluated at; give eval.lengths or a shorter stride"
+                )
             recipes[v.name] = recipe
+    if reference is not None and prepare is not None:
+        tokenizer = tokenizer or (reference.tokenizer.name if reference.tokenizer is not None else "hf")
+        names = {r.tokenizer.name if r.tokenizer is not None else "hf" for r in recipes.values()}
+        if names - {tokenizer}:
+            problems.append(
+                f"the variants use the tokenizer(s) {', '.join(sorted(names))}, the data would be prepared with "
+                f"{tokenizer!r}; give [data] tokenizer that every variant uses"
+            )
     if problems:
         raise RecipeError(str(path), list(dict.fromkeys(problems)))
     assert base_path is not None
@@ -371,12 +421,12 @@ def read_spec(name_or_path: str | Path, *, registry: Registry | None = None) -> 
         base=str(base_path),
         overrides=common,
         seeds=seeds,
-        budget=budget,
+        budget=kind_amount,
         variants=tuple(variants),
-        data_path=str((path.parent / data_table["path"]).resolve()) if "path" in data_table else None,
-        prepare=prepare if isinstance(prepare, str) else None,
-        tokenizer=data_table.get("tokenizer") or (reference_tokenizer if prepare else None),
-        val_fraction=data_table.get("val_fraction"),
+        data_path=data_path,
+        prepare=prepare,
+        tokenizer=tokenizer if prepare is not None else None,
+        val_fraction=fraction,
         match_key=match_key,
         match_multiple=multiple,
         eval_lengths=lengths,

@@ -19,7 +19,7 @@ class TrainDisplay:
     """A context manager; :meth:`start` shows the bar once the run has started (not while its checks may
     still refuse it), then call it with each metrics record."""
 
-    def __init__(self, console: Console, *, total_steps: int, title: str) -> None:
+    def __init__(self, console: Console, *, total_steps: int, title: str, transient: bool = False) -> None:
         self.console = console
         self.progress = Progress(
             TextColumn("[bold]{task.description}"),
@@ -29,6 +29,7 @@ class TrainDisplay:
             TimeElapsedColumn(),
             TimeRemainingColumn(),
             console=console,
+            transient=transient,
         )
         self.task = self.progress.add_task(title, total=total_steps, stats="")
         self.started = False

@@ -292,6 +292,30 @@ def loss_of(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1))
 
 
+def mean_loss(
+    forward: Callable[[torch.Tensor], torch.Tensor],
+    batches: list[tuple[torch.Tensor, torch.Tensor]],
+    precision: str,
+    device: torch.device,
+) -> torch.Tensor:
+    """The mean of the batches' losses, as a run's evaluation computes it (see :func:`validation_loss`)."""
+    total = torch.zeros((), device=device)
+    for x, y in batches:
+        with autocast(precision, device):
+            total += loss_of(forward, x.to(device), y.to(device))
+    return total / len(batches)
+
+
+@torch.no_grad()
+def validation_loss(model: GPT, recipe: Recipe, data: TokenData) -> float:
+    """The validation loss a run of ``recipe`` logs, of ``model`` (in one process): the first eval_batches
+    batches of val.bin, as :meth:`Trainer.evaluate` reads them."""
+    spec = recipe.train
+    batches = list(eval_batches(data.val, seq_len_of(recipe), spec.micro_batch_size, spec.eval_batches))
+    model.eval()
+    return float(mean_loss(model, batches, spec.precision, next(model.parameters()).device))
+
+
 class Trainer:
     """The state of one run in this process; :meth:`run` trains to max_steps."""
 
@@ -562,12 +586,9 @@ class Trainer:
             if len(batches) >= self.procs.world_size
             else batches
         )
-        total = torch.zeros((), device=self.procs.device)
-        for x, y in mine:
-            with autocast(self.spec.precision, self.procs.device):
-                total += loss_of(self.forward, x.to(self.procs.device), y.to(self.procs.device))
+        total = mean_loss(self.forward, mine, self.spec.precision, self.procs.device)
         self.shared.train()
-        return float(distributed.mean(total / len(mine), self.procs))
+        return float(distributed.mean(total, self.procs))
 
     def run(self) -> TrainResult:
         spec = self.spec
