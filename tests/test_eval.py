@@ -213,6 +213,8 @@ def test_prepared_data_is_its_val_split(capsys: pytest.CaptureFixture[str], byte
         (["gpt2-tiny", "--text", "{text}"], "recipe 'gpt2-tiny' has no [weights]: its random weights have nothing"),
         (["{ckpt}"], "nothing to evaluate on: give --text FILE or --data DIR"),
         (["{ckpt}", "--text", "{missing}"], "no such file"),
+        (["{ckpt}", "--text", "/dev/zero"], "--text /dev/zero is not a regular file"),
+        (["{ckpt}", "--text", "{tmp}"], "is a directory; give a text file"),
         (["{ckpt}", "--text", "{text}", "--lengths", "16,64", "--stride", "32"], "--stride 32 is longer than"),
         (["{ckpt}", "--text", "{text}", "--lengths", "0"], "must be between 1 and"),
         (["{tmp}", "--text", "{text}"], "is a directory but not a model"),

@@ -62,7 +62,7 @@ def render_eval(report: dict[str, Any], out: Console) -> None:
     )
     table.add_column("text", overflow="fold")
     for name in ("length", "tokens", "loss", "95% CI", "perplexity", "bits/byte"):
-        table.add_column(name, justify="right")
+        table.add_column(name, justify="right", overflow="fold")
     refused = []
     for s in report["scores"]:
         if s["refused"] is not None:

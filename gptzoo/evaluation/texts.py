@@ -45,6 +45,8 @@ def read_text_file(path: str | Path, tokenizer: Tokenizer, *, max_tokens: int | 
         GptzooError: no such file, not UTF-8, or fewer than 2 tokens.
     """
     path = Path(path)
+    if path.exists() and not path.is_dir() and not path.is_file():  # a device or a FIFO may never end
+        raise GptzooError(f"--text {path} is not a regular file; give a text file")
     try:
         text = path.read_bytes().decode("utf-8")
     except FileNotFoundError:
