@@ -22,7 +22,7 @@ import sys
 import tomllib
 import traceback
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
@@ -48,6 +48,8 @@ EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a command whose reader went away
 MAX_SEED = SEED_LIMIT - 1
+TORCHRUN_COMMANDS = ("train", "sweep")
+"""The commands that run in every process of a torchrun launch (the first one reports)."""
 MAX_COUNT = MAX_DIM
 """The largest --batch, --seq-len, --max-new-tokens and --new-tokens."""
 
@@ -669,23 +671,23 @@ def cmd_eval(args: argparse.Namespace, out: Console, err: Console) -> None:
         from gptzoo.evaluation.display import EvalProgress, render_eval
         from gptzoo.model.summary import DTYPES
 
-    kwargs: dict[str, Any] = dict(
-        texts=args.text,
-        data=args.data,
-        lengths=args.lengths,
-        stride=args.stride,
-        batch_size=args.batch,
-        max_tokens=args.max_tokens,
-        dtype=DTYPES[args.dtype],
-        overrides=args.overrides,
-        registry=_registry(err),
-    )
+    with nullcontext() if args.json else EvalProgress(err) as progress:
+        report = eval_model(
+            args.model,
+            texts=args.text,
+            data=args.data,
+            lengths=args.lengths,
+            stride=args.stride,
+            batch_size=args.batch,
+            max_tokens=args.max_tokens,
+            dtype=DTYPES[args.dtype],
+            overrides=args.overrides,
+            registry=_registry(err),
+            progress=progress,
+        )
     if args.json:
-        report = eval_model(args.model, **kwargs)
         _print_json(out, report)
         return
-    with EvalProgress(err) as progress:
-        report = eval_model(args.model, progress=progress, **kwargs)
     render_eval(report, out)
 
 
@@ -1068,7 +1070,7 @@ def cmd_new_plugin(args: argparse.Namespace, out: Console, err: Console) -> None
 
 def _first_process(args: argparse.Namespace) -> bool:
     """False in the other processes of a torchrun training or sweep (only the first one reports)."""
-    if args is None or args.command not in ("train", "sweep"):
+    if args is None or args.command not in TORCHRUN_COMMANDS:
         return True
     return _env_int("RANK", 0) == 0
 
@@ -1208,7 +1210,7 @@ def _main(argv: list[str], out: Console, err: Console) -> int:
         text = exception_text(exc)
         message = f"interrupted: {text}" if text else "interrupted"
         code = _fail(args, out, err, f"[yellow]{_text(message)}[/yellow]", message, EXIT_INTERRUPTED)
-    if args.command in ("train", "sweep") and _env_int("WORLD_SIZE", 1) > 1:
+    if args.command in TORCHRUN_COMMANDS and _env_int("WORLD_SIZE", 1) > 1:
         # torch 2.13 with gloo aborted at interpreter exit after DDP in 1 to 3 runs of 6, although the work
         # was done ("terminate called without an active exception"): leave right away, with the run's own status.
         out.file.flush()

@@ -32,3 +32,8 @@ def forward_flops(model: nn.Module, batch: int, seq_len: int) -> dict[str, int]:
             parts[name] += flops
     parts["lm head"] = linear_flops(batch * seq_len, model.lm_head)
     return dict(parts)
+
+
+def train_flops_per_token(model: nn.Module, seq_len: int) -> float:
+    """Training FLOPs per token of a gptzoo.GPT on sequences of seq_len tokens (forward + backward)."""
+    return TRAIN_FORWARD_RATIO * sum(forward_flops(model, 1, seq_len).values()) / seq_len

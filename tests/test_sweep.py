@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from gptzoo.cli import main
-from gptzoo.sweep.matching import match_variant, parameters, train_flops_per_token
+from gptzoo.sweep.matching import match_variant, parameters, train_flops
 from gptzoo.sweep.runner import run_sweep
 from gptzoo.sweep.spec import read_spec
 from gptzoo.training.data import prepare
@@ -106,8 +106,8 @@ def test_matched_variants_are_within_one_percent_of_the_base() -> None:
         assert recipe.model.mlp.name == "gated" and recipe.model.d_ff == 341  # 2/3 of 512, computed
         assert abs(parameters(recipe, registry) / base - 1) < 0.01
     flops = match_variant(spec.recipes["swiglu"], spec.recipes["gelu"], "flops", "model.d_ff", 8, registry)
-    target = train_flops_per_token(spec.recipes["gelu"], registry)
-    assert flops.model.d_ff % 8 == 0 and abs(train_flops_per_token(flops, registry) / target - 1) < 0.01
+    target = train_flops(spec.recipes["gelu"], registry)
+    assert flops.model.d_ff % 8 == 0 and abs(train_flops(flops, registry) / target - 1) < 0.01
 
 
 def test_killed_and_resumed_equals_straight(tmp_path: Path, data: Path) -> None:

@@ -150,7 +150,7 @@ def evaluate(
     vocab = model.wte.weight.shape[0]
     if stride is not None and stride > min(lengths):
         raise GptzooError(f"--stride {stride} is longer than the length {min(lengths)}; give a stride <= every length")
-    todo: list[tuple[EvalText, int, int, list[list[Window]]]] = []
+    todo: list[tuple[int, EvalText, list[list[Window]]]] = []  # (its score's index, the text, its windows)
     scores: list[Score] = []
     for text in texts:
         for length in lengths:
@@ -159,8 +159,7 @@ def evaluate(
                 why = f"{limit[1]} encodes at most {limit[0]} positions; evaluate at {limit[0]} or fewer"
                 scores.append(Score(text.name, length, step, refused=why))
                 continue
-            plans = [windows(len(doc.ids), length, step) for doc in text.documents]
-            todo.append((text, length, step, plans))
+            todo.append((len(scores), text, [windows(len(doc.ids), length, step) for doc in text.documents]))
             scores.append(Score(text.name, length, step))
     total = sum(len(plan) for *_, plans in todo for plan in plans)
     done = 0
@@ -171,17 +170,14 @@ def evaluate(
         if progress is not None:
             progress(done, total)
 
-    results = iter(todo)
-    for k, score in enumerate(scores):
-        if score.refused is not None:
-            continue
-        text, length, step, plans = next(results)
+    for k, text, plans in todo:
+        length, step = scores[k].length, scores[k].stride
         size = batch_size if batch_size is not None else default_batch(length, vocab)
         nll, count = window_losses(model, [d.ids for d in text.documents], plans, batch_size=size, progress=advance)
         tokens, n_bytes = int(count.sum()), sum(d.n_bytes for d in text.documents)
         loss = float(nll.sum() / tokens)
         ci = bootstrap(nll, count.astype(np.float64))
-        per_byte = tokens / n_bytes / math.log(2) if n_bytes else math.nan
+        per_byte = tokens / n_bytes / math.log(2) if n_bytes else None
         scores[k] = Score(
             text.name,
             length,
@@ -194,7 +190,7 @@ def evaluate(
             loss_ci=ci,
             perplexity=math.exp(min(loss, 700.0)),
             perplexity_ci=_interval(ci, lambda v: math.exp(min(v, 700.0))),
-            bits_per_byte=loss * per_byte if n_bytes else None,
-            bits_per_byte_ci=_interval(ci, lambda v, k=per_byte: v * k) if n_bytes else None,
+            bits_per_byte=loss * per_byte if per_byte is not None else None,
+            bits_per_byte_ci=_interval(ci, lambda v, k=per_byte: v * k) if per_byte is not None else None,
         )
     return scores

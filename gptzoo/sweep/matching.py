@@ -7,10 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 from gptzoo.errors import GptzooError, RecipeError
-from gptzoo.flops import TRAIN_FORWARD_RATIO, forward_flops
+from gptzoo.flops import train_flops_per_token
 from gptzoo.model.build import build_model
+from gptzoo.model.gpt import GPT
 from gptzoo.recipe import Recipe, override_recipe
 from gptzoo.registry import Registry
+from gptzoo.training.trainer import seq_len_of
 
 TOLERANCE = 0.01
 """A matched variant is within 1% of its target."""
@@ -19,18 +21,19 @@ LARGEST = 1 << 24
 
 def parameters(recipe: Recipe, registry: Registry) -> int:
     """Parameters of the recipe's model (a tied head once)."""
-    model = build_model(recipe, device="meta", registry=registry)
+    return parameters_of(build_model(recipe, device="meta", registry=registry))
+
+
+def parameters_of(model: GPT) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def train_flops_per_token(recipe: Recipe, registry: Registry) -> float:
-    """Training FLOPs per token at the recipe's training length (gptzoo.flops' convention, x3 for backward)."""
-    seq = recipe.train.seq_len or recipe.model.context_length
-    model = build_model(recipe, device="meta", registry=registry)
-    return TRAIN_FORWARD_RATIO * sum(forward_flops(model, 1, seq).values()) / seq
+def train_flops(recipe: Recipe, registry: Registry) -> float:
+    """Training FLOPs per token at the recipe's training length (gptzoo.flops' convention)."""
+    return train_flops_per_token(build_model(recipe, device="meta", registry=registry), seq_len_of(recipe))
 
 
-MEASURES = {"params": parameters, "flops": train_flops_per_token}
+MEASURES = {"params": parameters, "flops": train_flops}
 
 
 def _value(recipe: Recipe, key: str) -> Any:

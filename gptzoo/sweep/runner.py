@@ -32,14 +32,16 @@ from typing import Any
 import torch
 
 from gptzoo.errors import GptzooError, Interrupted, NonFiniteError, RecipeError
+from gptzoo.flops import train_flops_per_token
 from gptzoo.recipe import Recipe, override_recipe
 from gptzoo.registry import Registry, default_registry
 from gptzoo.sweep.display import RunBar
-from gptzoo.sweep.matching import parameters, train_flops_per_token
+from gptzoo.sweep.matching import parameters_of, train_flops
 from gptzoo.sweep.names import DATA, RESULTS, RUNS, SPIKE
 from gptzoo.sweep.names import SWEEP_RECORD as SPEC
 from gptzoo.sweep.spec import SweepSpec, Variant
 from gptzoo.training import distributed, run_dir
+from gptzoo.training.trainer import seq_len_of
 
 Say = Callable[[str], None]
 
@@ -63,7 +65,7 @@ class Task:
 
 def tokens_per_step(recipe: Recipe) -> int:
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    return recipe.train.micro_batch_size * recipe.train.grad_accum * (recipe.train.seq_len or 0) * world
+    return recipe.train.micro_batch_size * recipe.train.grad_accum * seq_len_of(recipe) * world
 
 
 def budget_steps(spec: SweepSpec, recipe: Recipe, registry: Registry) -> int:
@@ -73,7 +75,7 @@ def budget_steps(spec: SweepSpec, recipe: Recipe, registry: Registry) -> int:
     per_step = tokens_per_step(recipe)
     if kind == "tokens":
         return max(1, math.ceil(amount / per_step))
-    return max(1, math.floor(amount / (train_flops_per_token(recipe, registry) * per_step)))
+    return max(1, math.floor(amount / (train_flops(recipe, registry) * per_step)))
 
 
 def _set(variant: Variant, key: str) -> bool:
@@ -83,8 +85,7 @@ def _set(variant: Variant, key: str) -> bool:
 def run_recipe(spec: SweepSpec, variant: Variant, seed: int, registry: Registry) -> Recipe:
     """The variant's recipe for one seed, with the budget's steps and the sweep's logging cadence."""
     recipe = spec.recipes[variant.name]
-    seq_len = recipe.train.seq_len or recipe.model.context_length
-    recipe = replace(recipe, train=replace(recipe.train, seq_len=seq_len, seed=seed))
+    recipe = replace(recipe, train=replace(recipe.train, seq_len=seq_len_of(recipe), seed=seed))
     steps = budget_steps(spec, recipe, registry)
     changes = [f"train.max_steps={steps}"]
     for key, value in (("eval_every", max(1, steps // 10)), ("checkpoint_every", max(1, steps // 4)), ("log_every", 1)):
@@ -127,14 +128,13 @@ def tasks(spec: SweepSpec, out: Path, data: Path, registry: Registry) -> list[Ta
 
 
 def _curve_stats(records: list[dict[str, Any]], target: float | None) -> dict[str, Any]:
-    train = [(r["step"], r["loss"]) for r in records if "loss" in r and r.get("loss") is not None]
+    train = [(r["step"], r["loss"]) for r in records if r.get("loss") is not None]
     val = [(r["step"], r["val_loss"]) for r in records if r.get("val_loss") is not None]
     norms = [r["grad_norm"] for r in records if r.get("grad_norm") is not None]
     speeds = [r["tokens_per_s"] for r in records if r.get("tokens_per_s") is not None]
     spike, low = 0.0, math.inf
     for _, loss in train:
-        spike = max(spike, loss - low) if low < math.inf else spike
-        low = min(low, loss)
+        spike, low = max(spike, loss - low), min(low, loss)
     reached = next((step for step, loss in val if target is not None and loss <= target), None)
     return {
         "train_curve": train,
@@ -172,8 +172,8 @@ def run_task(
         torch.set_num_threads(threads)
     registry = registry if registry is not None else default_registry()
     main = procs is None or procs.is_main
-    newest = run_dir.latest(task.run)
-    if main and newest is None and task.run.exists():  # killed before its first checkpoint: nothing to keep
+    saved = run_dir.checkpoint_dirs(task.run)
+    if main and not saved and task.run.exists():  # killed before its first checkpoint: nothing to keep
         shutil.rmtree(task.run)
     if procs is not None:
         distributed.barrier(procs)  # the others wait for that
@@ -185,14 +185,14 @@ def run_task(
             log(entry)
 
     status, reason = "done", None
-    trained = newest is not None and _step(newest) >= task.recipe.train.max_steps  # killed after its last save
+    trained = bool(saved) and saved[-1][0] >= task.recipe.train.max_steps  # killed after its last save
     if not trained:
         try:
             train(
                 task.recipe,
                 out=task.run,
                 data=task.data,
-                resume=newest is not None,
+                resume=bool(saved),
                 log=record,
                 started=started,
                 registry=registry,
@@ -212,7 +212,7 @@ def run_task(
     ):
         status = "diverged"
         reason = f"the final validation loss {stats['final_val_loss']:.4f} is {SPIKE:g} nat or more above the best"
-    seq_len = task.recipe.train.seq_len
+    seq_len = task.recipe.train.seq_len  # set by run_recipe
     meta = build_model(task.recipe, device="meta", registry=registry)
     evaluation = None
     if status == "done":
@@ -231,8 +231,8 @@ def run_task(
         "status": status,
         "reason": reason,
         "steps": task.recipe.train.max_steps,
-        "params": parameters(task.recipe, registry),
-        "train_flops_per_token": train_flops_per_token(task.recipe, registry),
+        "params": parameters_of(meta),
+        "train_flops_per_token": train_flops_per_token(meta, seq_len),
         "tokens_per_step": tokens_per_step(task.recipe),
         "kv_bytes_per_token": kv_bytes_per_token(meta, seq_len, torch.float32),
         "matched": task.matched,
@@ -242,10 +242,6 @@ def run_task(
     task.result.parent.mkdir(parents=True, exist_ok=True)
     run_dir.write_text_atomically(task.result, json.dumps(result, indent=1) + "\n")
     return result
-
-
-def _step(checkpoint: Path) -> int:
-    return int(checkpoint.name.removeprefix("step-"))
 
 
 def _final_validation(task: Task, registry: Registry) -> None:

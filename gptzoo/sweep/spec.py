@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gptzoo.errors import GptzooError, RecipeError
+from gptzoo.errors import GptzooError, RecipeError, did_you_mean
 from gptzoo.recipe import Recipe, load_recipe, override_recipe, resolve_recipe_path
 from gptzoo.recipe.schema import toml_value
 from gptzoo.registry import Registry, default_registry
@@ -128,8 +128,6 @@ def find_spec(name_or_path: str | Path) -> Path:
     Raises:
         GptzooError: neither.
     """
-    from gptzoo.errors import did_you_mean
-
     path = Path(name_or_path)
     if path.is_file():
         return path
@@ -152,8 +150,6 @@ def _strings(value: Any, where: str, problems: list[str]) -> tuple[str, ...]:
 
 
 def _unknown(table: dict[str, Any], allowed: tuple[str, ...], where: str, problems: list[str]) -> None:
-    from gptzoo.errors import did_you_mean
-
     for key in table:
         if key not in allowed:
             problems.append(
@@ -312,6 +308,7 @@ def read_spec(
         GptzooError: no such spec, or a :class:`gptzoo.errors.RecipeError` listing every problem.
     """
     from gptzoo.sweep.matching import match_variant
+    from gptzoo.training.trainer import seq_len_of
 
     registry = registry if registry is not None else default_registry()
     path = find_spec(name_or_path)
@@ -398,7 +395,7 @@ def read_spec(
                 except GptzooError as exc:
                     problems.append(f"variant {v.name!r}: {exc}")
                     continue
-            if stride is not None and not lengths and stride > (recipe.train.seq_len or recipe.model.context_length):
+            if stride is not None and not lengths and stride > seq_len_of(recipe):
                 problems.append(
                     f"variant {v.name!r}: eval.stride {stride} is longer than its training length, "
                     "the length it is evaluated at; give eval.lengths or a shorter stride"

@@ -34,7 +34,7 @@ from torch import nn
 
 from gptzoo.errors import CheckpointError, GptzooError, Interrupted, NonFiniteError, RecipeError, exception_text
 from gptzoo.fetch import FETCHABLE
-from gptzoo.flops import TRAIN_FORWARD_RATIO, forward_flops
+from gptzoo.flops import train_flops_per_token
 from gptzoo.memory import available_bytes, format_bytes
 from gptzoo.model.build import build_model
 from gptzoo.model.checkpoint import RECIPE, WEIGHTS, read_recipe
@@ -355,9 +355,7 @@ class Trainer:
         if state is not None:
             self._restore(state)
         self.forward = torch.compile(self.shared) if spec.compile else self.shared  # compiles at the first step
-        self.flops_per_token = (
-            TRAIN_FORWARD_RATIO * sum(forward_flops(self.model, 1, self.seq_len).values()) / self.seq_len
-        )
+        self.flops_per_token = train_flops_per_token(self.model, self.seq_len)
 
     # --- checkpoints -------------------------------------------------------------------------
 
@@ -586,9 +584,9 @@ class Trainer:
             if len(batches) >= self.procs.world_size
             else batches
         )
-        total = mean_loss(self.forward, mine, self.spec.precision, self.procs.device)
+        loss = mean_loss(self.forward, mine, self.spec.precision, self.procs.device)
         self.shared.train()
-        return float(distributed.mean(total, self.procs))
+        return float(distributed.mean(loss, self.procs))
 
     def run(self) -> TrainResult:
         spec = self.spec
