@@ -152,9 +152,7 @@ def _strings(value: Any, where: str, problems: list[str]) -> tuple[str, ...]:
 def _unknown(table: dict[str, Any], allowed: tuple[str, ...], where: str, problems: list[str]) -> None:
     for key in table:
         if key not in allowed:
-            problems.append(
-                f"unknown key {where}{key!r}{did_you_mean(key, list(allowed))} (known: {', '.join(allowed)})"
-            )
+            problems.append(f"unknown key {where + key!r}{did_you_mean(key, list(allowed))}")
 
 
 def _positive_int(value: Any, where: str, problems: list[str], low: int = 1) -> int | None:
