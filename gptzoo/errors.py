@@ -23,6 +23,12 @@ class PluginError(GptzooError):
     """A plugin failed to load or registered something invalid (fatal in strict mode)."""
 
 
+class GptzooWarning(UserWarning):
+    """Something a person should know but that does not stop the command (a plugin written against an
+    older contract, a bare name that a built-in and a plugin both register); the CLI prints each once on
+    stderr as ``warning: ...``."""
+
+
 class RegistryError(GptzooError):
     """A registration conflicts with another one (duplicate name without ``override=True``)."""
 
