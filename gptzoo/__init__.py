@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 _API = {
     "CheckpointError": "gptzoo.errors",
     "GptzooError": "gptzoo.errors",
+    "GptzooWarning": "gptzoo.errors",
     "PluginError": "gptzoo.errors",
     "RecipeError": "gptzoo.errors",
     "RegistryError": "gptzoo.errors",
@@ -54,6 +55,7 @@ __all__ = sorted(_API)
 if TYPE_CHECKING:  # for type checkers and editors; `as` marks each as re-exported
     from gptzoo.errors import CheckpointError as CheckpointError
     from gptzoo.errors import GptzooError as GptzooError
+    from gptzoo.errors import GptzooWarning as GptzooWarning
     from gptzoo.errors import PluginError as PluginError
     from gptzoo.errors import RecipeError as RecipeError
     from gptzoo.errors import RegistryError as RegistryError

@@ -54,17 +54,6 @@ On the factory, for every kind (optional):
 
 On the built module, for every kind but samplers (optional):
 
-- ``hf_weights(layout: str) -> list[TensorMap] | None``: where its tensors live in a Hugging Face
-  checkpoint of that layout ("gpt2": GPT2LMHeadModel; "llama": LlamaForCausalLM and the families
-  that store their parts as it does, gptzoo.hf.family.Family.layout; "gpt_neox": GPTNeoXForCausalLM;
-  "phi3": Phi3ForCausalLM), relative to its place there
-  (gptzoo.interfaces.TensorMap). The maps must cover its state dict exactly (a contract test checks
-  it); None, or no such method, means the layout has no equivalent of the component, and import and
-  export refuse it with that reason.
-- ``hf_config(layout: str) -> dict | None``: the config.json fields the component owns (e.g.
-  ``{"rms_norm_eps": 1e-6}``; a value may be an object of plain values, as ``rope_scaling``), every
-  feature that changes its math among them (``sliding_window``), so that a family without that field
-  refuses it; export writes them, and None means no equivalent.
 - ``reset_parameters()``: the component initializes its own parameters, and the model leaves the
   whole component alone. GPT-2's initialization (normal(0, init_std) for linear weights, zero
   biases, and std / sqrt(2 n_layer) for the ``c_proj`` of attentions and mlps) is for components
@@ -115,7 +104,7 @@ class Contract:
     only to a factory whose signature names them."""
     members: tuple[str, ...] = ()
     """Attributes and methods the built object must have."""
-    optional: tuple[str, ...] = ("hf_weights", "hf_config", "reset_parameters")
+    optional: tuple[str, ...] = ("reset_parameters",)
     """Methods the built object may have (see the module docstring)."""
     factory_optional: tuple[str, ...] = ("check", "examples")
     """Attributes the factory may have (see the module docstring)."""
@@ -134,7 +123,7 @@ class Contract:
         return frozenset(arg for arg, _ in self.structural) | frozenset(self.components) | frozenset(self.builders)
 
 
-DECODING = ("hf_weights", "hf_config", "reset_parameters", "decode_ops")
+DECODING = ("reset_parameters", "decode_ops")
 """The optional methods of the kinds that take part in a native decoding step."""
 
 CONTRACTS: dict[str, Contract] = {
@@ -195,6 +184,10 @@ CONTRACTS: dict[str, Contract] = {
 KINDS = tuple(CONTRACTS)
 """The component kinds."""
 
+SUBSYSTEM_HOOKS = ("register_hf_layouts",)
+"""The hooks through which a plugin tells a subsystem about a component class (its Hugging Face layouts),
+beside the one hook per kind that registers components."""
+
 
 class Register(Protocol):
     def __call__(
@@ -213,7 +206,7 @@ def register_norms(register: Register) -> None:
     layers only, since checkpoints differ on the two.
 
     Members: none.
-    Optional: ``hf_weights``, ``hf_config``, ``reset_parameters``, ``decode_ops``.
+    Optional: ``reset_parameters``, ``decode_ops``.
     On the factory: ``check``, ``examples``.
     """
 
@@ -225,7 +218,7 @@ def register_activations(register: Register) -> None:
     Factory: ``factory(*, **params) -> Activation``. Forward: any shape -> same shape and dtype.
 
     Members: none.
-    Optional: ``hf_weights``, ``hf_config``, ``reset_parameters``, ``decode_ops``.
+    Optional: ``reset_parameters``, ``decode_ops``.
     On the factory: ``check``, ``examples``.
     """
 
@@ -241,7 +234,7 @@ def register_mlps(register: Register) -> None:
     module docstring.
 
     Members: ``c_proj``, ``flops``.
-    Optional: ``hf_weights``, ``hf_config``, ``reset_parameters``, ``decode_ops``.
+    Optional: ``reset_parameters``, ``decode_ops``.
     On the factory: ``check``, ``examples``.
     """
 
@@ -261,7 +254,7 @@ def register_positions(register: Register) -> None:
     through an AttentionContext, so one position module serves all layers.
 
     Members: ``max_positions``, ``embed``, ``rotary``, ``attn_bias``.
-    Optional: ``hf_weights``, ``hf_config``, ``reset_parameters``.
+    Optional: ``reset_parameters``.
     On the factory: ``check``, ``examples``.
     """
 
@@ -287,7 +280,7 @@ def register_attentions(register: Register) -> None:
     as in the module docstring.
 
     Members: ``c_proj``, ``init_cache``, ``kv_bytes``, ``flops``.
-    Optional: ``hf_weights``, ``hf_config``, ``reset_parameters``, ``decode_ops``.
+    Optional: ``reset_parameters``, ``decode_ops``.
     On the factory: ``check``, ``examples``.
     """
 
@@ -310,4 +303,46 @@ def register_samplers(register: Register) -> None:
     Members: ``picks``, ``pick``.
     Optional: none.
     On the factory: ``check``, ``examples``, ``flag``, ``sampling_only``.
+    """
+
+
+class RegisterHFLayout(Protocol):
+    def __call__(
+        self,
+        component: type | str,
+        layout: str,
+        *,
+        weights: Callable[[Any], Any],
+        config: Callable[[Any], Any] | None = None,
+        children: tuple[str, ...] = (),
+        override: bool = False,
+    ) -> None: ...
+
+
+@hookspec
+def register_hf_layouts(register: RegisterHFLayout) -> None:
+    """Register where a component's tensors and config.json fields go in a Hugging Face layout, so that
+    models holding it import from and export to that layout's families (gptzoo.hf.layouts).
+
+    ``register(component, layout, *, weights, config=None, children=(), override=False)``:
+        component: the component's class, or its reference ``"module:Class"``; a subclass without a
+            layout of its own uses its nearest base class's.
+        layout: how a family names and stores its parts: "gpt2" (GPT2LMHeadModel), "llama"
+            (LlamaForCausalLM and the families stored as it is: Gemma 2 and 3, Qwen2 and 3, Mistral,
+            OLMo 2), "gpt_neox" (GPTNeoXForCausalLM), "phi3" (Phi3ForCausalLM).
+        weights: ``weights(module) -> list[TensorMap] | None``: where each tensor of the module's state
+            dict lives, relative to the component's place in the checkpoint (gptzoo.interfaces.TensorMap);
+            the maps must cover the state dict exactly (the conformance kit checks it), and None means
+            that these parameters have no equivalent there (import and export then refuse it by name).
+        config: ``config(module) -> dict | None``: the config.json fields the component owns (e.g.
+            ``{"rms_norm_eps": 1e-6}``; a value may be an object of plain values, as ``rope_scaling``),
+            every feature that changes its math among them, so that a family without that field refuses
+            it; None: no equivalent. Default: no fields.
+        children: attributes holding nested components (an attention's q/k norms) whose own layouts map
+            their tensors, under the same name on both sides.
+        override: replace the layout another plugin, or gptzoo itself, gives the same class.
+
+    A plugin may register layouts for any class, its own or another's. Before contract 2 a component
+    answered for itself with ``hf_weights(layout)`` and ``hf_config(layout)`` methods: those still work,
+    with one GptzooWarning per class.
     """

@@ -145,6 +145,33 @@ class Entry:
         return factory
 
 
+@dataclass(frozen=True)
+class HFLayout:
+    """Where one component class's tensors and config.json fields go in one Hugging Face layout, as a
+    plugin registered it through ``register_hf_layouts`` (gptzoo.hookspecs; gptzoo.hf.layouts reads it)."""
+
+    component: type | Reference
+    """The class, or its reference ``"module:Qualname"`` (subclasses without a layout of their own use it)."""
+    layout: str
+    """"gpt2", "llama", "gpt_neox", "phi3": gptzoo.hf.family.Family.layout."""
+    weights: Callable[[Any], Any]
+    """``weights(module) -> list[TensorMap] | None``: None when these parameters have no equivalent there."""
+    config: Callable[[Any], Any] | None
+    """``config(module) -> dict | None``: the config.json fields the component owns (None: no equivalent)."""
+    children: tuple[str, ...]
+    """Nested components (attributes) whose own layouts map their tensors, under the same name on both sides."""
+    override: bool
+    provenance: Provenance
+
+    @property
+    def key(self) -> tuple[str, str]:
+        component = self.component
+        name = (
+            str(component) if isinstance(component, Reference) else f"{component.__module__}:{component.__qualname__}"
+        )
+        return name, self.layout
+
+
 def culprit(entry: Entry) -> str:
     """``norm 'rmsnorm' from gptzoo.builtins.norms (gptzoo 0.1.0)``: who a message is about."""
     return f"{entry.kind} {entry.name!r} from {entry.provenance}"
@@ -173,6 +200,8 @@ class Registry:
         self._failed_names: dict[tuple[str, str], PluginInfo] = {}
         """(kind, name) -> the failed plugin that registered it before failing."""
         self.plugins: list[PluginInfo] = []
+        self.hf_layouts: list[HFLayout] = []
+        """Every plugin's registered Hugging Face layouts, in registration order."""
 
     def get(self, kind: str, name: str) -> Entry:
         """The entry a bare or qualified name means; an UnknownComponentError or
@@ -293,6 +322,15 @@ class Registry:
                         impl.function(register=register)
                     finally:
                         close()
+        layouts: list[HFLayout] = []
+        for impl in pm.hook.register_hf_layouts.get_hookimpls():
+            if impl.plugin is plugin:
+                register, close = _layout_stager(provenance, layouts)
+                try:
+                    impl.function(register=register)
+                finally:
+                    close()
+        self._check_layouts(layouts)
         seen: set[tuple[str, str]] = set()
         for entry, override in staged:
             key = (entry.kind, entry.name)
@@ -309,6 +347,24 @@ class Registry:
                 raise RegistryError(f"{entry.kind} {entry.name!r} is registered by two built-in plugins")
         for entry, override in staged:
             self._place(entry, override)
+        self.hf_layouts += layouts
+
+    def _check_layouts(self, layouts: list[HFLayout]) -> None:
+        """One plugin's layouts: each (class, layout) once, and not one another plugin has unless override."""
+        seen: set[tuple[str, str]] = set()
+        for layout in layouts:
+            component, name = layout.key
+            if layout.key in seen:
+                raise RegistryError(
+                    f"{layout.provenance} registers the Hugging Face {name!r} layout of {component} twice"
+                )
+            seen.add(layout.key)
+            other = next((o for o in self.hf_layouts if o.key == layout.key), None)
+            if other is not None and not layout.override:
+                raise RegistryError(
+                    f"the Hugging Face {name!r} layout of {component} is registered by both {other.provenance} and "
+                    f"{layout.provenance}; drop one, or register the later one with override=True"
+                )
 
     def _place(self, entry: Entry, override: bool) -> None:
         """Give a committed entry its qualified name, and its bare name as the module docstring says."""
@@ -406,6 +462,55 @@ class Registry:
 
         register.__qualname__ = "register"  # what a TypeError about its arguments calls it
         return register, close
+
+
+def _layout_stager(provenance: Provenance, staged: list[HFLayout]) -> tuple[Callable[..., None], Callable[[], None]]:
+    """The ``register`` of one ``register_hf_layouts`` call, and what closes it when the hook returns."""
+    hook_open = True
+
+    def close() -> None:
+        nonlocal hook_open
+        hook_open = False
+
+    def register(
+        component: type | str,
+        layout: str,
+        *,
+        weights: Callable[[Any], Any],
+        config: Callable[[Any], Any] | None = None,
+        children: tuple[str, ...] | list[str] = (),
+        override: bool = False,
+    ) -> None:
+        what = f"{provenance} registered a Hugging Face layout"
+        if not hook_open:
+            raise PluginError(f"{what} after register_hf_layouts returned; call register() inside the hook")
+        target: type | Reference | None = component if isinstance(component, type) else None
+        if isinstance(component, str):
+            target = Reference.parse(str.__str__(component))
+        if target is None:
+            raise RegistryError(
+                f"{what} for {show_plain(component)}, which is neither a class nor a reference 'module:Class'; "
+                "pass the component's class"
+            )
+        if not isinstance(layout, str) or not NAME.fullmatch(layout):
+            raise RegistryError(f"{what} with a layout that is not a name: {show_plain(layout)}; e.g. 'llama'")
+        for name, value, may_be_none in (("weights", weights, False), ("config", config, True)):
+            if not callable(value) and not (may_be_none and value is None):
+                raise RegistryError(
+                    f"{what} ({layout!r}) whose {name} is not callable: {show_plain(value)}; pass a function of the "
+                    "component"
+                )
+        if isinstance(children, str) or not all(isinstance(c, str) and c.isidentifier() for c in children):
+            raise RegistryError(
+                f"{what} ({layout!r}) whose children are not attribute names: {show_plain(children)}; pass a tuple "
+                "of them"
+            )
+        if not isinstance(override, bool):
+            raise RegistryError(f"{what} with an override that is not a bool: {show_plain(override)}")
+        staged.append(HFLayout(target, layout, weights, config, tuple(children), override, provenance))
+
+    register.__qualname__ = "register"
+    return register, close
 
 
 def _key(entry: Entry) -> tuple[str, str]:

@@ -17,8 +17,6 @@ LONG = " ".join(
 )
 """607 tokens: past the window, so the sliding layers really slide."""
 PROMPTS = ["Question: What is the capital of France?\nAnswer:", "def fibonacci(n):\n", LONG]
-BF16 = {"max_abs_diff": 0.05, "kl_hf_gptzoo": 1e-4}
-"""bfloat16 bounds against transformers in bfloat16 (measured: 0.0 for both, the same kernels)."""
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +34,33 @@ def test_gemma3_logits_and_greedy_match_hf_in_float32(recipe: gptzoo.Recipe) -> 
 
 
 def test_gemma3_matches_hf_in_bfloat16(recipe: gptzoo.Recipe) -> None:
+    """In bfloat16, gptzoo's logits equal transformers' where the two run the same kernels (short prompts);
+    where the CPU's bfloat16 GEMM sums a fused product (gptzoo's one q/k/v matrix, its one gate/up
+    matrix) in another order than three separate ones (oneDNN on AMX, from ~128 rows: the 607-token
+    prompt), gptzoo is as close to the float32 logits as transformers' own bfloat16 is. Measured on an
+    Intel Xeon with AMX: transformers' bfloat16 max 20.9 / KL 8.4e-5 from float32, gptzoo's 19.6 /
+    1.2e-4; on an AMD EPYC without AMX, 0.0 between the two."""
+    import transformers
+
+    from gptzoo.hf import load_hf, locate
+
     result = compare("gemma3-270m", recipe, prompts=PROMPTS[::2], new_tokens=8, dtype=torch.bfloat16)
-    for key, bound in BF16.items():
-        assert result[key] <= bound, (key, result[key])
-    assert result["greedy_match"]
+    assert result["greedy_match"] and result["top1_agreement"] == 1.0
+    assert result["prompts"][0]["max_abs_diff"] == 0.0, result["prompts"][0]
+    path = locate("gemma3-270m")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
+    ours = load_hf(path, dtype=torch.bfloat16).eval()
+
+    def distance(logits: torch.Tensor, truth: torch.Tensor) -> tuple[float, float]:
+        kl = torch.nn.functional.kl_div(
+            logits.float().log_softmax(-1), truth.log_softmax(-1), log_target=True, reduction="none"
+        )
+        return (logits.float() - truth).abs().max().item(), kl.sum(-1).mean().item()
+
+    ids = torch.tensor([tokenizer(LONG)["input_ids"]])
+    with torch.no_grad():
+        truth = reference(ids).logits
+        (their_max, their_kl), (our_max, our_kl) = distance(theirs(ids).logits, truth), distance(ours(ids), truth)
+    assert our_max <= 1.5 * their_max and our_kl <= 2 * their_kl, (our_max, their_max, our_kl, their_kl)

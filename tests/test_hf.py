@@ -303,10 +303,16 @@ def test_rope_scaling_is_read_wherever_it_is_written_and_unknown_types_are_refus
 
 def test_exports_without_an_hf_equivalent_are_refused(tmp_path: Path) -> None:
     for overrides, reason in [
-        (["model.position=alibi"], "position 'alibi' (it has no hf_weights: GPT2LMHeadModel has no equivalent of it)"),
+        (
+            ["model.position=alibi"],
+            "position 'alibi' (it has no 'gpt2' layout: GPT2LMHeadModel has no equivalent of it)",
+        ),
         (["model.norm_placement=post"], "norm_placement 'post' (GPT-2 is Pre-LN)"),
-        (["model.position=sinusoidal"], "position 'sinusoidal' (it has no hf_weights"),
-        (["model.norm.bias=false"], "norm 'layernorm' (its hf_weights('gpt2') is None: GPT2LMHeadModel has no"),
+        (["model.position=sinusoidal"], "position 'sinusoidal' (it has no 'gpt2' layout"),
+        (
+            ["model.norm.bias=false"],
+            "norm 'layernorm' (its 'gpt2' layout refuses its parameters: GPT2LMHeadModel has no",
+        ),
     ]:
         model = gptzoo.build_model(gptzoo.load_recipe("gpt2-tiny", overrides), device="meta")
         with pytest.raises(

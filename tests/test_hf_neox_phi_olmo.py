@@ -351,15 +351,15 @@ TWO_TYPES = SMALL + 'layer_pattern = ["a", "b"]\n[model.layer_types.a]\n[model.l
         (
             "phi3",
             'extends = "phi-3-mini"\n' + SMALL + "bias = true\n",
-            "bias=true (Phi-3 has no biases); attention 'sliding_window' (its hf_weights('phi3') is None: "
-            "Phi3ForCausalLM has no equivalent of it); mlp 'gated' (its hf_weights('phi3') is None: Phi3ForCausalLM "
-            "has no equivalent of it)",
+            "bias=true (Phi-3 has no biases); attention 'sliding_window' (its 'phi3' layout refuses its parameters: "
+            "Phi3ForCausalLM has no equivalent of it); mlp 'gated' (its 'phi3' layout refuses its parameters: "
+            "Phi3ForCausalLM has no equivalent of it)",
         ),
         (
             "gpt_neox",
             'extends = "pythia-160m"\n' + SMALL.replace("n_head = 2", "n_head = 4") + "n_kv_head = 2\n",
             "n_kv_head=2, head_dim=8 (GPT-NeoX has n_head heads of n_embd/n_head); attention 'causal' (its "
-            "hf_weights('gpt_neox') is None: GPTNeoXForCausalLM has no equivalent of it)",
+            "'gpt_neox' layout refuses its parameters: GPTNeoXForCausalLM has no equivalent of it)",
         ),
         (
             "gpt_neox",

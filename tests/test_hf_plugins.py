@@ -1,10 +1,12 @@
-"""Hugging Face export follows each component: a plugin norm with Llama weight maps and config
-fields exports, loads in transformers with the same logits, and imports back; components without
-an equivalent, disagreeing or missing config fields are refused by name."""
+"""Hugging Face export follows each component's layout: a plugin norm whose Llama layout is registered
+through register_hf_layouts (or, from the contract before version 2, given by its own hf_weights and
+hf_config methods) exports, loads in transformers with the same logits, and imports back; components
+without an equivalent, disagreeing or missing config fields are refused by name."""
 
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -24,10 +26,11 @@ PLUGIN = '''
 import torch
 from torch import nn
 
+import gptzoo
 from gptzoo.interfaces import TensorMap
 
 
-class ScaledRMS(nn.Module):
+class RMS(nn.Module):
     """RMSNorm written anew: x / sqrt(mean(x^2) + epsilon) * scale, in float32."""
 
     def __init__(self, dim: int, *, epsilon: float = 1e-5) -> None:
@@ -39,44 +42,39 @@ class ScaledRMS(nn.Module):
         h = x.float()
         return self.scale * (h * (h.square().mean(-1, keepdim=True) + self.epsilon).rsqrt()).to(x.dtype)
 
+
+class ScaledRMS(RMS):
+    """The norm with a Llama layout."""
+
+
+class Unmapped(RMS):
+    """The same norm without a layout."""
+
+
+class Unconfigured(RMS):
+    """The same norm, mapped, but owning no config field."""
+
+
+class Greedy(RMS):
+    """A norm whose config claims what is the activation's."""
+
+
+class Broken(RMS):
+    """A norm whose config returns a list."""
+
+
+class Sizer(RMS):
+    """A norm whose config sets a structural field."""
+
+
+class OldForm(RMS):
+    """A norm that answers for its layouts itself, as the plugin contract before version 2 had it."""
+
     def hf_weights(self, family):
         return [TensorMap("scale", ("weight",))] if family == "llama" else None
 
     def hf_config(self, family):
         return {"rms_norm_eps": self.epsilon} if family == "llama" else None
-
-
-class Unmapped(ScaledRMS):
-    """The same norm without Hugging Face maps."""
-
-    hf_weights = None
-
-
-class Unconfigured(ScaledRMS):
-    """The same norm, mapped, but owning no config field."""
-
-    hf_config = None
-
-
-class Greedy(ScaledRMS):
-    """A norm whose config claims what is the activation's."""
-
-    def hf_config(self, family):
-        return {"rms_norm_eps": self.epsilon, "hidden_act": "relu"}
-
-
-class Broken(ScaledRMS):
-    """A norm whose hf_config returns a list."""
-
-    def hf_config(self, family):
-        return ["rms_norm_eps"]
-
-
-class Sizer(ScaledRMS):
-    """A norm whose hf_config sets a structural field."""
-
-    def hf_config(self, family):
-        return {"rms_norm_eps": self.epsilon, "hidden_size": 3}
 
 
 @gptzoo.hookimpl
@@ -87,6 +85,20 @@ def register_norms(register):
     register("greedy_norm", Greedy)
     register("broken_config", Broken)
     register("sizer", Sizer)
+    register("old_form", OldForm)
+
+
+def weights(norm):
+    return [TensorMap("scale", ("weight",))]
+
+
+@gptzoo.hookimpl
+def register_hf_layouts(register):
+    register(ScaledRMS, "llama", weights=weights, config=lambda norm: {"rms_norm_eps": norm.epsilon})
+    register(Unconfigured, "llama", weights=weights)
+    register(Greedy, "llama", weights=weights, config=lambda norm: {"rms_norm_eps": norm.epsilon, "hidden_act": "relu"})
+    register(Broken, "llama", weights=weights, config=lambda norm: ["rms_norm_eps"])
+    register(Sizer, "llama", weights=weights, config=lambda norm: {"rms_norm_eps": norm.epsilon, "hidden_size": 3})
 '''
 
 WHO = "from gptzoo_fake_hfnorm (gptzoo-fake-hfnorm 1.0)"
@@ -110,10 +122,11 @@ def plugin_model(registry: gptzoo.Registry, norm: str, *overrides: str) -> gptzo
     return model
 
 
+@pytest.mark.parametrize("norm", ["scaled_rms", "old_form"])
 def test_a_plugin_norm_exports_to_llama_with_the_same_logits_and_imports_back(
-    registry: gptzoo.Registry, tmp_path: Path
+    registry: gptzoo.Registry, tmp_path: Path, norm: str
 ) -> None:
-    model = plugin_model(registry, "scaled_rms", "model.norm.epsilon=1e-4")
+    model = plugin_model(registry, norm, "model.norm.epsilon=1e-4")
     export_hf(model, tmp_path / "hf", registry=registry)
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"]
@@ -146,18 +159,36 @@ def _refusal(registry: gptzoo.Registry, tmp_path: Path, norm: str, *overrides: s
     return str(excinfo.value)
 
 
-def test_a_plugin_component_without_hf_weights_is_refused_by_name(registry: gptzoo.Registry, tmp_path: Path) -> None:
+def test_a_plugin_component_without_a_layout_is_refused_by_name(registry: gptzoo.Registry, tmp_path: Path) -> None:
     others = ", ".join(f.title for f in FAMILIES.values() if f.title != "Llama")
     assert _refusal(registry, tmp_path, "unmapped") == (
-        "recipe 'llama-tiny' has no Hugging Face Llama equivalent: norm 'unmapped' (it has no hf_weights: "
+        "recipe 'llama-tiny' has no Hugging Face Llama equivalent: norm 'unmapped' (it has no 'llama' layout: "
         f"LlamaForCausalLM has no equivalent of it); {others} differ at least as much"
     )
+
+
+def test_a_component_of_the_old_contract_warns_once_and_still_exports(
+    registry: gptzoo.Registry, tmp_path: Path
+) -> None:
+    from gptzoo.hf import layouts
+
+    layouts._warned.clear()
+    model = plugin_model(registry, "old_form")
+    with pytest.warns(gptzoo.GptzooWarning) as caught:
+        export_hf(model, tmp_path / "a", registry=registry)
+        export_hf(model, tmp_path / "b", registry=registry)
+    assert [str(w.message) for w in caught] == [
+        "gptzoo_fake_hfnorm:OldForm answers for its Hugging Face layouts with hf_weights/hf_config methods, the "
+        "plugin contract before version 2; register them with the register_hf_layouts hook instead "
+        "(docs/plugins.md, 'Hugging Face layouts')"
+    ]
+    assert json.loads((tmp_path / "b" / "config.json").read_text())["rms_norm_eps"] == 1e-5
 
 
 @pytest.mark.parametrize(
     ("norm", "llama"),
     [
-        ("unconfigured", "config.json needs rms_norm_eps, which the norm's hf_config('llama') gives, and none does"),
+        ("unconfigured", "config.json needs rms_norm_eps, which the norm's 'llama' layout gives, and none does"),
         ("greedy_norm", "norm 'greedy_norm' sets hidden_act='relu', activation 'silu' sets hidden_act='silu'"),
     ],
 )
@@ -173,16 +204,17 @@ def test_missing_and_disagreeing_config_fields_are_refused_by_name(
     [
         (
             "broken_config",
-            "has an hf_config('llama') that returned an object of type list, not a dict of config.json field names "
+            "has a 'llama' layout whose config returned an object of type list, not a dict of config.json field names "
             "to numbers, text, booleans, None or objects of those",
         ),
         (
             "sizer",
-            "has an hf_config('llama') that sets hidden_size, which LlamaForCausalLM takes from the recipe's structure",
+            "has a 'llama' layout whose config sets hidden_size, which LlamaForCausalLM takes from the recipe's "
+            "structure",
         ),
     ],
 )
-def test_a_broken_hf_config_names_its_plugin(
+def test_a_broken_layout_config_names_its_plugin(
     registry: gptzoo.Registry, tmp_path: Path, capsys: pytest.CaptureFixture[str], norm: str, problem: str
 ) -> None:
     model = plugin_model(registry, norm)
@@ -194,3 +226,77 @@ def test_a_broken_hf_config_names_its_plugin(
     capsys.readouterr()
     assert run_error(capsys, "export", str(ckpt), "--hf", str(tmp_path / "out")) == f"error: {excinfo.value}"
     assert not (tmp_path / "out").exists()
+
+
+def _layouts_plugin(body: str) -> str:
+    return f"""
+import gptzoo
+from gptzoo.interfaces import TensorMap
+
+
+@gptzoo.hookimpl
+def register_hf_layouts(register):
+{body}
+"""
+
+
+@pytest.mark.parametrize(
+    ("body", "error"),
+    [
+        (
+            "    register(3, 'llama', weights=lambda m: [])",
+            "registered a Hugging Face layout for 3, which is neither a class nor a reference 'module:Class'; pass "
+            "the component's class",
+        ),
+        (
+            "    register('gptzoo.builtins._norms:RMSNorm', 'llama', weights='weight')",
+            "registered a Hugging Face layout ('llama') whose weights is not callable: 'weight'; pass a function of "
+            "the component",
+        ),
+        (
+            "    register('m:C', 'llama', weights=lambda m: [])\n    register('m:C', 'llama', weights=lambda m: [])",
+            "registers the Hugging Face 'llama' layout of m:C twice",
+        ),
+    ],
+)
+def test_a_malformed_layout_registration_fails_its_plugin_only(
+    fake_site: FakeSite, monkeypatch: pytest.MonkeyPatch, body: str, error: str
+) -> None:
+    monkeypatch.delenv("GPTZOO_NO_PLUGINS", raising=False)
+    fake_site.add("badlayout", "gptzoo_fake_badlayout", _layouts_plugin(body))
+    registry = gptzoo.get_registry()
+    (info,) = [p for p in registry.plugins if p.distribution == "gptzoo-fake-badlayout"]
+    assert info.status == "failed"
+    assert info.error == f"gptzoo_fake_badlayout (gptzoo-fake-badlayout 1.0) {error}"
+    assert "rmsnorm" in registry.names("norm") and registry.hf_layouts == []
+
+
+@pytest.mark.parametrize("override", [False, True])
+def test_a_layout_of_a_built_in_class_is_used_only_with_override(
+    fake_site: FakeSite, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, override: bool
+) -> None:
+    """A plugin's "llama" layout of the built-in rmsnorm that names the epsilon otherwise: without
+    override gptzoo's own stays (with a warning), with it the plugin's is what export writes."""
+    monkeypatch.delenv("GPTZOO_NO_PLUGINS", raising=False)
+    body = (
+        "    register('gptzoo.builtins._norms:RMSNorm', 'llama', weights=lambda norm: [TensorMap('weight', "
+        f"('weight',))], config=lambda norm: {{'rms_norm_eps': norm.eps * 2}}, override={override})"
+    )
+    fake_site.add("mine", "gptzoo_fake_mine", _layouts_plugin(body))
+    registry = gptzoo.get_registry()
+    model = gptzoo.build_model(gptzoo.load_recipe("llama-tiny", registry=registry), device="cpu", registry=registry)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        export_hf(model, tmp_path / "hf", registry=registry)
+    said = [str(w.message) for w in caught if issubclass(w.category, gptzoo.GptzooWarning)]
+    assert (
+        said == []
+        if override
+        else said[0]
+        == (
+            "gptzoo_fake_mine (gptzoo-fake-mine 1.0) registers the Hugging Face 'llama' layout of "
+            "gptzoo.builtins._norms:RMSNorm, which gptzoo has already; gptzoo's is used (register it with "
+            "override=True to replace it)"
+        )
+    )
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["rms_norm_eps"] == (2e-5 if override else 1e-5)

@@ -106,13 +106,15 @@ HALF_MAPPED = (
 class HalfMapped(Norm):
     """A norm whose Llama map forgets its bias."""
 
-    def hf_weights(self, family):
-        return [TensorMap("weight", ("weight",))] if family == "llama" else None
-
 
 @gptzoo.hookimpl
 def register_norms(register):
     register("half_mapped", HalfMapped)
+
+
+@gptzoo.hookimpl
+def register_hf_layouts(register):
+    register(HalfMapped, "llama", weights=lambda norm: [TensorMap("weight", ("weight",))])
 '''
 )
 
@@ -269,9 +271,9 @@ def test_wrong_declared_flops_fail_the_flops_check(fake_site: FakeSite) -> None:
     }
 
 
-def test_incomplete_hf_weights_fail_the_hf_weights_check(fake_site: FakeSite) -> None:
+def test_an_incomplete_layout_fails_the_hf_layouts_check(fake_site: FakeSite) -> None:
     assert _failed(_results(fake_site, HALF_MAPPED, "norm", "half_mapped")) == {
-        "hf_weights": "hf_weights('llama') leaves bias of its state dict unmapped"
+        "hf_layouts": "its 'llama' layout leaves bias of its state dict unmapped"
     }
 
 
@@ -333,7 +335,7 @@ def test_a_plugin_authors_test_file_runs_the_kit_under_pytest(fake_site: FakeSit
     )
     assert done.returncode == 1, done.stdout + done.stderr
     assert f"1 failed, {len(expected) - 1} passed" in done.stdout.splitlines()[-1]
-    assert "FAILED test_author.py::test_half_mapped[norm:half_mapped-hf_weights]" in done.stdout
+    assert "FAILED test_author.py::test_half_mapped[norm:half_mapped-hf_layouts]" in done.stdout
 
 
 def test_plugins_check_of_a_good_plugin(
@@ -370,11 +372,11 @@ def test_plugins_check_of_a_bad_plugin_exits_1(
     document = json.loads(capsys.readouterr().out)
     failed = [(r["check"], r["detail"]) for r in document["results"] if r["status"] == "failed"]
     assert document["failed"] == 1
-    assert failed == [("hf_weights", "hf_weights('llama') leaves bias of its state dict unmapped")]
+    assert failed == [("hf_layouts", "its 'llama' layout leaves bias of its state dict unmapped")]
     assert main(["plugins", "--check", "half_mapped"]) == 1  # by entry-point name
     out = " ".join(capsys.readouterr().out.split())
     assert (
-        "│ norm:half_mapped │ gptzoo-fake-half_mapped 1.0 │ hf_weights │ failed │ hf_weights('llama') leaves bias of "
+        "│ norm:half_mapped │ gptzoo-fake-half_mapped 1.0 │ hf_layouts │ failed │ its 'llama' layout leaves bias of "
         "its state dict unmapped │"
     ) in out
     assert out.endswith(f"{len(document['results']) - 1} passed, 1 failed, 0 skipped")

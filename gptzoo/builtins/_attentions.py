@@ -2,9 +2,8 @@
 
 n_kv_head == n_head is MHA; fewer is GQA (Ainslie et al., 2023); one is MQA (Shazeer, 2019).
 q, k and v come from one fused projection ``c_attn`` (d -> (nh + 2 nkv) hs, q rows first, then k,
-then v), as in nanoGPT and GPT-2; Llama splits it into q_proj, k_proj and v_proj, Phi-3 stores it as it
-is (qkv_proj), and GPT-NeoX interleaves it head by head (query_key_value, [q_h; k_h; v_h] for each head
-h: a TensorMap with groups). Two registered variants differ only in how scores are computed:
+then v), as in nanoGPT and GPT-2 (gptzoo.hf's layouts split or interleave it as each checkpoint format
+stores it). Two registered variants differ only in how scores are computed:
 
 - causal: torch.nn.functional.scaled_dot_product_attention (fused kernels where available);
 - eager: the explicit softmax(Q K^T / sqrt(d_k) + M) V, M the causal mask (plus any position bias).
@@ -38,7 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gptzoo.flops import linear_flops
-from gptzoo.interfaces import AttentionContext, Buffer, DecodePlan, LayerKVCache, PositionStep, TensorMap
+from gptzoo.interfaces import AttentionContext, Buffer, DecodePlan, LayerKVCache, PositionStep
 
 QK_NORMS = ("none", "head", "full")
 """Where ``qk_norm`` normalizes: not at all, over each head, over the whole projection."""
@@ -320,79 +319,6 @@ class CausalSelfAttention(nn.Module):
         pairs = sum(len(qs) * len(ks) for qs, ks in blocks)
         scores = 2 * 2 * batch * self.n_head * pairs * self.head_dim
         return {"attention projections": linear_flops(n_tokens, self.c_attn, self.c_proj), "attention scores": scores}
-
-    def hf_weights(self, family: str) -> list[TensorMap] | None:
-        if family == "gpt2":  # Conv1D: [in, out]
-            if self.window or self.softcap or self.qk_norm != "none" or self.scale != 1.0 / math.sqrt(self.head_dim):
-                return None
-            if (self.c_attn.bias is None) != (self.c_proj.bias is None):
-                return None
-            kinds = ("weight", "bias") if self.c_attn.bias is not None else ("weight",)
-            return [
-                TensorMap(f"{name}.{k}", (f"{name}.{k}",), transpose=k == "weight")
-                for name in ("c_attn", "c_proj")
-                for k in kinds
-            ]
-        if family == "llama":
-            sizes = (self.n_head * self.head_dim, self.n_kv_head * self.head_dim, self.n_kv_head * self.head_dim)
-            maps = [
-                TensorMap(f"c_attn.{k}", (f"q_proj.{k}", f"k_proj.{k}", f"v_proj.{k}"), sizes=sizes)
-                for k in _kinds(self.c_attn)
-            ]
-            maps += [TensorMap(f"c_proj.{k}", (f"o_proj.{k}",)) for k in _kinds(self.c_proj)]
-            for name in ("q_norm", "k_norm") if self.qk_norm != "none" else ():
-                inner = _child_maps(getattr(self, name), name, family)
-                if inner is None:
-                    return None
-                maps += inner
-            return maps
-        if family == "gpt_neox":  # query_key_value: each head's q, k and v rows together; no GQA, no qk-norm
-            if self.n_kv_head != self.n_head or self.qk_norm != "none":
-                return None
-            parts = (self.n_head * self.head_dim,) * 3
-            maps = [
-                TensorMap(f"c_attn.{k}", (f"query_key_value.{k}",), parts=parts, groups=self.n_head)
-                for k in _kinds(self.c_attn)
-            ]
-            return maps + [TensorMap(f"c_proj.{k}", (f"dense.{k}",)) for k in _kinds(self.c_proj)]
-        if family == "phi3":  # qkv_proj is c_attn as it is; Phi-3 has no biases and no qk-norm
-            if self.c_attn.bias is not None or self.c_proj.bias is not None or self.qk_norm != "none":
-                return None
-            return [TensorMap("c_attn.weight", ("qkv_proj.weight",)), TensorMap("c_proj.weight", ("o_proj.weight",))]
-        return None
-
-    def hf_config(self, family: str) -> dict[str, object] | None:
-        """The features a family's config.json must express (a family without the field refuses them)."""
-        fields: dict[str, object] = {}
-        if self.window:
-            fields["sliding_window"] = self.window
-        if self.softcap:
-            fields["attn_logit_softcapping"] = self.softcap
-        if self.scale != 1.0 / math.sqrt(self.head_dim):
-            scalar = self.scale**-2  # Gemma's field is an integer where it can be (256 from 0.0625)
-            fields["query_pre_attn_scalar"] = (
-                round(scalar) if math.isclose(scalar, round(scalar), rel_tol=1e-9) else scalar
-            )
-        if self.qk_norm != "none":
-            fields["qk_norm"] = self.qk_norm
-        if self.c_attn.bias is not None and self.c_proj.bias is None:
-            fields["qkv_bias"] = True
-        return fields
-
-
-def _kinds(linear: nn.Linear) -> tuple[str, ...]:
-    return ("weight", "bias") if linear.bias is not None else ("weight",)
-
-
-def _child_maps(module: nn.Module, prefix: str, family: str) -> list[TensorMap] | None:
-    """A nested component's maps for ``family``, under ``prefix`` on both sides; None if it has none."""
-    hf_weights = getattr(module, "hf_weights", None)
-    maps = hf_weights(family) if hf_weights is not None else None
-    if maps is None:
-        return None
-    return [
-        dataclasses.replace(m, ours=f"{prefix}.{m.ours}", theirs=tuple(f"{prefix}.{t}" for t in m.theirs)) for m in maps
-    ]
 
 
 class EagerSelfAttention(CausalSelfAttention):

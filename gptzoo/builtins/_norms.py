@@ -3,9 +3,7 @@
 - rmsnorm follows HF transformers' LlamaRMSNorm: normalize in float32 (float64 stays float64), cast
   back, then scale by the weight. With ``scale_in_float32 = true`` it follows OLMo 2's Olmo2RMSNorm
   instead: the weight multiplies in float32 too, before the cast back. The two agree exactly in
-  float32 and differ by a rounding in bfloat16 and float16, so Hugging Face families tell them apart
-  (``hf_config`` gives rms_norm_scale_in_float32 = true for the OLMo 2 numerics, which only OLMo 2
-  accepts, and OLMo 2 requires).
+  float32 and differ by a rounding in bfloat16 and float16.
 - gemma_rmsnorm follows Gemma's: the weight is stored as an offset from 1 (initialized to zeros),
   and both the normalization and the scaling by (1 + weight) happen in float32 before the cast back.
 """
@@ -18,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gptzoo.interfaces import Buffer, DecodePlan, TensorMap
+from gptzoo.interfaces import Buffer, DecodePlan
 
 
 def check_eps(*, eps: float = 1e-5, **_: object) -> list[str]:
@@ -41,20 +39,6 @@ class LayerNorm(nn.Module):
 
     def decode_ops(self, plan: DecodePlan, src: Buffer, dst: Buffer) -> None:
         plan.layernorm(src, dst, self.weight, self.bias, self.eps)
-
-    def hf_weights(self, family: str) -> list[TensorMap] | None:
-        if family not in EPS_FIELDS or self.bias is None:  # GPT-2's and GPT-NeoX's LayerNorms have a bias
-            return None
-        return [TensorMap("weight", ("weight",)), TensorMap("bias", ("bias",))]
-
-    def hf_config(self, family: str) -> dict[str, float] | None:
-        return {EPS_FIELDS[family]: self.eps} if family in EPS_FIELDS else None
-
-
-EPS_FIELDS = {"gpt2": "layer_norm_epsilon", "gpt_neox": "layer_norm_eps"}
-"""Layouts with LayerNorms -> the config.json field of their epsilon."""
-RMS_LAYOUTS = ("llama", "phi3")
-"""Layouts whose RMSNorm weight is stored as it is, with its epsilon in rms_norm_eps."""
 
 
 class RMSNorm(nn.Module):
@@ -81,15 +65,6 @@ class RMSNorm(nn.Module):
     def decode_ops(self, plan: DecodePlan, src: Buffer, dst: Buffer) -> None:
         plan.rmsnorm(src, dst, self.weight, self.eps, "scale_in_float32" if self.scale_in_float32 else "plain")
 
-    def hf_weights(self, family: str) -> list[TensorMap] | None:
-        return [TensorMap("weight", ("weight",))] if family in RMS_LAYOUTS else None
-
-    def hf_config(self, family: str) -> dict[str, float | bool] | None:
-        if family not in RMS_LAYOUTS:
-            return None
-        # only when set: a family that does not imply it has no field for it, and refuses these numerics
-        return {"rms_norm_eps": self.eps, **({"rms_norm_scale_in_float32": True} if self.scale_in_float32 else {})}
-
 
 class GemmaRMSNorm(nn.Module):
     """RMSNorm with a (1 + weight) scale, all in float32 (Gemma; the weight starts at zero)."""
@@ -108,9 +83,3 @@ class GemmaRMSNorm(nn.Module):
 
     def decode_ops(self, plan: DecodePlan, src: Buffer, dst: Buffer) -> None:
         plan.rmsnorm(src, dst, self.weight, self.eps, "offset")
-
-    def hf_weights(self, family: str) -> list[TensorMap] | None:
-        return [TensorMap("weight", ("weight",))] if family == "llama" else None
-
-    def hf_config(self, family: str) -> dict[str, float] | None:
-        return {"rms_norm_eps": self.eps, "rms_norm_offset": 1.0} if family == "llama" else None

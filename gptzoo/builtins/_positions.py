@@ -20,7 +20,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from gptzoo.interfaces import Position, TensorMap
+from gptzoo.interfaces import Position
 
 
 class NoPosition(Position):
@@ -42,9 +42,6 @@ class LearnedPosition(Position):
 
     def embed(self, positions: Tensor) -> Tensor:
         return self.wpe(positions)
-
-    def hf_weights(self, family: str) -> list[TensorMap] | None:
-        return [TensorMap("wpe.weight", ("wpe.weight",))] if family == "gpt2" else None
 
 
 class SinusoidalPosition(Position):
@@ -121,12 +118,10 @@ class RoPE(Position):
     ``fraction`` of each head's features rotate (the first ones; GPT-NeoX's rotary_pct, Phi's
     partial_rotary_factor), the rest pass through. ``rotate_in_float32`` rotates q and k in float32
     and rounds the result back (OLMo 2); by default the tables are rounded to q's dtype first (Llama).
-    Subclasses change the frequencies (``inv_freq``):
-    the scaled variants of transformers' modeling_rope_utils, each named by its rope_type.
+    Subclasses change the frequencies (``inv_freq``): the scaled variants of transformers'
+    modeling_rope_utils.
     """
 
-    rope_type = "default"
-    """transformers' rope_parameters rope_type."""
     examples = [{"fraction": 0.5}, {"rotate_in_float32": True}]
 
     def __init__(
@@ -160,31 +155,6 @@ class RoPE(Position):
             )
         return problems + _positive("rope theta", theta)
 
-    def hf_weights(self, family: str) -> list[TensorMap] | None:
-        return [] if family in ("llama", "phi3", "gpt_neox") else None  # computed, not stored
-
-    def hf_config(self, family: str) -> dict[str, object] | None:
-        """Llama and Phi-3: rope_theta, and partial_rotary_factor when some features pass through;
-        GPT-NeoX: its own names, rotary_emb_base and rotary_pct, always (its default rotary_pct is
-        0.25, and it reads no rope_theta). The scaling, if any, as rope_scaling."""
-        if family not in ("llama", "phi3", "gpt_neox"):
-            return None
-        if family == "gpt_neox":
-            fields: dict[str, object] = {"rotary_emb_base": self.theta, "rotary_pct": self.fraction}
-        else:
-            fields = {"rope_theta": self.theta}
-            if self.fraction != 1.0:
-                fields["partial_rotary_factor"] = self.fraction
-        if self.scaling():
-            fields["rope_scaling"] = self.scaling()
-        if self.rotate_in_float32:
-            fields["rope_rotate_in_float32"] = True
-        return fields
-
-    def scaling(self) -> dict[str, object]:
-        """transformers' rope scaling object (rope_type and its parameters); empty for plain RoPE."""
-        return {}
-
     def base_inv_freq(self, device: torch.device, theta: float | None = None) -> Tensor:
         exponents = torch.arange(0, self.dim, 2, dtype=torch.int64, device=device).float()
         return 1.0 / ((self.theta if theta is None else theta) ** (exponents / self.dim))  # (dim/2,)
@@ -204,7 +174,6 @@ class RoPE(Position):
 class LinearRoPE(RoPE):
     """RoPE with positions interpolated by ``factor`` (Chen et al., 2023): frequencies / factor."""
 
-    rope_type = "linear"
     examples = [{"factor": 4.0}]
 
     def __init__(
@@ -234,9 +203,6 @@ class LinearRoPE(RoPE):
     def check(*, factor: float = 1.0, **params: object) -> list[str]:
         return RoPE.check(**params) + _factor(factor)
 
-    def scaling(self) -> dict[str, object]:
-        return {"rope_type": self.rope_type, "factor": self.factor}
-
     def inv_freq(self, positions: Tensor) -> tuple[Tensor, float]:
         return self.base_inv_freq(positions.device) / self.factor, 1.0
 
@@ -248,7 +214,6 @@ class DynamicRoPE(LinearRoPE):
     as transformers computes it at each forward.
     """
 
-    rope_type = "dynamic"
     examples = [{"factor": 2.0}]
 
     @staticmethod
@@ -271,7 +236,6 @@ class DynamicRoPE(LinearRoPE):
 class Llama3RoPE(RoPE):
     """Llama 3.1's RoPE: long wavelengths divided by ``factor``, short ones kept, a smooth ramp between."""
 
-    rope_type = "llama3"
     examples = [{"original_context": 16}]
 
     def __init__(
@@ -315,15 +279,6 @@ class Llama3RoPE(RoPE):
             problems.append(f"high_freq_factor {high_freq_factor} must be above low_freq_factor {low_freq_factor}")
         return problems + _positive("original_context", original_context)
 
-    def scaling(self) -> dict[str, object]:
-        return {
-            "rope_type": self.rope_type,
-            "factor": self.factor,
-            "low_freq_factor": self.low_freq_factor,
-            "high_freq_factor": self.high_freq_factor,
-            "original_max_position_embeddings": self.original_context,
-        }
-
     def inv_freq(self, positions: Tensor) -> tuple[Tensor, float]:
         inv_freq = self.base_inv_freq(positions.device)
         low_wavelen = self.original_context / self.low_freq_factor
@@ -345,7 +300,6 @@ class YaRNRoPE(RoPE):
     scaled by the attention factor (0.1 ln(factor) + 1 unless given, or the mscale ratio).
     """
 
-    rope_type = "yarn"
     examples = [{"factor": 4.0, "original_context": 16}, {"factor": 4.0, "mscale": 1.0, "mscale_all_dim": 0.5}]
 
     def __init__(
@@ -378,7 +332,7 @@ class YaRNRoPE(RoPE):
         )
         self.factor, self.original_context = factor, original_context
         self.beta_fast, self.beta_slow, self.truncate = beta_fast, beta_slow, truncate
-        self.mscale, self.mscale_all_dim, self.given_attention_factor = mscale, mscale_all_dim, attention_factor
+        self.mscale, self.mscale_all_dim, self.attention_factor = mscale, mscale_all_dim, attention_factor
 
     @staticmethod
     def check(
@@ -396,27 +350,10 @@ class YaRNRoPE(RoPE):
         problems += _factor(factor) + _positive("original_context", original_context)
         return problems + _positive("beta_fast", beta_fast) + _positive("beta_slow", beta_slow)
 
-    def scaling(self) -> dict[str, object]:
-        fields: dict[str, object] = {
-            "rope_type": self.rope_type,
-            "factor": self.factor,
-            "original_max_position_embeddings": self.original_context,
-            "beta_fast": self.beta_fast,
-            "beta_slow": self.beta_slow,
-            "truncate": self.truncate,
-        }
-        for key, value in (
-            ("mscale", self.mscale),
-            ("mscale_all_dim", self.mscale_all_dim),
-            ("attention_factor", self.given_attention_factor),
-        ):
-            if value:
-                fields[key] = value
-        return fields
-
-    def attention_factor(self) -> float:
-        if self.given_attention_factor:
-            return self.given_attention_factor
+    def magnitude(self) -> float:
+        """The factor cos and sin are scaled by: attention_factor if given, else from the mscales."""
+        if self.attention_factor:
+            return self.attention_factor
 
         def get_mscale(scale: float, mscale: float = 1.0) -> float:
             return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
@@ -441,7 +378,7 @@ class YaRNRoPE(RoPE):
         extrapolation = 1 - ramp
         pos_freqs = theta ** (torch.arange(0, dim, 2, device=positions.device).float() / dim)
         inv_freq = (1.0 / (self.factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
-        return inv_freq, self.attention_factor()
+        return inv_freq, self.magnitude()
 
 
 def alibi_slopes(n_head: int) -> list[float]:

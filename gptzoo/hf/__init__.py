@@ -182,7 +182,7 @@ def load_hf(
         check_recipe_matches(recipe, derived, registry)
     family = family_for(read_config(path), path)
     model = build_model(recipe, device="meta", registry=registry)
-    rows = family.tensor_map(model)
+    rows = family.tensor_map(model, registry)
     tensors = read_tensors(path)
     refused: dict[str, list[str]] = {}  # dtype -> its tensors, found before any arithmetic (float8 has little)
     for key, t in tensors.items():
@@ -233,9 +233,9 @@ def export_hf(
 
     The first family in FAMILIES' order (GPT-2, Llama, Gemma 3, Gemma 2, Qwen2, Qwen3, Mistral, GPT-NeoX,
     Phi-3, OLMo 2) that every component of the recipe has an equivalent in is written: each
-    component's ``hf_weights`` places its tensors, its ``hf_config`` gives the config.json fields it
-    owns (gptzoo.hf.family.Family.config); ``registry`` (default: the shared one) builds the recipe's
-    components on the meta device to ask them.
+    component's layout there places its tensors and gives the config.json fields it owns
+    (gptzoo.hf.layouts, gptzoo.hf.family.Family.config); ``registry`` (default: the shared one) builds
+    the recipe's components on the meta device to ask them, and holds the plugins' layouts.
 
     Raises:
         NoEquivalentError: no Hugging Face architecture expresses the recipe.
@@ -261,7 +261,7 @@ def _export(model: GPT, out: Path, tokenizer_from: str | Path | None, registry: 
     for family in FAMILIES.values():
         try:
             config_fields = family.config(recipe, skeleton, components)
-            rows = family.tensor_map(model)
+            rows = family.tensor_map(model, registry)
         except NoEquivalentError as exc:
             reasons.append((len(exc.reasons), family.title, str(exc)))
             continue

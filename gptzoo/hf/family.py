@@ -1,17 +1,19 @@
 """What a Hugging Face architecture ("family") is to gptzoo: how its config.json maps to a recipe,
 and where each component's tensors live in its checkpoints.
 
-A family owns only the skeleton of a checkpoint (``transformer.h.3.attn.`` is GPT-2's layer 3
+A family owns the skeleton of a checkpoint (``transformer.h.3.attn.`` is GPT-2's layer 3
 attention) and its structural config.json fields (sizes, layer count); the tensors inside each
-part are described by the component that owns them (its ``hf_weights(family)`` method, see
-gptzoo.interfaces.TensorMap), and so are the config.json fields it owns (``hf_config(family)``:
-a norm's epsilon, the activation's name, rope's theta). A component without an equivalent in a
-family returns None (or lacks the method), and export refuses the recipe naming it. Import maps
-config.json to the family's own components (:meth:`Family.recipe_data`).
+part, and the config.json fields a component owns (a norm's epsilon, the activation's name, rope's
+theta), are given by the component class's layout (gptzoo.hf.layouts: the built-ins' are written in
+the module of the family that names the layout, a plugin registers its own). A component without an
+equivalent in a family has no layout there, or one that refuses its parameters, and export refuses
+the recipe naming it. Import maps config.json to the family's own components
+(:meth:`Family.recipe_data`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -22,10 +24,11 @@ from torch import Tensor, nn
 
 from gptzoo import factories
 from gptzoo.errors import CheckpointError, GptzooError, PluginError, did_you_mean
+from gptzoo.hf.layouts import Layouts
 from gptzoo.interfaces import TensorMap
 from gptzoo.model.gpt import GPT
 from gptzoo.recipe import Recipe
-from gptzoo.registry import Entry, show_plain
+from gptzoo.registry import Entry, HFLayout, Registry, default_registry, show_plain
 from gptzoo.untrusted import WEIGHT_DTYPES_TEXT
 
 
@@ -45,14 +48,14 @@ class Part:
     ours: str
     theirs: str
     maps: list[TensorMap] | None = None
-    """Explicit maps (for plain torch modules such as the embedding); None asks the module."""
+    """Explicit maps (for plain torch modules such as the embedding); None asks the module's layout."""
 
 
 class Family:
     """Base class of the Hugging Face architectures gptzoo reads and writes."""
 
     name: str
-    """The family key components use in ``hf_weights`` ("gpt2", "llama")."""
+    """The family's key ("gpt2", "llama", "gemma3")."""
     model_type: str
     """config.json ``model_type``."""
     architecture: str
@@ -68,9 +71,11 @@ class Family:
     required: dict[str, str] = {}
     """config.json fields that components own and the family needs -> the kind that owns them."""
     layout: str
-    """The key components' ``hf_weights`` and ``hf_config`` answer for: how the family names and lays out
-    each component's tensors and config fields ("gpt2", "llama"); families that store their parts as
-    Llama does share "llama". Default: the family's name."""
+    """How the family names and lays out each component's tensors and config fields ("gpt2", "llama"):
+    the key of components' layouts (gptzoo.hf.layouts); families that store their parts as Llama does
+    share "llama". Default: the family's name."""
+    component_layouts: tuple[HFLayout, ...] = ()
+    """The built-in components' layouts for ``layout``, written by the family that names it."""
     known: frozenset[str] = frozenset()
     """Fields components may give that the family writes to config.json besides ``required``; a
     component giving any other field (a feature the family has no place for, e.g. a sliding window in
@@ -105,18 +110,29 @@ class Family:
     def parts(self, model: GPT) -> list[Part]:
         raise NotImplementedError
 
-    def config(self, recipe: Recipe, model: GPT, components: Sequence[tuple[Entry, nn.Module]]) -> dict[str, Any]:
+    def layouts(self, registry: Registry | None = None) -> Layouts:
+        """The components' layouts for this family: the built-ins', then the registry's plugins'."""
+        return _layouts(self.layout, self.component_layouts, registry if registry is not None else default_registry())
+
+    def config(
+        self,
+        recipe: Recipe,
+        model: GPT,
+        components: Sequence[tuple[Entry, nn.Module]],
+        registry: Registry | None = None,
+    ) -> dict[str, Any]:
         """config.json fields equivalent to the recipe: the structural ones merged with what each
         component (``components``: every module a factory built for ``model``, a meta-device build of
         the recipe, with its entry) owns; fields in ``per_layer`` are gathered layer by layer (from the
         components of each block and the position encoding it uses) and given to :meth:`layer_config`.
 
         Raises:
-            NoEquivalentError: naming the structure, each component without an equivalent here (its
-                ``hf_weights`` or ``hf_config`` gives None), a field the family has no place for,
+            NoEquivalentError: naming the structure, each component without an equivalent here (no
+                layout, or one whose weights or config gives None), a field the family has no place for,
                 components that disagree on a field, and a field the family needs that no component owns.
-            PluginError: a component whose hf_weights or hf_config raises or returns something else.
+            PluginError: a component whose layout raises or returns something else.
         """
+        layouts = self.layouts(registry)
         reasons = self.structural_reasons(recipe)
         owned: dict[str, tuple[Any, str]] = {}
         structural = self.structure(recipe)
@@ -130,7 +146,7 @@ class Family:
         given: list[tuple[str, str, set[str]]] = []  # (who, kind, the implied fields it gives)
         for entry, module in components:
             who = f"{entry.kind} {entry.name!r}"
-            fields = self._component_fields(entry, module)
+            fields = self._component_fields(entry, module, layouts)
             if isinstance(fields, str):
                 if who not in refused:
                     refused.add(who)
@@ -140,7 +156,7 @@ class Family:
             for key, value in ((self.renames.get(k, k), v) for k, v in fields.items()):
                 if key in structural:
                     raise PluginError(
-                        f"{factories.culprit(entry)} has an hf_config({self.layout!r}) that sets {key}, which "
+                        f"{factories.culprit(entry)} has a {self.layout!r} layout whose config sets {key}, which "
                         f"{self.architecture} takes from the recipe's structure; {factories.fix(entry)}"
                     )
                 if key in self.implied:
@@ -171,7 +187,7 @@ class Family:
         reasons += self._implied_gaps(given)
         kinds_refused = {who.split(" ", 1)[0] for who in refused}
         reasons += [
-            f"config.json needs {key}, which the {kind}'s hf_config({self.layout!r}) gives, and none does"
+            f"config.json needs {key}, which the {kind}'s {self.layout!r} layout gives, and none does"
             for key, kind in self.required.items()
             if key not in owned and key not in self.per_layer and kind not in kinds_refused
         ]
@@ -201,19 +217,17 @@ class Family:
         do not give one); a recipe the family cannot express adds its reason to ``reasons``."""
         raise NotImplementedError
 
-    def _component_fields(self, entry: Entry, module: nn.Module) -> dict[str, Any] | str:
+    def _component_fields(self, entry: Entry, module: nn.Module, layouts: Layouts) -> dict[str, Any] | str:
         """The config.json fields one component owns in this family, or why it has no equivalent."""
         key = self.layout
-        with factories.running(entry, f"has a broken hf_weights({key!r})"):
-            hf_weights = getattr(module, "hf_weights", None)
-            maps = hf_weights(key) if hf_weights is not None else None
-        if maps is None:
-            return f"its hf_weights({key!r}) is None" if hf_weights is not None else "it has no hf_weights"
-        with factories.running(entry, f"has a broken hf_config({key!r})"):
-            hf_config = getattr(module, "hf_config", None)
-            fields = hf_config(key) if hf_config is not None else {}
+        with factories.running(entry, f"has a broken Hugging Face {key!r} layout (its weights)"):
+            maps = layouts.weights(module)
+        if isinstance(maps, str):
+            return maps
+        with factories.running(entry, f"has a broken Hugging Face {key!r} layout (its config)"):
+            fields = layouts.config(module)
         if fields is None:
-            return f"its hf_config({key!r}) is None"
+            return f"its {key!r} layout refuses its config"
         plain = (str, int, float, bool, type(None))
 
         def ok(value: Any) -> bool:  # a plain value, or an object of plain values
@@ -223,24 +237,22 @@ class Family:
 
         if type(fields) is not dict or not all(type(k) is str and ok(v) for k, v in fields.items()):
             raise PluginError(
-                f"{factories.culprit(entry)} has an hf_config({key!r}) that returned {show_plain(fields)}, not "
+                f"{factories.culprit(entry)} has a {key!r} layout whose config returned {show_plain(fields)}, not "
                 f"a dict of config.json field names to numbers, text, booleans, None or objects of those; "
                 f"{factories.fix(entry)}"
             )
         return dict(fields)
 
-    def tensor_map(self, model: GPT) -> list[tuple[str, tuple[str, ...], TensorMap]]:
+    def tensor_map(self, model: GPT, registry: Registry | None = None) -> list[tuple[str, tuple[str, ...], TensorMap]]:
         """(our key, their keys, map) for every tensor of the model's state dict."""
+        layouts = self.layouts(registry)
         rows = []
         for part in self.parts(model):
-            maps = part.maps
-            if maps is None:
-                hf_weights = getattr(part.module, "hf_weights", None)
-                maps = hf_weights(self.layout) if hf_weights is not None else None
-            if maps is None:
+            maps = part.maps if part.maps is not None else layouts.weights(part.module)
+            if isinstance(maps, str):
                 raise NoEquivalentError(
                     f"{type(part.module).__name__} ({part.ours.rstrip('.')}) has no equivalent in Hugging Face "
-                    f"{self.architecture}"
+                    f"{self.architecture} ({maps})"
                 )
             rows += [(part.ours + m.ours, tuple(part.theirs + t for t in m.theirs), m) for m in maps]
         covered = {ours for ours, _, _ in rows}
@@ -248,7 +260,7 @@ class Family:
         if covered != expected:
             raise CheckpointError(
                 f"the {self.architecture} weight map does not cover {sorted(expected - covered)} "
-                f"(and maps unknown {sorted(covered - expected)}); a component's hf_weights is incomplete"
+                f"(and maps unknown {sorted(covered - expected)}); a component's layout is incomplete"
             )
         return rows
 
@@ -266,6 +278,12 @@ class Family:
                     "ties them (tie_word_embeddings); set tie_word_embeddings to false if the head is its own"
                 )
         return tensors
+
+
+@functools.lru_cache(maxsize=16)
+def _layouts(layout: str, builtins: tuple[HFLayout, ...], registry: Registry) -> Layouts:
+    """One table per layout and registry (what a plugin's registration warns is said once)."""
+    return Layouts(layout, builtins, registry)
 
 
 def show(value: Any, limit: int = 60) -> str:

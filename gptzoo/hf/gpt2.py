@@ -7,6 +7,7 @@ are Conv1D, [in, out]: the components' maps transpose them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,8 @@ from typing import Any
 from torch import Tensor
 
 from gptzoo.hf.family import Family, Fields, Part, refuse
-from gptzoo.hf.llama import plain_embeddings_and_logits
+from gptzoo.hf.layouts import builtin, same
+from gptzoo.hf.llama import attention_fields, plain_embeddings_and_logits
 from gptzoo.interfaces import TensorMap
 from gptzoo.model.gpt import GPT
 from gptzoo.recipe import Recipe
@@ -32,6 +34,46 @@ ACTIVATIONS = {
 PREFIX = "transformer."
 
 
+def conv1d(*names: str, bias: bool) -> list[TensorMap]:
+    """nn.Linear layers stored as Conv1D: the weight [in, out], the bias as it is."""
+    maps = [TensorMap(f"{name}.weight", (f"{name}.weight",), transpose=True) for name in names]
+    return maps + ([TensorMap(f"{name}.bias", (f"{name}.bias",)) for name in names] if bias else [])
+
+
+def attention_maps(attn: Any) -> list[TensorMap] | None:
+    """c_attn and c_proj as Conv1D; GPT-2's attention has no window, softcap, qk-norm or other scale."""
+    plain_scale = attn.scale == 1.0 / math.sqrt(attn.head_dim)
+    if attn.window or attn.softcap or attn.qk_norm != "none" or not plain_scale:
+        return None
+    if (attn.c_attn.bias is None) != (attn.c_proj.bias is None):
+        return None
+    return conv1d("c_attn", "c_proj", bias=attn.c_attn.bias is not None)
+
+
+def activation(hf_name: str) -> dict[str, Any]:
+    return {"weights": lambda act: [], "config": lambda act: {"activation_function": hf_name}}
+
+
+LAYOUT = (
+    builtin(
+        "gptzoo.builtins._norms:LayerNorm",
+        "gpt2",
+        lambda norm: same("weight", "bias") if norm.bias is not None else None,  # GPT-2's LayerNorms have a bias
+        lambda norm: {"layer_norm_epsilon": norm.eps},
+    ),
+    builtin("gptzoo.builtins._activations:GELU", "gpt2", **activation("gelu")),
+    builtin("gptzoo.builtins._activations:GELUTanh", "gpt2", **activation("gelu_new")),
+    builtin("gptzoo.builtins._activations:ReLU", "gpt2", **activation("relu")),
+    builtin("gptzoo.builtins._activations:SiLU", "gpt2", **activation("silu")),
+    builtin(
+        "gptzoo.builtins._mlps:DenseMLP", "gpt2", lambda mlp: conv1d("c_fc", "c_proj", bias=mlp.c_fc.bias is not None)
+    ),
+    builtin("gptzoo.builtins._positions:LearnedPosition", "gpt2", lambda position: same("wpe.weight")),
+    builtin("gptzoo.builtins._attentions:CausalSelfAttention", "gpt2", attention_maps, attention_fields),
+)
+"""The "gpt2" layout of the built-in components."""
+
+
 class GPT2(Family):
     name = "gpt2"
     model_type = "gpt2"
@@ -40,6 +82,7 @@ class GPT2(Family):
     ignored_tensors = (".attn.bias", ".attn.masked_bias")
     title = "GPT-2"
     required = {"layer_norm_epsilon": "norm", "activation_function": "activation"}
+    component_layouts = LAYOUT
 
     def recipe_data(self, config: Mapping[str, Any]) -> dict[str, Any]:
         f = Fields(config)
@@ -101,8 +144,8 @@ class GPT2(Family):
         }
 
     def parts(self, model: GPT) -> list[Part]:
-        same = [TensorMap("weight", ("weight",))]
-        parts = [Part(model.wte, "wte.", PREFIX + "wte.", same), Part(model.position, "position.", PREFIX)]
+        weight = same("weight")
+        parts = [Part(model.wte, "wte.", PREFIX + "wte.", weight), Part(model.position, "position.", PREFIX)]
         for i, block in enumerate(model.blocks):
             parts += [
                 Part(getattr(block, name), f"blocks.{i}.{name}.", f"{PREFIX}h.{i}.{name}.")
@@ -110,7 +153,7 @@ class GPT2(Family):
             ]
         parts.append(Part(model.ln_f, "ln_f.", PREFIX + "ln_f."))
         if not model.tied:
-            parts.append(Part(model.lm_head, "lm_head.", "lm_head.", same))
+            parts.append(Part(model.lm_head, "lm_head.", "lm_head.", weight))
         return parts
 
     def normalize(self, tensors: dict[str, Tensor], model: GPT, source: Path) -> dict[str, Tensor]:

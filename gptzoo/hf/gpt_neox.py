@@ -23,7 +23,18 @@ from typing import Any
 from torch import Tensor
 
 from gptzoo.hf.family import Family, Fields, Part, refuse
-from gptzoo.hf.llama import ACTIVATIONS, plain_embeddings_and_logits, rope_position, sizes
+from gptzoo.hf.layouts import builtin, same
+from gptzoo.hf.llama import (
+    ACTIVATIONS,
+    activation_layouts,
+    attention_fields,
+    kinds,
+    plain_embeddings_and_logits,
+    rope_fields,
+    rope_layouts,
+    rope_position,
+    sizes,
+)
 from gptzoo.interfaces import TensorMap
 from gptzoo.model.gpt import GPT
 from gptzoo.recipe import Recipe
@@ -31,6 +42,41 @@ from gptzoo.recipe import Recipe
 PREFIX = "gpt_neox."
 NAMES = {"ln_1": "input_layernorm", "attn": "attention", "ln_2": "post_attention_layernorm", "mlp": "mlp"}
 """gptzoo's block parts -> GPT-NeoX's."""
+
+
+def attention_maps(attn: Any) -> list[TensorMap] | None:
+    """query_key_value holds each head's q, k and v rows together; no GQA, no qk-norm."""
+    if attn.n_kv_head != attn.n_head or attn.qk_norm != "none":
+        return None
+    parts = (attn.n_head * attn.head_dim,) * 3
+    maps = [
+        TensorMap(f"c_attn.{k}", (f"query_key_value.{k}",), parts=parts, groups=attn.n_head) for k in kinds(attn.c_attn)
+    ]
+    return maps + [TensorMap(f"c_proj.{k}", (f"dense.{k}",)) for k in kinds(attn.c_proj)]
+
+
+def dense_mlp_maps(mlp: Any) -> list[TensorMap] | None:
+    """nn.Linear layers dense_h_to_4h and dense_4h_to_h; GPT-NeoX's MLP always has biases."""
+    if mlp.c_fc.bias is None:
+        return None
+    names = {"c_fc": "dense_h_to_4h", "c_proj": "dense_4h_to_h"}
+    return [TensorMap(f"{ours}.{k}", (f"{theirs}.{k}",)) for ours, theirs in names.items() for k in ("weight", "bias")]
+
+
+LAYOUT = (
+    builtin(
+        "gptzoo.builtins._norms:LayerNorm",
+        "gpt_neox",
+        lambda norm: same("weight", "bias") if norm.bias is not None else None,  # its LayerNorms have a bias
+        lambda norm: {"layer_norm_eps": norm.eps},
+    ),
+    *activation_layouts("gpt_neox"),
+    builtin("gptzoo.builtins._mlps:DenseMLP", "gpt_neox", dense_mlp_maps),
+    # its own names for rope's base and fraction, the fraction always (its default rotary_pct is 0.25)
+    *rope_layouts("gpt_neox", rope_fields("rotary_emb_base", "rotary_pct", always_fraction=True)),
+    builtin("gptzoo.builtins._attentions:CausalSelfAttention", "gpt_neox", attention_maps, attention_fields),
+)
+"""The "gpt_neox" layout of the built-in components."""
 
 
 class GPTNeoX(Family):
@@ -41,6 +87,7 @@ class GPTNeoX(Family):
     head = "embed_out.weight"
     ignored_tensors = (".attention.bias", ".attention.masked_bias", ".rotary_emb.inv_freq")
     title = "GPT-NeoX"
+    component_layouts = LAYOUT
     required = {
         "layer_norm_eps": "norm",
         "hidden_act": "activation",
@@ -116,8 +163,8 @@ class GPTNeoX(Family):
         return fields
 
     def parts(self, model: GPT) -> list[Part]:
-        same = [TensorMap("weight", ("weight",))]
-        parts = [Part(model.wte, "wte.", PREFIX + "embed_in.", same), Part(model.position, "position.", PREFIX)]
+        weight = same("weight")
+        parts = [Part(model.wte, "wte.", PREFIX + "embed_in.", weight), Part(model.position, "position.", PREFIX)]
         parts += [Part(p, f"layer_positions.{i}.", PREFIX) for i, p in enumerate(model.layer_positions)]
         for i, block in enumerate(model.blocks):
             parts += [
@@ -126,7 +173,7 @@ class GPTNeoX(Family):
             ]
         parts.append(Part(model.ln_f, "ln_f.", PREFIX + "final_layer_norm."))
         if not model.tied:
-            parts.append(Part(model.lm_head, "lm_head.", "embed_out.", same))
+            parts.append(Part(model.lm_head, "lm_head.", "embed_out.", weight))
         return parts
 
     def normalize(self, tensors: dict[str, Tensor], model: GPT, source: Path) -> dict[str, Tensor]:

@@ -7,10 +7,12 @@ tied). nn.Linear layout [out, in]; RoPE in the rotate-half convention, as gptzoo
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from gptzoo.hf.family import Family, Fields, Part, refuse, show
+from gptzoo.hf.layouts import builtin, same
 from gptzoo.interfaces import TensorMap
 from gptzoo.model.gpt import GPT
 from gptzoo.recipe import Recipe
@@ -27,12 +29,26 @@ ACTIVATIONS = {
 PREFIX = "model."
 
 
-ROPE_TYPES: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
-    "default": ("rope", {}),
-    "linear": ("rope_linear", {"factor": ("factor", "number")}),
-    "dynamic": ("rope_dynamic", {"factor": ("factor", "number")}),
-    "llama3": (
+class RopeType(NamedTuple):
+    """One of transformers' rope types as gptzoo implements it."""
+
+    position: str
+    """The registry name of gptzoo's position."""
+    component: str
+    """The reference of its class (its layouts write rope_scaling from it)."""
+    fields: dict[str, tuple[str, str]]
+    """Its config fields -> (the position's parameter, which its class keeps as an attribute of that name;
+    how to read the field)."""
+
+
+POSITIONS = "gptzoo.builtins._positions:"
+ROPE_TYPES: dict[str, RopeType] = {
+    "default": RopeType("rope", POSITIONS + "RoPE", {}),
+    "linear": RopeType("rope_linear", POSITIONS + "LinearRoPE", {"factor": ("factor", "number")}),
+    "dynamic": RopeType("rope_dynamic", POSITIONS + "DynamicRoPE", {"factor": ("factor", "number")}),
+    "llama3": RopeType(
         "rope_llama3",
+        POSITIONS + "Llama3RoPE",
         {
             "factor": ("factor", "number"),
             "low_freq_factor": ("low_freq_factor", "number"),
@@ -40,8 +56,9 @@ ROPE_TYPES: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
             "original_max_position_embeddings": ("original_context", "integer"),
         },
     ),
-    "yarn": (
+    "yarn": RopeType(
         "rope_yarn",
+        POSITIONS + "YaRNRoPE",
         {
             "factor": ("factor", "number"),
             "original_max_position_embeddings": ("original_context", "integer"),
@@ -54,7 +71,7 @@ ROPE_TYPES: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
         },
     ),
 }
-"""transformers' rope_type -> (gptzoo position, {its config field: (the position's parameter, how to read it)})."""
+"""transformers' rope_type -> gptzoo's position, its class and its parameters: read on import, written on export."""
 ROPE_REQUIRED = {
     "linear": ("factor",),
     "dynamic": ("factor",),
@@ -90,7 +107,7 @@ def rope_position(
         f.problems += inner.problems
     else:
         theta = f.number("rope_theta", 10000.0)
-    name, fields = ROPE_TYPES[kind]
+    name, _, fields = ROPE_TYPES[kind]
     missing = [key for key in ROPE_REQUIRED.get(kind, ()) if scaling.get(key) is None]
     if missing:
         f.problems.append(f"config.json rope scaling type {kind!r} needs {', '.join(missing)}, and has none")
@@ -141,6 +158,128 @@ def plain_embeddings_and_logits(recipe: Recipe, title: str) -> list[str]:
     return reasons
 
 
+def rope_scaling(position: Any, rope_type: str) -> dict[str, Any]:
+    """transformers' rope scaling object of a position of that rope type: its fields, read from the
+    position's parameters; a number left at 0 is unset and not written."""
+    scaling: dict[str, Any] = {"rope_type": rope_type}
+    for key, (param, _) in ROPE_TYPES[rope_type].fields.items():
+        value = getattr(position, param)
+        if type(value) is bool or value != 0:
+            scaling[key] = value
+    return scaling
+
+
+def rope_fields(theta: str, fraction: str, *, always_fraction: bool = False) -> Any:
+    """The config function of a rope position's layout, one per rope type: its base under ``theta``,
+    its rotary fraction under ``fraction`` (when some features pass through, or ``always_fraction``),
+    its scaling as rope_scaling."""
+
+    def layouts(rope_type: str) -> Any:
+        def config(position: Any) -> dict[str, Any]:
+            fields: dict[str, Any] = {theta: position.theta}
+            if always_fraction or position.fraction != 1.0:
+                fields[fraction] = position.fraction
+            if rope_type != "default":
+                fields["rope_scaling"] = rope_scaling(position, rope_type)
+            if position.rotate_in_float32:
+                fields["rope_rotate_in_float32"] = True
+            return fields
+
+        return config
+
+    return layouts
+
+
+def rope_layouts(layout: str, config: Any) -> tuple[Any, ...]:
+    """The layout of every rope type's position: nothing stored (its tables are computed), ``config``'s fields."""
+    return tuple(builtin(t.component, layout, lambda position: [], config(name)) for name, t in ROPE_TYPES.items())
+
+
+def attention_fields(attn: Any) -> dict[str, object]:
+    """The features of gptzoo's attention that a family's config.json must express (a family without
+    the field refuses them)."""
+    fields: dict[str, object] = {}
+    if attn.window:
+        fields["sliding_window"] = attn.window
+    if attn.softcap:
+        fields["attn_logit_softcapping"] = attn.softcap
+    if attn.scale != 1.0 / math.sqrt(attn.head_dim):
+        scalar = attn.scale**-2  # Gemma's field is an integer where it can be (256 from 0.0625)
+        fields["query_pre_attn_scalar"] = round(scalar) if math.isclose(scalar, round(scalar), rel_tol=1e-9) else scalar
+    if attn.qk_norm != "none":
+        fields["qk_norm"] = attn.qk_norm
+    if attn.c_attn.bias is not None and attn.c_proj.bias is None:
+        fields["qkv_bias"] = True
+    return fields
+
+
+def kinds(linear: Any) -> tuple[str, ...]:
+    """The tensors of an nn.Linear: weight, and bias if it has one."""
+    return ("weight", "bias") if linear.bias is not None else ("weight",)
+
+
+def attention_maps(attn: Any) -> list[TensorMap]:
+    """c_attn split into q_proj, k_proj and v_proj; c_proj is o_proj."""
+    q, kv = attn.n_head * attn.head_dim, attn.n_kv_head * attn.head_dim
+    maps = [
+        TensorMap(f"c_attn.{k}", (f"q_proj.{k}", f"k_proj.{k}", f"v_proj.{k}"), sizes=(q, kv, kv))
+        for k in kinds(attn.c_attn)
+    ]
+    return maps + [TensorMap(f"c_proj.{k}", (f"o_proj.{k}",)) for k in kinds(attn.c_proj)]
+
+
+def gated_mlp_maps(mlp: Any) -> list[TensorMap]:
+    """c_fc ([gate; up]) split into gate_proj and up_proj; c_proj is down_proj."""
+    d_ff = mlp.c_proj.in_features
+    return [
+        *(TensorMap(f"c_fc.{k}", (f"gate_proj.{k}", f"up_proj.{k}"), sizes=(d_ff, d_ff)) for k in kinds(mlp.c_fc)),
+        *(TensorMap(f"c_proj.{k}", (f"down_proj.{k}",)) for k in kinds(mlp.c_proj)),
+    ]
+
+
+ACTIVATION_NAMES = {
+    "gptzoo.builtins._activations:GELU": "gelu",
+    "gptzoo.builtins._activations:GELUTanh": "gelu_pytorch_tanh",
+    "gptzoo.builtins._activations:ReLU": "relu",
+    "gptzoo.builtins._activations:SiLU": "silu",
+}
+"""The built-in activations' names in hidden_act (HF ACT2FN), in Llama and the families that name them as it does."""
+
+
+def activation_layouts(layout: str) -> tuple[Any, ...]:
+    return tuple(
+        builtin(component, layout, lambda act: [], lambda act, name=name: {"hidden_act": name})
+        for component, name in ACTIVATION_NAMES.items()
+    )
+
+
+def rmsnorm_fields(norm: Any) -> dict[str, Any]:
+    # scale_in_float32 only when set: a family that does not imply it has no field for it, and refuses these numerics
+    return {"rms_norm_eps": norm.eps, **({"rms_norm_scale_in_float32": True} if norm.scale_in_float32 else {})}
+
+
+LAYOUT = (
+    builtin("gptzoo.builtins._norms:RMSNorm", "llama", lambda norm: same("weight"), rmsnorm_fields),
+    builtin(
+        "gptzoo.builtins._norms:GemmaRMSNorm",
+        "llama",
+        lambda norm: same("weight"),
+        lambda norm: {"rms_norm_eps": norm.eps, "rms_norm_offset": 1.0},
+    ),
+    *activation_layouts("llama"),
+    builtin("gptzoo.builtins._mlps:GatedMLP", "llama", gated_mlp_maps),
+    *rope_layouts("llama", rope_fields("rope_theta", "partial_rotary_factor")),
+    builtin(
+        "gptzoo.builtins._attentions:CausalSelfAttention",
+        "llama",
+        attention_maps,
+        attention_fields,
+        children=("q_norm", "k_norm"),
+    ),
+)
+"""The "llama" layout of the built-in components."""
+
+
 class Llama(Family):
     name = "llama"
     model_type = "llama"
@@ -150,6 +289,7 @@ class Llama(Family):
     title = "Llama"
     required = {"rms_norm_eps": "norm", "hidden_act": "activation", "rope_theta": "position"}
     known = frozenset({"rope_scaling"})
+    component_layouts = LAYOUT
 
     def recipe_data(self, config: Mapping[str, Any]) -> dict[str, Any]:
         f = Fields(config)
@@ -203,8 +343,8 @@ class Llama(Family):
     """Our block's parts -> theirs, under model.layers.N."""
 
     def parts(self, model: GPT) -> list[Part]:
-        same = [TensorMap("weight", ("weight",))]
-        parts = [Part(model.wte, "wte.", PREFIX + "embed_tokens.", same), Part(model.position, "position.", PREFIX)]
+        weight = same("weight")
+        parts = [Part(model.wte, "wte.", PREFIX + "embed_tokens.", weight), Part(model.position, "position.", PREFIX)]
         parts += [Part(p, f"layer_positions.{i}.", PREFIX) for i, p in enumerate(model.layer_positions)]
         for i, block in enumerate(model.blocks):
             parts += [
@@ -213,5 +353,5 @@ class Llama(Family):
             ]
         parts.append(Part(model.ln_f, "ln_f.", PREFIX + "norm."))
         if not model.tied:
-            parts.append(Part(model.lm_head, "lm_head.", "lm_head.", same))
+            parts.append(Part(model.lm_head, "lm_head.", "lm_head.", weight))
         return parts

@@ -16,18 +16,63 @@ from collections.abc import Mapping
 from typing import Any
 
 from gptzoo.hf.family import Fields, refuse, show
-from gptzoo.hf.llama import ACTIVATIONS, Llama, odd_head_dim, plain_embeddings_and_logits, sizes
+from gptzoo.hf.layouts import builtin, same
+from gptzoo.hf.llama import (
+    ACTIVATIONS,
+    Llama,
+    activation_layouts,
+    attention_fields,
+    odd_head_dim,
+    plain_embeddings_and_logits,
+    rmsnorm_fields,
+    rope_fields,
+    rope_layouts,
+    sizes,
+)
+from gptzoo.interfaces import TensorMap
 from gptzoo.recipe import Recipe
 
 LONGROPE = ("longrope", "su", "yarn")
 """Rope types a Phi-3 config may name for its longrope (transformers renames su and yarn to it)."""
 
 
+def no_biases(module: Any) -> bool:
+    return all(getattr(module, name).bias is None for name in ("c_attn", "c_fc", "c_proj") if hasattr(module, name))
+
+
+LAYOUT = (
+    builtin("gptzoo.builtins._norms:RMSNorm", "phi3", lambda norm: same("weight"), rmsnorm_fields),
+    *activation_layouts("phi3"),
+    builtin(  # gate_up_proj is c_fc as it is ([gate; up])
+        "gptzoo.builtins._mlps:GatedMLP",
+        "phi3",
+        lambda mlp: (
+            [TensorMap("c_fc.weight", ("gate_up_proj.weight",)), TensorMap("c_proj.weight", ("down_proj.weight",))]
+            if no_biases(mlp)
+            else None
+        ),
+    ),
+    *rope_layouts("phi3", rope_fields("rope_theta", "partial_rotary_factor")),
+    builtin(  # qkv_proj is c_attn as it is; no qk-norm
+        "gptzoo.builtins._attentions:CausalSelfAttention",
+        "phi3",
+        lambda attn: (
+            [TensorMap("c_attn.weight", ("qkv_proj.weight",)), TensorMap("c_proj.weight", ("o_proj.weight",))]
+            if no_biases(attn) and attn.qk_norm == "none"
+            else None
+        ),
+        attention_fields,
+    ),
+)
+"""The "phi3" layout of the built-in components: Llama's, with fused projections and no biases."""
+
+
 class Phi3(Llama):
-    """Llama's checkpoint skeleton (block_parts, parts); the components answer for the "phi3" layout."""
+    """Llama's checkpoint skeleton (block_parts, parts) with the components of the "phi3" layout."""
 
     name = "phi3"
     layout = "phi3"  # set here: a subclass of Llama would inherit "llama"
+    component_layouts = LAYOUT
     model_type = "phi3"
     architecture = "Phi3ForCausalLM"
     title = "Phi-3"

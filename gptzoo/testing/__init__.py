@@ -35,9 +35,9 @@ optional ``examples`` (a list of dicts), whose variant is named in brackets:
 - ``forward[SIZE]``: float32 and bfloat16 forwards keep the shape and dtype, without NaN.
 - ``safetensors``: its state dict, through a safetensors file into a freshly built copy (another seed,
   every parameter shifted), gives the same outputs.
-- ``hf_weights``: for every family of gptzoo.hf.FAMILIES it maps, the maps cover its state dict
-  exactly and export then import gives every tensor back; ``hf_config`` gives None or a dict of JSON
-  values.
+- ``hf_layouts``: for every Hugging Face layout that maps it (gptzoo.hf.layouts: the built-ins' and
+  those plugins register), the maps cover its state dict exactly and export then import gives every
+  tensor back; its config gives None or a dict of JSON values.
 - ``flops`` (mlps, attentions): ``flops(batch, seq_len)`` sums to exactly what
   torch.utils.flop_counter.FlopCounterMode counts over a cache-less forward. The semantics:
   executed matmul FLOPs, one multiply-add = 2 FLOPs, attention scores over the full T x T square

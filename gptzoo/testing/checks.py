@@ -153,44 +153,46 @@ def check_safetensors(subject: Subject) -> str | None:
     return None
 
 
-def check_hf_weights(subject: Subject) -> str | None:
-    """For every Hugging Face family it maps, the maps cover its state dict exactly and export then
-    import gives every tensor back; hf_config gives None or a dict of JSON values."""
+def check_hf_layouts(subject: Subject) -> str | None:
+    """For every Hugging Face layout that maps it (gptzoo.hf.layouts: the built-ins', those plugins
+    register), the maps cover its state dict exactly and export then import gives every tensor back; its
+    config gives None or a dict of JSON values."""
     _, module = subject.module()
-    hf_weights = getattr(module, "hf_weights", None)
-    hf_config = getattr(module, "hf_config", None)
     state = module.state_dict()
     mapped = []
-    for family in dict.fromkeys(f.layout for f in FAMILIES.values()):  # the keys components answer for
-        if hf_config is not None:
-            config = hf_config(family)
-            if config is not None and not (isinstance(config, dict) and all(isinstance(k, str) for k in config)):
-                raise Failed(f"hf_config({family!r}) gave {show_plain(config)}, not None or a dict of config fields")
-            try:
-                json.dumps(config)
-            except (TypeError, ValueError):
-                raise Failed(f"hf_config({family!r}) holds a value that is not JSON (config.json is JSON)") from None
-        if hf_weights is None:
+    families = {f.layout: f for f in FAMILIES.values()}  # one family per layout
+    for layout, family in families.items():
+        layouts = family.layouts(subject.registry)
+        if layouts.find(module) is None:
             continue
-        maps = hf_weights(family)
-        if maps is None:
+        config = layouts.config(module)
+        if config is not None and not (isinstance(config, dict) and all(isinstance(k, str) for k in config)):
+            raise Failed(f"its {layout!r} layout's config gave {show_plain(config)}, not None or a dict of fields")
+        try:
+            json.dumps(config)
+        except (TypeError, ValueError):
+            raise Failed(
+                f"its {layout!r} layout's config holds a value that is not JSON (config.json is JSON)"
+            ) from None
+        maps = layouts.weights(module)
+        if isinstance(maps, str):
             continue
-        if not isinstance(maps, list) or not all(isinstance(m, TensorMap) for m in maps):
-            raise Failed(f"hf_weights({family!r}) gave {show_plain(maps)}, not None or a list of TensorMap")
+        if not all(isinstance(m, TensorMap) for m in maps):
+            raise Failed(f"its {layout!r} layout's weights gave {show_plain(maps)}, not None or a list of TensorMap")
         ours = [m.ours for m in maps]
         missing, extra = sorted(set(state) - set(ours)), sorted(set(ours) - set(state))
         if missing:
-            raise Failed(f"hf_weights({family!r}) leaves {', '.join(missing)} of its state dict unmapped")
+            raise Failed(f"its {layout!r} layout leaves {', '.join(missing)} of its state dict unmapped")
         if extra:
-            raise Failed(f"hf_weights({family!r}) maps {', '.join(extra)}, which its state dict lacks")
+            raise Failed(f"its {layout!r} layout maps {', '.join(extra)}, which its state dict lacks")
         twice = sorted({name for name in ours if ours.count(name) > 1})
         if twice:
-            raise Failed(f"hf_weights({family!r}) maps {', '.join(twice)} more than once")
+            raise Failed(f"its {layout!r} layout maps {', '.join(twice)} more than once")
         for m in maps:
             if not torch.equal(m.load(m.save(state[m.ours])), state[m.ours]):
-                raise Failed(f"hf_weights({family!r}): {m.ours} does not come back from export then import")
-        mapped.append(family)
-    return f"maps {', '.join(mapped)}" if mapped else "no Hugging Face family maps it"
+                raise Failed(f"its {layout!r} layout: {m.ours} does not come back from export then import")
+        mapped.append(layout)
+    return f"maps {', '.join(mapped)}" if mapped else "no Hugging Face layout maps it"
 
 
 # --- mlps and attentions ----------------------------------------------------------------------------------
@@ -535,7 +537,7 @@ def _checks(subject: Subject) -> Iterator[Planned]:
             yield add("build", check_build, size)
             yield add("forward", check_forward, size)
     yield add("safetensors", check_safetensors)
-    yield add("hf_weights", check_hf_weights)
+    yield add("hf_layouts", check_hf_layouts)
     if kind in ("mlp", "attention"):
         yield add("flops", check_flops)
     if kind == "attention":

@@ -1,0 +1,142 @@
+"""Where each component's tensors and config.json fields go in a Hugging Face layout, keyed by class.
+
+A layout ("gpt2", "llama", "gpt_neox", "phi3": gptzoo.hf.family.Family.layout) is how a family names
+and stores its parts. Each component class with an equivalent there has one
+:class:`gptzoo.registry.HFLayout`: a function giving its tensor maps (gptzoo.interfaces.TensorMap), one
+giving the config.json fields it owns, and the nested components mapped with their own layouts. The
+built-ins' are written beside their family (hf/gpt2.py holds the "gpt2" layout of every built-in,
+hf/llama.py the "llama" one, ...), keyed by reference so that this package imports no component and no
+component names a family; a plugin adds its own through the ``register_hf_layouts`` hook
+(gptzoo.hookspecs), and may replace a built-in's with ``override=True``.
+
+A module's layout is that of its class, else of its nearest base class that has one (in MRO order). A
+class that answers for itself with the methods of contract 1, ``hf_weights(layout)`` and
+``hf_config(layout)``, is read through them, with one GptzooWarning per class.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from torch import nn
+
+from gptzoo.errors import GptzooWarning
+from gptzoo.interfaces import TensorMap
+from gptzoo.plugin_manager import gptzoo_version
+from gptzoo.registry import HFLayout, Provenance, Reference, Registry
+
+BUILTIN = Provenance("gptzoo.hf", "gptzoo", gptzoo_version())
+"""Who the built-in layouts come from."""
+
+
+def builtin(
+    component: str,
+    layout: str,
+    weights: Callable[[Any], list[TensorMap] | None],
+    config: Callable[[Any], dict[str, Any] | None] | None = None,
+    children: tuple[str, ...] = (),
+) -> HFLayout:
+    """A built-in component's layout; ``component`` is its reference ``"module:Class"``."""
+    target = Reference.parse(component)
+    assert target is not None, component
+    return HFLayout(target, layout, weights, config, children, False, BUILTIN)
+
+
+def same(*names: str) -> list[TensorMap]:
+    """Tensors stored as they are, under the same names on both sides."""
+    return [TensorMap(name, (name,)) for name in names]
+
+
+def reference(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+_warned: set[type] = set()
+
+
+class Layouts:
+    """One layout's table, component class -> :class:`HFLayout`: the family's built-ins, then what the
+    registry's plugins registered for it."""
+
+    def __init__(self, layout: str, builtins: Iterable[HFLayout], registry: Registry) -> None:
+        self.layout = layout
+        self.table: dict[str, HFLayout] = {entry.key[0]: entry for entry in builtins}
+        for entry in registry.hf_layouts:
+            if entry.layout != layout:
+                continue
+            name = entry.key[0]
+            current = self.table.get(name)
+            if current is not None and current.provenance is BUILTIN and not entry.override:
+                warnings.warn(
+                    f"{entry.provenance} registers the Hugging Face {layout!r} layout of {name}, which gptzoo has "
+                    "already; gptzoo's is used (register it with override=True to replace it)",
+                    GptzooWarning,
+                    stacklevel=2,
+                )
+                continue
+            self.table[name] = entry
+
+    def find(self, module: nn.Module) -> HFLayout | None:
+        """The layout of the module's class or of its nearest base class that has one; None if none has."""
+        for cls in type(module).__mro__:
+            found = self.table.get(reference(cls))
+            if found is not None:
+                return found
+            if "hf_weights" in vars(cls):
+                return self._contract_1(cls)
+        return None
+
+    def _contract_1(self, cls: type) -> HFLayout:
+        """A layout read through the class's own ``hf_weights`` / ``hf_config`` methods (contract 1)."""
+        if cls not in _warned:
+            _warned.add(cls)
+            warnings.warn(
+                f"{reference(cls)} answers for its Hugging Face layouts with hf_weights/hf_config methods, the "
+                "plugin contract before version 2; register them with the register_hf_layouts hook instead "
+                "(docs/plugins.md, 'Hugging Face layouts')",
+                GptzooWarning,
+                stacklevel=3,
+            )
+        layout = self.layout
+
+        def weights(module: nn.Module) -> list[TensorMap] | None:
+            method = getattr(module, "hf_weights", None)
+            return method(layout) if method is not None else None
+
+        def config(module: nn.Module) -> dict[str, Any] | None:
+            method = getattr(module, "hf_config", None)
+            return method(layout) if method is not None else {}
+
+        return HFLayout(cls, layout, weights, config, (), False, BUILTIN)
+
+    def weights(self, module: nn.Module) -> list[TensorMap] | str:
+        """The module's maps with those of its children, or why it has no equivalent here."""
+        found = self.find(module)
+        if found is None:
+            return f"it has no {self.layout!r} layout"
+        maps = found.weights(module)
+        if maps is None:
+            return f"its {self.layout!r} layout refuses its parameters"
+        maps = list(maps)
+        for name in found.children:
+            child = getattr(module, name, None)
+            if child is None:
+                continue
+            inner = self.weights(child)
+            if isinstance(inner, str):
+                return f"its {name}: {inner}"
+            maps += [
+                dataclasses.replace(m, ours=f"{name}.{m.ours}", theirs=tuple(f"{name}.{t}" for t in m.theirs))
+                for m in inner
+            ]
+        return maps
+
+    def config(self, module: nn.Module) -> dict[str, Any] | None:
+        """The config.json fields the module owns here ({} without a config function), None: no equivalent."""
+        found = self.find(module)
+        if found is None or found.config is None:
+            return {}
+        return found.config(module)
