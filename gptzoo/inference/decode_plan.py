@@ -27,37 +27,15 @@ from torch import Tensor, nn
 
 from gptzoo.errors import GptzooError
 from gptzoo.inference.matvec import KINDS, MAX_ROWS, kernel_threads, runs_its_class_forward
-from gptzoo.inference.native import library
+from gptzoo.inference.native import abi, library
 from gptzoo.interfaces import Buffer, KVCache, Position, Positions, PositionStep
 
-OPS = {
-    name: code
-    for code, name in enumerate(
-        ("embed", "rmsnorm", "layernorm", "linear", "add", "rope", "attend", "activate", "softcap", "copy")
-    )
-}
-"""Operation name -> step.c's code (its enum, in order)."""
-RMS_MODES = {"plain": 0, "scale_in_float32": 1, "offset": 2}
-"""How an RMSNorm applies its weight: after rounding (Llama), before (OLMo 2), as 1 + w (Gemma)."""
-ACTIVATIONS = {"gelu": 0, "gelu_tanh": 1, "relu": 2, "silu": 3}
-"""The activations step.c computes."""
-ERRORS = {-2: "a token id outside the embedding table", -3: "out of memory", -4: "more keys than the cache holds"}
+ERRORS = {code: meaning for code, meaning in abi.ERRORS.values()}
+"""decode_step's error code -> what it means."""
 
 
 class Unsupported(Exception):
     """The model cannot be described as native operations; the message says what and why."""
-
-
-class _Op(ctypes.Structure):
-    _fields_ = [
-        ("code", ctypes.c_int),
-        ("kind", ctypes.c_int),
-        ("wkind", ctypes.c_int),
-        ("mode", ctypes.c_int),
-        ("p", ctypes.c_void_p * 6),
-        ("n", ctypes.c_long * 12),
-        ("f", ctypes.c_float * 4),
-    ]
 
 
 def decode_ops_of(module: nn.Module) -> Callable[..., None]:
@@ -95,7 +73,7 @@ class NativePlan:
         """(batch, max_keys) bool, which keys are real tokens (the cache's, updated at each step), or
         None: rows not left-padded, every key real."""
         self.kind = KINDS[dtype]
-        self.ops: list[_Op] = []
+        self.ops: list[abi.Op] = []
         self.keep: list[Tensor] = []
         """Every tensor an operation points to, alive as long as the plan."""
         self.before_step: list[Callable[[Positions], None]] = []
@@ -113,7 +91,7 @@ class NativePlan:
         return Buffer(self.keep[-1])
 
     def _op(self, name: str, *, p: tuple = (), n: tuple = (), f: tuple = (), wkind: int = 0, mode: int = 0) -> None:
-        op = _Op(code=OPS[name], kind=self.kind, wkind=wkind, mode=mode)
+        op = abi.Op(code=abi.OPS[name], kind=self.kind, wkind=wkind, mode=mode)
         for i, value in enumerate(p):
             op.p[i] = value if isinstance(value, int) or value is None else value.data_ptr()
         for i, value in enumerate(n):
@@ -179,7 +157,7 @@ class NativePlan:
             n=(dim, src.width // dim, src.stride, dst.stride),
             f=(eps,),
             wkind=wkind,
-            mode=RMS_MODES[mode],
+            mode=abi.RMS_MODES[mode],
         )
 
     def layernorm(self, src: Buffer, dst: Buffer, weight: Tensor, bias: Tensor | None, eps: float) -> None:
@@ -239,7 +217,7 @@ class NativePlan:
         if fused and softcap:
             raise Unsupported("a fused attention kernel with a softcap")
         p = (qkv.ptr, keys, values, out.ptr, self.scores, mask)
-        self._op("attend", p=p, n=n, f=(scale, softcap), mode=int(fused))
+        self._op("attend", p=p, n=n, f=(scale, softcap), mode=abi.ATTEND_MODES["fused" if fused else "explicit"])
 
     def activate(self, src: Buffer, dst: Buffer, name: str, *, gated: bool) -> None:
         """dst = act(src) or, gated, act(src's first half) * its second half."""
@@ -247,7 +225,7 @@ class NativePlan:
         if src.width != (2 * width if gated else width):
             raise Unsupported(f"an activation from width {src.width} to {width}")
         self._op(
-            "activate", p=(src.ptr, dst.ptr), n=(width, src.stride, dst.stride, int(gated)), mode=ACTIVATIONS[name]
+            "activate", p=(src.ptr, dst.ptr), n=(width, src.stride, dst.stride, int(gated)), mode=abi.ACTIVATIONS[name]
         )
 
     def softcap(self, buf: Buffer, cap: float) -> None:
@@ -305,7 +283,7 @@ class CompiledStep:
 
     def __init__(self, model: nn.Module, cache: KVCache, plan: NativePlan, logits: Buffer) -> None:
         self.model, self.cache, self.plan, self.logits = model, cache, plan, logits
-        self.ops = (_Op * len(plan.ops))(*plan.ops)
+        self.ops = (abi.Op * len(plan.ops))(*plan.ops)
         self.tokens = torch.empty(plan.batch, dtype=torch.int64)
         self.failed = ctypes.c_long(0)
         self.device = logits.tensor.device
