@@ -12,7 +12,7 @@ from typing import ClassVar
 
 from torch import nn
 
-from gptzoo.interfaces import Buffer, DecodePlan, TensorMap
+from gptzoo.interfaces import TensorMap
 
 HF_FIELDS = {"gpt2": "activation_function", "llama": "hidden_act", "gpt_neox": "hidden_act", "phi3": "hidden_act"}
 """layout -> the config.json field that names the activation."""
@@ -42,9 +42,6 @@ class GELU(HFNamed, nn.GELU):
     def __init__(self) -> None:
         super().__init__()
 
-    def decode_ops(self, plan: DecodePlan, src: Buffer, dst: Buffer, *, gated: bool) -> None:
-        plan.activate(src, dst, "gelu", gated=gated)
-
 
 class GELUTanh(HFNamed, nn.GELU):
     """GELU, tanh approximation (GPT-2; HF gelu_new)."""
@@ -53,9 +50,6 @@ class GELUTanh(HFNamed, nn.GELU):
 
     def __init__(self) -> None:
         super().__init__(approximate="tanh")
-
-    def decode_ops(self, plan: DecodePlan, src: Buffer, dst: Buffer, *, gated: bool) -> None:
-        plan.activate(src, dst, "gelu_tanh", gated=gated)
 
 
 class ReLU(HFNamed, nn.ReLU):
@@ -66,9 +60,6 @@ class ReLU(HFNamed, nn.ReLU):
     def __init__(self) -> None:
         super().__init__()
 
-    def decode_ops(self, plan: DecodePlan, src: Buffer, dst: Buffer, *, gated: bool) -> None:
-        plan.activate(src, dst, "relu", gated=gated)
-
 
 class SiLU(HFNamed, nn.SiLU):
     """SiLU / swish: x * sigmoid(x) (the gate of SwiGLU in Llama)."""
@@ -77,6 +68,3 @@ class SiLU(HFNamed, nn.SiLU):
 
     def __init__(self) -> None:
         super().__init__()
-
-    def decode_ops(self, plan: DecodePlan, src: Buffer, dst: Buffer, *, gated: bool) -> None:
-        plan.activate(src, dst, "silu", gated=gated)

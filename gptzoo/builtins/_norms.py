@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gptzoo.interfaces import Buffer, DecodePlan, TensorMap
+from gptzoo.interfaces import TensorMap
 
 
 def check_eps(*, eps: float = 1e-5, **_: object) -> list[str]:
@@ -38,9 +38,6 @@ class LayerNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
-
-    def decode_ops(self, plan: DecodePlan, src: Buffer, dst: Buffer) -> None:
-        plan.layernorm(src, dst, self.weight, self.bias, self.eps)
 
     def hf_weights(self, family: str) -> list[TensorMap] | None:
         if family not in EPS_FIELDS or self.bias is None:  # GPT-2's and GPT-NeoX's LayerNorms have a bias
@@ -78,9 +75,6 @@ class RMSNorm(nn.Module):
             return (self.weight * h).to(x.dtype)
         return self.weight * h.to(x.dtype)
 
-    def decode_ops(self, plan: DecodePlan, src: Buffer, dst: Buffer) -> None:
-        plan.rmsnorm(src, dst, self.weight, self.eps, "scale_in_float32" if self.scale_in_float32 else "plain")
-
     def hf_weights(self, family: str) -> list[TensorMap] | None:
         return [TensorMap("weight", ("weight",))] if family in RMS_LAYOUTS else None
 
@@ -105,9 +99,6 @@ class GemmaRMSNorm(nn.Module):
         h = x.to(torch.promote_types(x.dtype, torch.float32))
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return (h * (1.0 + self.weight.to(h.dtype))).to(x.dtype)
-
-    def decode_ops(self, plan: DecodePlan, src: Buffer, dst: Buffer) -> None:
-        plan.rmsnorm(src, dst, self.weight, self.eps, "offset")
 
     def hf_weights(self, family: str) -> list[TensorMap] | None:
         return [TensorMap("weight", ("weight",))] if family == "llama" else None

@@ -3,17 +3,16 @@
 The eager forward of one new token runs ~50 torch operations per layer, each a few microseconds of
 dispatch; on a small model that is as long as streaming the weights. Here the model and its
 components describe a step once, as a list of native operations (native/step.c) over buffers
-allocated up front, and each step is then one call. Each component describes itself in its own
-module, with a ``decode_ops(plan, src, dst, ...)`` method that appends its operations through the
-plan it is given (gptzoo.interfaces.DecodePlan, implemented here by :class:`NativePlan`): norms,
-MLPs and attention take ``src``/``dst`` Buffers; activations also ``gated``; attention also its
-layer's cache and its PositionStep.
+allocated up front, and each step is then one call. Each module is described by the lowering of
+its class (gptzoo.inference.lowerings: the built-in ones, and those plugins register), which
+appends its operations through the plan it is given (gptzoo.interfaces.DecodePlan, implemented
+here by :class:`NativePlan`).
 
-A component without ``decode_ops``, or one that changes what its ``decode_ops`` describes (a
-subclass overriding ``forward``, or any method named in the owner's ``decode_depends``), a module
-with forward hooks, a position encoding with an attention bias, a model off the CPU or in another
-dtype than float32/bfloat16: then :func:`compile_step` returns None with the
-reason, and decoding keeps the eager forward. The plan computes what the eager step computes, with
+A module without a lowering, or one that changes what its lowering describes (a subclass
+overriding ``forward``, or a method the lowering depends on), a module with forward hooks, a
+position encoding with an attention bias, a model off the CPU or in another dtype than
+float32/bfloat16: then :func:`compile_step` returns None with the reason, and decoding keeps the
+eager forward. The plan computes what the eager step computes, with
 the same roundings in the activations' dtype, up to the order of the sums (tests/test_decode_plan.py).
 """
 
@@ -26,49 +25,33 @@ import torch
 from torch import Tensor, nn
 
 from gptzoo.errors import GptzooError
-from gptzoo.inference.matvec import KINDS, MAX_ROWS, kernel_threads, runs_its_class_forward
+from gptzoo.inference.lowerings import Lowerings, Unsupported
+from gptzoo.inference.matvec import KINDS, MAX_ROWS, kernel_threads
 from gptzoo.inference.native import abi, library
 from gptzoo.interfaces import Buffer, KVCache, Position, Positions, PositionStep
+from gptzoo.registry import Registry, default_registry
 
 ERRORS = {code: meaning for code, meaning in abi.ERRORS.values()}
 """decode_step's error code -> what it means."""
 
 
-class Unsupported(Exception):
-    """The model cannot be described as native operations; the message says what and why."""
-
-
-def decode_ops_of(module: nn.Module) -> Callable[..., None]:
-    """``module.decode_ops``, when it describes what the module computes.
-
-    Raises:
-        Unsupported: no decode_ops; forward hooks; a forward set on the instance; a class below the
-            one that defines decode_ops that overrides ``forward`` or a name in its ``decode_depends``.
-    """
-    cls = type(module)
-    if not runs_its_class_forward(module):
-        raise Unsupported(f"{cls.__name__} has forward hooks or a forward of its own")
-    owner = next((c for c in cls.__mro__ if "decode_ops" in vars(c)), None)
-    if owner is None:
-        raise Unsupported(f"{cls.__module__}.{cls.__qualname__} has no decode_ops")
-    depends = ("forward", *getattr(owner, "decode_depends", ()))
-    for c in cls.__mro__[: cls.__mro__.index(owner)]:
-        changed = [name for name in depends if name in vars(c)]
-        if changed:
-            raise Unsupported(
-                f"{c.__name__} overrides {changed[0]} of {owner.__name__}, whose decode_ops would not describe it"
-            )
-    return module.decode_ops
-
-
 class NativePlan:
     """The operations of one decoding step for ``batch`` rows in ``dtype``, with the buffers they use:
-    gptzoo.interfaces.DecodePlan, which components' ``decode_ops`` are written against, for step.c."""
+    gptzoo.interfaces.DecodePlan, which lowerings are written against, for step.c; each module is
+    lowered by its lowering in ``lowerings`` (default: the built-in ones)."""
 
-    def __init__(self, batch: int, dtype: torch.dtype, max_keys: int, key_mask: Tensor | None = None) -> None:
+    def __init__(
+        self,
+        batch: int,
+        dtype: torch.dtype,
+        max_keys: int,
+        key_mask: Tensor | None = None,
+        lowerings: Lowerings | None = None,
+    ) -> None:
         if dtype not in (torch.float32, torch.bfloat16):
             raise Unsupported(f"activations in {dtype} (the plan takes float32 and bfloat16)")
         self.batch, self.dtype, self.max_keys = batch, dtype, max_keys
+        self.lowerings = lowerings if lowerings is not None else Lowerings()
         self.key_mask = key_mask
         """(batch, max_keys) bool, which keys are real tokens (the cache's, updated at each step), or
         None: rows not left-padded, every key real."""
@@ -110,14 +93,8 @@ class NativePlan:
         return KINDS[tensor.dtype]
 
     def call(self, module: nn.Module, src: Buffer, dst: Buffer, **kwargs: object) -> None:
-        """Append ``module``'s operations (``decode_ops``; a plain nn.Linear is a product, nn.Identity a copy)."""
-        if type(module) in (nn.Linear, nn.Identity) and runs_its_class_forward(module):
-            if isinstance(module, nn.Linear):
-                self.linear(module.weight, None, module.bias, src, dst)
-            else:
-                self.copy(src, dst)
-        else:
-            decode_ops_of(module)(self, src, dst, **kwargs)
+        """Append ``module``'s operations, by the lowering of its class (gptzoo.inference.lowerings)."""
+        self.lowerings.lower(self, module, src, dst, **kwargs)
 
     def embed(self, table: Tensor, dst: Buffer, scale: float | None) -> None:
         """dst = table[token] (* scale, rounded to the activations' dtype first, as the model does)."""
@@ -317,10 +294,13 @@ class CompiledStep:
         return self.logits.tensor.clone().view(self.plan.batch, 1, -1)
 
 
-def compile_step(model: nn.Module, cache: KVCache, batch: int) -> tuple[CompiledStep | None, str | None]:
+def compile_step(
+    model: nn.Module, cache: KVCache, batch: int, *, registry: Registry | None = None
+) -> tuple[CompiledStep | None, str | None]:
     """The model's decoding step for ``batch`` rows over ``cache`` (made for them, the prompts already
     in it) as one native call, or (None, the reason) where the plan cannot describe it (then the
-    eager forward decodes)."""
+    eager forward decodes). Modules are lowered by the built-in lowerings and those the plugins of
+    ``registry`` register (default: the registry the model was built with, else the shared one)."""
     if library() is None:
         return None, "no native kernels"
     if torch.is_grad_enabled() or torch.is_autocast_enabled("cpu"):
@@ -329,8 +309,10 @@ def compile_step(model: nn.Module, cache: KVCache, batch: int) -> tuple[Compiled
     if weight.device.type != "cpu" or not 0 < batch <= MAX_ROWS:
         return None, f"a batch of {batch} on {weight.device} (the plan takes 1 to {MAX_ROWS} rows on the CPU)"
     try:
-        plan = NativePlan(batch, weight.dtype, cache.max_len, cache.key_mask)
-        logits = decode_ops_of(model)(plan, cache)
+        if registry is None:
+            registry = getattr(model, "registry", None) or default_registry()
+        plan = NativePlan(batch, weight.dtype, cache.max_len, cache.key_mask, Lowerings(registry))
+        logits = plan.lowerings.lower(plan, model, cache)
     except Unsupported as exc:
         return None, str(exc)
     return CompiledStep(model, cache, plan, logits), None

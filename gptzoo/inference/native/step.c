@@ -1,7 +1,7 @@
 /* One decoding step of a whole model in one call: a list of operations (a plan), run in order.
  *
- * gptzoo.inference.decode_plan builds the plan once per generation from what each component says
- * it computes (its decode_ops): every pointer in it (weights, the KV cache, the activation buffers)
+ * gptzoo.inference.decode_plan builds the plan once per generation from each component's lowering
+ * (gptzoo.inference.lowerings): every pointer in it (weights, the KV cache, the activation buffers)
  * stays valid for the whole generation, so a step costs one call from Python, not the ~50 torch
  * operations per layer of the eager forward. Only the position and the token ids change between
  * steps; the few tables that depend on the position (rotary cos/sin, a position embedding) are
