@@ -363,3 +363,34 @@ def test_components_hold_no_lowering_and_import_nothing_of_inference() -> None:
     imports = re.compile(r"^\s*(from|import) gptzoo\.inference", re.M)
     for path in [*(package / "builtins").glob("*.py"), *(package / "model").glob("*.py")]:
         assert not imports.search(path.read_text(encoding="utf-8")), path
+
+
+@pytest.mark.parametrize(
+    ("call", "problem"),
+    [
+        ("register(42, lambda *a: None)", "registered a lowering for 42; name the component's class"),
+        ('register("gz_bad:Thing", 3)', "registered the lowering of gz_bad:Thing with a lowering that is not callable"),
+        ('register("gz_bad:Thing", "not a reference")', "with a reference that is not 'module:attribute'"),
+        ('register("gz_bad:Thing", "gz_bad:lower", depends=("not a name",))', "with depends that are not method"),
+    ],
+)
+def test_a_malformed_lowering_registration_fails_its_plugin(fake_site: FakeSite, call: str, problem: str) -> None:
+    fake_site.add("bad", "gz_bad", f"@gptzoo.hookimpl\ndef register_decode_lowerings(register):\n    {call}\n")
+    registry = gptzoo.get_registry()
+    (failed,) = registry.failed
+    assert failed.distribution == "gptzoo-fake-bad" and problem in failed.error
+    assert registry.lowerings == {}
+
+
+@torch.no_grad()
+def test_a_lowering_registered_by_a_reference_that_cannot_be_imported_is_refused(fake_site: FakeSite) -> None:
+    source = unitnorm(by_reference="gz_unitnorm").replace('"gz_unitnorm:lower"', '"gz_unitnorm:missing"')
+    model = plugin_model(fake_site, source, "model.norm=unitnorm")
+    cache = model.init_cache(1, 8)
+    model(prompts(model), cache)
+    step, why = compile_step(model, cache, 1)
+    assert step is None
+    assert why.startswith(
+        "the lowering of gz_unitnorm:UnitNorm registered by gz_unitnorm (gptzoo-fake-unitnorm 1.0) as "
+        "'gz_unitnorm:missing' cannot be imported: AttributeError"
+    ), why
