@@ -58,9 +58,9 @@ On the built module, for every kind but samplers (optional):
   whole component alone. GPT-2's initialization (normal(0, init_std) for linear weights, zero
   biases, and std / sqrt(2 n_layer) for the ``c_proj`` of attentions and mlps) is for components
   without one.
-- ``decode_ops(plan, src, dst, ...)`` (norms, activations, mlps, attentions): the component's
-  share of a CPU decoding step as native operations (gptzoo.inference.decode_plan; docs/plugins.md,
-  "Fast CPU decoding"). Without it a model that holds the component decodes with its eager forward.
+
+A component's share of a CPU decoding step is not a method of it: its lowering is registered for
+its class with :func:`register_decode_lowerings`.
 
 Members that every kind with them shares:
 
@@ -123,14 +123,11 @@ class Contract:
         return frozenset(arg for arg, _ in self.structural) | frozenset(self.components) | frozenset(self.builders)
 
 
-DECODING = ("reset_parameters", "decode_ops")
-"""The optional methods of the kinds that take part in a native decoding step."""
-
 CONTRACTS: dict[str, Contract] = {
     c.kind: c
     for c in (
-        Contract("norm", "Norm", "norm", structural=(("dim", "n_embd"),), optional=DECODING),
-        Contract("activation", "Activation", "activation", optional=DECODING),
+        Contract("norm", "Norm", "norm", structural=(("dim", "n_embd"),)),
+        Contract("activation", "Activation", "activation"),
         Contract(
             "mlp",
             "MLP",
@@ -138,7 +135,6 @@ CONTRACTS: dict[str, Contract] = {
             structural=(("d_model", "n_embd"), ("d_ff", "d_ff"), ("bias", "bias")),
             components=("activation",),
             members=("c_proj", "flops"),
-            optional=DECODING,
         ),
         Contract(
             "position",
@@ -166,7 +162,6 @@ CONTRACTS: dict[str, Contract] = {
             ),
             builders=("norm",),
             members=("c_proj", "init_cache", "kv_bytes", "flops"),
-            optional=DECODING,
         ),
         Contract(
             "sampler",
@@ -184,14 +179,25 @@ CONTRACTS: dict[str, Contract] = {
 KINDS = tuple(CONTRACTS)
 """The component kinds."""
 
-SUBSYSTEM_HOOKS = ("register_hf_layouts",)
-"""The hooks through which a plugin tells a subsystem about a component class (its Hugging Face layouts),
-beside the one hook per kind that registers components."""
+SUBSYSTEM_HOOKS = ("register_hf_layouts", "register_decode_lowerings")
+"""The hooks through which a plugin tells a subsystem about a component class (its Hugging Face layouts,
+its decode lowering), beside the one hook per kind that registers components."""
 
 
 class Register(Protocol):
     def __call__(
         self, name: str, factory: Callable[..., Any], *, doc: str | None = None, override: bool = False
+    ) -> None: ...
+
+
+class RegisterLowering(Protocol):
+    def __call__(
+        self,
+        component: type | str,
+        lowering: Callable[..., Any] | str,
+        *,
+        depends: tuple[str, ...] = (),
+        override: bool = False,
     ) -> None: ...
 
 
@@ -206,7 +212,7 @@ def register_norms(register: Register) -> None:
     layers only, since checkpoints differ on the two.
 
     Members: none.
-    Optional: ``reset_parameters``, ``decode_ops``.
+    Optional: ``reset_parameters``.
     On the factory: ``check``, ``examples``.
     """
 
@@ -218,7 +224,7 @@ def register_activations(register: Register) -> None:
     Factory: ``factory(*, **params) -> Activation``. Forward: any shape -> same shape and dtype.
 
     Members: none.
-    Optional: ``reset_parameters``, ``decode_ops``.
+    Optional: ``reset_parameters``.
     On the factory: ``check``, ``examples``.
     """
 
@@ -234,7 +240,7 @@ def register_mlps(register: Register) -> None:
     module docstring.
 
     Members: ``c_proj``, ``flops``.
-    Optional: ``reset_parameters``, ``decode_ops``.
+    Optional: ``reset_parameters``.
     On the factory: ``check``, ``examples``.
     """
 
@@ -280,7 +286,7 @@ def register_attentions(register: Register) -> None:
     as in the module docstring.
 
     Members: ``c_proj``, ``init_cache``, ``kv_bytes``, ``flops``.
-    Optional: ``reset_parameters``, ``decode_ops``.
+    Optional: ``reset_parameters``.
     On the factory: ``check``, ``examples``.
     """
 
@@ -345,4 +351,32 @@ def register_hf_layouts(register: RegisterHFLayout) -> None:
     A plugin may register layouts for any class, its own or another's. Before contract 2 a component
     answered for itself with ``hf_weights(layout)`` and ``hf_config(layout)`` methods: those still work,
     with one GptzooWarning per class.
+    """
+
+
+@hookspec
+def register_decode_lowerings(register: RegisterLowering) -> None:
+    """Register how components of a plugin's classes take part in a native CPU decoding step.
+
+    ``register(component, lowering, *, depends=(), override=False)``:
+        component: the class lowered, or a reference to it (``"gptzoo_dyt:DyT"``, so that
+            registering imports nothing). Its instances, and those of subclasses that override
+            neither ``forward`` nor a method in ``depends``, are lowered by ``lowering``.
+        lowering: ``lower(plan, module, src, dst, **kwargs) -> None``, or a reference to it
+            (imported when a model first decodes with it). It appends the module's operations
+            through ``plan`` (gptzoo.interfaces.DecodePlan; its children through ``plan.call``):
+            norms, mlps and linear layers take ``src`` and ``dst`` Buffers (batch, width);
+            activations also ``gated``; attentions also ``position`` (the step's PositionStep) and
+            ``cache`` (the layer's own, from ``init_cache``). ``plan.refuse(reason)`` gives up: the
+            model decodes with its eager forward. It must compute what ``forward`` computes for one
+            token per row (the conformance kit's ``decode_plan`` check compares them).
+        depends: the class's methods besides ``forward`` that the lowering describes (an attention's
+            ``attend``): a subclass that overrides one is not lowered by it.
+        override: replace the lowering another plugin, or gptzoo, registered for the same class.
+            Without it a class two plugins lower is an error naming both (the later plugin fails),
+            and one gptzoo lowers keeps gptzoo's lowering (the plan refuses it, naming both).
+
+    A component without a lowering makes the model decode with its eager forward. The previous
+    contract, a ``decode_ops(plan, src, dst, ...)`` method on the class, still works, with one
+    gptzoo.errors.GptzooWarning per class (docs/plugins.md, "Fast CPU decoding").
     """

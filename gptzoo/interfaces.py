@@ -14,8 +14,8 @@
 - :class:`Sampler`: base class of the sampler chain's steps, and :class:`SamplerFlag`, the
   command-line flag a step may declare.
 - :class:`TensorMap`: how one of a component's tensors is stored in another checkpoint layout.
-- :class:`DecodePlan`, :class:`Buffer`, :class:`PositionStep`: what an optional ``decode_ops``
-  writes a component's share of a native CPU decoding step with.
+- :class:`DecodePlan`, :class:`Buffer`, :class:`PositionStep`: what a component's lowering writes
+  its share of a native CPU decoding step with (gptzoo.inference.lowerings).
 """
 
 from __future__ import annotations
@@ -328,7 +328,7 @@ class PositionStep:
 
 
 class DecodePlan(Protocol):
-    """What a component's optional ``decode_ops`` writes its share of a CPU decoding step with: native
+    """What a component's lowering writes its share of a CPU decoding step with: native
     operations over (batch, width) activation buffers (gptzoo.inference.decode_plan builds one per
     generation, native/step.c runs it; docs/plugins.md, "Fast CPU decoding"). Each operation rounds
     where the eager forward rounds in the activations' dtype; weights must be contiguous CPU tensors
@@ -347,7 +347,7 @@ class DecodePlan(Protocol):
         ...
 
     def call(self, module: nn.Module, src: Buffer, dst: Buffer, **kwargs: object) -> None:
-        """A child's operations: its own ``decode_ops`` (a plain nn.Linear is a product, nn.Identity a copy)."""
+        """A child's operations, by the lowering of its class (an nn.Linear is a product, nn.Identity a copy)."""
 
     def linear(self, weight: Tensor, scale: Tensor | None, bias: Tensor | None, src: Buffer, dst: Buffer) -> None:
         """dst = src W^T (* scale per output) + bias."""

@@ -20,6 +20,15 @@ docstring), and the factory is held to the rules above when it is imported: a re
 imported (its module or attribute missing, its import raising, os._exit included) or that names no fit
 factory is a PluginError at that point, naming the plugin, its distribution and the reference.
 
+Lowerings. A plugin's ``register_decode_lowerings`` hook registers the lowering of a component
+class for CPU decoding (:class:`LoweringEntry`, in :attr:`Registry.lowerings` by the class's
+``"module:Qualname"``; gptzoo.inference.lowerings reads them), under the same rules: all of a
+plugin's or none, one per class and plugin, and a class another plugin already lowers only with
+``override=True`` (else the later plugin fails, with an error naming both). A plugin's
+``register_hf_layouts`` hook registers where a component class's tensors and config fields go in a
+Hugging Face layout (:class:`HFLayout`, in :attr:`Registry.hf_layouts`; gptzoo.hf.layouts reads them),
+under the same rules, per class and layout.
+
 Names. Every entry has a qualified name ``DISTRIBUTION:name`` (``gptzoo:layernorm``,
 ``gptzoo-extras:sliding_window``; the distribution compared as PEP 503 normalizes it), which always
 reaches it. A bare name reaches the entry it resolves to:
@@ -107,6 +116,23 @@ class Reference:
         for part in self.attribute.split("."):
             found = getattr(found, part)
         return found
+
+
+@dataclass(frozen=True)
+class LoweringEntry:
+    """A plugin's lowering of a component class for CPU decoding (the ``register_decode_lowerings``
+    hook; gptzoo.inference.lowerings reads them)."""
+
+    key: str
+    """The class lowered, ``"module:Qualname"``."""
+    target: Callable[..., Any] | Reference
+    """The lowering as the plugin registered it: the function, or a reference to it."""
+    depends: tuple[str, ...]
+    """The class's methods besides forward that the lowering describes."""
+    provenance: Provenance
+    override: bool = False
+    overrides: Provenance | None = None
+    """The provenance of the plugin's lowering this one replaced (override=True)."""
 
 
 @dataclass(frozen=True)
@@ -200,8 +226,10 @@ class Registry:
         self._failed_names: dict[tuple[str, str], PluginInfo] = {}
         """(kind, name) -> the failed plugin that registered it before failing."""
         self.plugins: list[PluginInfo] = []
+        self.lowerings: dict[str, LoweringEntry] = {}
+        """Class reference -> the lowering a plugin registered for it (register_decode_lowerings)."""
         self.hf_layouts: list[HFLayout] = []
-        """Every plugin's registered Hugging Face layouts, in registration order."""
+        """Every plugin's registered Hugging Face layouts, in registration order (register_hf_layouts)."""
 
     def get(self, kind: str, name: str) -> Entry:
         """The entry a bare or qualified name means; an UnknownComponentError or
@@ -322,6 +350,15 @@ class Registry:
                         impl.function(register=register)
                     finally:
                         close()
+        lowerings: list[LoweringEntry] = []
+        for impl in pm.hook.register_decode_lowerings.get_hookimpls():
+            if impl.plugin is plugin:
+                register, close = _lowering_stager(provenance, lowerings)
+                try:
+                    impl.function(register=register)
+                finally:
+                    close()
+        placed = self._check_lowerings(lowerings)
         layouts: list[HFLayout] = []
         for impl in pm.hook.register_hf_layouts.get_hookimpls():
             if impl.plugin is plugin:
@@ -347,6 +384,7 @@ class Registry:
                 raise RegistryError(f"{entry.kind} {entry.name!r} is registered by two built-in plugins")
         for entry, override in staged:
             self._place(entry, override)
+        self.lowerings.update(placed)
         self.hf_layouts += layouts
 
     def _check_layouts(self, layouts: list[HFLayout]) -> None:
@@ -365,6 +403,22 @@ class Registry:
                     f"the Hugging Face {name!r} layout of {component} is registered by both {other.provenance} and "
                     f"{layout.provenance}; drop one, or register the later one with override=True"
                 )
+
+    def _check_lowerings(self, lowerings: list[LoweringEntry]) -> dict[str, LoweringEntry]:
+        """One plugin's lowerings as they will stand: one per class, and a class another plugin
+        lowers only with override=True (an error naming both otherwise)."""
+        placed: dict[str, LoweringEntry] = {}
+        for entry in lowerings:
+            if entry.key in placed:
+                raise RegistryError(f"the lowering of {entry.key} is registered twice by {entry.provenance}")
+            current = self.lowerings.get(entry.key)
+            if current is not None and not entry.override:
+                raise RegistryError(
+                    f"the lowering of {entry.key} is registered by both {current.provenance} and {entry.provenance}; "
+                    "register the later one with override=True"
+                )
+            placed[entry.key] = replace(entry, overrides=current.provenance) if current is not None else entry
+        return placed
 
     def _place(self, entry: Entry, override: bool) -> None:
         """Give a committed entry its qualified name, and its bare name as the module docstring says."""
@@ -462,6 +516,63 @@ class Registry:
 
         register.__qualname__ = "register"  # what a TypeError about its arguments calls it
         return register, close
+
+
+def _lowering_stager(
+    provenance: Provenance, staged: list[LoweringEntry]
+) -> tuple[Callable[..., None], Callable[[], None]]:
+    """The ``register`` one register_decode_lowerings call receives, and what closes it when the hook returns."""
+    hook_open = True
+
+    def close() -> None:
+        nonlocal hook_open
+        hook_open = False
+
+    def register(
+        component: type | str,
+        lowering: Callable[..., Any] | str,
+        *,
+        depends: tuple[str, ...] | list[str] = (),
+        override: bool = False,
+    ) -> None:
+        if not hook_open:
+            raise PluginError(
+                f"{provenance}: register() was called after register_decode_lowerings returned; call it inside the hook"
+            )
+        if isinstance(component, type):
+            key = f"{component.__module__}:{component.__qualname__}"
+        elif isinstance(component, str) and Reference.parse(str.__str__(component)) is not None:
+            key = str(Reference.parse(str.__str__(component)))
+        else:
+            raise RegistryError(
+                f"{provenance} registered a lowering for {show_plain(component)}; name the component's class, or "
+                "a reference to it ('module:Class')"
+            )
+        what = f"{provenance} registered the lowering of {key}"
+        target: Callable[..., Any] | Reference | None
+        if isinstance(lowering, str):
+            target = Reference.parse(str.__str__(lowering))
+            if target is None:
+                raise RegistryError(
+                    f"{what} with a reference that is not 'module:attribute': {show_plain(str.__str__(lowering))}"
+                )
+        elif callable(lowering):
+            target = lowering
+        else:
+            raise RegistryError(
+                f"{what} with a lowering that is not callable: {show_plain(lowering)}; pass the function "
+                "lower(plan, module, src, dst, ...)"
+            )
+        if not isinstance(depends, (tuple, list)) or not all(
+            type(name) is str and name.isidentifier() for name in depends
+        ):
+            raise RegistryError(f"{what} with depends that are not method names: {show_plain(depends)}")
+        if not isinstance(override, bool):
+            raise RegistryError(f"{what} with an override that is not a bool: {show_plain(override)}; use a bool")
+        staged.append(LoweringEntry(key, target, tuple(depends), provenance, override))
+
+    register.__qualname__ = "register"
+    return register, close
 
 
 def _layout_stager(provenance: Provenance, staged: list[HFLayout]) -> tuple[Callable[..., None], Callable[[], None]]:

@@ -242,3 +242,65 @@ def register_attentions(register):
     register("ring_window", RingWindowAttention)
 '''
 """A good plugin: attention ``ring_window``, a ring-buffer cache of its window."""
+
+UNITNORM_CLASS = '''
+import torch
+from torch import nn
+
+
+class UnitNorm(nn.Module):
+    """RMSNorm of a plugin's own: x / sqrt(mean(x^2) + eps) * weight, normalized in float32."""
+
+    def __init__(self, dim: int, *, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+'''
+"""A norm that the plan's rmsnorm computes exactly, as a plugin's module holds it."""
+
+
+def unitnorm(lowering: str = "plain", *, by_reference: str | None = None) -> str:
+    """A plugin registering norm ``unitnorm`` and its lowering, an rmsnorm applying the weight as
+    ``lowering`` says ("plain" is right, "offset" wrong); ``by_reference``: the plugin's module name,
+    to register the class and the lowering by reference."""
+    component, lower = (
+        (f'"{by_reference}:UnitNorm"', f'"{by_reference}:lower"') if by_reference else ("UnitNorm", "lower")
+    )
+    return (
+        UNITNORM_CLASS
+        + f'''
+
+def lower(plan, norm, src, dst):
+    plan.rmsnorm(src, dst, norm.weight, norm.eps, "{lowering}")
+
+
+@gptzoo.hookimpl
+def register_norms(register):
+    register("unitnorm", UnitNorm)
+
+
+@gptzoo.hookimpl
+def register_decode_lowerings(register):
+    register({component}, {lower})
+'''
+    )
+
+
+UNITNORM_DECODE_OPS = (
+    UNITNORM_CLASS
+    + """
+    def decode_ops(self, plan, src, dst):
+        plan.rmsnorm(src, dst, self.weight, self.eps, "plain")
+
+
+@gptzoo.hookimpl
+def register_norms(register):
+    register("unitnorm", UnitNorm)
+"""
+)
+"""A plugin of the previous contract: its norm describes its decoding step with a decode_ops method."""

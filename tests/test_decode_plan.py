@@ -1,15 +1,21 @@
 """A decoding step as one native call (gptzoo.inference.decode_plan) computes what the eager forward
 computes, for every registered component it accepts, and refuses, with the reason, what it cannot
-describe; generate() uses it wherever it applies."""
+describe; generate() uses it wherever it applies. A plugin's component decodes natively through the
+lowering it registers (gptzoo.inference.lowerings), or through its old decode_ops, with a warning."""
 
 from __future__ import annotations
 
+import re
+import warnings
+from pathlib import Path
+
 import pytest
 import torch
+from fakedist import UNITNORM_CLASS, UNITNORM_DECODE_OPS, FakeSite, unitnorm
 from tiny import tiny_model
 
 import gptzoo
-from gptzoo.errors import GptzooError
+from gptzoo.errors import GptzooError, GptzooWarning
 from gptzoo.inference import generate as generate_module
 from gptzoo.inference import matvec
 from gptzoo.inference.decode_plan import compile_step
@@ -161,7 +167,7 @@ def test_a_subclass_that_changes_forward_is_refused() -> None:
     norm.__class__ = Shifted
     cache = model.init_cache(1, 8)
     step, why = compile_step(model, cache, 1)
-    assert step is None and why == "Shifted overrides forward of RMSNorm, whose decode_ops would not describe it"
+    assert step is None and why == "Shifted overrides forward of RMSNorm, whose lowering would not describe it"
 
 
 @torch.no_grad()
@@ -231,3 +237,160 @@ def test_generate_decodes_through_the_plan_and_gives_the_eager_tokens(monkeypatc
     monkeypatch.setattr(generate_module, "compile_step", lambda *args: (None, "off"))
     assert compiled == [True]
     assert planned == generate(model, batch, 20)
+
+
+def assert_close(planned: torch.Tensor, eager: torch.Tensor) -> None:
+    """The plan's logits are the eager forward's up to the order of the sums, and pick the same tokens."""
+    assert (planned - eager).abs().max().item() <= 1e-5 * eager.abs().max().item()
+    assert torch.equal(planned.argmax(-1), eager.argmax(-1))
+
+
+def plugin_model(site: FakeSite, source: str, *overrides: str, module: str = "gz_unitnorm") -> gptzoo.GPT:
+    """llama-tiny with a fake plugin installed (its norm ``unitnorm`` if it has one), built from a
+    registry that holds it."""
+    site.add("unitnorm", module, source)
+    registry = gptzoo.get_registry()
+    assert registry.failed == [], registry.failed
+    torch.manual_seed(0)
+    recipe = gptzoo.load_recipe("llama-tiny", list(overrides), registry=registry)
+    return gptzoo.build_model(recipe, registry=registry).eval()
+
+
+@pytest.mark.parametrize("by_reference", [None, "gz_unitnorm"])
+def test_a_plugin_component_decodes_natively_through_the_lowering_it_registers(
+    fake_site: FakeSite, monkeypatch: pytest.MonkeyPatch, by_reference: str | None
+) -> None:
+    model = plugin_model(fake_site, unitnorm(by_reference=by_reference), "model.norm=unitnorm")
+    assert type(model.ln_f).__module__ == "gz_unitnorm"
+    (entry,) = model.registry.lowerings.values()
+    assert entry.key == "gz_unitnorm:UnitNorm" and entry.provenance.distribution == "gptzoo-fake-unitnorm"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GptzooWarning)
+        eager, planned = decode_both(model, prompts(model), steps=8)  # asserts that compile_step gave a step
+    assert_close(planned, eager)
+    batch = prompts(model, batch=2).tolist()
+    compiled = []
+
+    def spy(*args):
+        step = compile_step(*args)
+        compiled.append(step[0] is not None)
+        return step
+
+    monkeypatch.setattr(generate_module, "compile_step", spy)
+    planned_tokens = generate(model, batch, 12)
+    monkeypatch.setattr(generate_module, "compile_step", lambda *args: (None, "off"))
+    assert compiled == [True]
+    assert planned_tokens == generate(model, batch, 12)
+
+
+@torch.no_grad()
+def test_a_plugin_component_without_a_lowering_decodes_with_its_eager_forward(fake_site: FakeSite) -> None:
+    registers = '\n\n@gptzoo.hookimpl\ndef register_norms(register):\n    register("unitnorm", UnitNorm)\n'
+    model = plugin_model(fake_site, UNITNORM_CLASS + registers, "model.norm=unitnorm")
+    cache = model.init_cache(1, 8)
+    model(prompts(model), cache)
+    assert compile_step(model, cache, 1) == (None, "gz_unitnorm.UnitNorm has no decode lowering")
+
+
+LEGACY_WARNING = (
+    "gz_unitnorm.UnitNorm describes its decoding step with a decode_ops method, the old form of gptzoo's native CPU "
+    "decoding; register its lowering instead, from the plugin's register_decode_lowerings(register) hook: "
+    "register(UnitNorm, lower), where lower(plan, module, src, dst, ...) does what decode_ops(plan, src, dst, ...) "
+    'does (docs/plugins.md, "Fast CPU decoding")'
+)
+
+
+def test_a_component_with_the_old_decode_ops_still_decodes_natively_and_warns_once(fake_site: FakeSite) -> None:
+    model = plugin_model(fake_site, UNITNORM_DECODE_OPS, "model.norm=unitnorm")
+    with pytest.warns(GptzooWarning) as record:
+        eager, planned = decode_both(model, prompts(model), steps=6)
+        decode_both(model, prompts(model), steps=2)  # five norms of the class, two plans: one warning
+    assert [str(w.message) for w in record] == [LEGACY_WARNING]
+    assert_close(planned, eager)
+
+
+LOWERS_RMSNORM = """
+def lower(plan, norm, src, dst):
+    plan.rmsnorm(src, dst, norm.weight, norm.eps, "plain")
+
+
+@gptzoo.hookimpl
+def register_decode_lowerings(register):
+    register("gptzoo.builtins._norms:RMSNorm", lower, override={override})
+"""
+"""A plugin lowering the built-in RMSNorm (exactly as gptzoo does)."""
+
+
+def test_two_plugins_lowering_one_class_is_an_error_naming_both_unless_the_later_overrides(
+    fake_site: FakeSite,
+) -> None:
+    fake_site.add("lower_a", "gz_lower_a", LOWERS_RMSNORM.format(override=True))
+    fake_site.add("lower_b", "gz_lower_b", LOWERS_RMSNORM.format(override=False))
+    registry = gptzoo.get_registry()
+    (failed,) = registry.failed
+    assert failed.distribution == "gptzoo-fake-lower_b"
+    assert (
+        "the lowering of gptzoo.builtins._norms:RMSNorm is registered by both gz_lower_a (gptzoo-fake-lower_a 1.0) "
+        "and gz_lower_b (gptzoo-fake-lower_b 1.0); register the later one with override=True"
+    ) in failed.error
+    assert registry.lowerings["gptzoo.builtins._norms:RMSNorm"].provenance.plugin == "gz_lower_a"
+    fake_site.add("lower_c", "gz_lower_c", LOWERS_RMSNORM.format(override=True))
+    entry = gptzoo.get_registry().lowerings["gptzoo.builtins._norms:RMSNorm"]
+    assert entry.provenance.plugin == "gz_lower_c" and entry.overrides.plugin == "gz_lower_a"
+
+
+@pytest.mark.parametrize("override", [False, True])
+def test_a_plugin_replaces_a_built_in_lowering_only_with_override(fake_site: FakeSite, override: bool) -> None:
+    model = plugin_model(fake_site, LOWERS_RMSNORM.format(override=override), module="gz_lower_rms")
+    if override:
+        eager, planned = decode_both(model, prompts(model), steps=4)
+        assert_close(planned, eager)
+        return
+    cache = model.init_cache(1, 8)
+    with torch.no_grad():
+        model(prompts(model), cache)
+        assert compile_step(model, cache, 1) == (
+            None,
+            "gptzoo.builtins._norms:RMSNorm has a lowering of gptzoo's and one registered by gz_lower_rms "
+            "(gptzoo-fake-unitnorm 1.0); register that one with override=True to replace gptzoo's",
+        )
+
+
+def test_components_hold_no_lowering_and_import_nothing_of_inference() -> None:
+    package = Path(gptzoo.__file__).parent
+    for path in (package / "builtins").glob("*.py"):
+        assert "decode_ops" not in path.read_text(encoding="utf-8"), path
+    imports = re.compile(r"^\s*(from|import) gptzoo\.inference", re.M)
+    for path in [*(package / "builtins").glob("*.py"), *(package / "model").glob("*.py")]:
+        assert not imports.search(path.read_text(encoding="utf-8")), path
+
+
+@pytest.mark.parametrize(
+    ("call", "problem"),
+    [
+        ("register(42, lambda *a: None)", "registered a lowering for 42; name the component's class"),
+        ('register("gz_bad:Thing", 3)', "registered the lowering of gz_bad:Thing with a lowering that is not callable"),
+        ('register("gz_bad:Thing", "not a reference")', "with a reference that is not 'module:attribute'"),
+        ('register("gz_bad:Thing", "gz_bad:lower", depends=("not a name",))', "with depends that are not method"),
+    ],
+)
+def test_a_malformed_lowering_registration_fails_its_plugin(fake_site: FakeSite, call: str, problem: str) -> None:
+    fake_site.add("bad", "gz_bad", f"@gptzoo.hookimpl\ndef register_decode_lowerings(register):\n    {call}\n")
+    registry = gptzoo.get_registry()
+    (failed,) = registry.failed
+    assert failed.distribution == "gptzoo-fake-bad" and problem in failed.error
+    assert registry.lowerings == {}
+
+
+@torch.no_grad()
+def test_a_lowering_registered_by_a_reference_that_cannot_be_imported_is_refused(fake_site: FakeSite) -> None:
+    source = unitnorm(by_reference="gz_unitnorm").replace('"gz_unitnorm:lower"', '"gz_unitnorm:missing"')
+    model = plugin_model(fake_site, source, "model.norm=unitnorm")
+    cache = model.init_cache(1, 8)
+    model(prompts(model), cache)
+    step, why = compile_step(model, cache, 1)
+    assert step is None
+    assert why.startswith(
+        "the lowering of gz_unitnorm:UnitNorm registered by gz_unitnorm (gptzoo-fake-unitnorm 1.0) as "
+        "'gz_unitnorm:missing' cannot be imported: AttributeError"
+    ), why

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fakedist import RING_WINDOW, SCALENORM, FakeSite
+from fakedist import RING_WINDOW, SCALENORM, FakeSite, unitnorm
 
 import gptzoo
 from gptzoo.cli import main
@@ -219,6 +219,17 @@ def _results(site: FakeSite, source: str, kind: str, name: str) -> list[CheckRes
 
 def _failed(results: list[CheckResult]) -> dict[str, str]:
     return {r.check: r.detail for r in results if r.status == "failed"}
+
+
+def test_the_kit_checks_the_lowering_a_plugin_registers_against_its_forward(fake_site: FakeSite) -> None:
+    right = {r.check: (r.status, r.detail) for r in _results(fake_site, unitnorm("plain"), "norm", "unitnorm")}
+    assert right["decode_plan"] == ("passed", "decoded 9 tokens through the native plan")
+
+
+def test_a_lowering_that_computes_something_else_fails_the_decode_plan_check(fake_site: FakeSite) -> None:
+    wrong = _failed(_results(fake_site, unitnorm("offset"), "norm", "unitnorm"))  # (1 + w) x, not w x
+    assert list(wrong) == ["decode_plan"]
+    assert wrong["decode_plan"].startswith("decoding through its lowering differs from its eager forward at position")
 
 
 def test_a_ring_window_attention_with_a_ring_buffer_passes_every_check(fake_site: FakeSite) -> None:

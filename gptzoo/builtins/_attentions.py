@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gptzoo.flops import linear_flops
-from gptzoo.interfaces import AttentionContext, Buffer, DecodePlan, LayerKVCache, PositionStep
+from gptzoo.interfaces import AttentionContext, LayerKVCache
 
 QK_NORMS = ("none", "head", "full")
 """Where ``qk_norm`` normalizes: not at all, over each head, over the whole projection."""
@@ -228,39 +228,6 @@ class CausalSelfAttention(nn.Module):
             y = self.attend(q, k, v, ctx)  # (B, nh, T, hs)
         return self.c_proj(y.transpose(1, 2).reshape(B, T, nh * hs))
 
-    decode_depends = ("attend", "attend_window", "init_cache")
-    """What decode_ops describes besides forward: a subclass that overrides one computes something else."""
-
-    def decode_ops(
-        self, plan: DecodePlan, src: Buffer, dst: Buffer, *, position: PositionStep, cache: LayerKVCache
-    ) -> None:
-        """A decoding step of this layer (gptzoo.inference.decode_plan), as forward computes it: one
-        query is attended explicitly with a softcap, and in float32 without a mask (left padding),
-        by scaled_dot_product_attention otherwise (see attend)."""
-        fused = not self.softcap and (plan.dtype != torch.float32 or plan.key_mask is not None)
-        self._decode_ops(plan, src, dst, position, cache, fused=fused)
-
-    def _decode_ops(
-        self, plan: DecodePlan, src: Buffer, dst: Buffer, position: PositionStep, cache: LayerKVCache, *, fused: bool
-    ) -> None:
-        if type(cache) not in (LayerKVCache, WindowKVCache):
-            plan.refuse(f"{type(self).__name__} decodes with a cache of its own class {type(cache).__name__}")
-        nh, nkv, hs = self.n_head, self.n_kv_head, self.head_dim
-        qkv = plan.buffer((nh + 2 * nkv) * hs)
-        plan.call(self.c_attn, src, qkv)
-        q, k = qkv.cols(0, nh * hs), qkv.cols(nh * hs, nkv * hs)
-        if self.qk_norm != "none":  # over each head (its weight has hs features) or the whole projection
-            plan.call(self.q_norm, q, q)
-            plan.call(self.k_norm, k, k)
-        plan.rope(q, hs, position)
-        plan.rope(k, hs, position)
-        y = plan.buffer(nh * hs)
-        sizes = (nh, nkv, hs)
-        plan.attend(
-            qkv, sizes, cache.k, cache.v, y, window=self.window, scale=self.scale, softcap=self.softcap, fused=fused
-        )
-        plan.call(self.c_proj, y, dst)
-
     def attend_window(
         self, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, cache: LayerKVCache | None
     ) -> Tensor:
@@ -326,11 +293,6 @@ class EagerSelfAttention(CausalSelfAttention):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext) -> Tensor:
         return explicit_attention(q, k, v, ctx, self.scale, self.softcap)
-
-    def decode_ops(
-        self, plan: DecodePlan, src: Buffer, dst: Buffer, *, position: PositionStep, cache: LayerKVCache
-    ) -> None:
-        self._decode_ops(plan, src, dst, position, cache, fused=False)
 
 
 class SlidingWindowAttention(CausalSelfAttention):

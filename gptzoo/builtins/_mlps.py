@@ -9,7 +9,6 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from gptzoo.flops import linear_flops
-from gptzoo.interfaces import Buffer, DecodePlan
 
 
 class DenseMLP(nn.Module):
@@ -23,12 +22,6 @@ class DenseMLP(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.c_proj(self.act(self.c_fc(x)))
-
-    def decode_ops(self, plan: DecodePlan, src: Buffer, dst: Buffer) -> None:
-        h = plan.buffer(self.c_proj.in_features)
-        plan.call(self.c_fc, src, h)
-        plan.call(self.act, h, h, gated=False)
-        plan.call(self.c_proj, h, dst)
 
     def flops(self, batch: int, seq_len: int) -> dict[str, int]:
         return {"mlp": linear_flops(batch * seq_len, self.c_fc, self.c_proj)}
@@ -46,13 +39,6 @@ class GatedMLP(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         gate, up = self.c_fc(x).chunk(2, dim=-1)  # (B, T, d_ff) each
         return self.c_proj(self.act(gate) * up)
-
-    def decode_ops(self, plan: DecodePlan, src: Buffer, dst: Buffer) -> None:
-        d_ff = self.c_proj.in_features
-        gate_up, h = plan.buffer(2 * d_ff), plan.buffer(d_ff)
-        plan.call(self.c_fc, src, gate_up)
-        plan.call(self.act, gate_up, h, gated=True)
-        plan.call(self.c_proj, h, dst)
 
     def flops(self, batch: int, seq_len: int) -> dict[str, int]:
         return {"mlp": linear_flops(batch * seq_len, self.c_fc, self.c_proj)}

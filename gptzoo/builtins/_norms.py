@@ -16,8 +16,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gptzoo.interfaces import Buffer, DecodePlan
-
 
 def check_eps(*, eps: float = 1e-5, **_: object) -> list[str]:
     return [] if math.isfinite(eps) and eps > 0 else [f"eps must be a positive number, got {eps}"]
@@ -36,9 +34,6 @@ class LayerNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
-
-    def decode_ops(self, plan: DecodePlan, src: Buffer, dst: Buffer) -> None:
-        plan.layernorm(src, dst, self.weight, self.bias, self.eps)
 
 
 class RMSNorm(nn.Module):
@@ -62,9 +57,6 @@ class RMSNorm(nn.Module):
             return (self.weight * h).to(x.dtype)
         return self.weight * h.to(x.dtype)
 
-    def decode_ops(self, plan: DecodePlan, src: Buffer, dst: Buffer) -> None:
-        plan.rmsnorm(src, dst, self.weight, self.eps, "scale_in_float32" if self.scale_in_float32 else "plain")
-
 
 class GemmaRMSNorm(nn.Module):
     """RMSNorm with a (1 + weight) scale, all in float32 (Gemma; the weight starts at zero)."""
@@ -80,6 +72,3 @@ class GemmaRMSNorm(nn.Module):
         h = x.to(torch.promote_types(x.dtype, torch.float32))
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return (h * (1.0 + self.weight.to(h.dtype))).to(x.dtype)
-
-    def decode_ops(self, plan: DecodePlan, src: Buffer, dst: Buffer) -> None:
-        plan.rmsnorm(src, dst, self.weight, self.eps, "offset")

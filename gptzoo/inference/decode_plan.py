@@ -3,17 +3,16 @@
 The eager forward of one new token runs ~50 torch operations per layer, each a few microseconds of
 dispatch; on a small model that is as long as streaming the weights. Here the model and its
 components describe a step once, as a list of native operations (native/step.c) over buffers
-allocated up front, and each step is then one call. Each component describes itself in its own
-module, with a ``decode_ops(plan, src, dst, ...)`` method that appends its operations through the
-plan it is given (gptzoo.interfaces.DecodePlan, implemented here by :class:`NativePlan`): norms,
-MLPs and attention take ``src``/``dst`` Buffers; activations also ``gated``; attention also its
-layer's cache and its PositionStep.
+allocated up front, and each step is then one call. Each module is described by the lowering of
+its class (gptzoo.inference.lowerings: the built-in ones, and those plugins register), which
+appends its operations through the plan it is given (gptzoo.interfaces.DecodePlan, implemented
+here by :class:`NativePlan`).
 
-A component without ``decode_ops``, or one that changes what its ``decode_ops`` describes (a
-subclass overriding ``forward``, or any method named in the owner's ``decode_depends``), a module
-with forward hooks, a position encoding with an attention bias, a model off the CPU or in another
-dtype than float32/bfloat16: then :func:`compile_step` returns None with the
-reason, and decoding keeps the eager forward. The plan computes what the eager step computes, with
+A module without a lowering, or one that changes what its lowering describes (a subclass
+overriding ``forward``, or a method the lowering depends on), a module with forward hooks, a
+position encoding with an attention bias, a model off the CPU or in another dtype than
+float32/bfloat16: then :func:`compile_step` returns None with the reason, and decoding keeps the
+eager forward. The plan computes what the eager step computes, with
 the same roundings in the activations' dtype, up to the order of the sums (tests/test_decode_plan.py).
 """
 
@@ -26,76 +25,38 @@ import torch
 from torch import Tensor, nn
 
 from gptzoo.errors import GptzooError
-from gptzoo.inference.matvec import KINDS, MAX_ROWS, kernel_threads, runs_its_class_forward
-from gptzoo.inference.native import library
+from gptzoo.inference.lowerings import Lowerings, Unsupported
+from gptzoo.inference.matvec import KINDS, MAX_ROWS, kernel_threads
+from gptzoo.inference.native import abi, library
 from gptzoo.interfaces import Buffer, KVCache, Position, Positions, PositionStep
+from gptzoo.registry import Registry, default_registry
 
-OPS = {
-    name: code
-    for code, name in enumerate(
-        ("embed", "rmsnorm", "layernorm", "linear", "add", "rope", "attend", "activate", "softcap", "copy")
-    )
-}
-"""Operation name -> step.c's code (its enum, in order)."""
-RMS_MODES = {"plain": 0, "scale_in_float32": 1, "offset": 2}
-"""How an RMSNorm applies its weight: after rounding (Llama), before (OLMo 2), as 1 + w (Gemma)."""
-ACTIVATIONS = {"gelu": 0, "gelu_tanh": 1, "relu": 2, "silu": 3}
-"""The activations step.c computes."""
-ERRORS = {-2: "a token id outside the embedding table", -3: "out of memory", -4: "more keys than the cache holds"}
-
-
-class Unsupported(Exception):
-    """The model cannot be described as native operations; the message says what and why."""
-
-
-class _Op(ctypes.Structure):
-    _fields_ = [
-        ("code", ctypes.c_int),
-        ("kind", ctypes.c_int),
-        ("wkind", ctypes.c_int),
-        ("mode", ctypes.c_int),
-        ("p", ctypes.c_void_p * 6),
-        ("n", ctypes.c_long * 12),
-        ("f", ctypes.c_float * 4),
-    ]
-
-
-def decode_ops_of(module: nn.Module) -> Callable[..., None]:
-    """``module.decode_ops``, when it describes what the module computes.
-
-    Raises:
-        Unsupported: no decode_ops; forward hooks; a forward set on the instance; a class below the
-            one that defines decode_ops that overrides ``forward`` or a name in its ``decode_depends``.
-    """
-    cls = type(module)
-    if not runs_its_class_forward(module):
-        raise Unsupported(f"{cls.__name__} has forward hooks or a forward of its own")
-    owner = next((c for c in cls.__mro__ if "decode_ops" in vars(c)), None)
-    if owner is None:
-        raise Unsupported(f"{cls.__module__}.{cls.__qualname__} has no decode_ops")
-    depends = ("forward", *getattr(owner, "decode_depends", ()))
-    for c in cls.__mro__[: cls.__mro__.index(owner)]:
-        changed = [name for name in depends if name in vars(c)]
-        if changed:
-            raise Unsupported(
-                f"{c.__name__} overrides {changed[0]} of {owner.__name__}, whose decode_ops would not describe it"
-            )
-    return module.decode_ops
+ERRORS = {code: meaning for code, meaning in abi.ERRORS.values()}
+"""decode_step's error code -> what it means."""
 
 
 class NativePlan:
     """The operations of one decoding step for ``batch`` rows in ``dtype``, with the buffers they use:
-    gptzoo.interfaces.DecodePlan, which components' ``decode_ops`` are written against, for step.c."""
+    gptzoo.interfaces.DecodePlan, which lowerings are written against, for step.c; each module is
+    lowered by its lowering in ``lowerings`` (default: the built-in ones)."""
 
-    def __init__(self, batch: int, dtype: torch.dtype, max_keys: int, key_mask: Tensor | None = None) -> None:
+    def __init__(
+        self,
+        batch: int,
+        dtype: torch.dtype,
+        max_keys: int,
+        key_mask: Tensor | None = None,
+        lowerings: Lowerings | None = None,
+    ) -> None:
         if dtype not in (torch.float32, torch.bfloat16):
             raise Unsupported(f"activations in {dtype} (the plan takes float32 and bfloat16)")
         self.batch, self.dtype, self.max_keys = batch, dtype, max_keys
+        self.lowerings = lowerings if lowerings is not None else Lowerings()
         self.key_mask = key_mask
         """(batch, max_keys) bool, which keys are real tokens (the cache's, updated at each step), or
         None: rows not left-padded, every key real."""
         self.kind = KINDS[dtype]
-        self.ops: list[_Op] = []
+        self.ops: list[abi.Op] = []
         self.keep: list[Tensor] = []
         """Every tensor an operation points to, alive as long as the plan."""
         self.before_step: list[Callable[[Positions], None]] = []
@@ -113,7 +74,7 @@ class NativePlan:
         return Buffer(self.keep[-1])
 
     def _op(self, name: str, *, p: tuple = (), n: tuple = (), f: tuple = (), wkind: int = 0, mode: int = 0) -> None:
-        op = _Op(code=OPS[name], kind=self.kind, wkind=wkind, mode=mode)
+        op = abi.Op(code=abi.OPS[name], kind=self.kind, wkind=wkind, mode=mode)
         for i, value in enumerate(p):
             op.p[i] = value if isinstance(value, int) or value is None else value.data_ptr()
         for i, value in enumerate(n):
@@ -132,14 +93,8 @@ class NativePlan:
         return KINDS[tensor.dtype]
 
     def call(self, module: nn.Module, src: Buffer, dst: Buffer, **kwargs: object) -> None:
-        """Append ``module``'s operations (``decode_ops``; a plain nn.Linear is a product, nn.Identity a copy)."""
-        if type(module) in (nn.Linear, nn.Identity) and runs_its_class_forward(module):
-            if isinstance(module, nn.Linear):
-                self.linear(module.weight, None, module.bias, src, dst)
-            else:
-                self.copy(src, dst)
-        else:
-            decode_ops_of(module)(self, src, dst, **kwargs)
+        """Append ``module``'s operations, by the lowering of its class (gptzoo.inference.lowerings)."""
+        self.lowerings.lower(self, module, src, dst, **kwargs)
 
     def embed(self, table: Tensor, dst: Buffer, scale: float | None) -> None:
         """dst = table[token] (* scale, rounded to the activations' dtype first, as the model does)."""
@@ -179,7 +134,7 @@ class NativePlan:
             n=(dim, src.width // dim, src.stride, dst.stride),
             f=(eps,),
             wkind=wkind,
-            mode=RMS_MODES[mode],
+            mode=abi.RMS_MODES[mode],
         )
 
     def layernorm(self, src: Buffer, dst: Buffer, weight: Tensor, bias: Tensor | None, eps: float) -> None:
@@ -239,7 +194,7 @@ class NativePlan:
         if fused and softcap:
             raise Unsupported("a fused attention kernel with a softcap")
         p = (qkv.ptr, keys, values, out.ptr, self.scores, mask)
-        self._op("attend", p=p, n=n, f=(scale, softcap), mode=int(fused))
+        self._op("attend", p=p, n=n, f=(scale, softcap), mode=abi.ATTEND_MODES["fused" if fused else "explicit"])
 
     def activate(self, src: Buffer, dst: Buffer, name: str, *, gated: bool) -> None:
         """dst = act(src) or, gated, act(src's first half) * its second half."""
@@ -247,7 +202,7 @@ class NativePlan:
         if src.width != (2 * width if gated else width):
             raise Unsupported(f"an activation from width {src.width} to {width}")
         self._op(
-            "activate", p=(src.ptr, dst.ptr), n=(width, src.stride, dst.stride, int(gated)), mode=ACTIVATIONS[name]
+            "activate", p=(src.ptr, dst.ptr), n=(width, src.stride, dst.stride, int(gated)), mode=abi.ACTIVATIONS[name]
         )
 
     def softcap(self, buf: Buffer, cap: float) -> None:
@@ -305,7 +260,7 @@ class CompiledStep:
 
     def __init__(self, model: nn.Module, cache: KVCache, plan: NativePlan, logits: Buffer) -> None:
         self.model, self.cache, self.plan, self.logits = model, cache, plan, logits
-        self.ops = (_Op * len(plan.ops))(*plan.ops)
+        self.ops = (abi.Op * len(plan.ops))(*plan.ops)
         self.tokens = torch.empty(plan.batch, dtype=torch.int64)
         self.failed = ctypes.c_long(0)
         self.device = logits.tensor.device
@@ -339,10 +294,13 @@ class CompiledStep:
         return self.logits.tensor.clone().view(self.plan.batch, 1, -1)
 
 
-def compile_step(model: nn.Module, cache: KVCache, batch: int) -> tuple[CompiledStep | None, str | None]:
+def compile_step(
+    model: nn.Module, cache: KVCache, batch: int, *, registry: Registry | None = None
+) -> tuple[CompiledStep | None, str | None]:
     """The model's decoding step for ``batch`` rows over ``cache`` (made for them, the prompts already
     in it) as one native call, or (None, the reason) where the plan cannot describe it (then the
-    eager forward decodes)."""
+    eager forward decodes). Modules are lowered by the built-in lowerings and those the plugins of
+    ``registry`` register (default: the registry the model was built with, else the shared one)."""
     if library() is None:
         return None, "no native kernels"
     if torch.is_grad_enabled() or torch.is_autocast_enabled("cpu"):
@@ -351,8 +309,10 @@ def compile_step(model: nn.Module, cache: KVCache, batch: int) -> tuple[Compiled
     if weight.device.type != "cpu" or not 0 < batch <= MAX_ROWS:
         return None, f"a batch of {batch} on {weight.device} (the plan takes 1 to {MAX_ROWS} rows on the CPU)"
     try:
-        plan = NativePlan(batch, weight.dtype, cache.max_len, cache.key_mask)
-        logits = decode_ops_of(model)(plan, cache)
+        if registry is None:
+            registry = getattr(model, "registry", None) or default_registry()
+        plan = NativePlan(batch, weight.dtype, cache.max_len, cache.key_mask, Lowerings(registry))
+        logits = plan.lowerings.lower(plan, model, cache)
     except Unsupported as exc:
         return None, str(exc)
     return CompiledStep(model, cache, plan, logits), None

@@ -25,12 +25,13 @@ import torch
 from torch import Tensor, nn
 
 from gptzoo.inference.native import library
+from gptzoo.inference.native.abi import DTYPES
 
 MAX_ROWS = 32
 """The most rows the kernels take; longer inputs (a prefill) go to torch's matrix-matrix kernels."""
 
-KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
-"""Tensor dtype -> the kernels' code for it (gemv.c's enum)."""
+KINDS = {torch.float32: DTYPES["f32"], torch.bfloat16: DTYPES["bf16"], torch.int8: DTYPES["i8"]}
+"""Tensor dtype -> the kernels' code for it (gptzoo.inference.native.abi)."""
 ACTIVATIONS = (torch.float32, torch.bfloat16)
 
 

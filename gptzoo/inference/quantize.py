@@ -18,7 +18,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gptzoo.inference.matvec import native_linear
-from gptzoo.interfaces import Buffer, DecodePlan
 
 SLICE_ROWS = 4096
 """Rows of weight dequantized at a time for a long input (bounds the temporary memory)."""
@@ -56,9 +55,6 @@ class Int8Linear(nn.Module):
         ]
         y = torch.cat(parts, dim=-1)
         return y if self.bias is None else y + self.bias
-
-    def decode_ops(self, plan: DecodePlan, src: Buffer, dst: Buffer) -> None:
-        plan.linear(self.qweight, self.scale, self.bias, src, dst)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

@@ -58,6 +58,7 @@ def build_model(
     if dtype is not None:
         model.to(dtype)
     model.recipe = recipe
+    model.registry = registry
     return model
 
 

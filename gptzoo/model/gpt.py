@@ -37,19 +37,11 @@ import torch
 from torch import Tensor, nn
 
 from gptzoo.errors import CheckpointError, GptzooError
-from gptzoo.interfaces import (
-    AttentionContext,
-    Buffer,
-    DecodePlan,
-    KVCache,
-    LayerKVCache,
-    Position,
-    Positions,
-    PositionStep,
-)
+from gptzoo.interfaces import AttentionContext, KVCache, LayerKVCache, Position, Positions
 
 if TYPE_CHECKING:
     from gptzoo.recipe import Recipe
+    from gptzoo.registry import Registry
 
 
 class PreNormBlock(nn.Module):
@@ -79,16 +71,6 @@ class PreNormBlock(nn.Module):
         x = x + self.attn(self.ln_1(x), ctx, cache)
         return x + self.mlp(self.ln_2(x))
 
-    def decode_ops(self, plan: DecodePlan, x: Buffer, out: Buffer, *, position: PositionStep, cache: LayerKVCache):
-        """This block's operations in a decoding step (gptzoo.inference.decode_plan), as forward runs them."""
-        h, y = plan.buffer(x.width), plan.buffer(x.width)
-        plan.call(self.ln_1, x, h)
-        plan.call(self.attn, h, y, position=position, cache=cache)
-        plan.add(x, y, out)
-        plan.call(self.ln_2, out, h)
-        plan.call(self.mlp, h, y)
-        plan.add(out, y, out)
-
 
 class PostNormBlock(PreNormBlock):
     has_final_norm = False
@@ -96,15 +78,6 @@ class PostNormBlock(PreNormBlock):
     def forward(self, x: Tensor, ctx: AttentionContext, cache: LayerKVCache | None = None) -> Tensor:
         x = self.ln_1(x + self.attn(x, ctx, cache))
         return self.ln_2(x + self.mlp(x))
-
-    def decode_ops(self, plan: DecodePlan, x: Buffer, out: Buffer, *, position: PositionStep, cache: LayerKVCache):
-        y = plan.buffer(x.width)
-        plan.call(self.attn, x, y, position=position, cache=cache)
-        plan.add(x, y, out)
-        plan.call(self.ln_1, out, out)
-        plan.call(self.mlp, out, y)
-        plan.add(out, y, out)
-        plan.call(self.ln_2, out, out)
 
 
 class SandwichBlock(PreNormBlock):
@@ -114,17 +87,6 @@ class SandwichBlock(PreNormBlock):
         x = x + self.post_ln_1(self.attn(self.ln_1(x), ctx, cache))
         return x + self.post_ln_2(self.mlp(self.ln_2(x)))
 
-    def decode_ops(self, plan: DecodePlan, x: Buffer, out: Buffer, *, position: PositionStep, cache: LayerKVCache):
-        h, y = plan.buffer(x.width), plan.buffer(x.width)
-        plan.call(self.ln_1, x, h)
-        plan.call(self.attn, h, y, position=position, cache=cache)
-        plan.call(self.post_ln_1, y, y)
-        plan.add(x, y, out)
-        plan.call(self.ln_2, out, h)
-        plan.call(self.mlp, h, y)
-        plan.call(self.post_ln_2, y, y)
-        plan.add(out, y, out)
-
 
 class ReorderedBlock(PreNormBlock):
     layout = ("attn", "ln_1", "mlp", "ln_2")
@@ -133,29 +95,11 @@ class ReorderedBlock(PreNormBlock):
         x = x + self.ln_1(self.attn(x, ctx, cache))
         return x + self.ln_2(self.mlp(x))
 
-    def decode_ops(self, plan: DecodePlan, x: Buffer, out: Buffer, *, position: PositionStep, cache: LayerKVCache):
-        y = plan.buffer(x.width)
-        plan.call(self.attn, x, y, position=position, cache=cache)
-        plan.call(self.ln_1, y, y)
-        plan.add(x, y, out)
-        plan.call(self.mlp, out, y)
-        plan.call(self.ln_2, y, y)
-        plan.add(out, y, out)
-
 
 class ParallelBlock(PreNormBlock):
     def forward(self, x: Tensor, ctx: AttentionContext, cache: LayerKVCache | None = None) -> Tensor:
         attn = self.attn(self.ln_1(x), ctx, cache)
         return self.mlp(self.ln_2(x)) + attn + x
-
-    def decode_ops(self, plan: DecodePlan, x: Buffer, out: Buffer, *, position: PositionStep, cache: LayerKVCache):
-        h, a, m = plan.buffer(x.width), plan.buffer(x.width), plan.buffer(x.width)
-        plan.call(self.ln_1, x, h)
-        plan.call(self.attn, h, a, position=position, cache=cache)
-        plan.call(self.ln_2, x, h)
-        plan.call(self.mlp, h, m)
-        plan.add(m, a, m)
-        plan.add(m, x, out)
 
 
 def _resets_itself(module: nn.Module) -> bool:
@@ -194,6 +138,9 @@ class GPT(nn.Module):
 
     recipe: Recipe | None = None
     """The recipe it was built from (set by gptzoo.build_model)."""
+    registry: Registry | None = None
+    """The registry it was built from (set by gptzoo.build_model): what else its plugins provide, such
+    as the lowerings of their components for CPU decoding (gptzoo.inference.lowerings)."""
 
     def __init__(
         self,
@@ -318,23 +265,6 @@ class GPT(nn.Module):
         if bias is not None:
             mask = mask + bias  # (B or 1, nh, T, S)
         return AttentionContext(start, rotary, mask.to(dtype), is_causal=False, **shared)
-
-    def decode_ops(self, plan: DecodePlan, cache: KVCache) -> Buffer:
-        """A decoding step over ``cache`` as native operations (gptzoo.inference.decode_plan), as
-        forward computes one token per row; returns the buffer the logits (B, V) end in."""
-        x = plan.buffer(self.wte.weight.shape[1])
-        plan.embed(self.wte.weight, x, self.embed_scale)
-        plan.embedding(self.position, x)
-        steps = [plan.position(position, x.tensor.device) for position in self.positions]
-        for i, block in enumerate(self.blocks):
-            plan.call(block, x, x, position=steps[self.position_of[i]], cache=cache.layers[i])
-        h = plan.buffer(x.width)
-        plan.call(self.ln_f, x, h)
-        logits = plan.buffer(self.lm_head.out_features)
-        plan.call(self.lm_head, h, logits)
-        if self.logit_softcap:
-            plan.softcap(logits, self.logit_softcap)
-        return logits
 
     def load_weights(self, state: dict[str, Tensor], *, source: str) -> None:
         """Adopt these tensors as the weights (no copy), keep a tied head tied, and insist that

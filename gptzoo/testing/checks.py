@@ -385,8 +385,9 @@ def check_cache_padded(subject: Subject, partner: Entry) -> str:
 
 def check_decode_plan(subject: Subject) -> str:
     """Decoding steps through the native plan (gptzoo.inference.decode_plan) give the logits of the
-    eager steps; where the plan cannot describe a component (no ``decode_ops``: optional), it says
-    why, and the model decodes with its eager forward."""
+    eager steps, each component lowered by the lowering of its class (gptzoo.inference.lowerings: the
+    built-in ones and those the registry's plugins register); where the plan cannot describe a
+    component (no lowering: optional), it says why, and the model decodes with its eager forward."""
     from gptzoo.inference.decode_plan import compile_step
     from gptzoo.inference.native import library
 
@@ -399,15 +400,15 @@ def check_decode_plan(subject: Subject) -> str:
         expected = _decode(model, idx, PREFILL)
         cache = model.init_cache(idx.shape[0], idx.shape[1])
         steps = [model(idx[:, :PREFILL], cache)]
-        step, why = compile_step(model, cache, idx.shape[0])
+        step, why = compile_step(model, cache, idx.shape[0], registry=subject.registry)
         if step is None:  # optional: the model then decodes with its eager forward, which check_cache covers
             return f"decodes with its eager forward: {why}"
         steps += [step(idx[:, t : t + 1]) for t in range(PREFILL, length)]
     found = _first_difference(expected, torch.cat(steps, dim=1))
     if found:
         raise Failed(
-            f"decoding through its decode_ops differs from its eager forward at position {found[1]} (a prefill of "
-            f"{PREFILL} tokens, then one token at a time to {length}); fix decode_ops or remove it"
+            f"decoding through its lowering differs from its eager forward at position {found[1]} (a prefill of "
+            f"{PREFILL} tokens, then one token at a time to {length}); fix the lowering or remove it"
         )
     return f"decoded {length - PREFILL} tokens through the native plan"
 

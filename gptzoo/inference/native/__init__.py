@@ -1,7 +1,9 @@
 """Native CPU kernels, compiled once for the machine they run on and loaded with ctypes.
 
 gemv.c holds the matrix-vector products and their thread pool, step.c the interpreter of a whole
-decoding step (gptzoo.inference.decode_plan), kernels.h what they share. They are compiled with
+decoding step (gptzoo.inference.decode_plan), kernels.h what they share, and ``ops_generated.h``
+what they share with Python (the dtype and operation codes, the layout of an operation), written
+from :mod:`gptzoo.inference.native.abi` next to the sources when they are compiled. They are compiled with
 the system's C compiler (``$CC``, else ``cc``) at ``-O3 -march=native -pthread -ffp-contract=off``
 (no fused multiply-adds that the source does not ask for, so that elementwise operations round as
 torch's do) into the gptzoo cache (``kernels/gemv-<hash>.so``, the hash covering the sources, the
@@ -25,9 +27,13 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
+from gptzoo.inference.native import abi
+
 FLAGS = ("-O3", "-march=native", "-pthread", "-ffp-contract=off", "-shared", "-fPIC")
 SOURCES = ("kernels.h", "gemv.c", "step.c")
-"""The files compiled (the .c ones) or included, in the order they are hashed."""
+"""The files compiled (the .c ones) or included, in the order they are hashed (then the generated header)."""
+GENERATED = "ops_generated.h"
+"""The header written from gptzoo.inference.native.abi for each build."""
 
 _reason: str | None = None
 
@@ -80,6 +86,7 @@ def library() -> ctypes.CDLL | None:
     from gptzoo.fetch import cache_root
 
     sources = {name: resources.files(__package__).joinpath(name).read_bytes() for name in SOURCES}
+    sources[GENERATED] = abi.header().encode()
     cc = _compiler()
     if cc is None:
         _reason = "no C compiler (set CC or install gcc)"

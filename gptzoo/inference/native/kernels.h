@@ -1,15 +1,15 @@
-/* What gemv.c and step.c share: the dtype codes, bfloat16 rounding, the vector helpers of the
- * instruction set the compiler targets (AVX-512, AVX2, or plain C), and gemv itself. */
+/* What gemv.c and step.c share: the dtype codes (from ops_generated.h), bfloat16 rounding, the
+ * vector helpers of the instruction set the compiler targets (AVX-512, AVX2, or plain C), and gemv itself. */
 #ifndef GPTZOO_KERNELS_H
 #define GPTZOO_KERNELS_H
 
 #include <stdint.h>
 #include <string.h>
+
+#include "ops_generated.h" /* generated from abi.py: the codes and op_t that Python shares */
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
-
-enum { F32 = 0, BF16 = 1, I8 = 2 };
 
 static inline float bf16_to_f32(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;

@@ -1,7 +1,7 @@
 /* One decoding step of a whole model in one call: a list of operations (a plan), run in order.
  *
- * gptzoo.inference.decode_plan builds the plan once per generation from what each component says
- * it computes (its decode_ops): every pointer in it (weights, the KV cache, the activation buffers)
+ * gptzoo.inference.decode_plan builds the plan once per generation from each component's lowering
+ * (gptzoo.inference.lowerings): every pointer in it (weights, the KV cache, the activation buffers)
  * stays valid for the whole generation, so a step costs one call from Python, not the ~50 torch
  * operations per layer of the eager forward. Only the position and the token ids change between
  * steps; the few tables that depend on the position (rotary cos/sin, a position embedding) are
@@ -18,38 +18,10 @@
 
 #include "kernels.h"
 
-enum {
-    OP_EMBED,
-    OP_RMSNORM,
-    OP_LAYERNORM,
-    OP_LINEAR,
-    OP_ADD,
-    OP_ROPE,
-    OP_ATTEND,
-    OP_ACTIVATE,
-    OP_SOFTCAP,
-    OP_COPY
-};
-enum { RMS_PLAIN, RMS_SCALE_F32, RMS_OFFSET }; /* the weight after rounding (Llama), before (OLMo 2), as 1 + w (Gemma) */
-enum { ACT_GELU, ACT_GELU_TANH, ACT_RELU, ACT_SILU };
-enum { ATTEND_EXPLICIT, ATTEND_FUSED }; /* how the eager forward computes the scores: step by step, or in one kernel */
-
-#define NP 6
-#define NN 12
-
-/* One operation. p: pointers, n: sizes, f: parameters; their meaning per code is written at each
- * case below. kind: the activations' dtype (F32 or BF16); wkind: a weight's (F32, BF16 or I8). */
-typedef struct {
-    int code, kind, wkind, mode;
-    void *p[NP];
-    long n[NN];
-    float f[4];
-} op_t;
-
-#define ERR_TOKEN -2   /* a token id outside the embedding table */
-#define ERR_MEMORY -3  /* gemv could not allocate */
-#define ERR_CACHE -4   /* more keys than the cache holds */
-#define ERR_UNKNOWN -5 /* an operation code this file lacks */
+/* The codes (OP_, RMS_, ACT_, ATTEND_, ERR_) and one operation, op_t: its p pointers, n sizes and f
+ * parameters, whose meaning per code is written at each case below; kind the activations' dtype
+ * (F32 or BF16), wkind a weight's (F32, BF16 or I8). They come from gptzoo/inference/native/abi.py,
+ * written as ops_generated.h (included by kernels.h) when the library is built. */
 
 static float activate(int code, float x) {
     switch (code) {
@@ -99,7 +71,7 @@ static void rmsnorm(const op_t *o, long B) {
             for (long i = 0; i < dim; i++) {
                 float h = load_act(o->kind, src, at + i) * inv, w = load_act(o->wkind, o->p[2], i), y;
                 if (o->mode == RMS_PLAIN) y = w * round_to(o->kind, h);
-                else if (o->mode == RMS_SCALE_F32) y = w * h;
+                else if (o->mode == RMS_SCALE_IN_FLOAT32) y = w * h;
                 else y = h * (1.0f + w);
                 store_act(o->kind, o->p[1], to + i, y);
             }

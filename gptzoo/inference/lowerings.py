@@ -1,0 +1,359 @@
+"""Lowerings: what each component computes in a CPU decoding step, as native operations.
+
+A lowering is a function ``lower(plan, module, src, dst, **kwargs)`` that appends the operations
+of one module to a step's plan (gptzoo.interfaces.DecodePlan, implemented by
+gptzoo.inference.decode_plan.NativePlan; native/step.c runs them), the module's children through
+``plan.call``. It is keyed by the class it lowers, ``"module:Qualname"``: the built-in ones in
+:data:`BUILTIN`, by reference, so that the decoder imports no component's module; a plugin
+registers one for its own component with the ``register_decode_lowerings`` hook
+(gptzoo.hookspecs), collected by the registry. Norms, mlps and linear layers take ``src`` and
+``dst`` Buffers; activations also ``gated``; attentions (and blocks) also ``position`` (the step's
+PositionStep) and ``cache`` (the layer's); the model's lowering takes the KV cache and returns the
+buffer of the logits.
+
+A module is lowered by the lowering of the first class of its MRO that has one, unless a class
+below that one overrides ``forward`` or a method the lowering depends on (``depends``, e.g. an
+attention's ``attend``), or the module has forward hooks or a forward of its own: then the plan
+refuses, with the reason, and the model decodes with its eager forward. A block (PreNormBlock and
+its shapes) is lowered from its own forward, traced once per class (torch.fx) into calls of its
+parts and sums, so its dataflow is written once. A component of the previous contract, a
+``decode_ops(plan, src, dst, ...)`` method on the class, is still lowered by that method, with one
+GptzooWarning per class saying how to register its lowering instead.
+"""
+
+from __future__ import annotations
+
+import operator
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+from torch import nn
+
+from gptzoo.errors import GptzooWarning, describe_exception
+from gptzoo.inference.matvec import runs_its_class_forward
+from gptzoo.interfaces import Buffer, DecodePlan, KVCache, LayerKVCache, PositionStep
+from gptzoo.plugin_manager import describe_raised, exit_guard
+from gptzoo.registry import Reference, Registry
+
+Lower = Callable[..., Any]
+"""``lower(plan, module, *args, **kwargs)``: a module's operations appended to ``plan``."""
+
+
+class Unsupported(Exception):
+    """The model cannot be described as native operations; the message says what and why."""
+
+
+def class_key(cls: type) -> str:
+    """``"gptzoo.builtins._norms:RMSNorm"``: the key of a class's lowering."""
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+# --- the built-in lowerings ----------------------------------------------------------------------
+
+
+def lower_linear(plan: DecodePlan, linear: nn.Linear, src: Buffer, dst: Buffer) -> None:
+    plan.linear(linear.weight, None, linear.bias, src, dst)
+
+
+def lower_identity(plan: DecodePlan, identity: nn.Identity, src: Buffer, dst: Buffer) -> None:
+    plan.copy(src, dst)
+
+
+def lower_int8_linear(plan: DecodePlan, linear: Any, src: Buffer, dst: Buffer) -> None:
+    plan.linear(linear.qweight, linear.scale, linear.bias, src, dst)
+
+
+def lower_layernorm(plan: DecodePlan, norm: Any, src: Buffer, dst: Buffer) -> None:
+    plan.layernorm(src, dst, norm.weight, norm.bias, norm.eps)
+
+
+def lower_rmsnorm(plan: DecodePlan, norm: Any, src: Buffer, dst: Buffer) -> None:
+    plan.rmsnorm(src, dst, norm.weight, norm.eps, "scale_in_float32" if norm.scale_in_float32 else "plain")
+
+
+def lower_gemma_rmsnorm(plan: DecodePlan, norm: Any, src: Buffer, dst: Buffer) -> None:
+    plan.rmsnorm(src, dst, norm.weight, norm.eps, "offset")
+
+
+def activation(name: str) -> Lower:
+    """The lowering of an activation step.c computes (gptzoo.inference.native.abi.ACTIVATIONS)."""
+
+    def lower(plan: DecodePlan, act: nn.Module, src: Buffer, dst: Buffer, *, gated: bool) -> None:
+        plan.activate(src, dst, name, gated=gated)
+
+    lower.__name__ = lower.__qualname__ = f"lower_{name}"
+    return lower
+
+
+def lower_dense_mlp(plan: DecodePlan, mlp: Any, src: Buffer, dst: Buffer) -> None:
+    h = plan.buffer(mlp.c_proj.in_features)
+    plan.call(mlp.c_fc, src, h)
+    plan.call(mlp.act, h, h, gated=False)
+    plan.call(mlp.c_proj, h, dst)
+
+
+def lower_gated_mlp(plan: DecodePlan, mlp: Any, src: Buffer, dst: Buffer) -> None:
+    d_ff = mlp.c_proj.in_features
+    gate_up, h = plan.buffer(2 * d_ff), plan.buffer(d_ff)
+    plan.call(mlp.c_fc, src, gate_up)
+    plan.call(mlp.act, gate_up, h, gated=True)
+    plan.call(mlp.c_proj, h, dst)
+
+
+def _attention(
+    plan: DecodePlan, attn: Any, src: Buffer, dst: Buffer, position: PositionStep, cache: LayerKVCache, *, fused: bool
+) -> None:
+    if type(cache) is not LayerKVCache and class_key(type(cache)) != WINDOW_CACHE:
+        plan.refuse(f"{type(attn).__name__} decodes with a cache of its own class {type(cache).__name__}")
+    nh, nkv, hs = attn.n_head, attn.n_kv_head, attn.head_dim
+    qkv = plan.buffer((nh + 2 * nkv) * hs)
+    plan.call(attn.c_attn, src, qkv)
+    q, k = qkv.cols(0, nh * hs), qkv.cols(nh * hs, nkv * hs)
+    if attn.qk_norm != "none":  # over each head (its weight has hs features) or the whole projection
+        plan.call(attn.q_norm, q, q)
+        plan.call(attn.k_norm, k, k)
+    plan.rope(q, hs, position)
+    plan.rope(k, hs, position)
+    y = plan.buffer(nh * hs)
+    sizes = (nh, nkv, hs)
+    plan.attend(
+        qkv, sizes, cache.k, cache.v, y, window=attn.window, scale=attn.scale, softcap=attn.softcap, fused=fused
+    )
+    plan.call(attn.c_proj, y, dst)
+
+
+def lower_causal_attention(
+    plan: DecodePlan, attn: Any, src: Buffer, dst: Buffer, *, position: PositionStep, cache: LayerKVCache
+) -> None:
+    """As its forward computes one query: explicitly with a softcap, and in float32 without a mask
+    (left padding), by scaled_dot_product_attention otherwise (CausalSelfAttention.attend)."""
+    fused = not attn.softcap and (plan.dtype != torch.float32 or plan.key_mask is not None)
+    _attention(plan, attn, src, dst, position, cache, fused=fused)
+
+
+def lower_eager_attention(
+    plan: DecodePlan, attn: Any, src: Buffer, dst: Buffer, *, position: PositionStep, cache: LayerKVCache
+) -> None:
+    _attention(plan, attn, src, dst, position, cache, fused=False)
+
+
+class _Parts(torch.fx.Tracer):
+    """Traces a block's forward into calls of its parts (each a leaf) and what it does with their results."""
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return True
+
+
+_dataflows: dict[type, torch.fx.Graph] = {}
+"""Block class -> its forward as a graph, traced once."""
+
+
+def dataflow(block: nn.Module) -> torch.fx.Graph:
+    """The block's forward as a graph of calls of its parts and sums (traced once per class)."""
+    cls = type(block)
+    if cls not in _dataflows:
+        try:
+            _dataflows[cls] = _Parts().trace(block)
+        except Exception as exc:  # a forward that branches on its input, or calls what a trace cannot
+            raise Unsupported(f"{cls.__name__}'s forward cannot be traced: {describe_exception(exc)}") from exc
+    return _dataflows[cls]
+
+
+def lower_block(
+    plan: DecodePlan, block: nn.Module, x: Buffer, out: Buffer, *, position: PositionStep, cache: LayerKVCache
+) -> None:
+    """A block as its forward runs (:func:`dataflow`): each part called on the buffer of its input
+    (an attention also with the step's position and its layer's cache), each sum an ``add``, the
+    last result written to ``out``; a buffer is reused once its value is no longer read."""
+    graph = dataflow(block)
+    inputs = [node for node in graph.nodes if node.op == "placeholder"]
+    (result,) = next(node for node in graph.nodes if node.op == "output").args
+    if len(inputs) != 3:
+        plan.refuse(f"{type(block).__name__}'s forward takes {len(inputs)} arguments, not (x, ctx, cache)")
+    x_node, ctx_node, cache_node = inputs
+    values: dict[torch.fx.Node, Buffer] = {x_node: x}
+    last_use = {arg: node for node in graph.nodes for arg in node.all_input_nodes}
+    free: list[Buffer] = []
+    for node in graph.nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        args = node.args
+        if any(arg not in values for arg in args[:1]) or node.kwargs:
+            plan.refuse(f"{type(block).__name__}'s forward computes {node.format_node()}, which its lowering cannot")
+        dst = out if node is result else (free.pop() if free else plan.buffer(x.width))
+        if node.op == "call_module" and args[1:] in ((), (ctx_node, cache_node)):
+            extra = {"position": position, "cache": cache} if args[1:] else {}
+            plan.call(block.get_submodule(node.target), values[args[0]], dst, **extra)
+        elif node.op == "call_function" and node.target is operator.add and len(args) == 2 and args[1] in values:
+            plan.add(values[args[0]], values[args[1]], dst)
+        else:
+            plan.refuse(
+                f"{type(block).__name__}'s forward computes {node.format_node()}; a block's lowering takes calls of "
+                "its parts and sums"
+            )
+        values[node] = dst
+        for arg in node.all_input_nodes:
+            if last_use[arg] is node and arg in values and arg is not x_node:
+                free.append(values[arg])
+    if result is x_node:
+        plan.copy(x, out)
+
+
+def lower_gpt(plan: DecodePlan, model: Any, cache: KVCache) -> Buffer:
+    """A decoding step over ``cache``, as the model's forward computes one token per row; returns the
+    buffer the logits (B, V) end in."""
+    x = plan.buffer(model.wte.weight.shape[1])
+    plan.embed(model.wte.weight, x, model.embed_scale)
+    plan.embedding(model.position, x)
+    steps = [plan.position(position, x.tensor.device) for position in model.positions]
+    for i, block in enumerate(model.blocks):
+        plan.call(block, x, x, position=steps[model.position_of[i]], cache=cache.layers[i])
+    h = plan.buffer(x.width)
+    plan.call(model.ln_f, x, h)
+    logits = plan.buffer(model.lm_head.out_features)
+    plan.call(model.lm_head, h, logits)
+    if model.logit_softcap:
+        plan.softcap(logits, model.logit_softcap)
+    return logits
+
+
+WINDOW_CACHE = "gptzoo.builtins._attentions:WindowKVCache"
+"""The ring buffer of the built-in sliding-window attention, which step.c's attend reads as the plain cache."""
+ATTENTION_DEPENDS = ("attend", "attend_window", "init_cache")
+"""What an attention's lowering describes besides forward: a subclass that overrides one computes something else."""
+
+
+@dataclass(frozen=True)
+class Lowering:
+    """A class's lowering, the methods besides ``forward`` it describes, and who registered it."""
+
+    lower: Lower | Reference
+    """The function, or (a plugin's, registered so) a reference to it, imported when first needed."""
+    depends: tuple[str, ...] = ()
+    origin: str = "gptzoo (built-in)"
+
+
+BUILTIN: dict[str, Lowering] = {
+    class_key(nn.Linear): Lowering(lower_linear),
+    class_key(nn.Identity): Lowering(lower_identity),
+    "gptzoo.inference.quantize:Int8Linear": Lowering(lower_int8_linear),
+    "gptzoo.builtins._norms:LayerNorm": Lowering(lower_layernorm),
+    "gptzoo.builtins._norms:RMSNorm": Lowering(lower_rmsnorm),
+    "gptzoo.builtins._norms:GemmaRMSNorm": Lowering(lower_gemma_rmsnorm),
+    "gptzoo.builtins._activations:GELU": Lowering(activation("gelu")),
+    "gptzoo.builtins._activations:GELUTanh": Lowering(activation("gelu_tanh")),
+    "gptzoo.builtins._activations:ReLU": Lowering(activation("relu")),
+    "gptzoo.builtins._activations:SiLU": Lowering(activation("silu")),
+    "gptzoo.builtins._mlps:DenseMLP": Lowering(lower_dense_mlp),
+    "gptzoo.builtins._mlps:GatedMLP": Lowering(lower_gated_mlp),
+    "gptzoo.builtins._attentions:CausalSelfAttention": Lowering(lower_causal_attention, ATTENTION_DEPENDS),
+    "gptzoo.builtins._attentions:EagerSelfAttention": Lowering(lower_eager_attention, ATTENTION_DEPENDS),
+    **{
+        f"gptzoo.model.gpt:{block}": Lowering(lower_block)
+        for block in ("PreNormBlock", "PostNormBlock", "SandwichBlock", "ReorderedBlock", "ParallelBlock")
+    },
+    "gptzoo.model.gpt:GPT": Lowering(lower_gpt),
+}
+"""The lowerings gptzoo ships: class reference -> lowering."""
+
+
+# --- the table a plan looks lowerings up in ------------------------------------------------------
+
+_warned: set[type] = set()
+"""Classes whose decode_ops has been warned about in this process."""
+
+
+def legacy_message(cls: type) -> str:
+    """The warning of a class that still lowers itself with a ``decode_ops`` method."""
+    return (
+        f"{cls.__module__}.{cls.__qualname__} describes its decoding step with a decode_ops method, the old form of "
+        "gptzoo's native CPU decoding; register its lowering instead, from the plugin's "
+        f"register_decode_lowerings(register) hook: register({cls.__qualname__}, lower), where lower(plan, module, "
+        'src, dst, ...) does what decode_ops(plan, src, dst, ...) does (docs/plugins.md, "Fast CPU decoding")'
+    )
+
+
+def _legacy(cls: type) -> Lowering:
+    """The lowering of a class of the previous contract: its ``decode_ops`` method (and ``decode_depends``)."""
+
+    def lower(plan: DecodePlan, module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        return module.decode_ops(plan, *args, **kwargs)
+
+    return Lowering(lower, tuple(getattr(cls, "decode_depends", ())), f"{class_key(cls)}.decode_ops")
+
+
+class Lowerings:
+    """Class reference -> :class:`Lowering`: the built-in ones, then those the registry's plugins
+    registered (a plugin's lowering of a class that has a built-in one replaces it only with
+    ``override=True``; without, lowering that class is refused, naming both)."""
+
+    def __init__(self, registry: Registry | None = None) -> None:
+        self.table: dict[str, Lowering] = dict(BUILTIN)
+        self.conflicts: dict[str, str] = {}
+        for entry in registry.lowerings.values() if registry is not None else ():
+            if entry.key in BUILTIN and not entry.override:
+                self.conflicts[entry.key] = (
+                    f"{entry.key} has a lowering of gptzoo's and one registered by {entry.provenance}; register that "
+                    "one with override=True to replace gptzoo's"
+                )
+                continue
+            self.table[entry.key] = Lowering(entry.target, entry.depends, str(entry.provenance))
+
+    def find(self, module: nn.Module) -> Lowering:
+        """The lowering of ``module``: see the module docstring.
+
+        Raises:
+            Unsupported: no lowering; forward hooks; a forward set on the instance; a class below the
+                one lowered that overrides ``forward`` or a method its lowering depends on.
+        """
+        cls = type(module)
+        if not runs_its_class_forward(module):
+            raise Unsupported(f"{cls.__name__} has forward hooks or a forward of its own")
+        for owner in cls.__mro__:
+            key = class_key(owner)
+            if key in self.conflicts:
+                raise Unsupported(self.conflicts[key])
+            if key in self.table:
+                lowering = self._loaded(key)
+                break
+            if "decode_ops" in vars(owner):
+                lowering = _legacy(owner)
+                if owner not in _warned:
+                    _warned.add(owner)
+                    warnings.warn(legacy_message(owner), GptzooWarning, stacklevel=2)
+                break
+        else:
+            raise Unsupported(f"{cls.__module__}.{cls.__qualname__} has no decode lowering")
+        for c in cls.__mro__[: cls.__mro__.index(owner)]:
+            changed = [name for name in ("forward", *lowering.depends) if name in vars(c)]
+            if changed:
+                raise Unsupported(
+                    f"{c.__name__} overrides {changed[0]} of {owner.__name__}, whose lowering would not describe it"
+                )
+        return lowering
+
+    def _loaded(self, key: str) -> Lowering:
+        """The lowering of ``key``, a plugin's registered by reference imported now."""
+        lowering = self.table[key]
+        if not isinstance(lowering.lower, Reference):
+            return lowering
+        what = f"the lowering of {key} registered by {lowering.origin} as {str(lowering.lower)!r}"
+        try:
+            with exit_guard():
+                lower = lowering.lower.load()
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # a plugin's import may raise anything, sys.exit and os._exit included
+            raise Unsupported(f"{what} cannot be imported: {describe_raised(exc)}; fix the plugin") from exc
+        if not callable(lower):
+            raise Unsupported(f"{what} is not callable; fix the plugin")
+        self.table[key] = lowering = Lowering(lower, lowering.depends, lowering.origin)
+        return lowering
+
+    def lower(self, plan: DecodePlan, module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        """Append ``module``'s operations to ``plan`` with its lowering."""
+        return self.find(module).lower(plan, module, *args, **kwargs)
