@@ -204,6 +204,18 @@ def test_cli_build_warns_once_about_a_shadowed_name(tmp_path: Path) -> None:
     assert words(proc.stderr).count(words(SHADOWED)) == 1
 
 
+def test_cli_generate_says_each_warning_once(tmp_path: Path) -> None:
+    """generate validates the recipe, builds the model on the meta device and again for real: one warning each."""
+    site = FakeSite(tmp_path / "site")
+    site.add("sliding", "gptzoo_fake_sliding", SLIDING_PLUGIN)
+    site.add("oldmlp", "gptzoo_fake_oldmlp", OLD_MLP)
+    overrides = ("--set", "model.attention=sliding_window", "--set", "model.mlp=old_dense")
+    proc = run_gptzoo("generate", "gpt2-tiny", "--prompt", "Hi", "--max-new-tokens", "2", *overrides, env=site.env())
+    assert proc.returncode == 0, proc.stderr
+    assert words(proc.stderr).count(words(SHADOWED)) == 1
+    assert words(proc.stderr).count(words(ADAPTED)) == 1
+
+
 # --- a checkpoint's [provenance] decides the implementation ---------------------------------------
 
 
