@@ -11,7 +11,10 @@ factory builds). A plugin that declares a contract version at or after a change'
 mistake, refused rather than adapted.
 
 A later change is one more row: the version that makes it, the kinds and member, both forms, how to
-tell the old one from a signature, and an adapter (None: the old form is refused).
+tell the old one from a signature, and an adapter (None: the old form is refused). An adapter that
+returns the member unchanged keeps it, with the warning: the row of a method that a later contract
+reads through a hook instead, whose default implementation still calls the method, is
+``adapt=lambda member: member`` and ``is_old=lambda signature: True``.
 """
 
 from __future__ import annotations
