@@ -8,7 +8,8 @@ Public API::
     logits = model(idx)  # (B, T) -> (B, T, vocab)
     loaded = gptzoo.load_model(checkpoint="runs/x/step-100", overrides=["generate.max_new_tokens=20"])
 
-Plugins implement the hooks in gptzoo.hookspecs with ``@gptzoo.hookimpl``.
+Plugins implement the hooks in gptzoo.hookspecs with ``@gptzoo.hookimpl``, against the plugin contract
+``gptzoo.CONTRACT_VERSION``.
 
 Names are imported when first used (PEP 562), so ``import gptzoo`` is quick and does not import
 torch: a plugin module that only needs ``gptzoo.hookimpl`` stays light, and the command line can
@@ -21,6 +22,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _API = {
+    "CONTRACT_VERSION": "gptzoo.hookspecs",
     "CheckpointError": "gptzoo.errors",
     "GptzooError": "gptzoo.errors",
     "GptzooWarning": "gptzoo.errors",
@@ -60,6 +62,7 @@ if TYPE_CHECKING:  # for type checkers and editors; `as` marks each as re-export
     from gptzoo.errors import RecipeError as RecipeError
     from gptzoo.errors import RegistryError as RegistryError
     from gptzoo.errors import UnknownComponentError as UnknownComponentError
+    from gptzoo.hookspecs import CONTRACT_VERSION as CONTRACT_VERSION
     from gptzoo.hookspecs import hookimpl as hookimpl
     from gptzoo.inference.generate import generate as generate
     from gptzoo.inference.generate import generate_text as generate_text

@@ -10,6 +10,9 @@ own messages already say what to fix). A factory registered by reference is impo
 code runs (gptzoo.registry.Entry.factory), and a failure to import it is that PluginError, which names
 the reference.
 
+A component built with an older form of a member (gptzoo.compat) gets an adapter in its place and
+one warning, or is refused, right after its factory returns (:func:`adapt_old_forms`).
+
 torch is imported by the functions that inspect what a factory built (it is loaded by then), so that
 validating a recipe's component names imports nothing heavy.
 """
@@ -25,6 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gptzoo import compat
 from gptzoo.errors import GptzooError, ParameterError, PluginError, exception_text
 from gptzoo.hookspecs import CONTRACTS
 from gptzoo.plugin_manager import describe_raised, exit_guard
@@ -63,11 +67,34 @@ def build(entry: Entry, kwargs: Mapping[str, Any], *, user_errors: tuple[type[Ex
     ParameterError naming the parameters the recipe gave (unless ``user_errors`` has it)."""
     try:
         with running(entry, "failed to build", user_errors=(*user_errors, ValueError)) as factory:
-            return factory(**kwargs)
+            built = factory(**kwargs)
     except ValueError as exc:
         if isinstance(exc, user_errors):
             raise
         raise ParameterError(refused(entry, kwargs, exc)) from exc
+    adapt_old_forms(entry, built)
+    return built
+
+
+def adapt_old_forms(entry: Entry, built: object) -> None:
+    """Give what a factory built the current form of every member it has in an older form
+    (gptzoo.compat.CHANGES): an adapter in its place, with one GptzooWarning per entry, or a
+    PluginError when the change cannot be adapted (or the plugin declares the newer contract)."""
+    for change in compat.CHANGES:
+        if entry.kind not in change.kinds:
+            continue
+        with running(entry, "built an object that cannot be inspected"):
+            member = getattr(built, change.member, None)
+            form = compat.form_of(member)
+            old = form is not None and change.is_old(form)
+        if not old:
+            continue
+        if problem := compat.refusal(entry, change):
+            raise PluginError(problem)
+        assert change.adapt is not None  # no refusal: the change has an adapter
+        with running(entry, f"could not take an adapted {change.member}"):
+            setattr(built, change.member, change.adapt(member))
+        entry.warn(compat.adapted(entry, change))
 
 
 def refused(entry: Entry, kwargs: Mapping[str, Any], exc: ValueError) -> str:

@@ -62,6 +62,14 @@ On the built module, for every kind but samplers (optional):
 A component's share of a CPU decoding step is not a method of it: its lowering is registered for
 its class with :func:`register_decode_lowerings`.
 
+Contract versions. :data:`CONTRACT_VERSION` is the version of what this module describes; it grows
+by one with each change a plugin written for the version before could notice (gptzoo.compat lists
+them, docs/plugins.md keeps their changelog). A plugin module says which version it was written
+for with a module attribute, ``gptzoo_contract = 2`` (:data:`CONTRACT_ATTRIBUTE`); one that declares
+a newer version than this gptzoo's is refused at load. A component written against an older form of
+a member is adapted (with one gptzoo.errors.GptzooWarning) or refused with a PluginError, as its row
+in gptzoo.compat.CHANGES says.
+
 Members that every kind with them shares:
 
 - ``flops(batch: int, seq_len: int) -> dict[str, int]`` (mlps and attentions): the matmul FLOPs
@@ -79,6 +87,10 @@ from typing import Any, Protocol
 import pluggy
 
 PROJECT = "gptzoo"
+CONTRACT_VERSION = 2
+"""The version of the plugin contract this gptzoo implements (see the module docstring)."""
+CONTRACT_ATTRIBUTE = "gptzoo_contract"
+"""The plugin module's attribute that declares the contract version it was written for (optional)."""
 
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)

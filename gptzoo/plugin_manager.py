@@ -11,6 +11,9 @@ calling would not run (a wrapper, an ``async def``, a generator) is reported as 
 distribution, error) and the others keep working; so is a distribution whose ``entry_points.txt``
 declares the group but cannot be parsed. A plugin that loads but implements no hook (its functions
 lack ``@gptzoo.hookimpl``) registers nothing and is reported with a warning (:data:`NO_HOOK`).
+A plugin module may declare the contract version it is written for (``gptzoo_contract = 2``,
+gptzoo.hookspecs.CONTRACT_VERSION); one that declares a newer version than this gptzoo's, or
+something that is no version, fails to load as well (:func:`declared_contract`).
 ``GPTZOO_NO_PLUGINS=1`` skips third-party plugins, ``GPTZOO_ONLY_PLUGINS=dist-a,dist-b`` loads only
 those distributions' (gptzoo's own test suite sets it to what it installs, so that it does not depend on
 what else is installed);
@@ -78,6 +81,9 @@ class PluginInfo:
     error: str | None = None
     warning: str | None = None
     """What is wrong with a plugin that loaded, e.g. that it implements no hook (it registers nothing)."""
+    contract: int | None = None
+    """The plugin contract version it declares it was written for (gptzoo.hookspecs.CONTRACT_ATTRIBUTE);
+    None when it declares none. The built-ins are written for this gptzoo's."""
 
 
 class GptzooPluginManager(pluggy.PluginManager):
@@ -223,7 +229,9 @@ def get_plugin_manager(*, third_party: bool | None = None, strict: bool | None =
         module = importlib.import_module(module_name)
         pm.register(module, name=module_name)
         refuse_unrun_hooks(pm, module)
-        pm.reports.append(PluginInfo(module_name, module_name, "gptzoo", version, builtin=True))
+        pm.reports.append(
+            PluginInfo(module_name, module_name, "gptzoo", version, builtin=True, contract=hookspecs.CONTRACT_VERSION)
+        )
     pm.check_pending()
     if third_party:
         entry_points, broken = _entry_points()
@@ -308,6 +316,28 @@ def only_distributions() -> frozenset[str] | None:
     return frozenset(canonical_name(part.strip()) for part in raw.split(",") if part.strip())
 
 
+def declared_contract(plugin: object, info: PluginInfo) -> int | None:
+    """The contract version a loaded plugin declares (None: it declares none); a PluginError for a
+    declaration that is not a version, or names one newer than this gptzoo supports."""
+    attribute = hookspecs.CONTRACT_ATTRIBUTE
+    declared = getattr(plugin, attribute, None)
+    if declared is None:
+        return None
+    if type(declared) is not int or declared < 1:
+        raise PluginError(
+            f"its {attribute} is {safe_repr(declared)[:60]}, not a contract version; set {attribute} = "
+            f"{hookspecs.CONTRACT_VERSION}, the version it is written for"
+        )
+    supported = hookspecs.CONTRACT_VERSION
+    if declared > supported:
+        raise PluginError(
+            f"it is written for gptzoo plugin contract {declared} ({attribute} = {declared}), and gptzoo "
+            f"{gptzoo_version()} supports contracts up to {supported}; upgrade gptzoo (pip install -U gptzoo), "
+            f"or install a release of {info.distribution} written for contract {supported}"
+        )
+    return declared
+
+
 def _failed(pm: GptzooPluginManager, info: PluginInfo, message: str, cause: BaseException | None) -> None:
     if pm.strict:
         raise PluginError(strict_failure(info, f"failed to load: {message}")) from cause
@@ -337,6 +367,7 @@ def _load_entry_point(pm: GptzooPluginManager, ep: metadata.EntryPoint) -> None:
     try:
         with guarded(info, "importing", pm.warn_s):
             plugin = ep.load()
+            info = replace(info, contract=declared_contract(plugin, info))
             pm.register(plugin, name=ep.name)
             pm.check_pending()
             refuse_unrun_hooks(pm, plugin)

@@ -35,7 +35,8 @@ reaches it. A bare name reaches the entry it resolves to:
 
 - one entry of that name: that one;
 - a third-party entry of a name a built-in has: the built-in's stays (shipped recipes keep their
-  meaning); the plugin's is *shadowed*, reachable qualified;
+  meaning); the plugin's is *shadowed*, reachable qualified (:meth:`Registry.shadowing`: a recipe that
+  names it bare gets the built-in and one warning, gptzoo.recipe.validate);
 - two third-party entries of one name, neither with ``override=True``: the bare name is *ambiguous*,
   an error naming both qualified names;
 - ``override=True``: the bare name means the later entry; the one it *replaced* stays reachable
@@ -49,11 +50,12 @@ import importlib
 import inspect
 import re
 import unicodedata
+import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gptzoo.errors import AmbiguousComponentError, PluginError, RegistryError, UnknownComponentError
+from gptzoo.errors import AmbiguousComponentError, GptzooWarning, PluginError, RegistryError, UnknownComponentError
 from gptzoo.hookspecs import CONTRACTS, KINDS
 from gptzoo.plugin_manager import (
     NO_PLUGINS_ENV,
@@ -145,6 +147,17 @@ class Entry:
     provenance: Provenance
     overrides: Provenance | None = None
     """The provenance of the entry this one replaced, if it was registered with override=True."""
+    contract: int | None = None
+    """The plugin contract version its plugin declares (gptzoo.hookspecs.CONTRACT_ATTRIBUTE), or None."""
+    warned: set[str] = field(default_factory=set, compare=False, repr=False)
+    """The warnings :meth:`warn` emitted about this entry."""
+
+    def warn(self, message: str) -> None:
+        """Emit ``message`` as a GptzooWarning once for this entry: the registry a command builds
+        and loads with holds its entries, so a command says it once however often it validates or builds."""
+        if message not in self.warned:
+            self.warned.add(message)
+            warnings.warn(message, GptzooWarning, stacklevel=3)
 
     @property
     def qualified_name(self) -> str:
@@ -264,6 +277,14 @@ class Registry:
             self._kind(k)
             yield from sorted(self._qualified[k].values(), key=lambda e: e.name)  # stable: in registration order
 
+    def shadowing(self, entry: Entry) -> list[Entry]:
+        """The third-party entries whose bare name ``entry``, a built-in, keeps (shadowed), in
+        registration order."""
+        if entry.provenance.distribution != GPTZOO_DISTRIBUTION:
+            return []
+        kind = entry.kind
+        return [e for e in self._qualified[kind].values() if e.name == entry.name and (kind, _key(e)) in self._shadowed]
+
     def available(self, kind: str) -> list[str]:
         """What a name of this kind may be: the bare names that resolve, and the qualified names of
         entries no bare name reaches."""
@@ -335,17 +356,18 @@ class Registry:
         *,
         builtin: bool = False,
         attempted: list[tuple[str, str]] | None = None,
+        contract: int | None = None,
     ) -> None:
         """Call every register hook of one plugin; commit its entries only if all are valid.
         ``attempted`` receives the (kind, name) of each registration with a valid name, even when
-        the plugin then fails."""
+        the plugin then fails; ``contract``: the contract version the plugin declares."""
         plugin = pm.get_plugin(plugin_name)
         staged: list[tuple[Entry, bool]] = []
         for kind in KINDS:
             caller = getattr(pm.hook, f"register_{kind}s")
             for impl in caller.get_hookimpls():
                 if impl.plugin is plugin:
-                    register, close = self._stager(kind, provenance, staged, attempted)
+                    register, close = self._stager(kind, provenance, staged, attempted, contract)
                     try:
                         impl.function(register=register)
                     finally:
@@ -447,6 +469,7 @@ class Registry:
         provenance: Provenance,
         staged: list[tuple[Entry, bool]],
         attempted: list[tuple[str, str]] | None,
+        contract: int | None,
     ) -> tuple[Callable[..., None], Callable[[], None]]:
         """The ``register`` one hook call receives, and what closes it when the hook returns: a plugin
         that kept it and calls it later gets an error instead of a registration nobody would see."""
@@ -512,7 +535,7 @@ class Registry:
                     else f"{what} with a factory whose docstring holds {reason} in its first line: {show_plain(line)}; "
                     "write that line as plain text, or pass doc"
                 )
-            staged.append((Entry(kind, name, target, line, provenance), override))
+            staged.append((Entry(kind, name, target, line, provenance, contract=contract), override))
 
         register.__qualname__ = "register"  # what a TypeError about its arguments calls it
         return register, close
@@ -734,12 +757,13 @@ def registry_from(pm: GptzooPluginManager) -> Registry:
             continue
         provenance = Provenance(info.module, info.distribution, info.version)
         if info.builtin:
-            registry.add_plugin(pm, info.name, provenance, builtin=True)  # an error here is a bug in gptzoo itself
+            # an error here is a bug in gptzoo itself
+            registry.add_plugin(pm, info.name, provenance, builtin=True, contract=info.contract)
             continue
         attempted: list[tuple[str, str]] = []
         try:
             with guarded(info, "registering", pm.warn_s):
-                registry.add_plugin(pm, info.name, provenance, attempted=attempted)
+                registry.add_plugin(pm, info.name, provenance, attempted=attempted, contract=info.contract)
         except BaseException as exc:  # a plugin's own code may raise anything, even KeyboardInterrupt
             message = describe_failure(exc, "while registering")
             if pm.strict:

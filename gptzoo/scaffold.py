@@ -17,9 +17,9 @@ from string import Template as Text
 
 from gptzoo.atomic import new_directory
 from gptzoo.errors import GptzooError, did_you_mean
-from gptzoo.hookspecs import CONTRACTS, KINDS
+from gptzoo.hookspecs import CONTRACT_VERSION, CONTRACTS, KINDS
 from gptzoo.registry import Registry, default_registry
-from gptzoo.scaffold_templates import MODULE_DOC, PYPROJECT, README, TEMPLATES, TEST
+from gptzoo.scaffold_templates import CONTRACT, MODULE_DOC, PYPROJECT, README, TEMPLATES, TEST
 
 PLUGIN_NAME = re.compile(r"[a-z](?:[a-z0-9_]{0,62}[a-z0-9])?")
 """A plugin's name: its component's registered name, ``gptzoo_NAME`` its module and
@@ -93,11 +93,14 @@ def plugin_files(name: str, kind: str) -> dict[str, str]:
         "flag": name.replace("_", "-"),
         "usage": usage,
         "summary": template.summary,
+        "contract": str(CONTRACT_VERSION),
     }
     return {
         "pyproject.toml": PYPROJECT.substitute(fields),
         "README.md": README.substitute(fields),
-        f"{module}.py": MODULE_DOC.substitute(fields) + Text(template.code).substitute(fields),
+        f"{module}.py": MODULE_DOC.substitute(fields)
+        + Text(template.code).substitute(fields)
+        + CONTRACT.substitute(fields),
         f"tests/test_{name}.py": TEST.substitute(fields),
     }
 

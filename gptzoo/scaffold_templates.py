@@ -4,8 +4,9 @@ One :class:`Template` per component kind (``TEMPLATES``, keyed like gptzoo.hooks
 small, real component that satisfies its kind's contract and passes the conformance kit, for the
 author to turn into theirs. The placeholders are ``$name`` (the component's registered name),
 ``$cls`` (its class), ``$kind``, ``$hook`` (the kind's hook), ``$module`` (the import name),
-``$dist`` (the distribution), ``$flag`` (a sampler's command-line flag) and ``$usage`` (a
-command that uses the component).
+``$dist`` (the distribution), ``$flag`` (a sampler's command-line flag), ``$usage`` (a
+command that uses the component) and ``$contract`` (gptzoo.hookspecs.CONTRACT_VERSION, which
+``CONTRACT`` declares at the end of the module).
 The generated code is formatted as ``ruff format`` would with its defaults (88 columns).
 """
 
@@ -290,6 +291,12 @@ def register_samplers(register):
     ),
 }
 """kind -> its skeleton."""
+
+CONTRACT = Text('''
+
+gptzoo_contract = $contract
+"""The gptzoo plugin contract this module is written for (gptzoo.CONTRACT_VERSION)."""
+''')
 
 PYPROJECT = Text("""\
 [build-system]

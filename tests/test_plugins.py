@@ -93,8 +93,9 @@ def test_example_plugin_is_registered_with_provenance() -> None:
     assert entry.overrides is None
     assert entry.doc == "Squared ReLU: relu(x)**2 (So et al., 2021, Primer)."
     assert report(registry, "sqrelu") == PluginInfo(
-        "sqrelu", "gptzoo_sqrelu", "gptzoo-sqrelu", "0.1.0", builtin=False, status="ok", error=None
+        "sqrelu", "gptzoo_sqrelu", "gptzoo-sqrelu", "0.1.0", builtin=False, status="ok", error=None, contract=2
     )
+    assert entry.contract == 2
 
 
 def test_example_activation_computes_squared_relu_exactly() -> None:
@@ -438,6 +439,7 @@ def test_cli_plugins_lists_the_example_plugin(plugins_json: subprocess.Completed
         "status": "ok",
         "error": None,
         "warning": None,
+        "contract": 2,
         "registered": ["activation:squared_relu"],
         "notes": [],
     }
@@ -455,6 +457,7 @@ def test_cli_plugins_lists_a_failed_plugin_and_exits_0(plugins_json: subprocess.
         "status": "failed",
         "error": f"RuntimeError: {BROKEN_MESSAGE}",
         "warning": None,
+        "contract": None,
         "registered": [],
         "notes": [],
     }

@@ -15,6 +15,8 @@ from torch import Tensor, nn
 
 import gptzoo
 
+gptzoo_contract = 2  # the plugin contract this module is written for (gptzoo.CONTRACT_VERSION)
+
 
 class SquaredReLU(nn.Module):
     """Squared ReLU: relu(x)**2 (So et al., 2021, Primer)."""

@@ -4,7 +4,12 @@ qualified, their parameters against the factory's signature, and each factory's 
 Each resolved component records its entry's distribution and version (``Component.origin``); a
 ``[provenance]`` table read back (a checkpoint's) names the distribution to install for a component
 that no installed plugin registers, and picks the recorded distribution's entry of a name that has
-become ambiguous since (the component is then named qualified).
+become ambiguous since, or whose bare name now means another distribution's component (the
+component is then named qualified; a recorded distribution that is missing is a problem that says
+what to install, never a silent switch to another implementation). A bare name that means a built-in
+while an installed plugin registers it too (shadowed, gptzoo.registry) is a GptzooWarning naming
+both and the qualified names, once per registry (gptzoo.registry.Entry.warn): every command that
+reads a recipe validates it here (a listing, ``names_only``, does not warn).
 """
 
 from __future__ import annotations
@@ -225,10 +230,15 @@ class _Validator:
             return
         self.layer_origins = data
 
-    def missing(self, kind: str, name: str, origin: str) -> str:
+    def missing(self, kind: str, name: str, origin: str, *, instead: Entry | None = None) -> str:
         """Why a component the recipe's [provenance] says came from ``origin`` is not registered, and
-        what to install."""
+        what to install; ``instead``: the entry of another distribution that its bare name reaches now,
+        which is never used in its place."""
         dist, version = origin.split(" ")
+        if instead is not None:
+            origin = (
+                f"{origin} (not the {kind} of that name from {instead.provenance.origin}, a different implementation)"
+            )
         failed = self.registry.failed_distribution(dist)
         if failed is not None:
             return (
@@ -311,6 +321,17 @@ class _Validator:
             known = isinstance(exc, UnknownComponentError) and not stale
             self.problems.append(f"{where}: {self.missing(kind, name, origin) if known else exc}")
             return None
+        if split_name(name)[0] is None and origin is not None:
+            recorded = origin.split(" ")[0]
+            if canonical_name(recorded) != canonical_name(entry.provenance.distribution):
+                try:  # [provenance] decides: the bare name now means another implementation
+                    entry = self.registry.get(kind, f"{recorded}:{name}")
+                except UnknownComponentError:
+                    self.problems.append(f"{where}: {self.missing(kind, name, origin, instead=entry)}")
+                    return None
+                name = f"{recorded}:{name}"
+        elif not self.names_only and split_name(name)[0] is None and (theirs := self.registry.shadowing(entry)):
+            entry.warn(shadowed(where, entry, theirs))
         before = len(self.problems)
         if not self.names_only:
             self.component_params(where, entry, params)
@@ -638,6 +659,17 @@ def resolve_components(recipe: Recipe, registry: Registry) -> dict[str, tuple[En
     for name, layer in spec.layer_types:
         components.update({f"{LAYER_TYPES}.{name}.{kind}": c for kind, c in layer.overrides().items()})
     return {key: (registry.get(key.rsplit(".", 1)[-1], c.name), c) for key, c in components.items()}
+
+
+def shadowed(where: str, entry: Entry, theirs: list[Entry]) -> str:
+    """The warning about a bare name that means the built-in ``entry`` while plugins register it too."""
+    who = ", ".join(e.provenance.origin for e in theirs)
+    write = " or ".join(repr(e.qualified_name) for e in theirs)
+    return (
+        f"{where}: {entry.kind} {entry.name!r} is the built-in one ({entry.provenance.origin}), and {who} "
+        f"register{'s' if len(theirs) == 1 else ''} {entry.kind} {entry.name!r} too; write {write} for the "
+        f"plugin's, or {entry.qualified_name!r} for the built-in without this warning"
+    )
 
 
 def step_problems(where: str, entry: Entry, params: dict[str, Any], registry: Registry) -> list[str]:
