@@ -394,3 +394,34 @@ def test_a_lowering_registered_by_a_reference_that_cannot_be_imported_is_refused
         "the lowering of gz_unitnorm:UnitNorm registered by gz_unitnorm (gptzoo-fake-unitnorm 1.0) as "
         "'gz_unitnorm:missing' cannot be imported: AttributeError"
     ), why
+
+
+SUBCLASS_CALLING_SUPER = """
+from gptzoo.builtins._norms import RMSNorm
+
+
+class UnitNorm(RMSNorm):
+    \"\"\"The built-in RMSNorm, lowered as the previous contract let a subclass do it.\"\"\"
+
+    def decode_ops(self, plan, src, dst):
+        super().decode_ops(plan, src, dst)
+
+
+@gptzoo.hookimpl
+def register_norms(register):
+    register("unitnorm", UnitNorm)
+"""
+
+
+@torch.no_grad()
+def test_an_old_decode_ops_calling_its_built_in_parents_is_refused_with_the_reason(fake_site: FakeSite) -> None:
+    model = plugin_model(fake_site, "import gptzoo\n" + SUBCLASS_CALLING_SUPER, "model.norm=unitnorm")
+    cache = model.init_cache(1, 8)
+    model(prompts(model), cache)
+    with pytest.warns(GptzooWarning):
+        assert compile_step(model, cache, 1) == (
+            None,
+            "UnitNorm.decode_ops calls super().decode_ops, which gptzoo's classes no longer have (they are lowered "
+            'through register_decode_lowerings); register the lowering of UnitNorm instead (docs/plugins.md, "Fast '
+            'CPU decoding")',
+        )

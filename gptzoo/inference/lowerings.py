@@ -281,7 +281,17 @@ def _legacy(cls: type) -> Lowering:
     """The lowering of a class of the previous contract: its ``decode_ops`` method (and ``decode_depends``)."""
 
     def lower(plan: DecodePlan, module: nn.Module, *args: Any, **kwargs: Any) -> Any:
-        return module.decode_ops(plan, *args, **kwargs)
+        try:
+            return module.decode_ops(plan, *args, **kwargs)
+        except AttributeError as exc:  # a subclass of a built-in calling the decode_ops its parent had
+            if exc.name not in ("decode_ops", "_decode_ops"):
+                raise
+            owner = "super()" if isinstance(exc.obj, super) else type(exc.obj).__name__
+            raise Unsupported(
+                f"{cls.__qualname__}.decode_ops calls {owner}.{exc.name}, which gptzoo's classes no longer have (they "
+                f"are lowered through register_decode_lowerings); register the lowering of {cls.__qualname__} instead "
+                '(docs/plugins.md, "Fast CPU decoding")'
+            ) from None
 
     return Lowering(lower, tuple(getattr(cls, "decode_depends", ())), f"{class_key(cls)}.decode_ops")
 
