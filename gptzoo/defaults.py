@@ -9,5 +9,7 @@ DTYPE_NAMES = ("float32", "bfloat16")
 weights and KV cache in (gptzoo.model.summary.DTYPES)."""
 GENERATE_DTYPES = (*DTYPE_NAMES, "int8")
 """What ``generate --dtype`` takes: int8 is weight-only int8 (gptzoo.inference.quantize) on float32."""
+TOKENIZER_NAMES = ("gpt2", "hf", "bytes")
+"""The names a recipe's ``[tokenizer] name`` may take (gptzoo.tokenizer builds them)."""
 DEFAULT_PROMPT = "The history of the Roman Empire began"
 """What ``compare`` runs without a prompt."""

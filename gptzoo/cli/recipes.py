@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from gptzoo import catalog
 from gptzoo.cli.args import Parser, Subparsers
 from gptzoo.cli.console import Console, emit
 from gptzoo.cli.library import command_registry
@@ -28,6 +27,8 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> None:
     rows = []
     names = None
     if args.uses:
+        from gptzoo import catalog  # resolves the recipes' names with the validator: only for --uses
+
         registry = command_registry(err)
         names = {r.name for r in catalog.recipes_using(registry, args.uses, catalog.shipped(registry))}
     for name, path in shipped_recipes().items():

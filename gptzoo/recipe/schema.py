@@ -20,6 +20,7 @@ missing (gptzoo.recipe.validate); a recipe without one (written before it existe
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -370,3 +371,18 @@ def dump_toml(data: Mapping[str, Any]) -> str:
         if isinstance(table, Mapping):
             lines += ["", f"[{_toml_key(section)}]", *(f"{_toml_key(k)} = {toml_value(v)}" for k, v in table.items())]
     return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def show(value: Any) -> str:
+    """A value for a one-line message: its repr, an integer beyond 128 bits by magnitude, long text cut."""
+    if isinstance(value, int) and value.bit_length() > 128:
+        return f"{'-' if value < 0 else ''}~1e{int(math.log10(abs(value)))}"
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):  # holds an integer of more digits than repr writes
+        return f"a {type(value).__name__} too large to show"
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
+
+
+def describe(value: Any) -> str:
+    return f"{show(value)} ({type(value).__name__})"
