@@ -6,8 +6,10 @@ import argparse
 import os
 import sys
 import traceback
-from collections.abc import Sequence
-from typing import TextIO
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, TextIO
 
 from rich.markup import escape
 
@@ -28,12 +30,12 @@ from gptzoo.cli import (
 from gptzoo.cli import eval as eval_
 from gptzoo.cli import list as list_
 from gptzoo.cli.args import Parser, UsageError
-from gptzoo.cli.console import Console, print_json
+from gptzoo.cli.console import Console, print_json, warn
 from gptzoo.cli.generate import unflagged_hint
 from gptzoo.cli.library import command_registry
 from gptzoo.cli.render import text
 from gptzoo.cli.torchrun import TORCHRUN_COMMANDS, env_int, first_process
-from gptzoo.errors import GptzooError, exception_text, terminal_text
+from gptzoo.errors import GptzooError, GptzooWarning, exception_text, terminal_text
 from gptzoo.plugin_manager import gptzoo_version
 from gptzoo.registry import Registry
 
@@ -134,6 +136,27 @@ def _sane_terminal() -> None:
             stream.reconfigure(errors="backslashreplace")
 
 
+@contextmanager
+def _showing_warnings(err: Console) -> Iterator[None]:
+    """While the command runs, each GptzooWarning (a plugin written against an older contract, a name a
+    built-in shadows) is one ``warning:`` line on stderr, once per message; other warnings are shown as
+    Python shows them."""
+    seen: set[str] = set()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", GptzooWarning)  # once per message is counted here, per command
+        python_show = warnings.showwarning
+
+        def show(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+            if not issubclass(category, GptzooWarning):
+                python_show(message, category, *args, **kwargs)
+            elif str(message) not in seen:
+                seen.add(str(message))
+                warn(err, str(message))
+
+        warnings.showwarning = show
+        yield
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _sane_terminal()
@@ -148,7 +171,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     out.json_document = json_document
     try:
-        code = _main(argv, out, err)
+        with _showing_warnings(err):
+            code = _main(argv, out, err)
         out.file.flush()
     except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as other commands do
         try:  # and the interpreter's last flush finds nowhere to fail

@@ -10,6 +10,8 @@ from typing import Any
 from rich.console import Console as RichConsole
 from rich.table import Table
 
+from gptzoo.cli.render import text
+
 
 class Console(RichConsole):
     json_document = False
@@ -17,6 +19,11 @@ class Console(RichConsole):
 
     def on_broken_pipe(self) -> None:  # rich would exit 1, the status of a bug: main() handles it
         raise BrokenPipeError
+
+
+def warn(err: Console, message: str) -> None:
+    """What a person should know that does not stop the command: one ``warning:`` line on stderr."""
+    err.print(f"[yellow]warning:[/yellow] {text(message)}")
 
 
 def print_json(out: Console, obj: Any) -> None:

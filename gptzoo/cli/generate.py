@@ -16,7 +16,7 @@ from gptzoo.cli.args import (
     sampler_step,
     seed,
 )
-from gptzoo.cli.console import Console, print_json, write_text
+from gptzoo.cli.console import Console, print_json, warn, write_text
 from gptzoo.cli.library import importing
 from gptzoo.cli.render import text
 from gptzoo.defaults import GENERATE_DTYPES
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> None:
         stop=args.stop,
     )
     for warning in (*loaded.warnings, *([plan.note] if plan.note else [])):
-        err.print(f"[yellow]warning:[/yellow] {text(warning)}")
+        warn(err, warning)
     stream = None
     if not args.json and len(plan.prompts) == 1:
         err.print(f"[dim]sampler: {text(plan.sampler.describe())}[/dim]")

@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from gptzoo.cli.console import Console
-from gptzoo.cli.render import text
+from gptzoo.cli.console import Console, warn
 from gptzoo.errors import Interrupted
 from gptzoo.registry import Registry, get_registry
 
@@ -26,5 +25,5 @@ def command_registry(err: Console) -> Registry:
     registry = get_registry()
     for info in registry.failed:
         message = f"plugin {info.name!r} ({info.distribution} {info.version}) failed: {info.error}"
-        err.print(f"[yellow]warning:[/yellow] {text(message)}; see `gptzoo plugins`")
+        warn(err, f"{message}; see `gptzoo plugins`")
     return registry
