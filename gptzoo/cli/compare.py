@@ -11,6 +11,7 @@ from gptzoo.cli.console import Console, print_json
 from gptzoo.cli.library import command_registry, importing
 from gptzoo.cli.render import text
 from gptzoo.defaults import DEFAULT_PROMPT, DTYPE_NAMES
+from gptzoo.tables import WholeWords
 
 
 def add_parser(sub: Subparsers, common: Parser) -> Parser:
@@ -71,7 +72,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> None:
             f"{row['kl_hf_gptzoo']:.2e}",
             "[green]same[/green]" if row["greedy_match"] else "[red]differs[/red]",
         )
-    out.print(table)
+    out.print(WholeWords(table))
     for row in result["prompts"]:
         if "gptzoo_text" in row:
             out.print(f"[bold]gptzoo:[/bold] {text(row['gptzoo_text'])}")

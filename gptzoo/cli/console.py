@@ -11,6 +11,7 @@ from rich.console import Console as RichConsole
 from rich.table import Table
 
 from gptzoo.cli.render import text
+from gptzoo.tables import WholeWords
 
 
 class Console(RichConsole):
@@ -52,4 +53,4 @@ def emit(
         table.add_column(header, overflow="fold")
     for row in rows:
         table.add_row(*(cell(row) for cell in columns.values()))
-    out.print(table)
+    out.print(WholeWords(table))

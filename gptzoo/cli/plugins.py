@@ -15,6 +15,7 @@ from gptzoo.cli.render import text
 from gptzoo.errors import GptzooError
 from gptzoo.plugin_manager import canonical_name
 from gptzoo.registry import GPTZOO_DISTRIBUTION, get_registry
+from gptzoo.tables import WholeWords
 
 
 def add_parser(sub: Subparsers, common: Parser) -> Parser:
@@ -108,7 +109,7 @@ def check_plugins(args: argparse.Namespace, out: Console, err: Console) -> int:
                 f"[{colour[r.status]}]{r.status}[/{colour[r.status]}]",
                 text(r.detail),
             )
-        out.print(table)
+        out.print(WholeWords(table))
         counts = {status: sum(r.status == status for r in results) for status in colour}
         out.print(", ".join(f"{n} {status}" for status, n in counts.items()))
     return 1 if failed else 0

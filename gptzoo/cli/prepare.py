@@ -11,6 +11,7 @@ from gptzoo.cli.console import Console, print_json
 from gptzoo.cli.library import importing
 from gptzoo.cli.render import text
 from gptzoo.fetch import FETCHABLE
+from gptzoo.tables import WholeWords
 from gptzoo.training.corpora import CORPORA, DEFAULT_VAL_FRACTION, NAMED_TOKENIZERS
 
 
@@ -76,4 +77,4 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> None:
         ("time", f"{meta['seconds']:.1f} s ({total / max(meta['seconds'], 1e-9):,.0f} tokens/s)"),
     ):
         table.add_row(key, value)
-    out.print(table)
+    out.print(WholeWords(table))
