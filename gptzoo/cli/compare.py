@@ -6,18 +6,20 @@ import argparse
 
 from rich.table import Table
 
-from gptzoo.cli.args import Parser, Subparsers, positive_int, recipe_parser
+from gptzoo.cli.args import Parser, Subparsers, positive_int
 from gptzoo.cli.console import Console, print_json
 from gptzoo.cli.library import command_registry, importing
+from gptzoo.cli.model import model_parser, named
 from gptzoo.cli.render import text
 from gptzoo.defaults import DEFAULT_PROMPT, DTYPE_NAMES
+from gptzoo.errors import GptzooError
 from gptzoo.tables import WholeWords
 
 
 def add_parser(sub: Subparsers, common: Parser) -> Parser:
     p = sub.add_parser(
         "compare",
-        parents=[common, recipe_parser()],
+        parents=[common, model_parser("override a recipe key, e.g. model.n_layer=6")],
         help="run Hugging Face and gptzoo on the same checkpoint and tokens",
     )
     p.add_argument("--dtype", choices=DTYPE_NAMES, default="float32")
@@ -41,10 +43,14 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> None:
         from gptzoo.loader import resolve_recipe
         from gptzoo.model.summary import DTYPES
 
-    registry = command_registry(err)
-    recipe, source = resolve_recipe(
-        args.recipe, hf=args.hf, overrides=args.overrides, registry=registry, need_weights=True
-    )
+    registry, model = command_registry(err), named(args)
+    if model.checkpoint is not None:
+        raise GptzooError(
+            f"compare runs transformers on a Hugging Face checkpoint, and --checkpoint {model.checkpoint} is a gptzoo "
+            f"one: export it (gptzoo export {model.checkpoint} --hf DIR) and compare DIR"
+        )
+    hf = model.hf if model.name is None else model.name  # any other MODEL is a Hugging Face checkpoint's name
+    recipe, source = resolve_recipe(model.recipe, hf=hf, overrides=args.overrides, registry=registry, need_weights=True)
     result = compare(
         source,
         recipe,

@@ -5,21 +5,19 @@ from __future__ import annotations
 import argparse
 from contextlib import nullcontext
 
-from gptzoo.cli.args import Parser, Subparsers, add_set, lengths, positive_int
+from gptzoo.cli.args import Parser, Subparsers, lengths, positive_int
 from gptzoo.cli.console import Console, print_json
 from gptzoo.cli.library import command_registry, importing
+from gptzoo.cli.model import model_parser, named
 from gptzoo.defaults import DTYPE_NAMES
 
 
 def add_parser(sub: Subparsers, common: Parser) -> Parser:
+    overrides = "override a recipe key where the weights keep their meaning, e.g. model.attention=eager"
     p = sub.add_parser(
-        "eval", parents=[common], help="loss, perplexity and bits per byte on held-out text, at several lengths"
-    )
-    p.add_argument(
-        "model",
-        metavar="MODEL",
-        help="a gptzoo checkpoint or run directory, a Hugging Face directory or fetchable name, or a recipe with "
-        "[weights]",
+        "eval",
+        parents=[common, model_parser(overrides)],
+        help="loss, perplexity and bits per byte on held-out text, at several lengths",
     )
     p.add_argument(
         "--text", action="append", default=[], metavar="FILE", help="a UTF-8 text file, one document (repeatable)"
@@ -44,7 +42,6 @@ def add_parser(sub: Subparsers, common: Parser) -> Parser:
     p.add_argument("--batch", type=positive_int, metavar="B", help="windows per forward (default: by memory)")
     p.add_argument("--max-tokens", type=positive_int, metavar="N", help="only the first N tokens of each text")
     p.add_argument("--dtype", choices=DTYPE_NAMES, default="float32")
-    add_set(p, "override a recipe key where the weights keep their meaning, e.g. model.attention=eager")
     return p
 
 
@@ -52,20 +49,33 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> None:
     with importing():
         from gptzoo.evaluation import eval_model
         from gptzoo.evaluation.display import EvalProgress, render_eval
+        from gptzoo.loader import load_model
         from gptzoo.model.summary import DTYPES
 
+    registry, model, dtype = command_registry(err), named(args), DTYPES[args.dtype]
+    if model.hf is None and model.checkpoint is None:
+        source = model.recipe if model.recipe is not None else model.name  # one name: load_any resolves it
+    else:
+        source = load_model(
+            model.recipe,
+            hf=model.hf,
+            checkpoint=model.checkpoint,
+            overrides=args.overrides,
+            registry=registry,
+            dtype=dtype,
+        )
     with nullcontext() if args.json else EvalProgress(err) as progress:
         report = eval_model(
-            args.model,
+            source,
             texts=args.text,
             data=args.data,
             lengths=args.lengths,
             stride=args.stride,
             batch_size=args.batch,
             max_tokens=args.max_tokens,
-            dtype=DTYPES[args.dtype],
+            dtype=dtype,
             overrides=args.overrides,
-            registry=command_registry(err),
+            registry=registry,
             progress=progress,
         )
     if args.json:

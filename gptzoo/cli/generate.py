@@ -12,12 +12,12 @@ from gptzoo.cli.args import (
     finite_float,
     integer,
     positive_int,
-    recipe_parser,
     sampler_step,
     seed,
 )
 from gptzoo.cli.console import Console, print_json, warn, write_text
 from gptzoo.cli.library import importing
+from gptzoo.cli.model import model_parser, named
 from gptzoo.cli.render import text
 from gptzoo.defaults import GENERATE_DTYPES
 from gptzoo.errors import PluginError
@@ -27,10 +27,9 @@ from gptzoo.registry import GPTZOO_DISTRIBUTION, Registry, culprit
 def add_parser(sub: Subparsers, common: Parser) -> Parser:
     p = sub.add_parser(
         "generate",
-        parents=[common, recipe_parser()],
+        parents=[common, model_parser("override a recipe key, e.g. model.n_layer=6")],
         help="generate text from a recipe, Hugging Face weights or a checkpoint",
     )
-    p.add_argument("--checkpoint", metavar="DIR", help="a gptzoo checkpoint directory (instead of RECIPE / --hf)")
     p.add_argument(
         "--prompt",
         action="append",
@@ -78,20 +77,24 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> None:
         from gptzoo.inference.generate import plan_generation
         from gptzoo.inference.quantize import quantize_int8
         from gptzoo.inference.sampling import flagged
-        from gptzoo.loader import load_model
+        from gptzoo.loader import load_any, load_model
         from gptzoo.model.summary import DTYPES
 
     registry = args.registry  # built once, before the command line was parsed (it has the sampler flags)
     int8 = args.dtype == "int8"
-    loaded = load_model(
-        args.recipe,
-        hf=args.hf,
-        checkpoint=args.checkpoint,
-        overrides=args.overrides,
-        registry=registry,
-        dtype=DTYPES["float32" if int8 else args.dtype],
-        seed=args.seed,
-    )
+    model, dtype = named(args), DTYPES["float32" if int8 else args.dtype]
+    if model.name is not None:
+        loaded = load_any(model.name, overrides=args.overrides, registry=registry, dtype=dtype)
+    else:
+        loaded = load_model(
+            model.recipe,
+            hf=model.hf,
+            checkpoint=model.checkpoint,
+            overrides=args.overrides,
+            registry=registry,
+            dtype=dtype,
+            seed=args.seed,
+        )
     if int8:
         quantize_int8(loaded.model)
     sampling = {entry.name: getattr(args, flag_dest(entry.name)) for entry, _ in flagged(registry)}
