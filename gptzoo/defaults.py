@@ -2,6 +2,9 @@
 parses: kept here, apart from those modules, so that parsing a command line imports neither torch nor
 transformers."""
 
+MAX_DIM = 2**31 - 1
+"""The largest value of any [model] dimension (an int32 index), and of [generate] max_new_tokens (and so
+of the command line's counts: --batch, --seq-len, --max-new-tokens)."""
 SEED_LIMIT = 2**64
 """Seeds run from 0 to SEED_LIMIT - 1: what ``torch.Generator.manual_seed`` takes."""
 DTYPE_NAMES = ("float32", "bfloat16")

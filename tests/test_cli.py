@@ -206,9 +206,9 @@ def warning_while_listing(monkeypatch: pytest.MonkeyPatch) -> None:
     raises a warning of another category (Python's to show, not a `warning:` line)."""
     import warnings
 
-    import gptzoo.cli.recipes
+    import gptzoo.recipe
 
-    real = gptzoo.cli.recipes.shipped_recipes
+    real = gptzoo.recipe.shipped_recipes
 
     def warning(*args: object, **kwargs: object) -> object:
         for message in ("plugin 'old' implements an older contract", "plugin 'old' implements an older contract"):
@@ -218,7 +218,7 @@ def warning_while_listing(monkeypatch: pytest.MonkeyPatch) -> None:
         warnings.warn("not gptzoo's", UserWarning, stacklevel=2)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(gptzoo.cli.recipes, "shipped_recipes", warning)
+    monkeypatch.setattr(gptzoo.recipe, "shipped_recipes", warning)  # what `gptzoo recipes` imports when it runs
 
 
 @pytest.mark.parametrize("json_output", [False, True], ids=["table", "json"])

@@ -9,8 +9,7 @@ import tomllib
 from typing import Any, NoReturn
 
 from gptzoo.cli.render import cut
-from gptzoo.defaults import SEED_LIMIT
-from gptzoo.recipe.schema import MAX_DIM
+from gptzoo.defaults import MAX_DIM, SEED_LIMIT
 from gptzoo.sweep.names import BUDGETS
 
 MAX_SEED = SEED_LIMIT - 1

@@ -10,7 +10,6 @@ from gptzoo.cli.console import Console, print_json
 from gptzoo.cli.library import command_registry
 from gptzoo.cli.render import text
 from gptzoo.hookspecs import KINDS
-from gptzoo.scaffold import new_plugin
 
 
 def add_parser(sub: Subparsers, common: Parser) -> Parser:
@@ -26,6 +25,8 @@ def add_parser(sub: Subparsers, common: Parser) -> Parser:
 
 
 def run(args: argparse.Namespace, out: Console, err: Console) -> None:
+    from gptzoo.scaffold import new_plugin  # its templates: only when it runs
+
     scaffold = new_plugin(args.name, args.kind, args.out, registry=command_registry(err))
     if args.json:
         print_json(out, {**asdict(scaffold), "directory": str(scaffold.directory), "next": scaffold.next_steps})

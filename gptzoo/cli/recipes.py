@@ -8,7 +8,6 @@ from gptzoo.cli.args import Parser, Subparsers
 from gptzoo.cli.console import Console, emit
 from gptzoo.cli.library import command_registry
 from gptzoo.cli.render import text
-from gptzoo.recipe import read_recipe_data, shipped_recipes
 
 
 def add_parser(sub: Subparsers, common: Parser) -> Parser:
@@ -24,6 +23,8 @@ def add_parser(sub: Subparsers, common: Parser) -> Parser:
 
 
 def run(args: argparse.Namespace, out: Console, err: Console) -> None:
+    from gptzoo.recipe import read_recipe_data, shipped_recipes
+
     rows = []
     names = None
     if args.uses:

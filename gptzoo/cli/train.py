@@ -11,7 +11,6 @@ from gptzoo.cli.library import command_registry, importing
 from gptzoo.cli.render import text
 from gptzoo.cli.torchrun import first_process
 from gptzoo.errors import GptzooError, Interrupted
-from gptzoo.recipe import load_recipe
 
 
 def add_parser(sub: Subparsers, common: Parser) -> Parser:
@@ -36,6 +35,7 @@ def add_parser(sub: Subparsers, common: Parser) -> Parser:
 def run(args: argparse.Namespace, out: Console, err: Console) -> None:
     with importing():
         from gptzoo.loader import load_model
+        from gptzoo.recipe import load_recipe
         from gptzoo.training.display import TrainDisplay
         from gptzoo.training.trainer import train
 

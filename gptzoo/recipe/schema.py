@@ -26,8 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-MAX_DIM = 2**31 - 1
-"""The largest value of any [model] dimension (an int32 index), and of [generate] max_new_tokens."""
+from gptzoo.defaults import MAX_DIM as MAX_DIM  # defined with the limits the command line checks
+
 MAX_LAYERS = 4096
 """The most blocks a recipe may have: each is a Python module even on the meta device, so a billion
 would take hours and terabytes to describe (published models have at most ~130)."""
