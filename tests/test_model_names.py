@@ -1,10 +1,11 @@
 """One way to name a model: `generate`, `eval` and `compare` take MODEL (a checkpoint, a run directory, a
-Hugging Face directory, a recipe with [weights], a recipe beside --hf) or the flags --hf and --checkpoint,
-and every form of the same weights gives the same result; two names of a model are one error."""
+Hugging Face directory, a recipe with [weights], a recipe beside --hf) or the flags --hf and --checkpoint, and
+`export` takes MODEL; every form of the same weights gives the same result; two names of a model are one error."""
 
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -129,3 +130,13 @@ def test_no_model_is_one_error(capsys: pytest.CaptureFixture[str], command: str)
         "error: name the model: MODEL (a recipe, a checkpoint or run directory, a Hugging Face directory or a "
         "fetchable name), --hf DIR|NAME or --checkpoint DIR"
     )
+
+
+def test_export_takes_a_checkpoint_or_a_run(
+    names: dict[str, str], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from safetensors.torch import load_file
+
+    written = [run_json(capsys, "export", names[n], "--hf", str(tmp_path / n))["hf"] for n in ("ck", "run")]
+    first, second = (load_file(Path(w) / "model.safetensors") for w in written)
+    assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)

@@ -2,7 +2,8 @@
 MODEL, which :func:`gptzoo.loader.load_any` resolves (a checkpoint or run directory, a Hugging Face
 directory, a fetchable or hub name) unless it names a recipe, or the flags ``--hf DIR|NAME`` and
 ``--checkpoint DIR``. A recipe is the one MODEL that goes with ``--hf``: the recipe those weights must
-fit. README.md, "Naming a model", lists the forms.
+fit. README.md, "Naming a model", lists the forms. (``export`` takes MODEL alone: its ``--hf`` is the
+directory it writes.)
 """
 
 from __future__ import annotations
