@@ -154,6 +154,13 @@ def load_model(
     return Loaded(model, resolved, "random initialization", warnings=warnings)
 
 
+def names_recipe(source: str | Path) -> bool:
+    """Whether :func:`load_any` reads ``source`` as a recipe: a .toml file or a shipped recipe's name, not a
+    directory."""
+    text = str(source)
+    return not Path(text).is_dir() and (text.endswith(".toml") or text in shipped_recipes())
+
+
 def load_any(
     source: str | Path,
     *,
@@ -162,9 +169,9 @@ def load_any(
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
 ) -> Loaded:
-    """A model with real weights from one name, as `gptzoo eval` takes it: a gptzoo checkpoint directory,
-    a run directory (its newest checkpoint), a Hugging Face directory, a recipe with [weights], or a
-    name `gptzoo fetch` (or the local Hugging Face cache) knows.
+    """A model with real weights from one name, as `gptzoo generate`, `compare` and `eval` take MODEL: a
+    gptzoo checkpoint directory, a run directory (its newest checkpoint), a Hugging Face directory, a
+    recipe with [weights], or a name `gptzoo fetch` (or the local Hugging Face cache) knows.
 
     Raises:
         GptzooError: nothing by that name, a run without checkpoints, or a recipe without weights.
@@ -187,7 +194,7 @@ def load_any(
             f"{text} is a directory but not a model: expected a gptzoo checkpoint ({', '.join(CHECKPOINT_FILES)}), "
             f"a run directory ({run_dir.CHECKPOINTS}/) or a Hugging Face checkpoint (config.json)"
         )
-    if text.endswith(".toml") or text in shipped_recipes():
+    if names_recipe(text):
         recipe, weights = resolve_recipe(text, overrides=overrides, registry=registry)
         if weights is None:
             raise GptzooError(

@@ -28,6 +28,7 @@ import tiktoken
 import tiktoken.load
 import tiktoken_ext.openai_public
 
+from gptzoo.defaults import TOKENIZER_NAMES
 from gptzoo.errors import GptzooError, did_you_mean
 from gptzoo.untrusted import check_directory, undecodable
 
@@ -46,8 +47,6 @@ GPT2_EOS_ID = 50256
 GPT2_N_VOCAB = 50257
 HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
 """Files of which an HF checkpoint directory needs at least one to hold a tokenizer."""
-TOKENIZER_NAMES = ("gpt2", "hf", "bytes")
-"""The names a recipe's ``[tokenizer] name`` may take."""
 HF_VOCAB_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
 """Files that hold an HF tokenizer's vocabulary (tokenizer_config.json alone does not)."""
 CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json", "tokenizer_config.json")

@@ -199,3 +199,44 @@ def test_console_script_and_module_entry_points(tmp_path: Path) -> None:
     )
     misplaced = subprocess.run(["gptzoo", "--json", "recipes"], capture_output=True, text=True, env=env)
     assert misplaced.returncode == 2 and "unrecognized arguments: --json" in misplaced.stderr
+
+
+def warning_while_listing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`gptzoo recipes` warns twice of one thing and once of another, as a library call would, and
+    raises a warning of another category (Python's to show, not a `warning:` line)."""
+    import warnings
+
+    import gptzoo.recipe
+
+    real = gptzoo.recipe.shipped_recipes
+
+    def warning(*args: object, **kwargs: object) -> object:
+        for message in ("plugin 'old' implements an older contract", "plugin 'old' implements an older contract"):
+            warnings.warn(message, gptzoo.errors.GptzooWarning, stacklevel=2)
+        shadowed = "norm 'layernorm' of plugin 'x' is shadowed by the built-in"
+        warnings.warn(shadowed, gptzoo.errors.GptzooWarning, stacklevel=2)
+        warnings.warn("not gptzoo's", UserWarning, stacklevel=2)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gptzoo.recipe, "shipped_recipes", warning)  # what `gptzoo recipes` imports when it runs
+
+
+@pytest.mark.parametrize("json_output", [False, True], ids=["table", "json"])
+def test_a_gptzoo_warning_is_one_warning_line_once(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], json_output: bool
+) -> None:
+    warning_while_listing(monkeypatch)
+    with pytest.warns(UserWarning, match="not gptzoo's"):  # shown as Python shows it
+        assert main(["recipes", *(["--json"] if json_output else [])]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == (
+        "warning: plugin 'old' implements an older contract\n"
+        "warning: norm 'layernorm' of plugin 'x' is shadowed by the built-in\n"
+    )
+    if json_output:
+        assert "gpt2-small" in [row["name"] for row in json.loads(captured.out)]
+    else:
+        assert captured.out.startswith("Recipes") and "warning" not in captured.out
+    with pytest.warns(UserWarning):
+        assert main(["recipes", "--json"]) == 0  # every command says it again
+    assert capsys.readouterr().err.count("warning: plugin 'old' implements an older contract\n") == 1

@@ -11,7 +11,8 @@ from cli_run import run_error, run_json
 from fakedist import FakeSite
 
 import gptzoo
-from gptzoo.cli import _sampler_step, main
+from gptzoo.cli import main
+from gptzoo.cli.args import sampler_step
 from gptzoo.errors import GptzooError
 from gptzoo.inference.sampling import chain_spec
 
@@ -265,11 +266,11 @@ def test_a_malformed_flag_names_its_plugin(
 
 
 def test_sampler_option_syntax() -> None:
-    assert _sampler_step("top_k:k=40") == ("top_k", {"k": 40})
-    assert _sampler_step("x:p=0.9, on=true,s='a:b'") == ("x", {"p": 0.9, "on": True, "s": "a:b"})
-    assert _sampler_step("greedy") == ("greedy", {})
-    assert _sampler_step("gptzoo-extras:typical_p") == ("gptzoo-extras:typical_p", {})  # a qualified name
-    assert _sampler_step("gptzoo-extras:typical_p:p=0.9") == ("gptzoo-extras:typical_p", {"p": 0.9})
+    assert sampler_step("top_k:k=40") == ("top_k", {"k": 40})
+    assert sampler_step("x:p=0.9, on=true,s='a:b'") == ("x", {"p": 0.9, "on": True, "s": "a:b"})
+    assert sampler_step("greedy") == ("greedy", {})
+    assert sampler_step("gptzoo-extras:typical_p") == ("gptzoo-extras:typical_p", {})  # a qualified name
+    assert sampler_step("gptzoo-extras:typical_p:p=0.9") == ("gptzoo-extras:typical_p", {"p": 0.9})
 
 
 def test_library_flags_name_registered_samplers(registry: gptzoo.Registry) -> None:
@@ -318,13 +319,13 @@ def test_only_generate_builds_the_registry_before_parsing_and_only_once(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     calls = []
-    real = gptzoo.cli.get_registry
+    real = gptzoo.cli.library.get_registry
 
     def counting(*args: object, **kwargs: object) -> gptzoo.Registry:
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(gptzoo.cli, "get_registry", counting)
+    monkeypatch.setattr(gptzoo.cli.library, "get_registry", counting)
     for argv in (["--help"], ["build", "--help"], ["recipes", "--help"]):
         with pytest.raises(SystemExit):
             main(argv)

@@ -1,7 +1,8 @@
-"""Start-up: the light commands (``--help``, ``recipes``, ``list``, ``plugins``) import neither torch
-nor transformers, and registration by reference (``register(name, "module:attribute", doc=...)``)
-lists a component without importing it, imports it when it is first needed, and reports a reference
-that cannot be imported as the plugin's error, naming the plugin, its distribution and the reference."""
+"""Start-up: the light commands (``--help``, ``recipes``, ``list``, ``plugins``) import neither torch,
+transformers, tiktoken nor the tokenizer module (nor, but for ``list``, the recipe validator), and
+registration by reference (``register(name, "module:attribute", doc=...)``) lists a component without
+importing it, imports it when it is first needed, and reports a reference that cannot be imported as
+the plugin's error, naming the plugin, its distribution and the reference."""
 
 from __future__ import annotations
 
@@ -68,11 +69,16 @@ try:
     code = main(json.loads(sys.argv[1]))
 except SystemExit as exc:  # --help
     code = exc.code
-heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "transformers") or m.endswith("_fake_lazy_impl"))
+heavy = sorted(
+    m for m in sys.modules
+    if m.split(".")[0] in ("torch", "transformers", "tiktoken")
+    or m in ("gptzoo.tokenizer", "gptzoo.recipe.validate")
+    or m.endswith("_fake_lazy_impl")
+)
 print(json.dumps([code, heavy]), file=sys.stderr)
 """
 """Run a command in a fresh interpreter; on stderr's last line, its exit status and the modules it imported of
-torch, transformers and the lazy plugin's implementation."""
+torch, transformers, tiktoken, gptzoo's tokenizer and recipe validator, and the lazy plugin's implementation."""
 
 
 @pytest.fixture
@@ -89,13 +95,17 @@ def who(name: str) -> str:
 
 
 @pytest.mark.parametrize("argv", LIGHT_COMMANDS, ids=" ".join)
-def test_light_commands_import_neither_torch_nor_transformers(lazy_site: FakeSite, argv: list[str]) -> None:
+def test_light_commands_import_neither_torch_nor_the_tokenizer_nor_the_validator(
+    lazy_site: FakeSite, argv: list[str]
+) -> None:
     env = lazy_site.env(**{ONLY_PLUGINS_ENV: "gptzoo-fake-lazy"})  # the example plugin imports torch itself
     env["PYTHONPATH"] += os.pathsep + str(REPO)  # the gptzoo under test
     done = subprocess.run(
         [sys.executable, "-c", PROBE, json.dumps(argv)], capture_output=True, text=True, env=env, timeout=120
     )
-    assert json.loads(done.stderr.splitlines()[-1]) == [0, []], done.stderr
+    # `list` shows the shipped recipes that use each component: their names resolved by the validator
+    validator = ["gptzoo.recipe.validate"] if argv[0] == "list" else []
+    assert json.loads(done.stderr.splitlines()[-1]) == [0, validator], done.stderr
     if argv[-1] == "--json":
         rows = json.loads(done.stdout)
         if argv[0] == "list" and len(argv) > 2:

@@ -1498,7 +1498,7 @@ def test_ctrl_c_before_the_run_starts(
     def interrupted(*args: Any, **kwargs: Any) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(gptzoo.cli, "load_recipe", interrupted)
+    monkeypatch.setattr(gptzoo.recipe, "load_recipe", interrupted)  # gptzoo train imports it when it runs
     assert main(argv(tmp_path / "run", docs, *STEPS)[:-1]) == 130
     assert capsys.readouterr().err == "interrupted: before the first step; nothing was written\n"
     monkeypatch.undo()

@@ -12,6 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from gptzoo.errors import terminal_text
+from gptzoo.tables import WholeWords
 
 
 def _text(value: object) -> str:
@@ -79,7 +80,7 @@ def render_eval(report: dict[str, Any], out: Console) -> None:
             f"{s['bits_per_byte']:.4f}" if s["bits_per_byte"] is not None else "-",
         )
     if table.rows:
-        out.print(table)
+        out.print(WholeWords(table))
         out.print("[dim]loss in nats per token; 95% CI: bootstrap over windows; bits per byte: per UTF-8 byte[/dim]")
     for s in refused:
         out.print(f"[yellow]length {s['length']} refused:[/yellow] {_text(s['refused'])}")

@@ -21,6 +21,7 @@ from gptzoo.memory import format_bytes
 from gptzoo.model.gpt import GPT
 from gptzoo.recipe import Component, Recipe
 from gptzoo.registry import Entry
+from gptzoo.tables import WholeWords
 
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 SHAPE_KEYS = (
@@ -213,7 +214,7 @@ def render_summary(s: dict[str, Any], console: Console) -> None:
             origin += f", overrides {c['overrides']}"
         key = c["key"].removeprefix("layer_types.")  # a layer type's: sliding.attention
         table.add_row(*(escape(terminal_text(text)) for text in (key, c["name"], params, origin)))
-    console.print(table)
+    console.print(WholeWords(table))
 
     p = s["params"]
     table = Table(title="Parameters", title_justify="left")
@@ -229,7 +230,7 @@ def render_summary(s: dict[str, Any], console: Console) -> None:
     for name, n in rows:
         table.add_row(name, f"{n:,}", f"{100 * n / p['total']:.1f}%")
     table.add_row("[bold]total[/bold]", f"[bold]{p['total']:,}[/bold]", "100.0%")
-    console.print(table)
+    console.print(WholeWords(table))
 
     f = s["flops"]
     table = Table(
@@ -243,7 +244,7 @@ def render_summary(s: dict[str, Any], console: Console) -> None:
     table.add_row("[bold]forward[/bold]", f"[bold]{_si(f['forward'], 'FLOP')}[/bold]", "100.0%")
     table.add_row("forward per token", _si(f["forward_per_token"], "FLOP"), "")
     table.add_row("training per token (3x forward)", _si(f["train_per_token"], "FLOP"), "")
-    console.print(table)
+    console.print(WholeWords(table))
 
     mem = s["memory"]
     table = Table(title="Memory", title_justify="left")
@@ -261,4 +262,4 @@ def render_summary(s: dict[str, Any], console: Console) -> None:
                 f"  of which {row['layers']} {escape(terminal_text(name))} layers",
                 *(format_bytes(row[n]) for n in DTYPES),
             )
-    console.print(table)
+    console.print(WholeWords(table))

@@ -1,5 +1,6 @@
 """Finding and reading recipes: a shipped name or a path -> TOML data, ``extends`` merged and
-``--set`` overrides applied; then gptzoo.recipe.validate makes it a Recipe.
+``--set`` overrides applied; then gptzoo.recipe.validate makes it a Recipe (imported when a recipe is loaded, so that
+finding and reading recipes stays light for the command line's listings).
 
 ``extends = "NAME_OR_PATH"`` inherits from another recipe: each section's keys override the
 parent's. A component value is replaced whole, unless it is a table without a name
@@ -32,9 +33,10 @@ from gptzoo.recipe.schema import (
     SECTIONS,
     TOP_LEVEL_KEYS,
     Recipe,
+    describe,
     merge_component,
+    show,
 )
-from gptzoo.recipe.validate import describe, show, validate
 from gptzoo.registry import Registry
 
 _TOO_LONG = f"an integer of more than {sys.get_int_max_str_digits()} digits"
@@ -318,6 +320,8 @@ def attributed(exc: RecipeError, overrides: Iterable[str]) -> RecipeError:
 
 def load_recipe(name_or_path: str | Path, overrides: Iterable[str] = (), *, registry: Registry | None = None) -> Recipe:
     """Load, merge (extends), override and validate a recipe by shipped name or file path."""
+    from gptzoo.recipe.validate import validate  # with the contracts and factories: only when a recipe is loaded
+
     path = resolve_recipe_path(name_or_path)
     overrides = list(overrides)
     data, problems = apply_overrides(read_recipe_data(path), overrides)
@@ -329,6 +333,8 @@ def load_recipe(name_or_path: str | Path, overrides: Iterable[str] = (), *, regi
 
 def override_recipe(recipe: Recipe, overrides: Iterable[str], *, registry: Registry | None = None) -> Recipe:
     """A resolved recipe with ``--set`` style overrides applied and validated again."""
+    from gptzoo.recipe.validate import validate
+
     overrides = list(overrides)
     data, problems = apply_overrides(recipe.to_dict(), overrides)
     try:

@@ -20,13 +20,14 @@ missing (gptzoo.recipe.validate); a recipe without one (written before it existe
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-MAX_DIM = 2**31 - 1
-"""The largest value of any [model] dimension (an int32 index), and of [generate] max_new_tokens."""
+from gptzoo.defaults import MAX_DIM as MAX_DIM  # defined with the limits the command line checks
+
 MAX_LAYERS = 4096
 """The most blocks a recipe may have: each is a Python module even on the meta device, so a billion
 would take hours and terabytes to describe (published models have at most ~130)."""
@@ -370,3 +371,18 @@ def dump_toml(data: Mapping[str, Any]) -> str:
         if isinstance(table, Mapping):
             lines += ["", f"[{_toml_key(section)}]", *(f"{_toml_key(k)} = {toml_value(v)}" for k, v in table.items())]
     return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def show(value: Any) -> str:
+    """A value for a one-line message: its repr, an integer beyond 128 bits by magnitude, long text cut."""
+    if isinstance(value, int) and value.bit_length() > 128:
+        return f"{'-' if value < 0 else ''}~1e{int(math.log10(abs(value)))}"
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):  # holds an integer of more digits than repr writes
+        return f"a {type(value).__name__} too large to show"
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
+
+
+def describe(value: Any) -> str:
+    return f"{show(value)} ({type(value).__name__})"

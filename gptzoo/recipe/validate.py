@@ -21,6 +21,7 @@ from dataclasses import MISSING, fields
 from typing import Any, get_type_hints
 
 from gptzoo import factories
+from gptzoo.defaults import TOKENIZER_NAMES
 from gptzoo.errors import (
     AmbiguousComponentError,
     ComponentLookupError,
@@ -57,10 +58,11 @@ from gptzoo.recipe.schema import (
     ModelSpec,
     Recipe,
     TrainSpec,
+    describe,
     merge_component,
+    show,
 )
 from gptzoo.registry import NAME, Entry, Registry, default_registry, split_name
-from gptzoo.tokenizer import TOKENIZER_NAMES
 
 _TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
 MAX_DEPTH = 32
@@ -74,21 +76,6 @@ def _type_ok(value: Any, expected: type) -> bool:
     if expected is int:
         return isinstance(value, int) and not isinstance(value, bool)
     return isinstance(value, expected)
-
-
-def show(value: Any) -> str:
-    """A value for a one-line message: its repr, an integer beyond 128 bits by magnitude, long text cut."""
-    if isinstance(value, int) and value.bit_length() > 128:
-        return f"{'-' if value < 0 else ''}~1e{int(math.log10(abs(value)))}"
-    try:
-        text = repr(value)
-    except (ValueError, RecursionError):  # holds an integer of more digits than repr writes
-        return f"a {type(value).__name__} too large to show"
-    return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
-
-
-def describe(value: Any) -> str:
-    return f"{show(value)} ({type(value).__name__})"
 
 
 def key_text(key: str) -> str:

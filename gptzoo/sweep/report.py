@@ -19,6 +19,7 @@ from rich.table import Table
 from gptzoo.errors import GptzooError, terminal_text
 from gptzoo.sweep.names import RESULTS, SPIKE
 from gptzoo.sweep.spec import SweepSpec
+from gptzoo.tables import WholeWords
 from gptzoo.training import run_dir
 
 REPORT_JSON = "report.json"
@@ -284,7 +285,7 @@ def render_report(report: dict[str, Any], out: Console) -> None:
         table.add_column(name, justify="left" if i == 0 else "right", overflow="fold")
     for line in cells:
         table.add_row(*(escape(c) for c in line))
-    out.print(table)
+    out.print(WholeWords(table))
     lengths = length_table(report["variants"])
     if lengths is not None:
         t = Table(title="perplexity by evaluation length", title_justify="left")
@@ -293,4 +294,4 @@ def render_report(report: dict[str, Any], out: Console) -> None:
             t.add_column(str(n), justify="right")
         for line in lengths[1]:
             t.add_row(*(escape(c) for c in line))
-        out.print(t)
+        out.print(WholeWords(t))

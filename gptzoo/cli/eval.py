@@ -1,0 +1,84 @@
+"""``gptzoo eval``: loss, perplexity and bits per byte on held-out text, at several lengths."""
+
+from __future__ import annotations
+
+import argparse
+from contextlib import nullcontext
+
+from gptzoo.cli.args import Parser, Subparsers, lengths, positive_int
+from gptzoo.cli.console import Console, print_json
+from gptzoo.cli.library import command_registry, importing
+from gptzoo.cli.model import model_parser, named
+from gptzoo.defaults import DTYPE_NAMES
+
+
+def add_parser(sub: Subparsers, common: Parser) -> Parser:
+    overrides = "override a recipe key where the weights keep their meaning, e.g. model.attention=eager"
+    p = sub.add_parser(
+        "eval",
+        parents=[common, model_parser(overrides)],
+        help="loss, perplexity and bits per byte on held-out text, at several lengths",
+    )
+    p.add_argument(
+        "--text", action="append", default=[], metavar="FILE", help="a UTF-8 text file, one document (repeatable)"
+    )
+    p.add_argument(
+        "--data",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="prepared data (`gptzoo prepare`): its val.bin, in the model's tokenizer (repeatable)",
+    )
+    p.add_argument(
+        "--lengths",
+        type=lengths,
+        metavar="L,L,...",
+        help="context lengths in tokens, also beyond the training context where the positions allow "
+        "(default: the context length, at most 1024)",
+    )
+    p.add_argument(
+        "--stride", type=positive_int, metavar="S", help="tokens between sliding windows (default: half the length)"
+    )
+    p.add_argument("--batch", type=positive_int, metavar="B", help="windows per forward (default: by memory)")
+    p.add_argument("--max-tokens", type=positive_int, metavar="N", help="only the first N tokens of each text")
+    p.add_argument("--dtype", choices=DTYPE_NAMES, default="float32")
+    return p
+
+
+def run(args: argparse.Namespace, out: Console, err: Console) -> None:
+    with importing():
+        from gptzoo.evaluation import eval_model
+        from gptzoo.evaluation.display import EvalProgress, render_eval
+        from gptzoo.loader import load_model
+        from gptzoo.model.summary import DTYPES
+
+    registry, model, dtype = command_registry(err), named(args), DTYPES[args.dtype]
+    if model.hf is None and model.checkpoint is None:
+        source = model.recipe if model.recipe is not None else model.name  # one name: load_any resolves it
+    else:
+        source = load_model(
+            model.recipe,
+            hf=model.hf,
+            checkpoint=model.checkpoint,
+            overrides=args.overrides,
+            registry=registry,
+            dtype=dtype,
+        )
+    with nullcontext() if args.json else EvalProgress(err) as progress:
+        report = eval_model(
+            source,
+            texts=args.text,
+            data=args.data,
+            lengths=args.lengths,
+            stride=args.stride,
+            batch_size=args.batch,
+            max_tokens=args.max_tokens,
+            dtype=dtype,
+            overrides=args.overrides,
+            registry=registry,
+            progress=progress,
+        )
+    if args.json:
+        print_json(out, report)
+        return
+    render_eval(report, out)

@@ -1,0 +1,37 @@
+"""``gptzoo export``: a model (a gptzoo checkpoint, a run's newest, any MODEL) written as a Hugging Face checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+
+from gptzoo.cli.args import Parser, Subparsers
+from gptzoo.cli.console import Console, print_json
+from gptzoo.cli.library import command_registry, importing
+from gptzoo.cli.render import text
+
+
+def add_parser(sub: Subparsers, common: Parser) -> Parser:
+    p = sub.add_parser("export", parents=[common], help="write a gptzoo checkpoint as a Hugging Face checkpoint")
+    p.add_argument(
+        "model",
+        metavar="MODEL",
+        help="the model to export: a gptzoo checkpoint (from `gptzoo build --out`) or run directory (its newest "
+        "checkpoint), or any other MODEL (README: Naming a model)",
+    )
+    p.add_argument("--hf", required=True, metavar="OUT", help="the new Hugging Face checkpoint directory")
+    return p
+
+
+def run(args: argparse.Namespace, out: Console, err: Console) -> None:
+    with importing():
+        from gptzoo.hf import export_hf
+        from gptzoo.loader import load_any
+
+    registry = command_registry(err)
+    loaded = load_any(args.model, registry=registry)
+    files = loaded.checkpoint if loaded.checkpoint is not None else loaded.hf_dir  # its tokenizer files, if any
+    path = export_hf(loaded.model, args.hf, tokenizer_from=files, registry=registry)
+    if args.json:
+        print_json(out, {"hf": str(path)})
+        return
+    out.print(f"Hugging Face checkpoint written to {text(str(path))}")

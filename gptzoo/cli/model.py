@@ -1,0 +1,72 @@
+"""Naming a model, the same way for every command that takes one (``generate``, ``compare``, ``eval``):
+MODEL, which :func:`gptzoo.loader.load_any` resolves (a checkpoint or run directory, a Hugging Face
+directory, a fetchable or hub name) unless it names a recipe, or the flags ``--hf DIR|NAME`` and
+``--checkpoint DIR``. A recipe is the one MODEL that goes with ``--hf``: the recipe those weights must
+fit. README.md, "Naming a model", lists the forms. (``export`` takes MODEL alone: its ``--hf`` is the
+directory it writes.)
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from gptzoo.cli.args import Parser, add_set
+from gptzoo.errors import GptzooError
+
+MODEL_HELP = (
+    "a recipe (a shipped name or a .toml file), a gptzoo checkpoint or run directory (its newest checkpoint), a "
+    "Hugging Face directory, or a name `gptzoo fetch` or the local Hugging Face cache knows (README: Naming a model)"
+)
+
+
+def model_parser(overrides: str) -> Parser:
+    """The parent parser of a command that takes a model: MODEL, ``--hf``, ``--checkpoint`` and ``--set``
+    (``overrides`` says what it may change, with an example)."""
+    parser = Parser(add_help=False)
+    parser.add_argument("model", nargs="?", metavar="MODEL", help=MODEL_HELP)
+    parser.add_argument(
+        "--hf",
+        metavar="DIR|NAME",
+        help="MODEL as a Hugging Face checkpoint: a directory, a name `gptzoo fetch` knows, or a hub name in the "
+        "local HF cache; beside a recipe MODEL, the weights that recipe must fit",
+    )
+    parser.add_argument("--checkpoint", metavar="DIR", help="MODEL as a gptzoo checkpoint directory")
+    add_set(parser, overrides)
+    return parser
+
+
+@dataclass(frozen=True)
+class Named:
+    """What the command line names: a recipe (MODEL, when it names one), another MODEL (for load_any),
+    ``--hf`` and ``--checkpoint``."""
+
+    recipe: str | None
+    name: str | None
+    hf: str | None
+    checkpoint: str | None
+
+
+def named(args: argparse.Namespace) -> Named:
+    """MODEL, ``--hf`` and ``--checkpoint`` as the command line gives them.
+
+    Raises:
+        GptzooError: no model at all, or a MODEL other than a recipe beside ``--hf`` or ``--checkpoint``.
+    """
+    from gptzoo.loader import names_recipe
+
+    model, flags = args.model, (("--hf", args.hf), ("--checkpoint", args.checkpoint))
+    if model is None and args.hf is None and args.checkpoint is None:
+        raise GptzooError(
+            "name the model: MODEL (a recipe, a checkpoint or run directory, a Hugging Face directory or a fetchable "
+            "name), --hf DIR|NAME or --checkpoint DIR"
+        )
+    if model is not None and names_recipe(model):
+        return Named(model, None, args.hf, args.checkpoint)
+    for flag, value in flags:
+        if model is not None and value is not None:
+            raise GptzooError(
+                f"{model!r} and {flag} {value!r} both name the model; give one of them (beside --hf, MODEL may "
+                "only be a recipe: the one its weights must fit)"
+            )
+    return Named(None, model, args.hf, args.checkpoint)

@@ -1,0 +1,123 @@
+"""Tables at 80 columns fold their headers between words, never inside one: the sweep's table (too wide
+for 80 columns even at its narrowest cells), the listings, and a table that fits as rich lays it out."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import pytest
+from cli_run import run_json
+from rich.console import Console
+from rich.table import Table
+
+from gptzoo.cli import main
+from gptzoo.sweep.report import render_report
+from gptzoo.tables import WholeWords
+
+VERTICALS = "┃│"
+
+
+def headers(rendered: str) -> list[str]:
+    """Each column's header as the rendered lines show it, its pieces (one per line) joined by spaces: the
+    header itself when every line break falls between words, "FLOPs/to ken" when one falls inside a word."""
+    lines = rendered.splitlines()
+    top = next(i for i, line in enumerate(lines) if line.startswith("┏"))
+    pieces: list[list[str]] = []
+    for line in lines[top + 1 :]:
+        if line.startswith("┡"):
+            break
+        cells = [cell.strip() for cell in line.strip(VERTICALS).split("┃")]
+        pieces = pieces or [[] for _ in cells]
+        for column, cell in zip(pieces, cells, strict=True):
+            column.extend([cell] if cell else [])
+    return [" ".join(column) for column in pieces]
+
+
+def render(renderable: Any, width: int = 80) -> str:
+    out = io.StringIO()
+    Console(file=out, width=width, color_system=None, legacy_windows=False).print(renderable)
+    return out.getvalue()
+
+
+def variant(name: str, flops: float, matched: dict[str, Any] | None = None) -> dict[str, Any]:
+    loss = {"mean": 2.3456, "std": 0.0123}
+    return {
+        "variant": name,
+        "matched": matched,
+        "params": 1_234_567,
+        "train_flops_per_token": flops,
+        "kv_bytes_per_token": 12_288,
+        "tokens_per_s": {"mean": 12_345.0},
+        "final_val_loss": loss,
+        "best_val_loss": loss,
+        "bits_per_byte": loss,
+        "max_grad_norm": 12.34,
+        "steps_to_target": {"mean": 1234.0},
+        "reached_target": "3/3",
+        "diverged": 0,
+        "seeds": [0, 1, 2],
+        "max_spike": 0.0,
+        "reasons": [],
+        "lengths": [
+            {"length": n, "refused": None, "perplexity": {"mean": 10.5, "std": 0.25}} for n in (128, 256, 512, 1024)
+        ],
+    }
+
+
+def test_the_sweep_table_folds_its_headers_between_words_at_80_columns() -> None:
+    report = {
+        "sweep": "position",
+        "target_loss": 2.5,
+        "variants": [variant("rope", 7.4e6, {"key": "model.d_ff", "value": 1234}), variant("learned", 7.3e6)],
+    }
+    out = io.StringIO()
+    render_report(report, Console(file=out, width=80, color_system=None))
+    rendered = out.getvalue()
+    assert headers(rendered) == [
+        "variant",
+        "params",
+        "FLOPs/token",
+        "tok/s",
+        "final val loss",
+        "bits/byte",
+        "max ‖g‖",
+        "to target",
+        "diverged",
+    ]
+    assert max(len(line) for line in rendered.splitlines()) <= 80  # every column shown, none cut off
+    assert "perplexity by evaluation length" in rendered
+
+
+def test_a_table_that_fits_is_laid_out_as_rich_lays_it_out() -> None:
+    def table() -> Table:
+        t = Table(title="t", title_justify="left")
+        for header in ("name", "FLOPs/token", "final val loss"):
+            t.add_column(header, overflow="fold")
+        t.add_row("rope", "7.4M", "2.346")
+        return t
+
+    assert render(WholeWords(table())) == render(table())
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_many_columns_of_long_words_fold_between_words(width: int) -> None:
+    words = ["FLOPs/token", "diverged", "perplexity", "bits/byte", "tokens/s", "parameters"]
+    t = Table()
+    for header in words:
+        t.add_column(f"{header} x", overflow="fold")
+    t.add_row(*("1234567890123" for _ in words))
+    rendered = render(WholeWords(t), width)
+    assert headers(rendered) == [f"{w} x" for w in words]
+    assert max(len(line) for line in rendered.splitlines()) <= width
+
+
+def test_the_listings_fold_their_headers_between_words(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["list"]) == 0
+    rendered = capsys.readouterr().out
+    assert headers(rendered) == ["kind", "name", "description", "shipped recipes", "from"]
+    assert max(len(line) for line in rendered.splitlines()) <= 80
+    assert len(run_json(capsys, "list")) > 20
