@@ -260,7 +260,7 @@ def _export(model: GPT, out: Path, tokenizer_from: str | Path | None, registry: 
     reasons: list[tuple[int, str, str]] = []
     for family in FAMILIES.values():
         try:
-            config_fields = family.config(recipe, skeleton, components)
+            config_fields = family.config(recipe, skeleton, components, registry)
             rows = family.tensor_map(model, registry)
         except NoEquivalentError as exc:
             reasons.append((len(exc.reasons), family.title, str(exc)))
