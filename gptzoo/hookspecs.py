@@ -15,7 +15,7 @@ A plugin implements any of these hooks and calls ``register`` once per component
         beyond the structural ones must have a default (a plugin whose factory lacks one fails at
         registration): recipe parameters are passed by name and validated against this signature,
         and contract tests build each component with defaults. Or a reference to the callable,
-        ``"module:attribute"`` as an entry point writes it (``"gptzoo.builtins._norms:RMSNorm"``):
+        ``"module:attribute"`` as an entry point writes it (``"gptzoo_plugins._norms:RMSNorm"``):
         the module is imported the first time the factory is needed (a build, a recipe's parameters,
         the conformance kit), never to list components, and a reference that cannot be imported, or
         names a factory registration would refuse, is then a PluginError naming it (gptzoo.registry).

@@ -58,12 +58,12 @@ STRICT_ENV = "GPTZOO_STRICT_PLUGINS"
 WARN_ENV = "GPTZOO_PLUGIN_WARN_S"
 DEFAULT_WARN_S = 5.0
 DEFAULT_PLUGINS = (
-    "gptzoo.builtins.norms",
-    "gptzoo.builtins.activations",
-    "gptzoo.builtins.mlps",
-    "gptzoo.builtins.positions",
-    "gptzoo.builtins.attentions",
-    "gptzoo.builtins.samplers",
+    "gptzoo_plugins.norms",
+    "gptzoo_plugins.activations",
+    "gptzoo_plugins.mlps",
+    "gptzoo_plugins.positions",
+    "gptzoo_plugins.attentions",
+    "gptzoo_plugins.samplers",
 )
 """The built-in plugins, registered first and in this order (as pytest's ``default_plugins``)."""
 

@@ -212,7 +212,7 @@ class HFLayout:
 
 
 def culprit(entry: Entry) -> str:
-    """``norm 'rmsnorm' from gptzoo.builtins.norms (gptzoo 0.1.0)``: who a message is about."""
+    """``norm 'rmsnorm' from gptzoo_plugins.norms (gptzoo 0.1.0)``: who a message is about."""
     return f"{entry.kind} {entry.name!r} from {entry.provenance}"
 
 

@@ -15,7 +15,7 @@ import gptzoo
 ATTENTION = """
 import torch
 from torch import nn
-from gptzoo.builtins._attentions import CausalSelfAttention
+from gptzoo_plugins._attentions import CausalSelfAttention
 
 
 class NoCache(nn.Module):

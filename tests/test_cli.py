@@ -50,7 +50,7 @@ def test_build_json_flops_and_memory(capsys: pytest.CaptureFixture[str]) -> None
     assert s["flops"]["forward"] == 4 * (L * (24 * 128 * d * d + 4 * 128 * 128 * d) + 2 * 128 * V * d)
     components = {c["key"]: c for c in s["components"]}
     assert components["norm"]["name"] == "layernorm" and components["norm"]["params"] == {"eps": 1e-5}
-    assert components["activation"]["plugin"] == "gptzoo.builtins.activations"
+    assert components["activation"]["plugin"] == "gptzoo_plugins.activations"
     assert components["activation"]["distribution"] == "gptzoo"
 
 
@@ -67,7 +67,7 @@ def test_build_table_for_people(capsys: pytest.CaptureFixture[str]) -> None:
     for text in (
         "Components",
         "layernorm",
-        "gptzoo.builtins.norms",
+        "gptzoo_plugins.norms",
         "124,438,272",
         "Forward FLOPs",
         "1 multiply-add = 2 FLOPs",

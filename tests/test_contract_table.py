@@ -346,8 +346,8 @@ def test_ctrl_c_in_a_factory_stays_an_interrupt(site: FakeSite, capsys: pytest.C
 TYPED = """
 import torch
 from torch import nn
-from gptzoo.builtins._attentions import CausalSelfAttention
-from gptzoo.builtins._mlps import DenseMLP
+from gptzoo_plugins._attentions import CausalSelfAttention
+from gptzoo_plugins._mlps import DenseMLP
 from gptzoo.interfaces import Position
 
 

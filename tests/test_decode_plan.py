@@ -15,6 +15,7 @@ from fakedist import UNITNORM_CLASS, UNITNORM_DECODE_OPS, FakeSite, unitnorm
 from tiny import tiny_model
 
 import gptzoo
+import gptzoo_plugins
 from gptzoo.errors import GptzooError, GptzooWarning
 from gptzoo.inference import generate as generate_module
 from gptzoo.inference import matvec
@@ -316,7 +317,7 @@ def lower(plan, norm, src, dst):
 
 @gptzoo.hookimpl
 def register_decode_lowerings(register):
-    register("gptzoo.builtins._norms:RMSNorm", lower, override={override})
+    register("gptzoo_plugins._norms:RMSNorm", lower, override={override})
 """
 """A plugin lowering the built-in RMSNorm (exactly as gptzoo does)."""
 
@@ -330,12 +331,12 @@ def test_two_plugins_lowering_one_class_is_an_error_naming_both_unless_the_later
     (failed,) = registry.failed
     assert failed.distribution == "gptzoo-fake-lower_b"
     assert (
-        "the lowering of gptzoo.builtins._norms:RMSNorm is registered by both gz_lower_a (gptzoo-fake-lower_a 1.0) "
+        "the lowering of gptzoo_plugins._norms:RMSNorm is registered by both gz_lower_a (gptzoo-fake-lower_a 1.0) "
         "and gz_lower_b (gptzoo-fake-lower_b 1.0); register the later one with override=True"
     ) in failed.error
-    assert registry.lowerings["gptzoo.builtins._norms:RMSNorm"].provenance.plugin == "gz_lower_a"
+    assert registry.lowerings["gptzoo_plugins._norms:RMSNorm"].provenance.plugin == "gz_lower_a"
     fake_site.add("lower_c", "gz_lower_c", LOWERS_RMSNORM.format(override=True))
-    entry = gptzoo.get_registry().lowerings["gptzoo.builtins._norms:RMSNorm"]
+    entry = gptzoo.get_registry().lowerings["gptzoo_plugins._norms:RMSNorm"]
     assert entry.provenance.plugin == "gz_lower_c" and entry.overrides.plugin == "gz_lower_a"
 
 
@@ -351,17 +352,18 @@ def test_a_plugin_replaces_a_built_in_lowering_only_with_override(fake_site: Fak
         model(prompts(model), cache)
         assert compile_step(model, cache, 1) == (
             None,
-            "gptzoo.builtins._norms:RMSNorm has a lowering of gptzoo's and one registered by gz_lower_rms "
+            "gptzoo_plugins._norms:RMSNorm has a lowering of gptzoo's and one registered by gz_lower_rms "
             "(gptzoo-fake-unitnorm 1.0); register that one with override=True to replace gptzoo's",
         )
 
 
-def test_components_hold_no_lowering_and_import_nothing_of_inference() -> None:
-    package = Path(gptzoo.__file__).parent
-    for path in (package / "builtins").glob("*.py"):
-        assert "decode_ops" not in path.read_text(encoding="utf-8"), path
-    imports = re.compile(r"^\s*(from|import) gptzoo\.inference", re.M)
-    for path in [*(package / "builtins").glob("*.py"), *(package / "model").glob("*.py")]:
+def test_components_hold_no_lowering_nor_layout_and_import_nothing_of_inference_or_hf() -> None:
+    components = Path(gptzoo_plugins.__file__).parent
+    for path in components.glob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        assert not re.search(r"decode_ops|hf_weights|hf_config", text), path
+    imports = re.compile(r"^\s*(from|import) gptzoo\.(inference|hf)", re.M)
+    for path in [*components.glob("*.py"), *(Path(gptzoo.__file__).parent / "model").glob("*.py")]:
         assert not imports.search(path.read_text(encoding="utf-8")), path
 
 
@@ -397,7 +399,7 @@ def test_a_lowering_registered_by_a_reference_that_cannot_be_imported_is_refused
 
 
 SUBCLASS_CALLING_SUPER = """
-from gptzoo.builtins._norms import RMSNorm
+from gptzoo_plugins._norms import RMSNorm
 
 
 class UnitNorm(RMSNorm):

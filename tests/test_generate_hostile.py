@@ -14,7 +14,6 @@ from tiny import tiny_model
 from torch import nn
 
 import gptzoo
-from gptzoo.builtins._samplers import Temperature
 from gptzoo.cli import main
 from gptzoo.errors import GptzooError
 from gptzoo.inference import generate as generate_module
@@ -29,6 +28,7 @@ from gptzoo.inference.generate import (
 from gptzoo.inference.sampling import SamplerChain, chain_spec
 from gptzoo.recipe import recipe_tokenizer
 from gptzoo.tokenizer import HFTokenizer, load_tokenizer
+from gptzoo_plugins._samplers import Temperature
 
 
 def cli_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:

@@ -16,12 +16,12 @@ from hfparity import check_family, hf_model, prompt, save_hf
 from safetensors.torch import load_file, save_file
 
 import gptzoo
-from gptzoo.builtins._norms import RMSNorm
 from gptzoo.errors import RecipeError
 from gptzoo.hf import FAMILIES, NoEquivalentError, check_recipe_matches, export_hf, hf_recipe, load_hf
 from gptzoo.hf.compare import compare
 from gptzoo.interfaces import TensorMap
 from gptzoo.model.build import assemble
+from gptzoo_plugins._norms import RMSNorm
 
 TINY = {
     "vocab_size": 96,

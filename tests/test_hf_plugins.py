@@ -249,7 +249,7 @@ def register_hf_layouts(register):
             "the component's class",
         ),
         (
-            "    register('gptzoo.builtins._norms:RMSNorm', 'llama', weights='weight')",
+            "    register('gptzoo_plugins._norms:RMSNorm', 'llama', weights='weight')",
             "registered a Hugging Face layout ('llama') whose weights is not callable: 'weight'; pass a function of "
             "the component",
         ),
@@ -279,7 +279,7 @@ def test_a_layout_of_a_built_in_class_is_used_only_with_override(
     override gptzoo's own stays (with a warning), with it the plugin's is what export writes."""
     monkeypatch.delenv("GPTZOO_NO_PLUGINS", raising=False)
     body = (
-        "    register('gptzoo.builtins._norms:RMSNorm', 'llama', weights=lambda norm: [TensorMap('weight', "
+        "    register('gptzoo_plugins._norms:RMSNorm', 'llama', weights=lambda norm: [TensorMap('weight', "
         f"('weight',))], config=lambda norm: {{'rms_norm_eps': norm.eps * 2}}, override={override})"
     )
     fake_site.add("mine", "gptzoo_fake_mine", _layouts_plugin(body))
@@ -295,7 +295,7 @@ def test_a_layout_of_a_built_in_class_is_used_only_with_override(
         else said[0]
         == (
             "gptzoo_fake_mine (gptzoo-fake-mine 1.0) registers the Hugging Face 'llama' layout of "
-            "gptzoo.builtins._norms:RMSNorm, which gptzoo has already; gptzoo's is used (register it with "
+            "gptzoo_plugins._norms:RMSNorm, which gptzoo has already; gptzoo's is used (register it with "
             "override=True to replace it)"
         )
     )

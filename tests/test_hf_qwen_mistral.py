@@ -37,7 +37,7 @@ the wrong place shows)."""
 WINDOW = 8
 LENGTH = 40
 """Prompts of LENGTH tokens outrun the WINDOW-key sliding windows, and so do their greedy continuations;
-beyond 4 x WINDOW, gptzoo's sliding-window pass is computed in blocks (gptzoo.builtins._attentions)."""
+beyond 4 x WINDOW, gptzoo's sliding-window pass is computed in blocks (gptzoo_plugins._attentions)."""
 
 
 def tiny(model_type: str, **kw: Any) -> transformers.PretrainedConfig:

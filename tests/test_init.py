@@ -17,7 +17,7 @@ CONSTANT_MLP = '''
 import torch
 from torch import nn
 
-from gptzoo.builtins._mlps import DenseMLP
+from gptzoo_plugins._mlps import DenseMLP
 
 
 class ConstantMLP(DenseMLP):

@@ -17,12 +17,12 @@ REPO = Path(__file__).resolve().parents[1]
 EXTRA = "aextra"
 """Sorts before every built-in name: a test that assumes what comes first notices it too."""
 EXTRAS = f"""
-from gptzoo.builtins._activations import ReLU
-from gptzoo.builtins._attentions import CausalSelfAttention
-from gptzoo.builtins._mlps import DenseMLP
-from gptzoo.builtins._norms import RMSNorm
-from gptzoo.builtins._positions import NoPosition
-from gptzoo.builtins._samplers import Temperature
+from gptzoo_plugins._activations import ReLU
+from gptzoo_plugins._attentions import CausalSelfAttention
+from gptzoo_plugins._mlps import DenseMLP
+from gptzoo_plugins._norms import RMSNorm
+from gptzoo_plugins._positions import NoPosition
+from gptzoo_plugins._samplers import Temperature
 
 COMPONENTS = {{
     "norm": RMSNorm,

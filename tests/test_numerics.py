@@ -10,9 +10,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import gptzoo
-from gptzoo.builtins._positions import alibi_slopes
 from gptzoo.errors import GptzooError
 from gptzoo.inference.sampling import SamplerChain
+from gptzoo_plugins._positions import alibi_slopes
 
 
 def _factory(registry: gptzoo.Registry, kind: str, name: str):

@@ -188,7 +188,7 @@ def test_a_bare_name_a_builtin_keeps_warns_once_naming_both(fake_site: FakeSite)
             recipe = gptzoo.load_recipe("gpt2-tiny", ["model.attention=sliding_window"], registry=registry)
         model = gptzoo.build_model(recipe, device="meta", registry=registry)
     assert gptzoo_warnings(caught) == [SHADOWED]
-    assert type(model.blocks[0].attn).__module__ == "gptzoo.builtins._attentions"
+    assert type(model.blocks[0].attn).__module__ == "gptzoo_plugins._attentions"
     for name in ("gptzoo:sliding_window", "gptzoo-fake-sliding:sliding_window", "causal"):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

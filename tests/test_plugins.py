@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLE_DIR = REPO / "examples" / "gptzoo-sqrelu"
 INSTALL_HINT = "pip install -e examples/gptzoo-sqrelu"
 GPTZOO_VERSION = gptzoo_version()
-BUILTIN_NORMS = Provenance("gptzoo.builtins.norms", "gptzoo", GPTZOO_VERSION)
+BUILTIN_NORMS = Provenance("gptzoo_plugins.norms", "gptzoo", GPTZOO_VERSION)
 
 
 def run_gptzoo(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -359,7 +359,7 @@ def test_override_replaces_the_builtin_and_records_it(fake_site: FakeSite) -> No
     entry = registry.get("norm", "rmsnorm")
     assert entry.provenance == Provenance("gptzoo_fake_override", "gptzoo-fake-override", "1.0")
     assert entry.overrides == BUILTIN_NORMS
-    assert str(entry.overrides) == f"gptzoo.builtins.norms (gptzoo {GPTZOO_VERSION})"
+    assert str(entry.overrides) == f"gptzoo_plugins.norms (gptzoo {GPTZOO_VERSION})"
     assert entry.factory.__name__ == "MyRMSNorm"
     assert registry.get("norm", "layernorm").overrides is None
     replaced = registry.get("norm", "gptzoo:rmsnorm")  # the replaced entry stays reachable qualified
@@ -404,7 +404,7 @@ def test_import_loads_no_plugins(cli_site: FakeSite) -> None:
     # Strict mode with a broken plugin installed: loading plugins at import would make it fail.
     code = (
         "import sys, gptzoo; "
-        "print(any(m.startswith('gptzoo.builtins') for m in sys.modules)); "
+        "print(any(m.startswith('gptzoo_plugins') for m in sys.modules)); "
         "print(any(m.startswith(('gptzoo_sqrelu', 'gptzoo_fake')) for m in sys.modules))"
     )
     proc = subprocess.run(
@@ -463,7 +463,7 @@ def test_cli_plugins_lists_a_failed_plugin_and_exits_0(plugins_json: subprocess.
     }
     assert rows["good"]["status"] == "ok" and rows["good"]["registered"] == ["norm:scalenorm"]
     builtin_norms = gptzoo.get_registry(third_party=False).names("norm")
-    assert rows["gptzoo.builtins.norms"]["registered"] == [f"norm:{name}" for name in builtin_norms]
+    assert rows["gptzoo_plugins.norms"]["registered"] == [f"norm:{name}" for name in builtin_norms]
     assert [name for name, row in rows.items() if row["builtin"]] == list(DEFAULT_PLUGINS)
 
 

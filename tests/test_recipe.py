@@ -574,7 +574,7 @@ def test_a_component_whose_name_reads_as_a_number_is_chosen_in_quotes(
 
 
 NUMBER_NAMES = """
-from gptzoo.builtins._norms import LayerNorm
+from gptzoo_plugins._norms import LayerNorm
 
 
 @gptzoo.hookimpl

@@ -255,7 +255,7 @@ def test_a_malformed_flag_names_its_plugin(
     who = f"sampler {name!r} from gptzoo_fake_bad (gptzoo-fake-bad 1.0)"
     if problem is None:  # "top-k" and the built-in "top_k" both make --top-k
         assert run_error(capsys, *ARGV) == (
-            f"error: {who} and sampler 'top_k' from gptzoo.builtins.samplers (gptzoo {gptzoo.__version__}) declare "
+            f"error: {who} and sampler 'top_k' from gptzoo_plugins.samplers (gptzoo {gptzoo.__version__}) declare "
             "the same flag --top-k; rename one of the samplers (each stays usable as --sampler)"
         )
         return

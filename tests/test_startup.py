@@ -231,7 +231,7 @@ def test_every_builtin_is_listed_as_registering_its_class_would() -> None:
     explicit = {("attention", "causal"): "Causal self-attention through scaled_dot_product_attention"}
     for entry in gptzoo.get_registry(third_party=False).all_entries():
         assert str(entry.target) == f"{entry.factory.__module__}:{entry.factory.__qualname__}"
-        assert entry.factory.__module__ == entry.provenance.plugin.replace(".builtins.", ".builtins._")
+        assert entry.factory.__module__ == entry.provenance.plugin.replace("gptzoo_plugins.", "gptzoo_plugins._")
         first_line = inspect.getdoc(entry.factory).split("\n")[0].strip()
         assert entry.doc == explicit.get((entry.kind, entry.name), first_line), (entry.kind, entry.name)
 

@@ -19,7 +19,7 @@ from gptzoo.cli import main
 from gptzoo.testing import CheckResult, run_conformance
 from gptzoo.testing.harness import SIZES
 
-BUILTIN_ATTENTION = "from gptzoo.builtins._attentions import CausalSelfAttention\n"
+BUILTIN_ATTENTION = "from gptzoo_plugins._attentions import CausalSelfAttention\n"
 
 NON_CAUSAL = (
     BUILTIN_ATTENTION

@@ -56,20 +56,20 @@ def activation(hf_name: str) -> dict[str, Any]:
 
 LAYOUT = (
     builtin(
-        "gptzoo.builtins._norms:LayerNorm",
+        "gptzoo_plugins._norms:LayerNorm",
         "gpt2",
         lambda norm: same("weight", "bias") if norm.bias is not None else None,  # GPT-2's LayerNorms have a bias
         lambda norm: {"layer_norm_epsilon": norm.eps},
     ),
-    builtin("gptzoo.builtins._activations:GELU", "gpt2", **activation("gelu")),
-    builtin("gptzoo.builtins._activations:GELUTanh", "gpt2", **activation("gelu_new")),
-    builtin("gptzoo.builtins._activations:ReLU", "gpt2", **activation("relu")),
-    builtin("gptzoo.builtins._activations:SiLU", "gpt2", **activation("silu")),
+    builtin("gptzoo_plugins._activations:GELU", "gpt2", **activation("gelu")),
+    builtin("gptzoo_plugins._activations:GELUTanh", "gpt2", **activation("gelu_new")),
+    builtin("gptzoo_plugins._activations:ReLU", "gpt2", **activation("relu")),
+    builtin("gptzoo_plugins._activations:SiLU", "gpt2", **activation("silu")),
     builtin(
-        "gptzoo.builtins._mlps:DenseMLP", "gpt2", lambda mlp: conv1d("c_fc", "c_proj", bias=mlp.c_fc.bias is not None)
+        "gptzoo_plugins._mlps:DenseMLP", "gpt2", lambda mlp: conv1d("c_fc", "c_proj", bias=mlp.c_fc.bias is not None)
     ),
-    builtin("gptzoo.builtins._positions:LearnedPosition", "gpt2", lambda position: same("wpe.weight")),
-    builtin("gptzoo.builtins._attentions:CausalSelfAttention", "gpt2", attention_maps, attention_fields),
+    builtin("gptzoo_plugins._positions:LearnedPosition", "gpt2", lambda position: same("wpe.weight")),
+    builtin("gptzoo_plugins._attentions:CausalSelfAttention", "gpt2", attention_maps, attention_fields),
 )
 """The "gpt2" layout of the built-in components."""
 

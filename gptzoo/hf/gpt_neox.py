@@ -65,16 +65,16 @@ def dense_mlp_maps(mlp: Any) -> list[TensorMap] | None:
 
 LAYOUT = (
     builtin(
-        "gptzoo.builtins._norms:LayerNorm",
+        "gptzoo_plugins._norms:LayerNorm",
         "gpt_neox",
         lambda norm: same("weight", "bias") if norm.bias is not None else None,  # its LayerNorms have a bias
         lambda norm: {"layer_norm_eps": norm.eps},
     ),
     *activation_layouts("gpt_neox"),
-    builtin("gptzoo.builtins._mlps:DenseMLP", "gpt_neox", dense_mlp_maps),
+    builtin("gptzoo_plugins._mlps:DenseMLP", "gpt_neox", dense_mlp_maps),
     # its own names for rope's base and fraction, the fraction always (its default rotary_pct is 0.25)
     *rope_layouts("gpt_neox", rope_fields("rotary_emb_base", "rotary_pct", always_fraction=True)),
-    builtin("gptzoo.builtins._attentions:CausalSelfAttention", "gpt_neox", attention_maps, attention_fields),
+    builtin("gptzoo_plugins._attentions:CausalSelfAttention", "gpt_neox", attention_maps, attention_fields),
 )
 """The "gpt_neox" layout of the built-in components."""
 

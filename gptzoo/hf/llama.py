@@ -41,7 +41,7 @@ class RopeType(NamedTuple):
     how to read the field)."""
 
 
-POSITIONS = "gptzoo.builtins._positions:"
+POSITIONS = "gptzoo_plugins._positions:"
 ROPE_TYPES: dict[str, RopeType] = {
     "default": RopeType("rope", POSITIONS + "RoPE", {}),
     "linear": RopeType("rope_linear", POSITIONS + "LinearRoPE", {"factor": ("factor", "number")}),
@@ -238,10 +238,10 @@ def gated_mlp_maps(mlp: Any) -> list[TensorMap]:
 
 
 ACTIVATION_NAMES = {
-    "gptzoo.builtins._activations:GELU": "gelu",
-    "gptzoo.builtins._activations:GELUTanh": "gelu_pytorch_tanh",
-    "gptzoo.builtins._activations:ReLU": "relu",
-    "gptzoo.builtins._activations:SiLU": "silu",
+    "gptzoo_plugins._activations:GELU": "gelu",
+    "gptzoo_plugins._activations:GELUTanh": "gelu_pytorch_tanh",
+    "gptzoo_plugins._activations:ReLU": "relu",
+    "gptzoo_plugins._activations:SiLU": "silu",
 }
 """The built-in activations' names in hidden_act (HF ACT2FN), in Llama and the families that name them as it does."""
 
@@ -259,18 +259,18 @@ def rmsnorm_fields(norm: Any) -> dict[str, Any]:
 
 
 LAYOUT = (
-    builtin("gptzoo.builtins._norms:RMSNorm", "llama", lambda norm: same("weight"), rmsnorm_fields),
+    builtin("gptzoo_plugins._norms:RMSNorm", "llama", lambda norm: same("weight"), rmsnorm_fields),
     builtin(
-        "gptzoo.builtins._norms:GemmaRMSNorm",
+        "gptzoo_plugins._norms:GemmaRMSNorm",
         "llama",
         lambda norm: same("weight"),
         lambda norm: {"rms_norm_eps": norm.eps, "rms_norm_offset": 1.0},
     ),
     *activation_layouts("llama"),
-    builtin("gptzoo.builtins._mlps:GatedMLP", "llama", gated_mlp_maps),
+    builtin("gptzoo_plugins._mlps:GatedMLP", "llama", gated_mlp_maps),
     *rope_layouts("llama", rope_fields("rope_theta", "partial_rotary_factor")),
     builtin(
-        "gptzoo.builtins._attentions:CausalSelfAttention",
+        "gptzoo_plugins._attentions:CausalSelfAttention",
         "llama",
         attention_maps,
         attention_fields,

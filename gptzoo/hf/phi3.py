@@ -41,10 +41,10 @@ def no_biases(module: Any) -> bool:
 
 
 LAYOUT = (
-    builtin("gptzoo.builtins._norms:RMSNorm", "phi3", lambda norm: same("weight"), rmsnorm_fields),
+    builtin("gptzoo_plugins._norms:RMSNorm", "phi3", lambda norm: same("weight"), rmsnorm_fields),
     *activation_layouts("phi3"),
     builtin(  # gate_up_proj is c_fc as it is ([gate; up])
-        "gptzoo.builtins._mlps:GatedMLP",
+        "gptzoo_plugins._mlps:GatedMLP",
         "phi3",
         lambda mlp: (
             [TensorMap("c_fc.weight", ("gate_up_proj.weight",)), TensorMap("c_proj.weight", ("down_proj.weight",))]
@@ -54,7 +54,7 @@ LAYOUT = (
     ),
     *rope_layouts("phi3", rope_fields("rope_theta", "partial_rotary_factor")),
     builtin(  # qkv_proj is c_attn as it is; no qk-norm
-        "gptzoo.builtins._attentions:CausalSelfAttention",
+        "gptzoo_plugins._attentions:CausalSelfAttention",
         "phi3",
         lambda attn: (
             [TensorMap("c_attn.weight", ("qkv_proj.weight",)), TensorMap("c_proj.weight", ("o_proj.weight",))]

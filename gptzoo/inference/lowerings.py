@@ -48,7 +48,7 @@ class Unsupported(Exception):
 
 
 def class_key(cls: type) -> str:
-    """``"gptzoo.builtins._norms:RMSNorm"``: the key of a class's lowering."""
+    """``"gptzoo_plugins._norms:RMSNorm"``: the key of a class's lowering."""
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
@@ -221,7 +221,7 @@ def lower_gpt(plan: DecodePlan, model: Any, cache: KVCache) -> Buffer:
     return logits
 
 
-WINDOW_CACHE = "gptzoo.builtins._attentions:WindowKVCache"
+WINDOW_CACHE = "gptzoo_plugins._attentions:WindowKVCache"
 """The ring buffer of the built-in sliding-window attention, which step.c's attend reads as the plain cache."""
 ATTENTION_DEPENDS = ("attend", "attend_window", "init_cache")
 """What an attention's lowering describes besides forward: a subclass that overrides one computes something else."""
@@ -241,17 +241,17 @@ BUILTIN: dict[str, Lowering] = {
     class_key(nn.Linear): Lowering(lower_linear),
     class_key(nn.Identity): Lowering(lower_identity),
     "gptzoo.inference.quantize:Int8Linear": Lowering(lower_int8_linear),
-    "gptzoo.builtins._norms:LayerNorm": Lowering(lower_layernorm),
-    "gptzoo.builtins._norms:RMSNorm": Lowering(lower_rmsnorm),
-    "gptzoo.builtins._norms:GemmaRMSNorm": Lowering(lower_gemma_rmsnorm),
-    "gptzoo.builtins._activations:GELU": Lowering(activation("gelu")),
-    "gptzoo.builtins._activations:GELUTanh": Lowering(activation("gelu_tanh")),
-    "gptzoo.builtins._activations:ReLU": Lowering(activation("relu")),
-    "gptzoo.builtins._activations:SiLU": Lowering(activation("silu")),
-    "gptzoo.builtins._mlps:DenseMLP": Lowering(lower_dense_mlp),
-    "gptzoo.builtins._mlps:GatedMLP": Lowering(lower_gated_mlp),
-    "gptzoo.builtins._attentions:CausalSelfAttention": Lowering(lower_causal_attention, ATTENTION_DEPENDS),
-    "gptzoo.builtins._attentions:EagerSelfAttention": Lowering(lower_eager_attention, ATTENTION_DEPENDS),
+    "gptzoo_plugins._norms:LayerNorm": Lowering(lower_layernorm),
+    "gptzoo_plugins._norms:RMSNorm": Lowering(lower_rmsnorm),
+    "gptzoo_plugins._norms:GemmaRMSNorm": Lowering(lower_gemma_rmsnorm),
+    "gptzoo_plugins._activations:GELU": Lowering(activation("gelu")),
+    "gptzoo_plugins._activations:GELUTanh": Lowering(activation("gelu_tanh")),
+    "gptzoo_plugins._activations:ReLU": Lowering(activation("relu")),
+    "gptzoo_plugins._activations:SiLU": Lowering(activation("silu")),
+    "gptzoo_plugins._mlps:DenseMLP": Lowering(lower_dense_mlp),
+    "gptzoo_plugins._mlps:GatedMLP": Lowering(lower_gated_mlp),
+    "gptzoo_plugins._attentions:CausalSelfAttention": Lowering(lower_causal_attention, ATTENTION_DEPENDS),
+    "gptzoo_plugins._attentions:EagerSelfAttention": Lowering(lower_eager_attention, ATTENTION_DEPENDS),
     **{
         f"gptzoo.model.gpt:{block}": Lowering(lower_block)
         for block in ("PreNormBlock", "PostNormBlock", "SandwichBlock", "ReorderedBlock", "ParallelBlock")

@@ -43,8 +43,10 @@ _TOO_LONG = f"an integer of more than {sys.get_int_max_str_digits()} digits"
 
 
 def recipes_dir() -> Path:
-    """The directory of shipped recipes, gptzoo/zoo/."""
-    return Path(__file__).resolve().parent.parent / "zoo"
+    """The directory of shipped recipes: recipes/ (installed as gptzoo_recipes)."""
+    import gptzoo_recipes
+
+    return Path(gptzoo_recipes.__file__).resolve().parent
 
 
 def shipped_recipes() -> dict[str, Path]:

@@ -1,7 +1,7 @@
 """`gptzoo sweep`: controlled ablations. A spec (gptzoo.sweep.spec) names a base recipe, the data, a budget,
 the variants and the seeds; gptzoo.sweep.matching sizes matched variants; gptzoo.sweep.runner trains and
 evaluates every (variant, seed) as an ordinary, resumable run; gptzoo.sweep.report and
-gptzoo.sweep.plots say what each swap did. Shipped specs live in gptzoo/sweeps/.
+gptzoo.sweep.plots say what each swap did. Shipped specs live in recipes/sweeps/.
 
 Example::
 

@@ -1,6 +1,6 @@
 """Names every part of a sweep shares, importable without torch (the command line reads them while it
 parses): the budget kinds, a sweep directory's layout, what counts as a spike, the shipped specs
-(gptzoo/sweeps/NAME.toml)."""
+(recipes/sweeps/NAME.toml)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,9 @@ nats above the run's best means the run came apart (diverged), as a non-finite l
 
 
 def shipped_sweeps() -> dict[str, Path]:
-    folder = Path(__file__).resolve().parent.parent / "sweeps"
+    import gptzoo_recipes
+
+    folder = Path(gptzoo_recipes.__file__).resolve().parent / "sweeps"
     return {p.stem: p for p in sorted(folder.glob("*.toml"))}
 
 

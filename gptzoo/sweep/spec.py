@@ -123,7 +123,7 @@ def _shown(value: Any) -> str:
 
 
 def find_spec(name_or_path: str | Path) -> Path:
-    """A spec file: an existing path, or the name of a shipped sweep (gptzoo/sweeps/NAME.toml).
+    """A spec file: an existing path, or the name of a shipped sweep (recipes/sweeps/NAME.toml).
 
     Raises:
         GptzooError: neither.

@@ -1,4 +1,4 @@
-"""The built-in MLPs: dense and gated (their code: gptzoo/builtins/_mlps.py).
+"""The built-in MLPs: dense and gated (their code: plugins/_mlps.py).
 
 A plugin like any other, which registers each by reference (gptzoo.registry): listing them imports
 neither that module nor torch, which load when an mlp is first needed.
@@ -9,9 +9,9 @@ from gptzoo.hookspecs import hookimpl
 
 @hookimpl
 def register_mlps(register):
-    register("dense", "gptzoo.builtins._mlps:DenseMLP", doc="Dense MLP: c_proj(act(c_fc(x))), d -> d_ff -> d.")
+    register("dense", "gptzoo_plugins._mlps:DenseMLP", doc="Dense MLP: c_proj(act(c_fc(x))), d -> d_ff -> d.")
     register(
         "gated",
-        "gptzoo.builtins._mlps:GatedMLP",
+        "gptzoo_plugins._mlps:GatedMLP",
         doc="Gated MLP: c_proj(act(x W) * (x V)); SwiGLU with silu, GeGLU with gelu.",
     )

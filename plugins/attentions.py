@@ -1,4 +1,4 @@
-"""The built-in attentions: causal, eager and sliding-window (their code: gptzoo/builtins/_attentions.py).
+"""The built-in attentions: causal, eager and sliding-window (their code: plugins/_attentions.py).
 
 A plugin like any other, which registers each by reference (gptzoo.registry): listing them imports
 neither that module nor torch, which load when an attention is first needed.
@@ -11,17 +11,17 @@ from gptzoo.hookspecs import hookimpl
 def register_attentions(register):
     register(
         "causal",
-        "gptzoo.builtins._attentions:CausalSelfAttention",
+        "gptzoo_plugins._attentions:CausalSelfAttention",
         doc="Causal self-attention through scaled_dot_product_attention",
     )
     register(
         "eager",
-        "gptzoo.builtins._attentions:EagerSelfAttention",
+        "gptzoo_plugins._attentions:EagerSelfAttention",
         doc="Causal self-attention computed explicitly: softmax(QK^T/sqrt(d_k) + M)V.",
     )
     register(
         "sliding_window",
-        "gptzoo.builtins._attentions:SlidingWindowAttention",
+        "gptzoo_plugins._attentions:SlidingWindowAttention",
         doc="Sliding-window causal self-attention: each query sees its last ``window`` keys; the cache keeps only "
         "those.",
     )
