@@ -5,7 +5,7 @@ gptzoo.errors.GptzooWarning, or refuse it with a PluginError naming the componen
 member, the old and new forms and the fix.
 
 The form is told from the member's signature on the built object (``inspect``), never by calling
-it and catching a TypeError (gptzoo.factories.adapt_old_forms applies the table to everything a
+it and catching a TypeError (gptzoo.plugin_code.adapt_old_forms applies the table to everything a
 factory builds). A plugin that declares a contract version at or after a change's
 (gptzoo.hookspecs.CONTRACT_ATTRIBUTE) says it was written for the new form: an old form there is a
 mistake, refused rather than adapted.

@@ -33,7 +33,7 @@ the members a built object must expose (``members``) and the optional methods it
 test checks that every hook's docstring below says the same. The typed shape of each kind's built
 object is the Protocol (or base class) named by ``interface`` in gptzoo.interfaces: a member it
 annotates with a class (or a union of classes) must be an instance of one, a member it defines as
-a method must be callable (gptzoo.factories.check_contract). Every parameter and persistent buffer
+a method must be callable (gptzoo.plugin_code.check_contract). Every parameter and persistent buffer
 of a built module is float32, bfloat16 or float16 (or torch's default dtype), as a checkpoint's
 weights are. A buffer registered with ``persistent=False`` is refused: a checkpoint is loaded into a
 model built on the meta device, where nothing outside the state dict gets a value; a table derived
@@ -45,7 +45,7 @@ On the factory, for every kind (optional):
   arguments as the factory and returns problems found before anything is allocated (e.g. rope
   needs an even head dimension). Recipe validation reports them with the other problems; a check
   that raises, or returns anything but a list (or tuple) of str, is a PluginError naming its plugin
-  (gptzoo.factories, which runs factories the same way). Before ``check`` runs, validation refuses
+  (gptzoo.plugin_code, which runs factories the same way). Before ``check`` runs, validation refuses
   any float parameter that is not finite (nan, +-inf) and any integer outside int64, and passes a
   parameter whose default is a float as a Python float; a component that needs "no limit" takes a
   finite sentinel (e.g. 0), not inf.

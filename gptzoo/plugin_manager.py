@@ -22,7 +22,7 @@ time: each call builds a fresh manager.
 
 While a third-party plugin's code runs (its import, its registration, its register hooks: see
 :func:`guarded`), ``os._exit`` raises :class:`PluginExit` instead of ending the process, so the
-plugin is reported failed; the real ``os._exit`` is put back afterwards (gptzoo.factories does the
+plugin is reported failed; the real ``os._exit`` is put back afterwards (gptzoo.plugin_code does the
 same, with :func:`exit_guard`, while any component's factory or check runs). A plugin that takes longer
 than ``$GPTZOO_PLUGIN_WARN_S`` seconds (default 5; 0: never) gets one line on stderr naming it and
 how to skip it. There is no hard timeout: Python cannot abort an import from outside, so the line is

@@ -677,7 +677,7 @@ def _structural(kind: str) -> list[str]:
 
 def _without_default(kind: str, factory: Callable[..., Any]) -> list[str]:
     """The factory's parameters that neither have a default nor are passed by the model. A signature
-    that cannot be read is judged when the component is used (gptzoo.factories.signature)."""
+    that cannot be read is judged when the component is used (gptzoo.plugin_code.signature)."""
     try:
         signature = inspect.signature(factory)
     except Exception:

@@ -16,7 +16,7 @@ from fakedist import FakeSite
 from torch import nn
 
 import gptzoo
-from gptzoo import factories, hookspecs, interfaces
+from gptzoo import hookspecs, interfaces, plugin_code
 from gptzoo.hookspecs import CONTRACTS, KINDS
 from gptzoo.inference.sampling import SamplerChain
 from gptzoo.model.build import build_model
@@ -63,7 +63,7 @@ def test_interface_declares_the_members(kind: str) -> None:
     assert interface is not None, f"gptzoo.interfaces has no {contract.interface} for kind {kind!r}"
     declared = set(dir(interface)) | set(getattr(interface, "__annotations__", {}))
     assert set(contract.members) <= declared, f"{contract.interface} lacks {set(contract.members) - declared}"
-    typed = factories.declared_members(contract.interface)  # what check_contract holds each member to
+    typed = plugin_code.declared_members(contract.interface)  # what check_contract holds each member to
     assert set(contract.members) <= set(typed), f"{contract.interface} neither types nor defines {contract.members}"
     assert set(contract.positive) <= set(contract.members)
 
@@ -613,7 +613,7 @@ def test_a_checks_problems_are_kept_as_plain_text(
 ) -> None:
     site.add("check", "gptzoo_fake_check", CHECKED.format(check=STR_SUBCLASS))
     entry = gptzoo.get_registry().get(kind, "checked")
-    problems = factories.check(entry, {"dim": 8} if kind == "norm" else {"p": 0.25})
+    problems = plugin_code.check(entry, {"dim": 8} if kind == "norm" else {"p": 0.25})
     assert problems == ["too odd"] and type(problems[0]) is str
     where = "[model] norm" if kind == "norm" else "[generate] samplers[0]"
     with pytest.raises(gptzoo.RecipeError) as excinfo:

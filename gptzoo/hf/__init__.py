@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gptzoo import factories
+from gptzoo import plugin_code
 from gptzoo.errors import CheckpointError, GptzooError, Interrupted, RecipeError, did_you_mean
 from gptzoo.hf.family import Family, NoEquivalentError, show
 from gptzoo.hf.files import locate, read_config, read_tensors, write_checkpoint
@@ -128,7 +128,7 @@ def _layer_problems(recipe: Recipe, derived: Recipe, registry: Registry) -> list
 def _effective(kind: str, component: Any, registry: Registry) -> tuple[str, dict[str, Any]]:
     """A component with its factory's defaults filled in, so `rmsnorm` equals `{rmsnorm, eps=1e-6}`."""
     entry = registry.get(kind, component.name)
-    signature = factories.signature(entry)
+    signature = plugin_code.signature(entry)
     params = {
         p.name: p.default
         for p in (signature.parameters.values() if signature is not None else ())

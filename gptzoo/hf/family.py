@@ -22,7 +22,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from gptzoo import factories
+from gptzoo import plugin_code
 from gptzoo.errors import CheckpointError, GptzooError, PluginError, did_you_mean
 from gptzoo.hf.layouts import Layouts
 from gptzoo.interfaces import TensorMap
@@ -156,8 +156,8 @@ class Family:
             for key, value in ((self.renames.get(k, k), v) for k, v in fields.items()):
                 if key in structural:
                     raise PluginError(
-                        f"{factories.culprit(entry)} has a {self.layout!r} layout whose config sets {key}, which "
-                        f"{self.architecture} takes from the recipe's structure; {factories.fix(entry)}"
+                        f"{plugin_code.culprit(entry)} has a {self.layout!r} layout whose config sets {key}, which "
+                        f"{self.architecture} takes from the recipe's structure; {plugin_code.fix(entry)}"
                     )
                 if key in self.implied:
                     implied_given.add(key)
@@ -220,11 +220,11 @@ class Family:
     def _component_fields(self, entry: Entry, module: nn.Module, layouts: Layouts) -> dict[str, Any] | str:
         """The config.json fields one component owns in this family, or why it has no equivalent."""
         key = self.layout
-        with factories.running(entry, f"has a broken Hugging Face {key!r} layout (its weights)"):
+        with plugin_code.running(entry, f"has a broken Hugging Face {key!r} layout (its weights)"):
             maps = layouts.weights(module)
         if isinstance(maps, str):
             return maps
-        with factories.running(entry, f"has a broken Hugging Face {key!r} layout (its config)"):
+        with plugin_code.running(entry, f"has a broken Hugging Face {key!r} layout (its config)"):
             fields = layouts.config(module)
         if fields is None:
             return f"its {key!r} layout refuses its config"
@@ -237,9 +237,9 @@ class Family:
 
         if type(fields) is not dict or not all(type(k) is str and ok(v) for k, v in fields.items()):
             raise PluginError(
-                f"{factories.culprit(entry)} has a {key!r} layout whose config returned {show_plain(fields)}, not "
+                f"{plugin_code.culprit(entry)} has a {key!r} layout whose config returned {show_plain(fields)}, not "
                 f"a dict of config.json field names to numbers, text, booleans, None or objects of those; "
-                f"{factories.fix(entry)}"
+                f"{plugin_code.fix(entry)}"
             )
         return dict(fields)
 

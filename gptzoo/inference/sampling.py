@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gptzoo import factories
+from gptzoo import plugin_code
 from gptzoo.errors import GptzooError, PluginError, exception_text
 from gptzoo.interfaces import Sampler, SamplerFlag
 from gptzoo.recipe.validate import step_problems
@@ -43,7 +43,7 @@ def traits(entry: Entry) -> Traits:
     """The factory's ``flag``, ``sampling_only`` and ``picks``; a PluginError naming the sampler when
     one is not what gptzoo.interfaces.Sampler says (a SamplerFlag of an int or float parameter the
     factory takes, a bool)."""
-    with factories.running(entry, "has a broken flag"):
+    with plugin_code.running(entry, "has a broken flag"):
         flag = getattr(entry.factory, "flag", None)
         sampling_only = getattr(entry.factory, "sampling_only", False)
         picks = getattr(entry.factory, "picks", False) is True  # a factory that is no Sampler class: unknown
@@ -55,7 +55,7 @@ def traits(entry: Entry) -> Traits:
     if problem is None and type(sampling_only) is not bool:
         problem = f"its sampling_only is {show_plain(sampling_only)}, not True or False"
     if problem:
-        raise PluginError(f"{factories.culprit(entry)} {problem}; {factories.fix(entry)}")
+        raise PluginError(f"{plugin_code.culprit(entry)} {problem}; {plugin_code.fix(entry)}")
     return Traits(flag, sampling_only, picks)
 
 
@@ -67,7 +67,7 @@ def _flag_problem(entry: Entry, flag: SamplerFlag) -> str | None:
         return f"its flag's order is {show_plain(flag.order)}, not an int"
     if type(flag.help) is not str or "\n" in flag.help:
         return f"its flag's help is {show_plain(flag.help)}, not one line of text"
-    signature = factories.signature(entry)
+    signature = plugin_code.signature(entry)
     params = signature.parameters.values() if signature is not None else ()
     takes = signature is None or any(p.name == flag.param or p.kind == p.VAR_KEYWORD for p in params)
     if type(flag.param) is not str or not takes:
@@ -103,15 +103,15 @@ class SamplerChain:
         steps = []
         for name, params in spec:
             entry = registry.get("sampler", name)
-            note = factories.overridden(entry)
-            problems = factories.check(entry, params)
+            note = plugin_code.overridden(entry)
+            problems = plugin_code.check(entry, params)
             if problems:
                 raise GptzooError(f"sampler {name!r}: {'; '.join(problems)}{note}")
             try:
-                step = factories.build(entry, params, user_errors=(TypeError, ValueError))
+                step = plugin_code.build(entry, params, user_errors=(TypeError, ValueError))
             except (TypeError, ValueError) as exc:
                 raise GptzooError(f"sampler {name!r}: {exception_text(exc)}{note}") from None
-            factories.check_contract(entry, step)
+            plugin_code.check_contract(entry, step)
             steps.append(step)
         return cls(steps, [(name, dict(params)) for name, params in spec])
 

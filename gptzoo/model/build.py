@@ -12,11 +12,11 @@ import torch
 from torch import nn
 
 from gptzoo.errors import GptzooError
-from gptzoo.factories import build, check_contract, running, takes
 from gptzoo.hookspecs import CONTRACTS
 from gptzoo.interfaces import Position
 from gptzoo.memory import available_bytes, format_bytes
 from gptzoo.model.gpt import BLOCKS, GPT
+from gptzoo.plugin_code import build, check_contract, running, takes
 from gptzoo.recipe import Recipe, load_recipe, structural_args
 from gptzoo.recipe.schema import LayerType
 from gptzoo.registry import Entry, Registry, default_registry
@@ -37,7 +37,7 @@ def build_model(
     Every component is checked against its kind's contract (gptzoo.hookspecs.CONTRACTS): a factory
     that raises (or exits), or whose first product lacks a required member, has one of another type
     than its interface declares, or holds a parameter or persistent buffer of a dtype no checkpoint
-    holds (integers, float64), is a PluginError naming its plugin (gptzoo.factories).
+    holds (integers, float64), is a PluginError naming its plugin (gptzoo.plugin_code).
     """
     registry = registry if registry is not None else default_registry()
     if not isinstance(recipe, Recipe):

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import MISSING, fields
 from typing import Any, get_type_hints
 
-from gptzoo import factories
+from gptzoo import plugin_code
 from gptzoo.defaults import TOKENIZER_NAMES
 from gptzoo.errors import (
     AmbiguousComponentError,
@@ -467,16 +467,16 @@ class _Validator:
     def component_params(self, where: str, entry: Entry, params: dict[str, Any]) -> None:
         """Check the recipe's parameters against the factory's signature and the defaults' types. A
         factory taking ``**kwargs`` accepts any other parameter, untyped."""
-        signature = factories.signature(entry)
+        signature = plugin_code.signature(entry)
         if signature is None:  # a builtin without a signature: the factory will judge
             return
-        with factories.running(entry, "has a signature that cannot be read"):
-            wrong = factories.signature_problem(entry, signature)
+        with plugin_code.running(entry, "has a signature that cannot be read"):
+            wrong = plugin_code.signature_problem(entry, signature)
         if wrong is not None:
             raise PluginError(wrong)
-        kind, note = entry.kind, factories.overridden(entry)
+        kind, note = entry.kind, plugin_code.overridden(entry)
         given_by_model = CONTRACTS[kind].given_by_model
-        with factories.running(entry, "has a signature that cannot be read"):
+        with plugin_code.running(entry, "has a signature that cannot be read"):
             accepted = {
                 str.__str__(p.name): p.default
                 for p in signature.parameters.values()
@@ -493,7 +493,7 @@ class _Validator:
                 )
                 continue
             default = accepted.get(param)  # None: taken by **kwargs, untyped
-            with factories.running(entry, f"has a parameter {show(param)} whose default cannot be inspected"):
+            with plugin_code.running(entry, f"has a parameter {show(param)} whose default cannot be inspected"):
                 expected = None if default is inspect.Parameter.empty or default is None else type(default)
                 ok = expected is None or _type_ok(value, expected)
                 must_be = None if ok else f"{_TYPE_NAMES.get(expected, expected.__name__)}"
@@ -543,17 +543,17 @@ class _Validator:
         """Run the sampler's check, then build it (samplers are cheap) to let it judge its parameter
         values (ValueError, as the contract says) and hold it to its contract."""
         entry = self.registry.get("sampler", step.name)
-        where, note = f"[generate] samplers[{i}] ({step.name})", factories.overridden(entry)
-        problems = factories.check(entry, step.kwargs)
+        where, note = f"[generate] samplers[{i}] ({step.name})", plugin_code.overridden(entry)
+        problems = plugin_code.check(entry, step.kwargs)
         self.problems.extend(f"{where}: {problem}{note}" for problem in problems)
         if problems:
             return
         try:
-            sampler = factories.build(entry, step.kwargs, user_errors=(TypeError, ValueError))
+            sampler = plugin_code.build(entry, step.kwargs, user_errors=(TypeError, ValueError))
         except (TypeError, ValueError) as exc:
             self.problems.append(f"{where}: {exception_text(exc)}{note}")
             return
-        factories.check_contract(entry, sampler)
+        plugin_code.check_contract(entry, sampler)
         if sampler.picks and not last:
             self.problems.append(f"{where} chooses the token, so it must come last")
 
@@ -624,8 +624,8 @@ class _Validator:
 
     def component_check(self, spec: ModelSpec, where: str, kind: str, component: Component) -> None:
         entry = self.registry.get(kind, component.name)
-        for problem in factories.check(entry, {**structural_args(spec, kind), **component.kwargs}):
-            self.problems.append(f"[model] {where} ({component.name}): {problem}{factories.overridden(entry)}")
+        for problem in plugin_code.check(entry, {**structural_args(spec, kind), **component.kwargs}):
+            self.problems.append(f"[model] {where} ({component.name}): {problem}{plugin_code.overridden(entry)}")
 
 
 LAYER_KEYS = {"layer_pattern": _Validator.layer_pattern, LAYER_TYPES: _Validator.layer_types}

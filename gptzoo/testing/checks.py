@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from gptzoo import factories
+from gptzoo import plugin_code
 from gptzoo.errors import GptzooError, exception_text
 from gptzoo.hf import FAMILIES
 from gptzoo.inference.sampling import SamplerChain
@@ -272,7 +272,7 @@ def small_ints(params: Mapping[str, Any]) -> list[int]:
 def decode_length(subject: Subject) -> int:
     """How long the cache checks' sequences are: past twice the largest small int parameter (a window;
     given, or the factory's default), within the context."""
-    sig = factories.signature(subject.entry)
+    sig = plugin_code.signature(subject.entry)
     defaults = {} if sig is None else {n: p.default for n, p in sig.parameters.items() if p.default is not p.empty}
     largest = max(small_ints({**defaults, **subject.params}), default=0)
     return min(CONTEXT, max(12, PREFILL + 2 * largest + 2))

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from gptzoo import factories
+from gptzoo import plugin_code
 from gptzoo.errors import GptzooError, RecipeError, exception_text
 from gptzoo.hookspecs import CONTRACTS
 from gptzoo.interfaces import Positions
@@ -87,7 +87,7 @@ def structural(kind: str, size: Size) -> dict[str, Any]:
 
 def refused(entry: Entry, size: Size, params: Mapping[str, Any]) -> list[str]:
     """The problems the component's own ``check`` finds at this size."""
-    return factories.check(entry, {**structural(entry.kind, size), **params})
+    return plugin_code.check(entry, {**structural(entry.kind, size), **params})
 
 
 def build_test_model(registry: Registry, size: Size, choices: Mapping[str, Choice], *, seed: int) -> GPT:
@@ -123,14 +123,14 @@ def build_standalone(entry: Entry, params: Mapping[str, Any], *, seed: int) -> A
         Skipped: its own check refuses the parameters.
         Failed: it does not build, or breaks its contract.
     """
-    problems = factories.check(entry, params)
+    problems = plugin_code.check(entry, params)
     if problems:
         raise Skipped(f"its check refuses {dict(params)}: {'; '.join(problems)}")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         try:
-            built = factories.build(entry, params, user_errors=(TypeError, ValueError))
-            factories.check_contract(entry, built)
+            built = plugin_code.build(entry, params, user_errors=(TypeError, ValueError))
+            plugin_code.check_contract(entry, built)
         except (TypeError, ValueError) as exc:
             raise Failed(f"the factory refused {dict(params)}: {one_line(exception_text(exc))}") from None
         except GptzooError as exc:
