@@ -181,7 +181,7 @@ CONTRACTS: dict[str, Contract] = {
             None,
             members=("picks", "pick"),
             optional=(),
-            factory_optional=("check", "examples", "flag", "sampling_only"),
+            factory_optional=("check", "examples", "flag", "sampling_only", "greedy"),
             module=False,
         ),
     )
@@ -314,13 +314,15 @@ def register_samplers(register: Register) -> None:
     pick samples from the softmax of the transformed logits with the given torch.Generator.
     Factories raise ValueError for out-of-range parameters (e.g. top_p outside (0, 1]).
     ``flag`` (a gptzoo.interfaces.SamplerFlag) gives the step a command-line flag of ``gptzoo
-    generate`` (``--top-k`` for ``top_k``) and its place in Hugging Face's order; ``sampling_only``
-    (True for temperature, top_k, ...) drops the step when ``--temperature 0`` asks for greedy.
+    generate`` (``--top-k`` for ``top_k``) and its place in Hugging Face's order (its
+    ``zero_is_greedy``: the value 0 asks for greedy decoding, as ``--temperature 0``); ``sampling_only``
+    (True for temperature, top_k, ...) drops the step when such a flag asks for greedy; ``greedy``
+    (True for the built-in greedy step) marks the picking step a chain ends in when nothing samples.
     Any step, flagged or not, is reachable as ``--sampler NAME:param=value``.
 
     Members: ``picks``, ``pick``.
     Optional: none.
-    On the factory: ``check``, ``examples``, ``flag``, ``sampling_only``.
+    On the factory: ``check``, ``examples``, ``flag``, ``sampling_only``, ``greedy``.
     """
 
 

@@ -416,6 +416,10 @@ class SamplerFlag:
     """One line for ``gptzoo generate --help``."""
     type: type = float
     """int or float: how the flag's text is read."""
+    zero_is_greedy: bool = False
+    """Whether the value 0 asks for greedy decoding instead of this step, as Hugging Face's
+    temperature=0 does: every ``sampling_only`` step and any picking step is dropped, and the chain
+    ends in the registry's ``greedy`` step."""
 
 
 class Sampler:
@@ -430,6 +434,10 @@ class Sampler:
 
     flag: SamplerFlag | None = None
     """The step's command-line flag, if it has one (read on the factory, before anything is built)."""
+    greedy: bool = False
+    """True for the picking step a chain ends in when nothing in it samples (Hugging Face's
+    do_sample=False: the argmax), and that a flag's ``zero_is_greedy`` asks for; one registered sampler
+    declares it (read on the factory)."""
     sampling_only: bool = False
     """True for a step that only matters when sampling (temperature, top_k, ...): ``--temperature 0``
     (greedy) drops it, as Hugging Face does (read on the factory)."""

@@ -19,6 +19,7 @@ class Greedy(Sampler):
     """Pick the most likely token (argmax; the first one on ties)."""
 
     picks = True
+    greedy = True
 
     def pick(self, logits: Tensor, generator: torch.Generator | None = None) -> Tensor:
         return logits.argmax(dim=-1)
@@ -33,7 +34,12 @@ class Temperature(Sampler):
     the limit of sampling as the temperature goes to 0, i.e. greedy.
     """
 
-    flag = SamplerFlag("temperature", 20, "divide the logits by this (0 means greedy: the sampling steps are dropped)")
+    flag = SamplerFlag(
+        "temperature",
+        20,
+        "divide the logits by this (0 means greedy: the sampling steps are dropped)",
+        zero_is_greedy=True,
+    )
     sampling_only = True
 
     def __init__(self, temperature: float = 1.0) -> None:

@@ -7,6 +7,7 @@ softmax of the result with a torch.Generator; a chain ending in ``greedy`` takes
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,11 +24,6 @@ from gptzoo.registry import Entry, Registry, show_plain
 Spec = list[tuple[str, dict[str, Any]]]
 """A chain as (sampler name, parameters) pairs, in order."""
 
-GREEDY = "greedy"
-"""The step a chain ends in when nothing samples (Hugging Face's do_sample=False): the argmax."""
-TEMPERATURE = "temperature"
-"""The step whose flag's value 0 asks for greedy decoding, as Hugging Face's temperature=0 does."""
-
 
 @dataclass(frozen=True)
 class Traits:
@@ -37,16 +33,20 @@ class Traits:
     sampling_only: bool
     picks: bool
     """The factory's ``picks`` (a Sampler class's): the step chooses the token, so it ends the chain."""
+    greedy: bool
+    """The factory's ``greedy``: the step a chain ends in when nothing samples."""
 
 
+@functools.lru_cache(maxsize=256)
 def traits(entry: Entry) -> Traits:
-    """The factory's ``flag``, ``sampling_only`` and ``picks``; a PluginError naming the sampler when
-    one is not what gptzoo.interfaces.Sampler says (a SamplerFlag of an int or float parameter the
-    factory takes, a bool)."""
+    """The factory's ``flag``, ``sampling_only``, ``picks`` and ``greedy``, read once per entry; a
+    PluginError naming the sampler when one is not what gptzoo.interfaces.Sampler says (a SamplerFlag
+    of an int or float parameter the factory takes, a bool)."""
     with plugin_code.running(entry, "has a broken flag"):
         flag = getattr(entry.factory, "flag", None)
         sampling_only = getattr(entry.factory, "sampling_only", False)
         picks = getattr(entry.factory, "picks", False) is True  # a factory that is no Sampler class: unknown
+        greedy = getattr(entry.factory, "greedy", False)
     problem = None
     if flag is not None and type(flag) is not SamplerFlag:
         problem = f"its flag is {show_plain(flag)}, not a gptzoo.interfaces.SamplerFlag"
@@ -54,9 +54,13 @@ def traits(entry: Entry) -> Traits:
         problem = _flag_problem(entry, flag)
     if problem is None and type(sampling_only) is not bool:
         problem = f"its sampling_only is {show_plain(sampling_only)}, not True or False"
+    if problem is None and type(greedy) is not bool:
+        problem = f"its greedy is {show_plain(greedy)}, not True or False"
+    if problem is None and greedy and not picks:
+        problem = "it declares greedy = True but does not pick the token (picks = True and a pick method)"
     if problem:
         raise PluginError(f"{plugin_code.culprit(entry)} {problem}; {plugin_code.fix(entry)}")
-    return Traits(flag, sampling_only, picks)
+    return Traits(flag, sampling_only, picks, greedy)
 
 
 def _flag_problem(entry: Entry, flag: SamplerFlag) -> str | None:
@@ -67,6 +71,8 @@ def _flag_problem(entry: Entry, flag: SamplerFlag) -> str | None:
         return f"its flag's order is {show_plain(flag.order)}, not an int"
     if type(flag.help) is not str or "\n" in flag.help:
         return f"its flag's help is {show_plain(flag.help)}, not one line of text"
+    if type(flag.zero_is_greedy) is not bool:
+        return f"its flag's zero_is_greedy is {show_plain(flag.zero_is_greedy)}, not True or False"
     signature = plugin_code.signature(entry)
     params = signature.parameters.values() if signature is not None else ()
     takes = signature is None or any(p.name == flag.param or p.kind == p.VAR_KEYWORD for p in params)
@@ -80,10 +86,27 @@ def option(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def flagged(registry: Registry) -> list[tuple[Entry, SamplerFlag]]:
-    """Every registered sampler with a flag, in the flags' order (then by name)."""
+@functools.lru_cache(maxsize=8)
+def flagged(registry: Registry) -> tuple[tuple[Entry, SamplerFlag], ...]:
+    """Every registered sampler with a flag, in the flags' order (then by name); found once per registry."""
     steps = [(entry, traits(entry).flag) for entry in registry.entries("sampler")]
-    return sorted(((e, f) for e, f in steps if f is not None), key=lambda ef: (ef[1].order, ef[0].name))
+    return tuple(sorted(((e, f) for e, f in steps if f is not None), key=lambda ef: (ef[1].order, ef[0].name)))
+
+
+@functools.lru_cache(maxsize=8)
+def greedy_step(registry: Registry) -> str:
+    """The name of the registered sampler that declares ``greedy`` (the first, if several do).
+
+    Raises:
+        GptzooError: none does (a plugin replaced the built-in greedy step with one that does not say so).
+    """
+    for entry in registry.entries("sampler"):
+        if traits(entry).greedy:
+            return entry.name
+    raise GptzooError(
+        "no registered sampler declares greedy = True (the step a chain ends in when nothing samples); a plugin "
+        "that replaces the greedy step must declare it, or name a picking step in the recipe's [generate] samplers"
+    )
 
 
 class SamplerChain:
@@ -227,16 +250,17 @@ def chain_spec(
             steps[-1] = (name, params)
         else:
             steps.insert(len(steps) - 1 if steps and resolve(steps[-1][0])[1].picks else len(steps), (name, params))
-    if flags.get(TEMPERATURE) == 0:
-        temperature = registry.get("sampler", TEMPERATURE)
+    zeroed = [entry for entry, flag in flagged(registry) if flag.zero_is_greedy and flags.get(entry.name) == 0]
+    if zeroed:
         kept = []
         for name, params in steps:
             entry, info = resolve(name)
-            if not (info.sampling_only or info.picks or entry == temperature):
+            if not (info.sampling_only or info.picks or entry in zeroed):
                 kept.append((name, params))
-        return [*kept, (GREEDY, {})]
-    if sampling_asked and steps and steps[-1][0] == GREEDY and GREEDY not in seen:
+        return [*kept, (greedy_step(registry), {})]
+    ends_greedy = bool(steps) and resolve(steps[-1][0])[1].greedy
+    if sampling_asked and ends_greedy and not any(resolve(name)[1].greedy for name in seen):
         steps.pop()  # asking for sampling overrides a recipe that ends in greedy
     elif not any(info.sampling_only or info.picks for info in (resolve(name)[1] for name, _ in steps)):
-        steps.append((GREEDY, {}))
+        steps.append((greedy_step(registry), {}))
     return steps
