@@ -54,17 +54,24 @@ MODELS = {
 
 
 def decode_both(
-    model: gptzoo.GPT, prompts: torch.Tensor, steps: int, threads: int = 1, mask: torch.Tensor | None = None
+    model: gptzoo.GPT,
+    prompts: torch.Tensor,
+    steps: int,
+    threads: int = 1,
+    mask: torch.Tensor | None = None,
+    eager_parts: list[str] | None = None,
 ):
     """Logits of ``steps`` greedy steps after ``prompts`` (B, T; ``mask``: 0 for left padding): the
-    eager forward's and the compiled step's."""
+    eager forward's and the compiled step's, a split one where ``eager_parts`` lists the reasons of
+    the modules it runs eagerly (in the step's order), else one native call."""
     eager_cache, plan_cache = model.init_cache(len(prompts), 64), model.init_cache(len(prompts), 64)
     with torch.no_grad(), matvec.native_decoding(model) as tuner:
         tuner.choices, tuner.current = [threads], threads
         model(prompts, eager_cache, attention_mask=mask)
         model(prompts, plan_cache, attention_mask=mask)
-        step, why = compile_step(model, plan_cache, len(prompts))
+        step, why = compile_step(model, plan_cache, len(prompts), split=eager_parts is not None)
         assert step is not None, why
+        assert [part.reason for part in step.eager] == (eager_parts or [])
         eager, planned = [], []
         token = prompts[:, -1:]
         for _ in range(steps):
@@ -190,10 +197,36 @@ def test_hooks_dtypes_and_biases_are_refused() -> None:
         "activations in torch.float64 (the plan takes float32 and bfloat16)",
     )
     alibi = tiny_model("gpt2-tiny", "model.position=alibi")
-    assert compile_step(alibi, alibi.init_cache(1, 8), 1) == (
-        None,
-        "ALiBi biases attention (the plan has no attention bias)",
-    )
+    for split in (False, True):  # the model's own lowering refuses: there is nothing to split
+        assert compile_step(alibi, alibi.init_cache(1, 8), 1, split=split) == (
+            None,
+            "ALiBi biases attention (the plan has no attention bias)",
+        )
+
+
+def test_an_attention_and_a_block_the_plan_cannot_describe_run_their_eager_forward_within_a_split_step() -> None:
+    """An attention with a forward hook, a block whose class overrides forward: each runs its forward
+    with the step's AttentionContext (the model's own, padding masked) and its layer's cache."""
+    model = tiny_model(*MODELS["llama"], "model.n_layer=3")
+    calls = []
+    model.blocks[0].attn.register_forward_hook(lambda *_: calls.append(1))
+
+    class Logged(type(model.blocks[1])):
+        def forward(self, x, ctx, cache=None):
+            calls.append(2)
+            return super().forward(x, ctx, cache)
+
+    model.blocks[1].__class__ = Logged
+    batch = prompts(model, batch=3, length=6)
+    mask = torch.ones_like(batch)
+    mask[0, :4], mask[2, :1] = 0, 0
+    reasons = [
+        "CausalSelfAttention has forward hooks or a forward of its own",
+        "Logged overrides forward of PreNormBlock, whose lowering would not describe it",
+    ]
+    eager, planned = decode_both(model, batch, steps=8, mask=mask, eager_parts=reasons)
+    assert_close(planned, eager)
+    assert calls == [1, 2] * (2 + 2 * 8)  # two prefills, then each step eagerly and planned
 
 
 def prefilled_step(model: gptzoo.GPT, max_len: int):
@@ -283,13 +316,38 @@ def test_a_plugin_component_decodes_natively_through_the_lowering_it_registers(
     assert planned_tokens == generate(model, batch, 12)
 
 
+UNITNORM_WITHOUT_LOWERING = (
+    UNITNORM_CLASS + '\n\n@gptzoo.hookimpl\ndef register_norms(register):\n    register("unitnorm", UnitNorm)\n'
+)
+"""A plugin's norm that registers no lowering."""
+NO_LOWERING = "gz_unitnorm.UnitNorm has no decode lowering"
+
+
 @torch.no_grad()
-def test_a_plugin_component_without_a_lowering_decodes_with_its_eager_forward(fake_site: FakeSite) -> None:
-    registers = '\n\n@gptzoo.hookimpl\ndef register_norms(register):\n    register("unitnorm", UnitNorm)\n'
-    model = plugin_model(fake_site, UNITNORM_CLASS + registers, "model.norm=unitnorm")
+def test_a_plugin_component_without_a_lowering_is_refused_by_a_plan_that_does_not_split(fake_site: FakeSite) -> None:
+    model = plugin_model(fake_site, UNITNORM_WITHOUT_LOWERING, "model.norm=unitnorm")
     cache = model.init_cache(1, 8)
     model(prompts(model), cache)
-    assert compile_step(model, cache, 1) == (None, "gz_unitnorm.UnitNorm has no decode lowering")
+    assert compile_step(model, cache, 1) == (None, NO_LOWERING)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_plugin_component_without_a_lowering_runs_its_eager_forward_within_a_split_step(
+    fake_site: FakeSite, dtype: str
+) -> None:
+    """Each of its norms (two per block, the final one) runs its forward between native calls, and
+    the step computes what the eager forward computes, padded rows included."""
+    model = plugin_model(fake_site, UNITNORM_WITHOUT_LOWERING, "model.norm=unitnorm").to(getattr(torch, dtype))
+    norms = [NO_LOWERING] * (2 * len(model.blocks) + 1)
+    batch = prompts(model, batch=2, length=6)
+    mask = torch.ones_like(batch)
+    mask[1, :3] = 0
+    eager, planned = decode_both(model, batch, steps=8, mask=mask, eager_parts=norms)
+    if dtype == "float32":
+        assert_close(planned, eager)
+    else:  # the native steps between the eager norms round as in test_step_rounds_as_the_eager_forward_in_bfloat16
+        assert (planned.float() - eager.float()).abs().max().item() <= 0.02 * eager.float().abs().max().item()
+        assert torch.equal(planned.argmax(-1), eager.argmax(-1))
 
 
 LEGACY_WARNING = (
