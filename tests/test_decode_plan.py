@@ -19,9 +19,10 @@ from gptzoo.errors import GptzooError, GptzooWarning
 from gptzoo.inference import generate as generate_module
 from gptzoo.inference import matvec
 from gptzoo.inference.decode_plan import compile_step
-from gptzoo.inference.generate import generate
+from gptzoo.inference.generate import SPLIT, DecodePath, EagerComponent, generate, plan_generation
 from gptzoo.inference.native import library
 from gptzoo.inference.quantize import quantize_int8
+from gptzoo.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.skipif(library() is None, reason="no C compiler for the native kernels")
 
@@ -260,14 +261,14 @@ def test_generate_decodes_through_the_plan_and_gives_the_eager_tokens(monkeypatc
     batch = prompts(model, batch=2).tolist()
     compiled = []
 
-    def spy(*args):
-        step = compile_step(*args)
-        compiled.append(step[0] is not None)
+    def spy(*args, **kwargs):
+        step = compile_step(*args, **kwargs)
+        compiled.append(step[0] is not None and not step[0].eager)
         return step
 
     monkeypatch.setattr(generate_module, "compile_step", spy)
     planned = generate(model, batch, 20)
-    monkeypatch.setattr(generate_module, "compile_step", lambda *args: (None, "off"))
+    monkeypatch.setattr(generate_module, "compile_step", lambda *args, **kwargs: (None, "off"))
     assert compiled == [True]
     assert planned == generate(model, batch, 20)
 
@@ -304,14 +305,14 @@ def test_a_plugin_component_decodes_natively_through_the_lowering_it_registers(
     batch = prompts(model, batch=2).tolist()
     compiled = []
 
-    def spy(*args):
-        step = compile_step(*args)
-        compiled.append(step[0] is not None)
+    def spy(*args, **kwargs):
+        step = compile_step(*args, **kwargs)
+        compiled.append(step[0] is not None and not step[0].eager)
         return step
 
     monkeypatch.setattr(generate_module, "compile_step", spy)
     planned_tokens = generate(model, batch, 12)
-    monkeypatch.setattr(generate_module, "compile_step", lambda *args: (None, "off"))
+    monkeypatch.setattr(generate_module, "compile_step", lambda *args, **kwargs: (None, "off"))
     assert compiled == [True]
     assert planned_tokens == generate(model, batch, 12)
 
@@ -348,6 +349,66 @@ def test_a_plugin_component_without_a_lowering_runs_its_eager_forward_within_a_s
     else:  # the native steps between the eager norms round as in test_step_rounds_as_the_eager_forward_in_bfloat16
         assert (planned.float() - eager.float()).abs().max().item() <= 0.02 * eager.float().abs().max().item()
         assert torch.equal(planned.argmax(-1), eager.argmax(-1))
+
+
+SPLIT_MESSAGE = (
+    'decoding natively around the torch forward of gz_unitnorm.UnitNorm (norm "unitnorm" of gptzoo-fake-unitnorm 1.0, '
+    "5 modules): gz_unitnorm.UnitNorm has no decode lowering; to decode it natively too, register a lowering with "
+    'register_decode_lowerings (docs/plugins.md, "Fast CPU decoding")'
+)
+
+
+def test_generate_decodes_a_component_without_a_lowering_on_the_split_path_and_says_so(
+    fake_site: FakeSite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The eager forward's tokens; the path, the component (its registered name, its distribution),
+    the reason and the fix, as a person and as --json read them."""
+    model = plugin_model(fake_site, UNITNORM_WITHOUT_LOWERING, "model.norm=unitnorm")
+    batch = prompts(model, batch=2).tolist()
+    paths: list[DecodePath] = []
+    split = generate(model, batch, 12, on_decode_path=paths.append)
+    component = EagerComponent("gz_unitnorm.UnitNorm", "norm", "unitnorm", "gptzoo-fake-unitnorm 1.0", 5, NO_LOWERING)
+    assert paths == [DecodePath(SPLIT, missing=(component,))]
+    assert paths[0].message == SPLIT_MESSAGE
+    assert paths[0].as_json() == {
+        "path": "native+eager",
+        "reason": None,
+        "missing": [
+            {
+                "component": "gz_unitnorm.UnitNorm",
+                "kind": "norm",
+                "name": "unitnorm",
+                "origin": "gptzoo-fake-unitnorm 1.0",
+                "modules": 5,
+                "reason": NO_LOWERING,
+            }
+        ],
+        "fix": 'register a lowering with register_decode_lowerings (docs/plugins.md, "Fast CPU decoding")',
+    }
+    monkeypatch.setattr(generate_module, "compile_step", lambda *args, **kwargs: (None, "off"))
+    assert split == generate(model, batch, 12, on_decode_path=paths.append)
+    assert paths[1] == DecodePath("eager", "off")
+    assert paths[1].message == "decoding with the model's eager forward, not the native CPU step: off"
+
+
+def test_the_decode_path_of_a_native_model_of_one_the_plan_refuses_and_of_a_generation_plan() -> None:
+    paths: list[DecodePath] = []
+    llama = tiny_model(*MODELS["llama"])
+    generate(llama, [[1, 2, 3]], 3, on_decode_path=paths.append)
+    alibi = tiny_model("gpt2-tiny", "model.position=alibi")
+    generate(alibi, [[1, 2, 3]], 3, on_decode_path=paths.append)
+    generate(llama, [[1, 2]] * 33, 2, on_decode_path=paths.append)
+    assert paths == [
+        DecodePath("native"),
+        DecodePath("eager", "ALiBi biases attention (the plan has no attention bias)"),
+        DecodePath("eager", "a batch of 33 rows (the native step takes 1 to 32)"),
+    ]
+    assert paths[0].message is None
+    assert paths[0].as_json() == {"path": "native", "reason": None, "missing": [], "fix": None}
+    gpt2 = tiny_model("gpt2-tiny")
+    plan = plan_generation(gpt2, load_tokenizer("gpt2"), ["Hello"], registry=gptzoo.get_registry(), max_new_tokens=4)
+    plan.run(on_decode_path=paths.append)
+    assert paths[-1] == DecodePath("native")
 
 
 LEGACY_WARNING = (
