@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fakedist import UNITNORM_CLASS, UNITNORM_DECODE_OPS, FakeSite, unitnorm
+from fakedist import RING_WINDOW, UNITNORM_CLASS, UNITNORM_DECODE_OPS, FakeSite, unitnorm
 from tiny import tiny_model
 
 import gptzoo
@@ -228,6 +228,21 @@ def test_an_attention_and_a_block_the_plan_cannot_describe_run_their_eager_forwa
     eager, planned = decode_both(model, batch, steps=8, mask=mask, eager_parts=reasons)
     assert_close(planned, eager)
     assert calls == [1, 2] * (2 + 2 * 8)  # two prefills, then each step eagerly and planned
+
+
+def test_a_plugin_attention_without_a_lowering_runs_its_eager_forward_with_its_own_cache(fake_site: FakeSite) -> None:
+    """A ring-buffer window attention (a cache of its own class) on the split path, padded rows included."""
+    fake_site.add("ring_window", "gz_ring", RING_WINDOW)
+    registry = gptzoo.get_registry()
+    torch.manual_seed(0)
+    recipe = gptzoo.load_recipe("llama-tiny", ["model.attention={name='ring_window', window=3}"], registry=registry)
+    model = gptzoo.build_model(recipe, registry=registry).eval()
+    batch = prompts(model, batch=2, length=6)
+    mask = torch.ones_like(batch)
+    mask[0, :2] = 0
+    reasons = ["gz_ring.RingWindowAttention has no decode lowering"] * len(model.blocks)
+    eager, planned = decode_both(model, batch, steps=8, mask=mask, eager_parts=reasons)
+    assert_close(planned, eager)
 
 
 def prefilled_step(model: gptzoo.GPT, max_len: int):
