@@ -93,7 +93,8 @@ class NativePlan:
 
     @staticmethod
     def refuse(reason: str) -> None:
-        """Give up on the plan (the model decodes with its eager forward); ``reason`` says why."""
+        """Give up on the module being lowered (it runs its eager forward in a split plan; otherwise the
+        model decodes with its eager forward); ``reason`` says why."""
         raise Unsupported(reason)
 
     def buffer(self, width: int) -> Buffer:
