@@ -382,7 +382,7 @@ def register_decode_lowerings(register: RegisterLowering) -> None:
             norms, mlps and linear layers take ``src`` and ``dst`` Buffers (batch, width);
             activations also ``gated``; attentions also ``position`` (the step's PositionStep) and
             ``cache`` (the layer's own, from ``init_cache``). ``plan.refuse(reason)`` gives up: the
-            model decodes with its eager forward. It must compute what ``forward`` computes for one
+            module runs its eager forward within the step. It must compute what ``forward`` computes for one
             token per row (the conformance kit's ``decode_plan`` check compares them).
         depends: the class's methods besides ``forward`` that the lowering describes (an attention's
             ``attend``): a subclass that overrides one is not lowered by it.
@@ -390,7 +390,8 @@ def register_decode_lowerings(register: RegisterLowering) -> None:
             Without it a class two plugins lower is an error naming both (the later plugin fails),
             and one gptzoo lowers keeps gptzoo's lowering (the plan refuses it, naming both).
 
-    A component without a lowering makes the model decode with its eager forward. The previous
+    A component without a lowering runs its eager forward between the native calls of each step
+    (generate's "native+eager" path, gptzoo.inference.generate.DecodePath). The previous
     contract, a ``decode_ops(plan, src, dst, ...)`` method on the class, still works, with one
     gptzoo.errors.GptzooWarning per class (docs/plugins.md, "Fast CPU decoding").
     """

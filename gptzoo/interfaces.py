@@ -340,7 +340,7 @@ class DecodePlan(Protocol):
     """(batch, keys) bool, which cached keys are real tokens (rows were left-padded), or None."""
 
     def refuse(self, reason: str) -> None:
-        """Give up: the model decodes with its eager forward; ``reason`` says why."""
+        """Give up on this module: it runs its eager forward (a split plan) or the model does; ``reason`` says why."""
 
     def buffer(self, width: int) -> Buffer:
         """A new (batch, width) activation buffer."""

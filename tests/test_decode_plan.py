@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fakedist import UNITNORM_CLASS, UNITNORM_DECODE_OPS, FakeSite, unitnorm
+from fakedist import RING_WINDOW, UNITNORM_CLASS, UNITNORM_DECODE_OPS, FakeSite, unitnorm
 from tiny import tiny_model
 
 import gptzoo
@@ -20,9 +20,10 @@ from gptzoo.errors import GptzooError, GptzooWarning
 from gptzoo.inference import generate as generate_module
 from gptzoo.inference import matvec
 from gptzoo.inference.decode_plan import compile_step
-from gptzoo.inference.generate import generate
+from gptzoo.inference.generate import SPLIT, DecodePath, EagerComponent, generate, plan_generation
 from gptzoo.inference.native import library
 from gptzoo.inference.quantize import quantize_int8
+from gptzoo.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.skipif(library() is None, reason="no C compiler for the native kernels")
 
@@ -55,17 +56,24 @@ MODELS = {
 
 
 def decode_both(
-    model: gptzoo.GPT, prompts: torch.Tensor, steps: int, threads: int = 1, mask: torch.Tensor | None = None
+    model: gptzoo.GPT,
+    prompts: torch.Tensor,
+    steps: int,
+    threads: int = 1,
+    mask: torch.Tensor | None = None,
+    eager_parts: list[str] | None = None,
 ):
     """Logits of ``steps`` greedy steps after ``prompts`` (B, T; ``mask``: 0 for left padding): the
-    eager forward's and the compiled step's."""
+    eager forward's and the compiled step's, a split one where ``eager_parts`` lists the reasons of
+    the modules it runs eagerly (in the step's order), else one native call."""
     eager_cache, plan_cache = model.init_cache(len(prompts), 64), model.init_cache(len(prompts), 64)
     with torch.no_grad(), matvec.native_decoding(model) as tuner:
         tuner.choices, tuner.current = [threads], threads
         model(prompts, eager_cache, attention_mask=mask)
         model(prompts, plan_cache, attention_mask=mask)
-        step, why = compile_step(model, plan_cache, len(prompts))
+        step, why = compile_step(model, plan_cache, len(prompts), split=eager_parts is not None)
         assert step is not None, why
+        assert [part.reason for part in step.eager] == (eager_parts or [])
         eager, planned = [], []
         token = prompts[:, -1:]
         for _ in range(steps):
@@ -191,10 +199,51 @@ def test_hooks_dtypes_and_biases_are_refused() -> None:
         "activations in torch.float64 (the plan takes float32 and bfloat16)",
     )
     alibi = tiny_model("gpt2-tiny", "model.position=alibi")
-    assert compile_step(alibi, alibi.init_cache(1, 8), 1) == (
-        None,
-        "ALiBi biases attention (the plan has no attention bias)",
-    )
+    for split in (False, True):  # the model's own lowering refuses: there is nothing to split
+        assert compile_step(alibi, alibi.init_cache(1, 8), 1, split=split) == (
+            None,
+            "ALiBi biases attention (the plan has no attention bias)",
+        )
+
+
+def test_an_attention_and_a_block_the_plan_cannot_describe_run_their_eager_forward_within_a_split_step() -> None:
+    """An attention with a forward hook, a block whose class overrides forward: each runs its forward
+    with the step's AttentionContext (the model's own, padding masked) and its layer's cache."""
+    model = tiny_model(*MODELS["llama"], "model.n_layer=3")
+    calls = []
+    model.blocks[0].attn.register_forward_hook(lambda *_: calls.append(1))
+
+    class Logged(type(model.blocks[1])):
+        def forward(self, x, ctx, cache=None):
+            calls.append(2)
+            return super().forward(x, ctx, cache)
+
+    model.blocks[1].__class__ = Logged
+    batch = prompts(model, batch=3, length=6)
+    mask = torch.ones_like(batch)
+    mask[0, :4], mask[2, :1] = 0, 0
+    reasons = [
+        "CausalSelfAttention has forward hooks or a forward of its own",
+        "Logged overrides forward of PreNormBlock, whose lowering would not describe it",
+    ]
+    eager, planned = decode_both(model, batch, steps=8, mask=mask, eager_parts=reasons)
+    assert_close(planned, eager)
+    assert calls == [1, 2] * (2 + 2 * 8)  # two prefills, then each step eagerly and planned
+
+
+def test_a_plugin_attention_without_a_lowering_runs_its_eager_forward_with_its_own_cache(fake_site: FakeSite) -> None:
+    """A ring-buffer window attention (a cache of its own class) on the split path, padded rows included."""
+    fake_site.add("ring_window", "gz_ring", RING_WINDOW)
+    registry = gptzoo.get_registry()
+    torch.manual_seed(0)
+    recipe = gptzoo.load_recipe("llama-tiny", ["model.attention={name='ring_window', window=3}"], registry=registry)
+    model = gptzoo.build_model(recipe, registry=registry).eval()
+    batch = prompts(model, batch=2, length=6)
+    mask = torch.ones_like(batch)
+    mask[0, :2] = 0
+    reasons = ["gz_ring.RingWindowAttention has no decode lowering"] * len(model.blocks)
+    eager, planned = decode_both(model, batch, steps=8, mask=mask, eager_parts=reasons)
+    assert_close(planned, eager)
 
 
 def prefilled_step(model: gptzoo.GPT, max_len: int):
@@ -228,14 +277,14 @@ def test_generate_decodes_through_the_plan_and_gives_the_eager_tokens(monkeypatc
     batch = prompts(model, batch=2).tolist()
     compiled = []
 
-    def spy(*args):
-        step = compile_step(*args)
-        compiled.append(step[0] is not None)
+    def spy(*args, **kwargs):
+        step = compile_step(*args, **kwargs)
+        compiled.append(step[0] is not None and not step[0].eager)
         return step
 
     monkeypatch.setattr(generate_module, "compile_step", spy)
     planned = generate(model, batch, 20)
-    monkeypatch.setattr(generate_module, "compile_step", lambda *args: (None, "off"))
+    monkeypatch.setattr(generate_module, "compile_step", lambda *args, **kwargs: (None, "off"))
     assert compiled == [True]
     assert planned == generate(model, batch, 20)
 
@@ -272,25 +321,110 @@ def test_a_plugin_component_decodes_natively_through_the_lowering_it_registers(
     batch = prompts(model, batch=2).tolist()
     compiled = []
 
-    def spy(*args):
-        step = compile_step(*args)
-        compiled.append(step[0] is not None)
+    def spy(*args, **kwargs):
+        step = compile_step(*args, **kwargs)
+        compiled.append(step[0] is not None and not step[0].eager)
         return step
 
     monkeypatch.setattr(generate_module, "compile_step", spy)
     planned_tokens = generate(model, batch, 12)
-    monkeypatch.setattr(generate_module, "compile_step", lambda *args: (None, "off"))
+    monkeypatch.setattr(generate_module, "compile_step", lambda *args, **kwargs: (None, "off"))
     assert compiled == [True]
     assert planned_tokens == generate(model, batch, 12)
 
 
+UNITNORM_WITHOUT_LOWERING = (
+    UNITNORM_CLASS + '\n\n@gptzoo.hookimpl\ndef register_norms(register):\n    register("unitnorm", UnitNorm)\n'
+)
+"""A plugin's norm that registers no lowering."""
+NO_LOWERING = "gz_unitnorm.UnitNorm has no decode lowering"
+
+
 @torch.no_grad()
-def test_a_plugin_component_without_a_lowering_decodes_with_its_eager_forward(fake_site: FakeSite) -> None:
-    registers = '\n\n@gptzoo.hookimpl\ndef register_norms(register):\n    register("unitnorm", UnitNorm)\n'
-    model = plugin_model(fake_site, UNITNORM_CLASS + registers, "model.norm=unitnorm")
+def test_a_plugin_component_without_a_lowering_is_refused_by_a_plan_that_does_not_split(fake_site: FakeSite) -> None:
+    model = plugin_model(fake_site, UNITNORM_WITHOUT_LOWERING, "model.norm=unitnorm")
     cache = model.init_cache(1, 8)
     model(prompts(model), cache)
-    assert compile_step(model, cache, 1) == (None, "gz_unitnorm.UnitNorm has no decode lowering")
+    assert compile_step(model, cache, 1) == (None, NO_LOWERING)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_plugin_component_without_a_lowering_runs_its_eager_forward_within_a_split_step(
+    fake_site: FakeSite, dtype: str
+) -> None:
+    """Each of its norms (two per block, the final one) runs its forward between native calls, and
+    the step computes what the eager forward computes, padded rows included."""
+    model = plugin_model(fake_site, UNITNORM_WITHOUT_LOWERING, "model.norm=unitnorm").to(getattr(torch, dtype))
+    norms = [NO_LOWERING] * (2 * len(model.blocks) + 1)
+    batch = prompts(model, batch=2, length=6)
+    mask = torch.ones_like(batch)
+    mask[1, :3] = 0
+    eager, planned = decode_both(model, batch, steps=8, mask=mask, eager_parts=norms)
+    if dtype == "float32":
+        assert_close(planned, eager)
+    else:  # the native steps between the eager norms round as in test_step_rounds_as_the_eager_forward_in_bfloat16
+        assert (planned.float() - eager.float()).abs().max().item() <= 0.02 * eager.float().abs().max().item()
+        assert torch.equal(planned.argmax(-1), eager.argmax(-1))
+
+
+SPLIT_MESSAGE = (
+    'decoding natively around the torch forward of gz_unitnorm.UnitNorm (norm "unitnorm" of gptzoo-fake-unitnorm 1.0, '
+    "5 modules): gz_unitnorm.UnitNorm has no decode lowering; to decode it natively too, register a lowering with "
+    'register_decode_lowerings (docs/plugins.md, "Fast CPU decoding")'
+)
+
+
+def test_generate_decodes_a_component_without_a_lowering_on_the_split_path_and_says_so(
+    fake_site: FakeSite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The eager forward's tokens; the path, the component (its registered name, its distribution),
+    the reason and the fix, as a person and as --json read them."""
+    model = plugin_model(fake_site, UNITNORM_WITHOUT_LOWERING, "model.norm=unitnorm")
+    batch = prompts(model, batch=2).tolist()
+    paths: list[DecodePath] = []
+    split = generate(model, batch, 12, on_decode_path=paths.append)
+    component = EagerComponent("gz_unitnorm.UnitNorm", "norm", "unitnorm", "gptzoo-fake-unitnorm 1.0", 5, NO_LOWERING)
+    assert paths == [DecodePath(SPLIT, missing=(component,))]
+    assert paths[0].message == SPLIT_MESSAGE
+    assert paths[0].as_json() == {
+        "path": "native+eager",
+        "reason": None,
+        "missing": [
+            {
+                "component": "gz_unitnorm.UnitNorm",
+                "kind": "norm",
+                "name": "unitnorm",
+                "origin": "gptzoo-fake-unitnorm 1.0",
+                "modules": 5,
+                "reason": NO_LOWERING,
+            }
+        ],
+        "fix": 'register a lowering with register_decode_lowerings (docs/plugins.md, "Fast CPU decoding")',
+    }
+    monkeypatch.setattr(generate_module, "compile_step", lambda *args, **kwargs: (None, "off"))
+    assert split == generate(model, batch, 12, on_decode_path=paths.append)
+    assert paths[1] == DecodePath("eager", "off")
+    assert paths[1].message == "decoding with the model's eager forward, not the native CPU step: off"
+
+
+def test_the_decode_path_of_a_native_model_of_one_the_plan_refuses_and_of_a_generation_plan() -> None:
+    paths: list[DecodePath] = []
+    llama = tiny_model(*MODELS["llama"])
+    generate(llama, [[1, 2, 3]], 3, on_decode_path=paths.append)
+    alibi = tiny_model("gpt2-tiny", "model.position=alibi")
+    generate(alibi, [[1, 2, 3]], 3, on_decode_path=paths.append)
+    generate(llama, [[1, 2]] * 33, 2, on_decode_path=paths.append)
+    assert paths == [
+        DecodePath("native"),
+        DecodePath("eager", "ALiBi biases attention (the plan has no attention bias)"),
+        DecodePath("eager", "a batch of 33 rows (the native step takes 1 to 32)"),
+    ]
+    assert paths[0].message is None
+    assert paths[0].as_json() == {"path": "native", "reason": None, "missing": [], "fix": None}
+    gpt2 = tiny_model("gpt2-tiny")
+    plan = plan_generation(gpt2, load_tokenizer("gpt2"), ["Hello"], registry=gptzoo.get_registry(), max_new_tokens=4)
+    plan.run(on_decode_path=paths.append)
+    assert paths[-1] == DecodePath("native")
 
 
 LEGACY_WARNING = (

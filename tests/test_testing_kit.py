@@ -226,6 +226,15 @@ def test_the_kit_checks_the_lowering_a_plugin_registers_against_its_forward(fake
     assert right["decode_plan"] == ("passed", "decoded 9 tokens through the native plan")
 
 
+def test_a_component_without_a_lowering_is_checked_on_the_split_path_generate_takes(fake_site: FakeSite) -> None:
+    checks = {r.check: (r.status, r.detail) for r in _results(fake_site, SCALENORM, "norm", "scalenorm")}
+    assert checks["decode_plan"] == (
+        "passed",
+        "decoded 9 tokens with its eager forward within the native step: gz_kit_scalenorm.ScaleNorm has no decode "
+        "lowering",
+    )
+
+
 def test_a_lowering_that_computes_something_else_fails_the_decode_plan_check(fake_site: FakeSite) -> None:
     wrong = _failed(_results(fake_site, unitnorm("offset"), "norm", "unitnorm"))  # (1 + w) x, not w x
     assert list(wrong) == ["decode_plan"]

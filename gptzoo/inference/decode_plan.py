@@ -9,17 +9,23 @@ appends its operations through the plan it is given (gptzoo.interfaces.DecodePla
 here by :class:`NativePlan`).
 
 A module without a lowering, or one that changes what its lowering describes (a subclass
-overriding ``forward``, or a method the lowering depends on), a module with forward hooks, a
-position encoding with an attention bias, a model off the CPU or in another dtype than
-float32/bfloat16: then :func:`compile_step` returns None with the reason, and decoding keeps the
-eager forward. The plan computes what the eager step computes, with
-the same roundings in the activations' dtype, up to the order of the sums (tests/test_decode_plan.py).
+overriding ``forward``, or a method the lowering depends on), a module with forward hooks: a split
+plan (``compile_step(..., split=True)``, what generate uses) runs that module's own torch forward
+between the native operations (an :class:`EagerPart`: the module reads a (B, 1, width) view of its
+source buffer and its result is written to its destination; an attention or a block also gets the
+step's AttentionContext, made by the model's own code, and its layer's cache), so the rest of the
+step stays native; without ``split`` the plan refuses it. A position encoding with an attention
+bias, a model off the CPU or in another dtype than float32/bfloat16: then :func:`compile_step`
+returns None with the reason, and decoding keeps the eager forward. The plan computes what the
+eager step computes, with the same roundings in the activations' dtype, up to the order of the
+sums (tests/test_decode_plan.py).
 """
 
 from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -28,11 +34,22 @@ from gptzoo.errors import GptzooError
 from gptzoo.inference.lowerings import Lowerings, Unsupported
 from gptzoo.inference.matvec import KINDS, MAX_ROWS, kernel_threads
 from gptzoo.inference.native import abi, library
-from gptzoo.interfaces import Buffer, KVCache, Position, Positions, PositionStep
+from gptzoo.interfaces import AttentionContext, Buffer, KVCache, Position, Positions, PositionStep
 from gptzoo.registry import Registry, default_registry
 
 ERRORS = {code: meaning for code, meaning in abi.ERRORS.values()}
 """decode_step's error code -> what it means."""
+
+
+@dataclass
+class EagerPart:
+    """A module that a split plan runs with its own torch forward in each step, and why it has no
+    native operations (the refusal its lowering, or the lack of one, gave)."""
+
+    module: nn.Module
+    reason: str
+    run: Callable[[Positions], None]
+    """Runs the module on its source buffer and writes its destination, at the step's positions."""
 
 
 class NativePlan:
@@ -47,7 +64,12 @@ class NativePlan:
         max_keys: int,
         key_mask: Tensor | None = None,
         lowerings: Lowerings | None = None,
+        *,
+        context: Callable[[Positions, Position], AttentionContext] | None = None,
     ) -> None:
+        """context: the model's AttentionContext of a step's positions for a position encoding
+        (GPT.attention_context); given, a module the plan cannot describe runs its eager forward
+        between the native operations (an :class:`EagerPart`) instead of refusing the plan."""
         if dtype not in (torch.float32, torch.bfloat16):
             raise Unsupported(f"activations in {dtype} (the plan takes float32 and bfloat16)")
         self.batch, self.dtype, self.max_keys = batch, dtype, max_keys
@@ -56,16 +78,23 @@ class NativePlan:
         """(batch, max_keys) bool, which keys are real tokens (the cache's, updated at each step), or
         None: rows not left-padded, every key real."""
         self.kind = KINDS[dtype]
-        self.ops: list[abi.Op] = []
+        self.context = context
+        self.ops: list[abi.Op | EagerPart] = []
+        """The step in order: native operations, and the modules run eagerly between them."""
         self.keep: list[Tensor] = []
         """Every tensor an operation points to, alive as long as the plan."""
         self.before_step: list[Callable[[Positions], None]] = []
         """Run before each step with its positions: they rewrite the position-dependent tables."""
         self.scores = torch.empty(max_keys, dtype=torch.float32)
+        self._positions: dict[int, tuple[PositionStep, Position]] = {}
+        """id of a PositionStep this plan made -> it and its position encoding (an eager attention's context)."""
+        self._contexts: dict[int, tuple[Positions, AttentionContext]] = {}
+        """id of a position encoding -> the positions of the latest step and its context."""
 
     @staticmethod
     def refuse(reason: str) -> None:
-        """Give up on the plan (the model decodes with its eager forward); ``reason`` says why."""
+        """Give up on the module being lowered (it runs its eager forward in a split plan; otherwise the
+        model decodes with its eager forward); ``reason`` says why."""
         raise Unsupported(reason)
 
     def buffer(self, width: int) -> Buffer:
@@ -92,9 +121,66 @@ class NativePlan:
             raise Unsupported(f"{what} is {tensor.dtype} on {tensor.device}, the plan needs {dtypes[0]} on the CPU")
         return KINDS[tensor.dtype]
 
+    @property
+    def eager(self) -> list[EagerPart]:
+        """The modules this plan runs with their eager forward, in the step's order."""
+        return [op for op in self.ops if isinstance(op, EagerPart)]
+
     def call(self, module: nn.Module, src: Buffer, dst: Buffer, **kwargs: object) -> None:
-        """Append ``module``'s operations, by the lowering of its class (gptzoo.inference.lowerings)."""
-        self.lowerings.lower(self, module, src, dst, **kwargs)
+        """Append ``module``'s operations, by the lowering of its class (gptzoo.inference.lowerings);
+        where it has none or its lowering refuses, and the plan splits, the module's eager forward
+        (what it appended so far taken back)."""
+        if self.context is None:
+            self.lowerings.lower(self, module, src, dst, **kwargs)
+            return
+        ops, before = len(self.ops), len(self.before_step)
+        try:
+            self.lowerings.lower(self, module, src, dst, **kwargs)
+        except Unsupported as exc:
+            run = self._eager(module, src, dst, kwargs)
+            if run is None:
+                raise
+            del self.ops[ops:], self.before_step[before:]
+            self.ops.append(EagerPart(module, str(exc), run))
+
+    def _eager(
+        self, module: nn.Module, src: Buffer, dst: Buffer, kwargs: dict[str, object]
+    ) -> Callable[[Positions], None] | None:
+        """The step's run of ``module``'s eager forward from ``src`` to ``dst``, or None for a call
+        that is not one of a norm, mlp or linear layer (src, dst), an activation (also ``gated``:
+        act(first half) * second half, as GatedMLP's forward), an attention or a block (also
+        ``position`` and ``cache``)."""
+        batch, width = self.batch, dst.width
+        x = src.tensor[:, src.offset : src.offset + src.width].unsqueeze(1)  # (B, 1, width), a view
+        out = dst.tensor[:, dst.offset : dst.offset + width]
+        name = type(module).__name__
+
+        def write(y: Tensor) -> None:
+            if tuple(y.shape) != (batch, 1, width):
+                raise GptzooError(
+                    f"{name}'s forward gave a result of shape {tuple(y.shape)} where the step needs {(batch, 1, width)}"
+                )
+            out.copy_(y.view(batch, width))
+
+        if not kwargs:
+            return lambda pos: write(module(x))
+        if set(kwargs) == {"gated"}:
+            if not kwargs["gated"]:
+                return lambda pos: write(module(x))
+            gate, up = x[..., :width], x[..., width:]
+            return lambda pos: write(module(gate) * up)
+        step, cache = kwargs.get("position"), kwargs.get("cache")
+        if set(kwargs) != {"position", "cache"} or id(step) not in self._positions or self.context is None:
+            return None
+        encoding, made, context = self._positions[id(step)][1], self._contexts, self.context
+
+        def attend(pos: Positions) -> None:
+            latest = made.get(id(encoding))
+            if latest is None or latest[0] is not pos:  # one context per step and position encoding
+                latest = made[id(encoding)] = (pos, context(pos, encoding))
+            write(module(x, latest[1], cache))
+
+        return attend
 
     def embed(self, table: Tensor, dst: Buffer, scale: float | None) -> None:
         """dst = table[token] (* scale, rounded to the activations' dtype first, as the model does)."""
@@ -215,6 +301,7 @@ class NativePlan:
         if position.attn_bias(probe.queries, probe.keys) is not None:
             raise Unsupported(f"{type(position).__name__} biases attention (the plan has no attention bias)")
         step = PositionStep(None)
+        self._positions[id(step)] = (step, position)
         rotary = position.rotary(probe.queries)
         if rotary is not None:
             tables = getattr(rotary, "decode_tables", None)
@@ -256,11 +343,26 @@ class NativePlan:
 
 
 class CompiledStep:
-    """``step(tokens)`` = ``model(tokens, cache)`` for one token per row, as one native call."""
+    """``step(tokens)`` = ``model(tokens, cache)`` for one token per row, as one native call, or (a
+    split plan) as native calls between the eager forwards of the modules in :attr:`eager`."""
 
     def __init__(self, model: nn.Module, cache: KVCache, plan: NativePlan, logits: Buffer) -> None:
         self.model, self.cache, self.plan, self.logits = model, cache, plan, logits
-        self.ops = (abi.Op * len(plan.ops))(*plan.ops)
+        native = [op for op in plan.ops if isinstance(op, abi.Op)]
+        self.ops = (abi.Op * len(native))(*native)
+        self.eager = plan.eager
+        """The modules run with their eager forward in each step (none: the step is one native call)."""
+        self.segments: list[tuple[int, int] | EagerPart] = []
+        """The step in order: runs of native operations (first, count) and the eager parts between them."""
+        first = 0
+        for op in plan.ops:
+            if isinstance(op, EagerPart):
+                self.segments.append(op)
+            elif self.segments and isinstance(self.segments[-1], tuple):
+                self.segments[-1] = (self.segments[-1][0], self.segments[-1][1] + 1)
+            else:
+                self.segments.append((first, 1))
+            first += isinstance(op, abi.Op)
         self.tokens = torch.empty(plan.batch, dtype=torch.int64)
         self.failed = ctypes.c_long(0)
         self.device = logits.tensor.device
@@ -277,30 +379,38 @@ class CompiledStep:
         for rewrite in self.plan.before_step:
             rewrite(pos)
         self.tokens.copy_(tokens.reshape(-1))
-        code = self.lib.decode_step(
-            ctypes.addressof(self.ops),
-            len(self.ops),
-            self.plan.batch,
-            pos.start,
-            self.tokens.data_ptr(),
-            kernel_threads(),
-            ctypes.byref(self.failed),
-        )
-        if code != 0:
-            raise GptzooError(
-                f"the native decoding step failed at its operation {self.failed.value}: "
-                f"{ERRORS.get(code, f'code {code}')}"
+        base, size = ctypes.addressof(self.ops), ctypes.sizeof(abi.Op)
+        for segment in self.segments:
+            if isinstance(segment, EagerPart):
+                segment.run(pos)
+                continue
+            first, count = segment
+            code = self.lib.decode_step(
+                base + first * size,
+                count,
+                self.plan.batch,
+                pos.start,
+                self.tokens.data_ptr(),
+                kernel_threads(),
+                ctypes.byref(self.failed),
             )
+            if code != 0:
+                raise GptzooError(
+                    f"the native decoding step failed at its operation {first + self.failed.value}: "
+                    f"{ERRORS.get(code, f'code {code}')}"
+                )
         return self.logits.tensor.clone().view(self.plan.batch, 1, -1)
 
 
 def compile_step(
-    model: nn.Module, cache: KVCache, batch: int, *, registry: Registry | None = None
+    model: nn.Module, cache: KVCache, batch: int, *, registry: Registry | None = None, split: bool = False
 ) -> tuple[CompiledStep | None, str | None]:
     """The model's decoding step for ``batch`` rows over ``cache`` (made for them, the prompts already
     in it) as one native call, or (None, the reason) where the plan cannot describe it (then the
     eager forward decodes). Modules are lowered by the built-in lowerings and those the plugins of
-    ``registry`` register (default: the registry the model was built with, else the shared one)."""
+    ``registry`` register (default: the registry the model was built with, else the shared one).
+    ``split``: a module the plan cannot describe runs its eager forward within the step (the step's
+    ``eager`` lists them, with the reasons) rather than refusing the plan."""
     if library() is None:
         return None, "no native kernels"
     if torch.is_grad_enabled() or torch.is_autocast_enabled("cpu"):
@@ -311,7 +421,8 @@ def compile_step(
     try:
         if registry is None:
             registry = getattr(model, "registry", None) or default_registry()
-        plan = NativePlan(batch, weight.dtype, cache.max_len, cache.key_mask, Lowerings(registry))
+        context = (lambda pos, position: model.attention_context(pos, weight.dtype, position)) if split else None
+        plan = NativePlan(batch, weight.dtype, cache.max_len, cache.key_mask, Lowerings(registry), context=context)
         logits = plan.lowerings.lower(plan, model, cache)
     except Unsupported as exc:
         return None, str(exc)

@@ -9,6 +9,11 @@ Whatever a user can get wrong is checked before or while generating, each a Gptz
 seeds (:func:`check_seed`), prompt texts (:func:`encode_prompts`), lengths (:func:`fit_new_tokens`),
 token ids (:func:`check_prompts`), the KV cache's memory (:func:`check_cache_memory`) and non-finite
 logits (:func:`check_finite`).
+
+On a CPU, decoding steps run as native calls (gptzoo.inference.decode_plan): the whole step as one
+("native"), or, where some component has no lowering, native calls around that component's eager
+forward ("native+eager"); else the model's eager forward decodes ("eager"). :class:`DecodePath`
+says which ran and why (``on_decode_path`` of :func:`generate`).
 """
 
 from __future__ import annotations
@@ -24,14 +29,16 @@ from torch import Tensor
 
 from gptzoo.defaults import SEED_LIMIT
 from gptzoo.errors import GptzooError
-from gptzoo.inference.decode_plan import compile_step
+from gptzoo.inference.decode_plan import CompiledStep, compile_step
+from gptzoo.inference.lowerings import class_key
 from gptzoo.inference.matvec import MAX_ROWS, native_decoding
+from gptzoo.inference.native import library, unavailable_reason
 from gptzoo.inference.sampling import SamplerChain, chain_spec, prompts_of
 from gptzoo.interfaces import KVCache
 from gptzoo.memory import available_bytes, format_bytes
 from gptzoo.model.gpt import GPT
 from gptzoo.recipe import GenerateSpec
-from gptzoo.registry import Registry
+from gptzoo.registry import Reference, Registry
 from gptzoo.tokenizer import Tokenizer, shorten, utf8
 
 CONTEXT_TOKENS = 4
@@ -199,6 +206,113 @@ def check_finite(logits: Tensor, step: int) -> None:
         )
 
 
+NATIVE, SPLIT, EAGER = "native", "native+eager", "eager"
+"""The decoding paths: one native call per step; native calls around the eager forwards of the
+components without a lowering; the model's eager forward."""
+LOWERING_FIX = 'register a lowering with register_decode_lowerings (docs/plugins.md, "Fast CPU decoding")'
+"""How a component's author makes it decode natively."""
+
+
+@dataclass(frozen=True)
+class EagerComponent:
+    """A component class whose modules run their eager forward within each native decoding step."""
+
+    component: str
+    """The class, ``module.Qualname``."""
+    kind: str | None
+    """Its kind and the name it is registered by (None: not a registered component, e.g. a block)."""
+    name: str | None
+    origin: str | None
+    """The distribution and version that registered it (``gptzoo-extras 1.2.0``)."""
+    modules: int
+    """How many modules of the model it is."""
+    reason: str
+    """Why the plan runs it eagerly (e.g. ``... has no decode lowering``)."""
+
+    def describe(self) -> str:
+        """``gz_unitnorm.UnitNorm (norm "unitnorm" of gptzoo-fake-unitnorm 1.0, 5 modules)``."""
+        registered = f'{self.kind} "{self.name}" of {self.origin}, ' if self.name is not None else ""
+        return f"{self.component} ({registered}{self.modules} module{'s' if self.modules != 1 else ''})"
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "component": self.component,
+            "kind": self.kind,
+            "name": self.name,
+            "origin": self.origin,
+            "modules": self.modules,
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True)
+class DecodePath:
+    """Which path decoded (:data:`NATIVE`, :data:`SPLIT` or :data:`EAGER`), why not the native
+    step where the model's eager forward decoded, and the components run eagerly on the split path."""
+
+    path: str
+    reason: str | None = None
+    missing: tuple[EagerComponent, ...] = ()
+
+    @property
+    def message(self) -> str | None:
+        """One line for a person when decoding is not fully native (None when it is)."""
+        if self.path == SPLIT:
+            parts = "; ".join(f"{c.describe()}: {c.reason}" for c in self.missing)
+            return f"decoding natively around the torch forward of {parts}; to decode it natively too, {LOWERING_FIX}"
+        if self.path == EAGER:
+            return f"decoding with the model's eager forward, not the native CPU step: {self.reason}"
+        return None
+
+    def as_json(self) -> dict[str, object]:
+        """``{"path", "reason", "missing", "fix"}``, as ``generate --json``'s "decode" object."""
+        return {
+            "path": self.path,
+            "reason": self.reason,
+            "missing": [c.as_json() for c in self.missing],
+            "fix": LOWERING_FIX if self.missing else None,
+        }
+
+
+def _registered(registry: Registry | None, cls: type) -> tuple[str | None, str | None, str | None]:
+    """The kind, name and origin ``cls`` is registered by in ``registry`` (Nones: it is not)."""
+    for entry in registry.all_entries() if registry is not None else ():
+        target = entry.target
+        if target is cls or (isinstance(target, Reference) and str(target) == class_key(cls)):
+            return entry.kind, entry.name, entry.provenance.origin
+    return None, None, None
+
+
+def decode_path(model: GPT, step: CompiledStep | None, reason: str | None) -> DecodePath:
+    """The path of a generation that decodes with ``step`` (None: the eager forward, for ``reason``)."""
+    if step is None:
+        return DecodePath(EAGER, reason)
+    if not step.eager:
+        return DecodePath(NATIVE)
+    found: dict[tuple[type, str], int] = {}
+    for part in step.eager:
+        key = (type(part.module), part.reason)
+        found[key] = found.get(key, 0) + 1
+    registry = getattr(model, "registry", None)
+    missing = tuple(
+        EagerComponent(f"{cls.__module__}.{cls.__qualname__}", *_registered(registry, cls), count, why)
+        for (cls, why), count in found.items()
+    )
+    return DecodePath(SPLIT, missing=missing)
+
+
+def _why_eager(model: GPT, batch: int) -> str:
+    """Why a generation of ``batch`` rows cannot decode through the native kernels at all."""
+    device = model.wte.weight.device
+    if library() is None:
+        return f"no native kernels: {unavailable_reason()}"
+    if device.type != "cpu":
+        return f"the model is on {device} (the native step runs on the CPU)"
+    if batch > MAX_ROWS:
+        return f"a batch of {batch} rows (the native step takes 1 to {MAX_ROWS})"
+    return "no layer of the model computes through the native kernels"
+
+
 @torch.no_grad()
 def generate(
     model: GPT,
@@ -210,11 +324,13 @@ def generate(
     eos_token_id: int | None = None,
     on_step: StepCallback | None = None,
     vocab_size: int | None = None,
+    on_decode_path: Callable[[DecodePath], None] | None = None,
 ) -> list[list[int]]:
     """The new tokens of each prompt (an EOS token ends its row and is included).
 
     vocab_size: only ids below it are chosen (the tokenizer's, when the model's vocabulary is
         larger: padded, or trained on fewer ids); None: every id of the model.
+    on_decode_path: called once, after the prefill, with the path the decoding steps take.
 
     Raises:
         GptzooError: a prompt that is empty, too long or holds an id the model lacks, a KV cache
@@ -236,7 +352,9 @@ def generate(
     out: list[list[int]] = [[] for _ in range(B)]
     done = [False] * B
     with native_decoding(model) if B <= MAX_ROWS else nullcontext() as tuner:
-        compiled = compile_step(model, cache, B)[0] if tuner is not None else None
+        compiled, why = compile_step(model, cache, B, split=True) if tuner is not None else (None, _why_eager(model, B))
+        if on_decode_path is not None:
+            on_decode_path(decode_path(model, compiled, why))
         for step in range(max_new_tokens):
             check_finite(logits[:, :limit], step)
             if limit is not None:  # ids the tokenizer cannot decode are never chosen
@@ -308,9 +426,11 @@ def generate_text(
     generator: torch.Generator | None = None,
     stop: Sequence[str] = (),
     stream: Callable[[int, str], None] | None = None,
+    on_decode_path: Callable[[DecodePath], None] | None = None,
 ) -> tuple[list[Generated], float]:
-    """Generate and decode; ``stream(row, text)`` receives text as it becomes final. Returns the
-    results and the decoding speed in new tokens per second (prefill included)."""
+    """Generate and decode; ``stream(row, text)`` receives text as it becomes final, ``on_decode_path``
+    the decoding path (:func:`generate`). Returns the results and the decoding speed in new tokens
+    per second (prefill included)."""
     if any(not s for s in stop):
         raise GptzooError("a stop string is empty; give some text")
     check_prompts(model, prompts, tokenizer)
@@ -347,6 +467,7 @@ def generate_text(
         eos_token_id=eos,
         on_step=on_step,
         vocab_size=tokenizer.vocab_size,
+        on_decode_path=on_decode_path,
     )
     seconds = time.perf_counter() - start
     results = []
@@ -376,8 +497,13 @@ class GenerationPlan:
     note: str | None
     """Why fewer new tokens than the recipe's default are generated (the context is full), if so."""
 
-    def run(self, stream: Callable[[int, str], None] | None = None) -> tuple[list[Generated], float]:
-        """The decoded rows and new tokens per second (see :func:`generate_text`)."""
+    def run(
+        self,
+        stream: Callable[[int, str], None] | None = None,
+        on_decode_path: Callable[[DecodePath], None] | None = None,
+    ) -> tuple[list[Generated], float]:
+        """The decoded rows and new tokens per second; ``on_decode_path`` receives the :class:`DecodePath`
+        (see :func:`generate_text`)."""
         self.model.eval()
         return generate_text(
             self.model,
@@ -388,6 +514,7 @@ class GenerationPlan:
             generator=self.generator,
             stop=self.stop,
             stream=stream,
+            on_decode_path=on_decode_path,
         )
 
 

@@ -14,7 +14,8 @@ buffer of the logits.
 A module is lowered by the lowering of the first class of its MRO that has one, unless a class
 below that one overrides ``forward`` or a method the lowering depends on (``depends``, e.g. an
 attention's ``attend``), or the module has forward hooks or a forward of its own: then the plan
-refuses, with the reason, and the model decodes with its eager forward. A block (PreNormBlock and
+refuses it, with the reason, and the module runs its eager forward within the step (a split plan,
+gptzoo.inference.decode_plan) or the model decodes with its eager forward (a strict one). A block (PreNormBlock and
 its shapes) is lowered from its own forward, traced once per class (torch.fx) into calls of its
 parts and sums, so its dataflow is written once. A component of the previous contract, a
 ``decode_ops(plan, src, dst, ...)`` method on the class, is still lowered by that method, with one

@@ -387,7 +387,8 @@ def check_decode_plan(subject: Subject) -> str:
     """Decoding steps through the native plan (gptzoo.inference.decode_plan) give the logits of the
     eager steps, each component lowered by the lowering of its class (gptzoo.inference.lowerings: the
     built-in ones and those the registry's plugins register); where the plan cannot describe a
-    component (no lowering: optional), it says why, and the model decodes with its eager forward."""
+    component (no lowering: optional), it says why, and the split plan that generate uses, the
+    component's eager forward within the native step, must give those logits too."""
     from gptzoo.inference.decode_plan import compile_step
     from gptzoo.inference.native import library
 
@@ -401,15 +402,26 @@ def check_decode_plan(subject: Subject) -> str:
         cache = model.init_cache(idx.shape[0], idx.shape[1])
         steps = [model(idx[:, :PREFILL], cache)]
         step, why = compile_step(model, cache, idx.shape[0], registry=subject.registry)
-        if step is None:  # optional: the model then decodes with its eager forward, which check_cache covers
-            return f"decodes with its eager forward: {why}"
+        split = step is None
+        if split:  # optional: the component then runs its eager forward within the native step
+            step, split_why = compile_step(model, cache, idx.shape[0], registry=subject.registry, split=True)
+            if step is None:  # the model decodes with its eager forward, which check_cache covers
+                return f"decodes with its eager forward: {split_why}"
         steps += [step(idx[:, t : t + 1]) for t in range(PREFILL, length)]
     found = _first_difference(expected, torch.cat(steps, dim=1))
+    if found and split:
+        raise Failed(
+            f"decoding with its eager forward within the native step ({why}) differs from the eager forward at "
+            f"position {found[1]} (a prefill of {PREFILL} tokens, then one token at a time to {length}); report it to "
+            "gptzoo (the split plan must compute what the eager forward computes)"
+        )
     if found:
         raise Failed(
             f"decoding through its lowering differs from its eager forward at position {found[1]} (a prefill of "
             f"{PREFILL} tokens, then one token at a time to {length}); fix the lowering or remove it"
         )
+    if split:
+        return f"decoded {length - PREFILL} tokens with its eager forward within the native step: {why}"
     return f"decoded {length - PREFILL} tokens through the native plan"
 
 
