@@ -33,7 +33,6 @@ import torch
 import transformers
 from torch import nn
 
-from gptzoo.builtins._norms import RMSNorm
 from gptzoo.fetch import cache_root
 from gptzoo.hf import load_hf
 from gptzoo.inference import generate as generate_module
@@ -41,6 +40,7 @@ from gptzoo.inference.decode_plan import compile_step
 from gptzoo.inference.generate import DecodePath, generate
 from gptzoo.inference.matvec import native_decoding
 from gptzoo.inference.native import cpu_flags
+from gptzoo_plugins._norms import RMSNorm
 
 PROMPT = "The quick brown fox jumps over the lazy dog. Once upon a time, in a small village by the sea, there"
 

@@ -5,6 +5,7 @@ lowering it registers (gptzoo.inference.lowerings), or through its old decode_op
 
 from __future__ import annotations
 
+import json
 import re
 import warnings
 from pathlib import Path
@@ -16,6 +17,7 @@ from tiny import tiny_model
 
 import gptzoo
 import gptzoo_plugins
+from gptzoo.cli import main
 from gptzoo.errors import GptzooError, GptzooWarning
 from gptzoo.inference import generate as generate_module
 from gptzoo.inference import matvec
@@ -561,3 +563,25 @@ def test_an_old_decode_ops_calling_its_built_in_parents_is_refused_with_the_reas
             'through register_decode_lowerings); register the lowering of UnitNorm instead (docs/plugins.md, "Fast '
             'CPU decoding")',
         )
+
+
+def test_gptzoo_generate_names_the_path_and_the_component_without_a_lowering(
+    fake_site: FakeSite, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake_site.add("unitnorm", "gz_unitnorm", UNITNORM_WITHOUT_LOWERING)
+    argv = ["generate", "llama-tiny", "--set", "tokenizer.name=bytes", "--prompt", "hi", "--max-new-tokens", "3"]
+    assert main([*argv, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["decode"] == {
+        "path": "native",
+        "reason": None,
+        "missing": [],
+        "fix": None,
+    }
+    assert main([*argv, "--set", "model.norm=unitnorm", "--json"]) == 0
+    decode = json.loads(capsys.readouterr().out)["decode"]
+    assert (decode["path"], [(m["name"], m["origin"]) for m in decode["missing"]]) == (
+        "native+eager",
+        [("unitnorm", "gptzoo-fake-unitnorm 1.0")],
+    )
+    assert main([*argv, "--set", "model.norm=unitnorm"]) == 0
+    assert f"note: {SPLIT_MESSAGE}" in " ".join(capsys.readouterr().err.split())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from gptzoo.cli.args import (
     MAX_SEED,
@@ -22,6 +23,9 @@ from gptzoo.cli.render import text
 from gptzoo.defaults import GENERATE_DTYPES
 from gptzoo.errors import PluginError
 from gptzoo.registry import GPTZOO_DISTRIBUTION, Registry, culprit
+
+if TYPE_CHECKING:
+    from gptzoo.inference.generate import DecodePath
 
 
 def add_parser(sub: Subparsers, common: Parser) -> Parser:
@@ -120,8 +124,9 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> None:
         def stream(row: int, text: str) -> None:
             write_text(out, text)
 
+    paths: list[DecodePath] = []  # the decoding path, reported once the prompts are in the cache
     try:
-        results, tokens_per_s = plan.run(stream)
+        results, tokens_per_s = plan.run(stream, on_decode_path=paths.append)
     except KeyboardInterrupt:
         if stream is not None:
             write_text(out, "\n")  # end the streamed line before the message
@@ -138,6 +143,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> None:
                 "note": plan.note,
                 "sampler": [{"name": name, **params} for name, params in plan.sampler.spec],
                 "sampler_chain": plan.sampler.describe(),
+                "decode": paths[0].as_json() if paths else None,
                 "recipe": loaded.recipe.name,
             },
         )
@@ -150,6 +156,8 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> None:
         for prompt, r in zip(args.prompt, results, strict=True):
             write_text(out, f"{prompt}{r.text}\n")
             out.print(f"[dim]({r.finish_reason}, {len(r.tokens)} tokens)[/dim]")
+    if paths and paths[0].message:
+        err.print(f"[yellow]note:[/yellow] {text(paths[0].message)}")
     err.print(f"[dim]{tokens_per_s:.1f} tokens/s[/dim]")
 
 
