@@ -120,6 +120,12 @@ class Reference:
         return found
 
 
+def class_key(cls: type | Reference) -> str:
+    """``"gptzoo_plugins._norms:RMSNorm"``: how a class is named where a subsystem keys what it knows of
+    it (a decode lowering, a Hugging Face layout), whether a plugin passed the class or its reference."""
+    return str(cls) if isinstance(cls, Reference) else f"{cls.__module__}:{cls.__qualname__}"
+
+
 @dataclass(frozen=True)
 class LoweringEntry:
     """A plugin's lowering of a component class for CPU decoding (the ``register_decode_lowerings``
@@ -204,11 +210,7 @@ class HFLayout:
 
     @property
     def key(self) -> tuple[str, str]:
-        component = self.component
-        name = (
-            str(component) if isinstance(component, Reference) else f"{component.__module__}:{component.__qualname__}"
-        )
-        return name, self.layout
+        return class_key(self.component), self.layout
 
 
 def culprit(entry: Entry) -> str:
@@ -364,31 +366,16 @@ class Registry:
         plugin = pm.get_plugin(plugin_name)
         staged: list[tuple[Entry, bool]] = []
         for kind in KINDS:
-            caller = getattr(pm.hook, f"register_{kind}s")
-            for impl in caller.get_hookimpls():
-                if impl.plugin is plugin:
-                    register, close = self._stager(kind, provenance, staged, attempted, contract)
-                    try:
-                        impl.function(register=register)
-                    finally:
-                        close()
+            _call(
+                getattr(pm.hook, f"register_{kind}s"),
+                plugin,
+                lambda kind=kind: self._stager(kind, provenance, staged, attempted, contract),
+            )
         lowerings: list[LoweringEntry] = []
-        for impl in pm.hook.register_decode_lowerings.get_hookimpls():
-            if impl.plugin is plugin:
-                register, close = _lowering_stager(provenance, lowerings)
-                try:
-                    impl.function(register=register)
-                finally:
-                    close()
+        _call(pm.hook.register_decode_lowerings, plugin, lambda: _lowering_stager(provenance, lowerings))
         placed = self._check_lowerings(lowerings)
         layouts: list[HFLayout] = []
-        for impl in pm.hook.register_hf_layouts.get_hookimpls():
-            if impl.plugin is plugin:
-                register, close = _layout_stager(provenance, layouts)
-                try:
-                    impl.function(register=register)
-                finally:
-                    close()
+        _call(pm.hook.register_hf_layouts, plugin, lambda: _layout_stager(provenance, layouts))
         self._check_layouts(layouts)
         seen: set[tuple[str, str]] = set()
         for entry, override in staged:
@@ -563,7 +550,7 @@ def _lowering_stager(
                 f"{provenance}: register() was called after register_decode_lowerings returned; call it inside the hook"
             )
         if isinstance(component, type):
-            key = f"{component.__module__}:{component.__qualname__}"
+            key = class_key(component)
         elif isinstance(component, str) and Reference.parse(str.__str__(component)) is not None:
             key = str(Reference.parse(str.__str__(component)))
         else:
@@ -596,6 +583,18 @@ def _lowering_stager(
 
     register.__qualname__ = "register"
     return register, close
+
+
+def _call(caller: Any, plugin: object, stager: Callable[[], tuple[Callable[..., None], Callable[[], None]]]) -> None:
+    """Call one plugin's implementation of a register hook with the ``register`` ``stager`` makes, closed
+    when the hook returns."""
+    for impl in caller.get_hookimpls():
+        if impl.plugin is plugin:
+            register, close = stager()
+            try:
+                impl.function(register=register)
+            finally:
+                close()
 
 
 def _layout_stager(provenance: Provenance, staged: list[HFLayout]) -> tuple[Callable[..., None], Callable[[], None]]:

@@ -26,7 +26,7 @@ from torch import nn
 from gptzoo.errors import GptzooWarning
 from gptzoo.interfaces import TensorMap
 from gptzoo.plugin_manager import gptzoo_version
-from gptzoo.registry import HFLayout, Provenance, Reference, Registry
+from gptzoo.registry import HFLayout, Provenance, Reference, Registry, class_key
 
 BUILTIN = Provenance("gptzoo.hf", "gptzoo", gptzoo_version())
 """Who the built-in layouts come from."""
@@ -48,10 +48,6 @@ def builtin(
 def same(*names: str) -> list[TensorMap]:
     """Tensors stored as they are, under the same names on both sides."""
     return [TensorMap(name, (name,)) for name in names]
-
-
-def reference(cls: type) -> str:
-    return f"{cls.__module__}:{cls.__qualname__}"
 
 
 _warned: set[type] = set()
@@ -82,7 +78,7 @@ class Layouts:
     def find(self, module: nn.Module) -> HFLayout | None:
         """The layout of the module's class or of its nearest base class that has one; None if none has."""
         for cls in type(module).__mro__:
-            found = self.table.get(reference(cls))
+            found = self.table.get(class_key(cls))
             if found is not None:
                 return found
             if "hf_weights" in vars(cls):
@@ -94,7 +90,7 @@ class Layouts:
         if cls not in _warned:
             _warned.add(cls)
             warnings.warn(
-                f"{reference(cls)} answers for its Hugging Face layouts with hf_weights/hf_config methods, the "
+                f"{class_key(cls)} answers for its Hugging Face layouts with hf_weights/hf_config methods, the "
                 "plugin contract before version 2; register them with the register_hf_layouts hook instead "
                 "(docs/plugins.md, 'Hugging Face layouts')",
                 GptzooWarning,

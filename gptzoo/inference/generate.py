@@ -30,7 +30,6 @@ from torch import Tensor
 from gptzoo.defaults import SEED_LIMIT
 from gptzoo.errors import GptzooError
 from gptzoo.inference.decode_plan import CompiledStep, compile_step
-from gptzoo.inference.lowerings import class_key
 from gptzoo.inference.matvec import MAX_ROWS, native_decoding
 from gptzoo.inference.native import library, unavailable_reason
 from gptzoo.inference.sampling import SamplerChain, chain_spec, prompts_of
@@ -38,7 +37,7 @@ from gptzoo.interfaces import KVCache
 from gptzoo.memory import available_bytes, format_bytes
 from gptzoo.model.gpt import GPT
 from gptzoo.recipe import GenerateSpec
-from gptzoo.registry import Reference, Registry
+from gptzoo.registry import Reference, Registry, class_key
 from gptzoo.tokenizer import Tokenizer, shorten, utf8
 
 CONTEXT_TOKENS = 4

@@ -38,7 +38,7 @@ from gptzoo.errors import GptzooWarning, describe_exception
 from gptzoo.inference.matvec import runs_its_class_forward
 from gptzoo.interfaces import Buffer, DecodePlan, KVCache, LayerKVCache, PositionStep
 from gptzoo.plugin_manager import describe_raised, exit_guard
-from gptzoo.registry import Reference, Registry
+from gptzoo.registry import Reference, Registry, class_key
 
 Lower = Callable[..., Any]
 """``lower(plan, module, *args, **kwargs)``: a module's operations appended to ``plan``."""
@@ -46,11 +46,6 @@ Lower = Callable[..., Any]
 
 class Unsupported(Exception):
     """The model cannot be described as native operations; the message says what and why."""
-
-
-def class_key(cls: type) -> str:
-    """``"gptzoo_plugins._norms:RMSNorm"``: the key of a class's lowering."""
-    return f"{cls.__module__}:{cls.__qualname__}"
 
 
 # --- the built-in lowerings ----------------------------------------------------------------------
