@@ -825,4 +825,6 @@ def test_compare_checks_prompt_ids_against_the_vocabulary(
     assert str(excinfo.value) == "prompt 2 has token id 128, outside the model's vocabulary (0..127)"
     with pytest.raises(GptzooError) as excinfo:
         compare(path, prompts=[[1] * 63], new_tokens=2)
-    assert str(excinfo.value) == "63 prompt tokens + 2 new tokens exceed the context length 64; ask for at most 1"
+    assert str(excinfo.value) == (
+        "63 prompt tokens + 2 new tokens exceed the 64 positions that LearnedPosition encodes; ask for at most 1"
+    )
