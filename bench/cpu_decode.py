@@ -38,13 +38,13 @@ from pathlib import Path
 import torch
 import transformers
 
+from gptzoo.defaults import PRECISIONS
 from gptzoo.fetch import cache_root
-from gptzoo.hf import load_hf
 from gptzoo.inference.decode_plan import compile_step
 from gptzoo.inference.generate import generate
 from gptzoo.inference.matvec import native_decoding
 from gptzoo.inference.native import cpu_flags
-from gptzoo.inference.quantize import quantize_int8
+from gptzoo.loader import load_model
 
 GGUF_TYPES = {"float32": "f32", "bfloat16": "bf16", "int8": "q8_0"}
 PROMPT = "The quick brown fox jumps over the lazy dog. Once upon a time, in a small village by the sea, there"
@@ -154,10 +154,8 @@ def measure(name: str, precision: str, args: argparse.Namespace, bandwidth: floa
     tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
     prompt = tokenizer(PROMPT, add_special_tokens=False)["input_ids"][: args.prompt_tokens]
     long_prompt = held_out_ids(tokenizer, args.prefill)
-    dtype = torch.float32 if precision == "int8" else getattr(torch, precision)
-    ours = load_hf(directory).eval().to(dtype)
-    if precision == "int8":
-        quantize_int8(ours)
+    ours = load_model(hf=directory, dtype=precision).model.eval()
+    chosen = PRECISIONS[precision]
     sides: dict[str, dict[str, Callable[[], object]]] = {}
     n = args.new_tokens
     sides["gptzoo"] = {
@@ -165,8 +163,8 @@ def measure(name: str, precision: str, args: argparse.Namespace, bandwidth: floa
         "prefill": lambda: ours(torch.tensor([long_prompt]), ours.init_cache(1, len(long_prompt)), logits_to_keep=1),
     }
     hf = None
-    if precision != "int8":
-        hf = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=dtype).eval()
+    if not chosen.int8:  # transformers has no CPU int8 path
+        hf = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=getattr(torch, chosen.dtype)).eval()
         ids = torch.tensor([prompt])
         sides["transformers"] = {
             "decode": lambda: hf.generate(

@@ -36,6 +36,7 @@ _API = {
     "plan_generation": "gptzoo.inference.generate",
     "Loaded": "gptzoo.loader",
     "build": "gptzoo.loader",
+    "load_any": "gptzoo.loader",
     "load_model": "gptzoo.loader",
     "build_model": "gptzoo.model.build",
     "load_checkpoint": "gptzoo.model.checkpoint",
@@ -69,6 +70,7 @@ if TYPE_CHECKING:  # for type checkers and editors; `as` marks each as re-export
     from gptzoo.inference.generate import plan_generation as plan_generation
     from gptzoo.loader import Loaded as Loaded
     from gptzoo.loader import build as build
+    from gptzoo.loader import load_any as load_any
     from gptzoo.loader import load_model as load_model
     from gptzoo.model.build import build_model as build_model
     from gptzoo.model.checkpoint import load_checkpoint as load_checkpoint

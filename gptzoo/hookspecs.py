@@ -267,7 +267,8 @@ def register_positions(register: Register) -> None:
     ``rotary(positions)`` returns a Rotary that rotates q and k (rope); ``attn_bias(q_pos, k_pos)``
     returns an additive (n_head, Tq, Tk) bias (alibi). Positions are absolute, so the encoding
     works with a KV cache. ``max_positions`` declares the longest sequence it can encode,
-    an int of at least 1 (None: no limit); the model refuses longer inputs with a clear error.
+    an int of at least 1 (None: no limit); the fewest among a model's encodings is its limit
+    (GPT.max_positions), past which generate, eval and build refuse a sequence, naming the encoding.
     The model computes these once per forward pass and hands them to every attention layer
     through an AttentionContext, so one position module serves all layers.
 

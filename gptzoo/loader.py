@@ -14,15 +14,17 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from gptzoo.atomic import check_new_directory
+from gptzoo.defaults import precision
 from gptzoo.errors import GptzooError, Interrupted
 from gptzoo.hf import check_recipe_matches, hf_recipe, load_hf, locate
+from gptzoo.inference.quantize import quantize_int8
 from gptzoo.model.build import build_model
 from gptzoo.model.checkpoint import FILES as CHECKPOINT_FILES
 from gptzoo.model.checkpoint import load_checkpoint, save_checkpoint, tokenizer_files
@@ -49,6 +51,8 @@ class Loaded:
     """What a person should know, e.g. that the weights are random."""
     checkpoint: Path | None = None
     """The gptzoo checkpoint directory the weights came from."""
+    precision: str | None = None
+    """The precision it was loaded in (gptzoo.defaults.PRECISIONS: "int8" among them); None: the weights' own."""
 
     def tokenizer(self) -> Tokenizer:
         """The recipe's tokenizer; without a [tokenizer] section, the Hugging Face checkpoint's own
@@ -102,7 +106,7 @@ def load_model(
     overrides: Sequence[str] = (),
     registry: Registry | None = None,
     device: torch.device | str | None = None,
-    dtype: torch.dtype | None = None,
+    dtype: str | torch.dtype | None = None,
     seed: int | None = None,
     recipe_weights: bool = True,
 ) -> Loaded:
@@ -113,14 +117,49 @@ def load_model(
     Args:
         device: where the weights go; ``"meta"`` builds the structure only and reads no weights
             (not for a checkpoint, which is read whole).
-        dtype: of the returned model; default: float32 (or the checkpoint's own).
+        dtype: the precision of the returned model (gptzoo.defaults.PRECISIONS), by name or torch
+            dtype: ``"float32"``, ``"bfloat16"``, or ``"int8"`` (float32 with every Linear layer's
+            weights in int8, gptzoo.inference.quantize); default: float32 (or the checkpoint's own).
         seed: makes random weights reproducible (the global RNG is left as it was).
         recipe_weights: read a recipe's own [weights] hf; False gives it freshly initialized weights.
 
     Raises:
         GptzooError: conflicting or missing sources, a recipe or checkpoint problem, overrides that
-            do not fit a checkpoint.
+            do not fit a checkpoint, a ``dtype`` that names no precision.
     """
+    chosen = precision(dtype) if dtype is not None else None
+    weights_dtype = getattr(torch, chosen.dtype) if chosen is not None else None
+    loaded = _load_model(
+        recipe,
+        hf=hf,
+        checkpoint=checkpoint,
+        overrides=overrides,
+        registry=registry,
+        device=device,
+        dtype=weights_dtype,
+        seed=seed,
+        recipe_weights=recipe_weights,
+    )
+    if chosen is None:
+        return loaded
+    if chosen.int8:
+        quantize_int8(loaded.model)
+    return replace(loaded, precision=chosen.name)
+
+
+def _load_model(
+    recipe: str | Path | Recipe | None,
+    *,
+    hf: str | Path | None,
+    checkpoint: str | Path | None,
+    overrides: Sequence[str],
+    registry: Registry | None,
+    device: torch.device | str | None,
+    dtype: torch.dtype | None,
+    seed: int | None,
+    recipe_weights: bool,
+) -> Loaded:
+    """:func:`load_model` in ``dtype``, before any Linear layer is quantized."""
     registry = registry if registry is not None else default_registry()
     if checkpoint is not None:
         if recipe is not None or hf is not None:
@@ -167,14 +206,16 @@ def load_any(
     overrides: Sequence[str] = (),
     registry: Registry | None = None,
     device: torch.device | str | None = None,
-    dtype: torch.dtype | None = None,
+    dtype: str | torch.dtype | None = None,
 ) -> Loaded:
     """A model with real weights from one name, as `gptzoo generate`, `compare` and `eval` take MODEL: a
     gptzoo checkpoint directory, a run directory (its newest checkpoint), a Hugging Face directory, a
-    recipe with [weights], or a name `gptzoo fetch` (or the local Hugging Face cache) knows.
+    recipe with [weights], or a name `gptzoo fetch` (or the local Hugging Face cache) knows; ``dtype``
+    as :func:`load_model` takes it (``"int8"`` among them).
 
     Raises:
-        GptzooError: nothing by that name, a run without checkpoints, or a recipe without weights.
+        GptzooError: nothing by that name, a run without checkpoints, a recipe without weights, or a
+            ``dtype`` that names no precision.
     """
     from gptzoo.training import run_dir
 

@@ -170,7 +170,7 @@ def test_user_errors_exit_2_with_every_problem(tmp_path: Path, capsys: pytest.Ca
         + err.split("(available: ")[-1]
     )
     assert run_error(capsys, "build", "gpt2-small", "--seq-len", "4096") == (
-        "error: --seq-len 4096 is longer than the 1024 positions gpt2-small's learned positions encode"
+        "error: --seq-len 4096 is longer than the 1024 positions that LearnedPosition encodes; give at most 1024"
     )
     (tmp_path / "file").write_text("x")
     assert run_error(capsys, "build", "gpt2-tiny", "--out", str(tmp_path / "file" / "sub")).startswith(

@@ -111,7 +111,7 @@ def test_hostile_checkpoints_are_user_errors(ck: Path, capsys: pytest.CaptureFix
 def test_json_errors_go_to_stdout_too(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["build", "gpt2-tiny", "--seq-len", "4096", "--json"]) == 2
     captured = capsys.readouterr()
-    message = "--seq-len 4096 is longer than the 128 positions gpt2-tiny's learned positions encode"
+    message = "--seq-len 4096 is longer than the 128 positions that LearnedPosition encodes; give at most 128"
     assert json.loads(captured.out) == {"error": message, "exit": 2}
     assert captured.err == f"error: {message}\n"
     # usage errors, found by argparse, too
@@ -274,7 +274,7 @@ def test_json_stdout_holds_one_document_whatever_plugins_print(fake_site, capsys
     assert "a plugin printing in its factory" in capsys.readouterr().out
     message = run_error(capsys, "build", "gpt2-tiny", "--set", "model.activation=loud", "--seq-len", "999", "--json")
     assert message.endswith(
-        "error: --seq-len 999 is longer than the 128 positions gpt2-tiny's learned positions encode"
+        "error: --seq-len 999 is longer than the 128 positions that LearnedPosition encodes; give at most 128"
     )
 
 

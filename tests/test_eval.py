@@ -122,7 +122,14 @@ def test_learned_positions_refuse_lengths_past_their_table_and_rope_extrapolates
                          lengths=[64, 128, 256, 512])  # fmt: skip
     refused = {s["length"]: s["refused"] for s in learned["scores"]}
     assert refused[64] is None and refused[128] is None
-    assert refused[256] == refused[512] == "LearnedPosition encodes at most 128 positions; evaluate at 128 or fewer"
+    assert (
+        refused[256]
+        == "length 256 is longer than the 128 positions that LearnedPosition encodes; evaluate at 128 or fewer"
+    )
+    assert (
+        refused[512]
+        == "length 512 is longer than the 128 positions that LearnedPosition encodes; evaluate at 128 or fewer"
+    )
     assert learned["max_positions"] == 128
     rope = eval_model(_loaded("llama-tiny", "tokenizer.name=bytes", "model.vocab_size=256"), texts=[path],
                       lengths=[128, 512])  # fmt: skip

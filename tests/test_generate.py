@@ -192,7 +192,7 @@ def test_cli_generate_int8_runs_the_quantized_model(tmp_path: Path, capsys: pyte
         (["--prompt", ""], "error: --prompt is empty; give some text"),
         (
             ["--prompt", "word " * 200],
-            "error: a prompt of 201 tokens is longer than the context length 128; shorten it",
+            "error: a prompt of 201 tokens is longer than the 128 positions that LearnedPosition encodes; shorten it",
         ),
         (["--prompt", "a", "--top-p", "1.5"], "error: sampler 'top_p': top_p p must be in (0, 1], got 1.5"),
         (

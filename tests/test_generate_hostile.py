@@ -292,21 +292,23 @@ def test_the_default_number_of_new_tokens_is_capped_to_the_context() -> None:
     model = tiny_model("gpt2-tiny")  # context 128
     assert fit_new_tokens(model, [[1], [1, 2, 3]], 128, explicit=False) == (
         125,
-        "generating at most 125 new tokens, not the recipe's max_new_tokens 128: the context length 128 holds 3 "
-        "prompt tokens; --max-new-tokens N sets it",
+        "generating at most 125 new tokens, not the recipe's max_new_tokens 128: the 128 positions that "
+        "LearnedPosition encodes hold 3 prompt tokens; --max-new-tokens N sets it",
     )
     assert fit_new_tokens(model, [[1]], 20, explicit=False) == (20, None)
     assert fit_new_tokens(model, [[1]], 127, explicit=True) == (127, None)
     with pytest.raises(GptzooError) as exc:
         fit_new_tokens(model, [[1]], 128, explicit=True)
     assert str(exc.value) == (
-        "1 prompt tokens + 128 new tokens (--max-new-tokens) exceed the context length 128; ask for at most 127"
+        "1 prompt tokens + 128 new tokens (--max-new-tokens) exceed the 128 positions that LearnedPosition encodes; "
+        "ask for at most 127"
     )
     for explicit in (True, False):
         with pytest.raises(GptzooError) as exc:
             fit_new_tokens(model, [list(range(128))], 128, explicit=explicit)
         assert str(exc.value) == (
-            "a prompt of 128 tokens fills the context length 128, leaving no room for new tokens; shorten it"
+            "a prompt of 128 tokens fills the 128 positions that LearnedPosition encodes, leaving no room for new "
+            "tokens; shorten it"
         )
     with pytest.raises(GptzooError) as exc:
         generate(model, [[1]], 0)

@@ -243,7 +243,7 @@ def test_cli_compare_json_and_its_checks(tmp_path: Path, capsys: pytest.CaptureF
     assert main(["compare", "--hf", str(path), "--set", "model.attention=eager", "--new-tokens", "2", "--json"]) == 0
     capsys.readouterr()
     assert main(["compare", "--hf", str(path), "--new-tokens", "1000"]) == 2
-    assert "exceed the context length 128" in capsys.readouterr().err
+    assert "exceed the 128 positions that LearnedPosition encodes" in capsys.readouterr().err
     assert main(["build", "gpt2-small", "--hf", str(path)]) == 2  # checked even without --out
     assert "[model] n_layer: the recipe says 12" in " ".join(capsys.readouterr().err.split())
 

@@ -8,8 +8,8 @@ from contextlib import nullcontext
 from gptzoo.cli.args import Parser, Subparsers, lengths, positive_int
 from gptzoo.cli.console import Console, print_json
 from gptzoo.cli.library import command_registry, importing
-from gptzoo.cli.model import model_parser, named
-from gptzoo.defaults import DTYPE_NAMES
+from gptzoo.cli.model import load_named, model_parser
+from gptzoo.defaults import PRECISIONS
 
 
 def add_parser(sub: Subparsers, common: Parser) -> Parser:
@@ -41,7 +41,12 @@ def add_parser(sub: Subparsers, common: Parser) -> Parser:
     )
     p.add_argument("--batch", type=positive_int, metavar="B", help="windows per forward (default: by memory)")
     p.add_argument("--max-tokens", type=positive_int, metavar="N", help="only the first N tokens of each text")
-    p.add_argument("--dtype", choices=DTYPE_NAMES, default="float32")
+    p.add_argument(
+        "--dtype",
+        choices=tuple(PRECISIONS),
+        default="float32",
+        help="int8: every Linear layer's weights in int8 (a float32 scale per row), the rest in float32",
+    )
     return p
 
 
@@ -49,34 +54,19 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> None:
     with importing():
         from gptzoo.evaluation import eval_model
         from gptzoo.evaluation.display import EvalProgress, render_eval
-        from gptzoo.loader import load_model
-        from gptzoo.model.summary import DTYPES
 
-    registry, model, dtype = command_registry(err), named(args), DTYPES[args.dtype]
-    if model.hf is None and model.checkpoint is None:
-        source = model.recipe if model.recipe is not None else model.name  # one name: load_any resolves it
-    else:
-        source = load_model(
-            model.recipe,
-            hf=model.hf,
-            checkpoint=model.checkpoint,
-            overrides=args.overrides,
-            registry=registry,
-            dtype=dtype,
-        )
+    loaded = load_named(args, command_registry(err), dtype=args.dtype)
     with nullcontext() if args.json else EvalProgress(err) as progress:
         report = eval_model(
-            source,
+            loaded,
             texts=args.text,
             data=args.data,
             lengths=args.lengths,
             stride=args.stride,
             batch_size=args.batch,
             max_tokens=args.max_tokens,
-            dtype=dtype,
-            overrides=args.overrides,
-            registry=registry,
             progress=progress,
+            name=args.model,
         )
     if args.json:
         print_json(out, report)

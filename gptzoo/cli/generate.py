@@ -18,9 +18,9 @@ from gptzoo.cli.args import (
 )
 from gptzoo.cli.console import Console, print_json, warn, write_text
 from gptzoo.cli.library import importing
-from gptzoo.cli.model import model_parser, named
+from gptzoo.cli.model import load_named, model_parser
 from gptzoo.cli.render import text
-from gptzoo.defaults import GENERATE_DTYPES
+from gptzoo.defaults import PRECISIONS
 from gptzoo.errors import PluginError
 from gptzoo.registry import GPTZOO_DISTRIBUTION, Registry, culprit
 
@@ -68,7 +68,7 @@ def add_parser(sub: Subparsers, common: Parser) -> Parser:
     )
     p.add_argument(
         "--dtype",
-        choices=GENERATE_DTYPES,
+        choices=tuple(PRECISIONS),
         default="float32",
         help="int8: every Linear layer's weights in int8 (a float32 scale per row), the rest in float32",
     )
@@ -79,28 +79,10 @@ def add_parser(sub: Subparsers, common: Parser) -> Parser:
 def run(args: argparse.Namespace, out: Console, err: Console) -> None:
     with importing():
         from gptzoo.inference.generate import plan_generation
-        from gptzoo.inference.quantize import quantize_int8
         from gptzoo.inference.sampling import flagged
-        from gptzoo.loader import load_any, load_model
-        from gptzoo.model.summary import DTYPES
 
     registry = args.registry  # built once, before the command line was parsed (it has the sampler flags)
-    int8 = args.dtype == "int8"
-    model, dtype = named(args), DTYPES["float32" if int8 else args.dtype]
-    if model.name is not None:
-        loaded = load_any(model.name, overrides=args.overrides, registry=registry, dtype=dtype)
-    else:
-        loaded = load_model(
-            model.recipe,
-            hf=model.hf,
-            checkpoint=model.checkpoint,
-            overrides=args.overrides,
-            registry=registry,
-            dtype=dtype,
-            seed=args.seed,
-        )
-    if int8:
-        quantize_int8(loaded.model)
+    loaded = load_named(args, registry, dtype=args.dtype, seed=args.seed, random=True)
     sampling = {entry.name: getattr(args, flag_dest(entry.name)) for entry, _ in flagged(registry)}
     plan = plan_generation(
         loaded.model,

@@ -10,9 +10,14 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gptzoo.cli.args import Parser, add_set
 from gptzoo.errors import GptzooError
+
+if TYPE_CHECKING:
+    from gptzoo.loader import Loaded
+    from gptzoo.registry import Registry
 
 MODEL_HELP = (
     "a recipe (a shipped name or a .toml file), a gptzoo checkpoint or run directory (its newest checkpoint), a "
@@ -70,3 +75,32 @@ def named(args: argparse.Namespace) -> Named:
                 "only be a recipe: the one its weights must fit)"
             )
     return Named(None, model, args.hf, args.checkpoint)
+
+
+def load_named(
+    args: argparse.Namespace, registry: Registry, *, dtype: str, seed: int | None = None, random: bool = False
+) -> Loaded:
+    """The model the command line names (:func:`named`), with its ``--set`` overrides, in the precision
+    ``dtype`` (``--dtype``, passed down as it is): MODEL through :func:`gptzoo.loader.load_any`, ``--hf``
+    and ``--checkpoint`` (beside a recipe or not) through :func:`gptzoo.loader.load_model`. A recipe alone
+    is read for its [weights] (load_any), or with ``random`` may have none: then its weights are random,
+    reproducibly with ``seed``, and the Loaded warns of it.
+
+    Raises:
+        GptzooError: as :func:`named`, load_any and load_model do.
+    """
+    from gptzoo.loader import load_any, load_model
+
+    model = named(args)
+    if model.hf is None and model.checkpoint is None and not (random and model.recipe is not None):
+        source = model.recipe if model.recipe is not None else model.name
+        return load_any(source, overrides=args.overrides, registry=registry, dtype=dtype)
+    return load_model(
+        model.recipe,
+        hf=model.hf,
+        checkpoint=model.checkpoint,
+        overrides=args.overrides,
+        registry=registry,
+        dtype=dtype,
+        seed=seed,
+    )

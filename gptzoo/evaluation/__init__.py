@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from gptzoo.errors import GptzooError
-from gptzoo.evaluation.perplexity import Progress, Score, evaluate, length_limit
+from gptzoo.evaluation.perplexity import Progress, Score, evaluate
 from gptzoo.evaluation.texts import EvalText, read_prepared, read_text_file
 from gptzoo.loader import Loaded, load_any
 from gptzoo.registry import Registry
@@ -29,7 +29,7 @@ from gptzoo.registry import Registry
 DEFAULT_LONGEST = 1024
 """The default length is the model's context, at most this many tokens."""
 
-__all__ = ["EvalText", "Score", "default_lengths", "eval_model", "evaluate", "length_limit", "texts_for"]
+__all__ = ["EvalText", "Score", "default_lengths", "eval_model", "evaluate", "texts_for"]
 
 
 def default_lengths(loaded: Loaded) -> list[int]:
@@ -65,27 +65,31 @@ def eval_model(
     stride: int | None = None,
     batch_size: int | None = None,
     max_tokens: int | None = None,
-    dtype: torch.dtype = torch.float32,
+    dtype: str | torch.dtype = "float32",
     overrides: Sequence[str] = (),
     registry: Registry | None = None,
     progress: Progress | None = None,
+    name: str | None = None,
 ) -> dict[str, Any]:
-    """Evaluate ``model`` (a name gptzoo.loader.load_any takes, or a loaded model) on ``texts`` and
-    ``data``; JSON-ready: the model, where its weights came from, and one score per text and length."""
+    """Evaluate ``model`` (a name gptzoo.loader.load_any takes, in the precision ``dtype`` with
+    ``overrides``, or a loaded model) on ``texts`` and ``data``; JSON-ready: the model (``name``, by
+    default the name given or where the loaded model's weights came from), where its weights came from,
+    its precision, and one score per text and length."""
     loaded = (
         model if isinstance(model, Loaded) else load_any(model, overrides=overrides, registry=registry, dtype=dtype)
     )
+    if name is None:
+        name = str(model) if not isinstance(model, Loaded) else loaded.source
     sources = texts_for(loaded, texts=texts, data=data, max_tokens=max_tokens)
     chosen = list(lengths) if lengths else default_lengths(loaded)
     with torch.inference_mode():
         scores = evaluate(loaded.model, sources, chosen, stride=stride, batch_size=batch_size, progress=progress)
-    limit = length_limit(loaded.model)
     return {
-        "model": str(model) if not isinstance(model, Loaded) else loaded.source,
+        "model": name,
         "recipe": loaded.recipe.name,
         "weights": loaded.source,
-        "dtype": str(next(loaded.model.parameters()).dtype).removeprefix("torch."),
+        "dtype": loaded.precision or str(next(loaded.model.parameters()).dtype).removeprefix("torch."),
         "context_length": loaded.recipe.model.context_length,
-        "max_positions": limit[0] if limit is not None else None,
+        "max_positions": loaded.model.max_positions,
         "scores": [s.to_dict() for s in scores],
     }

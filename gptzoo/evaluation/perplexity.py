@@ -5,14 +5,16 @@ length are fed in batches and every target is scored once. Per text and length t
 mean loss in nats per token, its perplexity, and bits per byte (total nats / ln 2 / the UTF-8 bytes
 the scored tokens stand for, so models with different tokenizers compare), each with a 95% interval
 from a bootstrap over windows (1,000 resamples, seed 0: the same every run; bits per byte scale the
-loss interval by the text's tokens per byte). A length beyond what a position encoding can encode
-(its ``max_positions``, e.g. a learned table) is refused with the reason; the others are still
-evaluated.
+loss interval by the text's tokens per byte). A length beyond what the model's positions encode
+(GPT.position_limit, e.g. a learned table) is refused with the reason, the others are still
+evaluated; windows past the context the model was trained at (GPT.context_length) are scored, with
+one GptzooWarning.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -21,7 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from gptzoo.errors import GptzooError
+from gptzoo.errors import GptzooError, GptzooWarning
 from gptzoo.evaluation.texts import EvalText
 from gptzoo.evaluation.windows import Window, windows
 from gptzoo.model.gpt import GPT
@@ -59,12 +61,6 @@ class Score:
 
     def to_dict(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
-
-
-def length_limit(model: GPT) -> tuple[int, str] | None:
-    """The most positions every position encoding of ``model`` encodes, and the one that sets it; None: no limit."""
-    limits = [(p.max_positions, type(p).__name__) for p in model.positions if p.max_positions is not None]
-    return min(limits) if limits else None
 
 
 def default_batch(length: int, vocab_size: int) -> int:
@@ -146,7 +142,6 @@ def evaluate(
         progress: called with (windows done, windows in all).
     """
     model.eval()
-    limit = length_limit(model)
     vocab = model.wte.weight.shape[0]
     if stride is not None and stride > min(lengths):
         raise GptzooError(f"--stride {stride} is longer than the length {min(lengths)}; give a stride <= every length")
@@ -155,13 +150,17 @@ def evaluate(
     for text in texts:
         for length in lengths:
             step = stride if stride is not None else max(1, length // 2)
-            if limit is not None and length > limit[0]:
-                why = f"{limit[1]} encodes at most {limit[0]} positions; evaluate at {limit[0]} or fewer"
-                scores.append(Score(text.name, length, step, refused=why))
+            refused = model.too_long(length, f"length {length}", f"evaluate at {model.max_positions} or fewer")
+            if refused is not None:
+                scores.append(Score(text.name, length, step, refused=refused))
                 continue
             todo.append((len(scores), text, [windows(len(doc.ids), length, step) for doc in text.documents]))
             scores.append(Score(text.name, length, step))
     total = sum(len(plan) for *_, plans in todo for plan in plans)
+    longest = max((w.length for *_, plans in todo for plan in plans for w in plan), default=0)
+    warning = model.past_context(longest)
+    if warning is not None:
+        warnings.warn(warning, GptzooWarning, stacklevel=1)  # one place: shown once
     done = 0
 
     def advance(n: int) -> None:

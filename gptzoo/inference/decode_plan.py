@@ -367,8 +367,8 @@ class CompiledStep:
         self.failed = ctypes.c_long(0)
         self.device = logits.tensor.device
         self.lib = library()
-        limits = [p.max_positions for p in model.positions if p.max_positions is not None]
-        self.limit = min([cache.max_len, *limits])
+        limit = model.max_positions
+        self.limit = cache.max_len if limit is None else min(cache.max_len, limit)
         """The most positions; a step past them runs the eager forward, which says what is wrong."""
 
     def __call__(self, tokens: Tensor) -> Tensor:

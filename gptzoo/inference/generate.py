@@ -19,6 +19,7 @@ says which ran and why (``on_decode_path`` of :func:`generate`).
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ import torch
 from torch import Tensor
 
 from gptzoo.defaults import SEED_LIMIT
-from gptzoo.errors import GptzooError
+from gptzoo.errors import GptzooError, GptzooWarning
 from gptzoo.inference.decode_plan import CompiledStep, compile_step
 from gptzoo.inference.matvec import MAX_ROWS, native_decoding
 from gptzoo.inference.native import library, unavailable_reason
@@ -79,11 +80,6 @@ def encode_prompts(tokenizer: Tokenizer, texts: Sequence[str], *, chat: bool = F
     return prompts
 
 
-def context_length(model: GPT) -> int | None:
-    """The most positions the model takes (None: no limit)."""
-    return model.recipe.model.context_length if model.recipe is not None else model.position.max_positions
-
-
 def check_prompts(model: GPT, prompts: Sequence[Sequence[int]], tokenizer: Tokenizer | None = None) -> None:
     """Every prompt token is an id of the model (and of the tokenizer).
 
@@ -110,27 +106,26 @@ def check_prompts(model: GPT, prompts: Sequence[Sequence[int]], tokenizer: Token
 
 
 def check_lengths(model: GPT, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> None:
-    """Every prompt has tokens, and prompt + new tokens fit the model's context."""
+    """Every prompt has tokens, and prompt + new tokens fit the positions the model encodes
+    (GPT.position_limit); past the context it was trained at, one GptzooWarning (GPT.past_context)."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise GptzooError("every prompt needs at least one token")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise GptzooError(f"the number of new tokens must be an integer >= 1, got {max_new_tokens!r}")
-    longest = max(len(p) for p in prompts)
-    context = context_length(model)
-    if context is None:
-        return
-    if longest > context:
-        raise GptzooError(f"a prompt of {longest} tokens is longer than the context length {context}; shorten it")
-    if longest == context:
+    longest, limit = max(len(p) for p in prompts), model.position_limit
+    refused = model.too_long(longest, f"a prompt of {longest} tokens", "shorten it")
+    if refused is not None:
+        raise GptzooError(refused)
+    if limit is not None and longest == limit.positions:
+        raise GptzooError(f"a prompt of {longest} tokens fills {limit}, leaving no room for new tokens; shorten it")
+    if limit is not None and longest + max_new_tokens > limit.positions:
         raise GptzooError(
-            f"a prompt of {longest} tokens fills the context length {context}, leaving no room for new tokens; "
-            "shorten it"
+            f"{longest} prompt tokens + {max_new_tokens} new tokens exceed {limit}; "
+            f"ask for at most {limit.positions - longest}"
         )
-    if longest + max_new_tokens > context:
-        raise GptzooError(
-            f"{longest} prompt tokens + {max_new_tokens} new tokens exceed the context length {context}; "
-            f"ask for at most {context - longest}"
-        )
+    warning = model.past_context(longest + max_new_tokens)
+    if warning is not None:
+        warnings.warn(warning, GptzooWarning, stacklevel=1)  # one place: shown once
 
 
 def fit_new_tokens(
@@ -139,23 +134,24 @@ def fit_new_tokens(
     """How many tokens to generate, and a note when that is fewer than asked.
 
     explicit: ``max_new_tokens`` is what the user gave (``--max-new-tokens``), which must fit the
-        context; otherwise it is the recipe's default, cut to what the context leaves after the
-        longest prompt.
+        positions the model encodes (GPT.position_limit); otherwise it is the recipe's default, cut
+        to what they leave after the longest prompt.
 
     Raises:
         GptzooError: a prompt that leaves no room, or an explicit number that does not fit.
     """
-    longest, context = max((len(p) for p in prompts), default=0), context_length(model)
-    if context is not None and 0 < longest < context < longest + max_new_tokens:
-        fitted = context - longest
+    longest, limit = max((len(p) for p in prompts), default=0), model.position_limit
+    if limit is not None and 0 < longest < limit.positions < longest + max_new_tokens:
+        fitted = limit.positions - longest
         if explicit:
             raise GptzooError(
-                f"{longest} prompt tokens + {max_new_tokens} new tokens (--max-new-tokens) exceed the context "
-                f"length {context}; ask for at most {fitted}"
+                f"{longest} prompt tokens + {max_new_tokens} new tokens (--max-new-tokens) exceed {limit}; "
+                f"ask for at most {fitted}"
             )
+        check_lengths(model, prompts, fitted)
         return fitted, (
-            f"generating at most {fitted} new tokens, not the recipe's max_new_tokens {max_new_tokens}: the "
-            f"context length {context} holds {longest} prompt tokens; --max-new-tokens N sets it"
+            f"generating at most {fitted} new tokens, not the recipe's max_new_tokens {max_new_tokens}: "
+            f"{limit} hold {longest} prompt tokens; --max-new-tokens N sets it"
         )
     check_lengths(model, prompts, max_new_tokens)
     return max_new_tokens, None
@@ -494,7 +490,7 @@ class GenerationPlan:
     max_new_tokens: int
     stop: tuple[str, ...]
     note: str | None
-    """Why fewer new tokens than the recipe's default are generated (the context is full), if so."""
+    """Why fewer new tokens than the recipe's default are generated (the positions are full), if so."""
 
     def run(
         self,
@@ -533,8 +529,9 @@ def plan_generation(
     """Prompts encoded and their ids checked, the sampler chain resolved (the recipe's [generate]
     samplers with the ``sampling`` flags and the ``samplers`` steps (``--sampler``) of
     :func:`gptzoo.inference.sampling.chain_spec`), the seed
-    checked, the number of new tokens fitted to the context (the recipe's ``max_new_tokens`` is cut to
-    what the context leaves, an explicit ``max_new_tokens`` must fit) and the KV cache checked to fit
+    checked, the number of new tokens fitted to the positions the model encodes (GPT.position_limit: the
+    recipe's ``max_new_tokens`` is cut to what they leave, an explicit ``max_new_tokens`` must fit; past the
+    context the model was trained at, one GptzooWarning) and the KV cache checked to fit
     in memory. Every problem is a GptzooError before any decoding.
     """
     recipe = model.recipe

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
@@ -133,6 +134,18 @@ BLOCKS: dict[str, type[PreNormBlock]] = {
 """norm_placement -> block class."""
 
 
+@dataclass(frozen=True)
+class PositionLimit:
+    """The longest sequence a model can run: what the position encoding that encodes the fewest
+    positions (its ``max_positions``) encodes, and that encoding's class name."""
+
+    positions: int
+    encoding: str
+
+    def __str__(self) -> str:
+        return f"the {self.positions} positions that {self.encoding} encodes"
+
+
 class GPT(nn.Module):
     """A decoder-only language model: token ids (B, T) -> logits (B, T, vocab_size)."""
 
@@ -180,6 +193,46 @@ class GPT(nn.Module):
         return [self.position, *self.layer_positions]
 
     @property
+    def position_limit(self) -> PositionLimit | None:
+        """The hard limit on a sequence's length (prompt and new tokens, or an evaluation window),
+        which every command holds to: the fewest positions any of the model's position encodings
+        encodes; None where each takes any length (RoPE, ALiBi)."""
+        limits = [(p.max_positions, type(p).__name__) for p in self.positions if p.max_positions is not None]
+        return PositionLimit(*min(limits)) if limits else None
+
+    @property
+    def max_positions(self) -> int | None:
+        """The longest sequence the model can run (:attr:`position_limit`); None: any length."""
+        limit = self.position_limit
+        return limit.positions if limit is not None else None
+
+    @property
+    def context_length(self) -> int | None:
+        """The context the model was trained at: its recipe's context_length (without a recipe,
+        :attr:`max_positions`). A sequence past it, within :attr:`max_positions`, runs, with the
+        warning :meth:`past_context`."""
+        return self.recipe.model.context_length if self.recipe is not None else self.max_positions
+
+    def too_long(self, length: int, what: str, fix: str) -> str | None:
+        """Why a sequence of ``length`` tokens (``what``, e.g. "a prompt of 200 tokens") cannot run,
+        ending with ``fix``; None when it fits :attr:`position_limit`."""
+        limit = self.position_limit
+        return f"{what} is longer than {limit}; {fix}" if limit is not None and length > limit.positions else None
+
+    def past_context(self, length: int) -> str | None:
+        """The one warning for sequences of ``length`` tokens past :attr:`context_length` (which the
+        positions still encode); None within it."""
+        context = self.context_length
+        if context is None or length <= context:
+            return None
+        limit = self.max_positions
+        reach = "any length" if limit is None else f"up to {limit}"
+        return (
+            f"sequences of {length} tokens are longer than the context length {context} the model was trained at: "
+            f"its positions encode {reach}, so they run, but expect worse results past {context} tokens"
+        )
+
+    @property
     def tied(self) -> bool:
         return self.lm_head.weight is self.wte.weight
 
@@ -203,13 +256,9 @@ class GPT(nn.Module):
         B, T = idx.shape
         start = cache.length if cache is not None else 0
         end = start + T
-        for position in self.positions:
-            limit = position.max_positions
-            if limit is not None and end > limit:
-                raise GptzooError(
-                    f"a sequence of {end} tokens is longer than the {limit} positions that "
-                    f"{type(position).__name__} encodes; shorten the input"
-                )
+        refused = self.too_long(end, f"a sequence of {end} tokens", "shorten the input")
+        if refused is not None:
+            raise GptzooError(refused)
         if cache is not None and end > cache.max_len:
             raise GptzooError(
                 f"the KV cache holds {cache.max_len} positions, {end} were asked for; make a larger cache"

@@ -112,13 +112,9 @@ def summarize(
 ) -> dict[str, Any]:
     """A JSON-ready description of the model at (batch, seq_len); seq_len defaults to the context length."""
     seq_len = seq_len or recipe.model.context_length
-    for i, position in enumerate(model.positions):
-        limit = position.max_positions
-        if limit is not None and seq_len > limit:
-            name = recipe.model.position.name if i == 0 else type(position).__name__
-            raise GptzooError(
-                f"--seq-len {seq_len} is longer than the {limit} positions {recipe.name}'s {name} positions encode"
-            )
+    refused = model.too_long(seq_len, f"--seq-len {seq_len}", f"give at most {model.max_positions}")
+    if refused is not None:
+        raise GptzooError(refused)
     flops = forward_flops(model, batch, seq_len)
     forward = sum(flops.values())
     params = parameter_counts(model)
