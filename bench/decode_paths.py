@@ -9,7 +9,7 @@ model's eager forward (compile_step without ``split``). Each round prints the lo
 (``os.getloadavg``), since other processes share the cores, the tokens per second (prefill
 included) and the median time from one token to the next, and which sides gave the native side's
 greedy tokens (in float32 all do; in bfloat16 the eager forward's attention rounds otherwise here
-and there, tests/test_decode_plan.py).
+and there, tests/inference/test_decode_plan.py).
 ``--torch-compile`` adds, once, the generic alternative: the copy's whole forward through
 ``torch.compile(dynamic=True)`` (torch's own kernels: gptzoo's native products are opaque calls to
 it), its compile time counted, as a generation pays it.

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fakedist import FakeSite  # tests/ has no __init__.py: pytest puts it on sys.path
+from fakedist import FakeSite  # tests/ is on sys.path (pyproject: pythonpath)
 
 import gptzoo
 from gptzoo.plugin_manager import ONLY_PLUGINS_ENV

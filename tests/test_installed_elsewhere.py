@@ -53,9 +53,9 @@ NAME_SENSITIVE = (
     "tests/test_loader.py::test_checkpoint_overrides_are_validated",
     "tests/test_names.py::test_a_set_problem_names_the_override_not_the_recipe_file",
     "tests/test_contract_table.py::test_every_default_plugin_registers_documented_components",
-    "tests/test_cli_hostile.py::test_generate_checkpoint_applies_and_checks_overrides",
-    "tests/test_cli.py::test_list_and_recipes",
-    "tests/test_sampler_plugins.py::test_bad_sampler_flags_are_one_message_and_exit_2",
+    "tests/cli/test_cli_hostile.py::test_generate_checkpoint_applies_and_checks_overrides",
+    "tests/cli/test_cli.py::test_list_and_recipes",
+    "tests/inference/test_sampler_plugins.py::test_bad_sampler_flags_are_one_message_and_exit_2",
 )
 
 

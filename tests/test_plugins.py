@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fakedist import (  # tests/ has no __init__.py: pytest puts it on sys.path
+from fakedist import (  # tests/ is on sys.path (pyproject: pythonpath)
     BAD_SIGNATURE,
     BROKEN,
     BROKEN_MESSAGE,

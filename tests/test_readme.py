@@ -36,3 +36,11 @@ def test_the_layout_table_matches_the_package() -> None:
     expected = {f"gptzoo/{p.name}/" for p in package.iterdir() if p.is_dir() and not p.name.startswith("__")}
     expected |= {f"gptzoo/{p.name}" for p in package.glob("*.py") if p.name != "__main__.py"}
     assert sorted(expected - listed) == [], "README's layout table misses these"
+
+
+def test_the_test_folders_mirror_the_package() -> None:
+    tests = REPO / "tests"
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and not p.name.startswith((".", "__"))}
+    homes = {p.name for p in (REPO / "gptzoo").iterdir() if p.is_dir() and not p.name.startswith("__")}
+    assert sorted(folders - homes - {"plugins"}) == [], "tests/ has folders that name no folder of the package"
+    assert list(tests.glob("*/__init__.py")) == []  # module names stay unique: pytest imports by basename

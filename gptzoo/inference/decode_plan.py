@@ -18,7 +18,7 @@ step stays native; without ``split`` the plan refuses it. A position encoding wi
 bias, a model off the CPU or in another dtype than float32/bfloat16: then :func:`compile_step`
 returns None with the reason, and decoding keeps the eager forward. The plan computes what the
 eager step computes, with the same roundings in the activations' dtype, up to the order of the
-sums (tests/test_decode_plan.py).
+sums (tests/inference/test_decode_plan.py).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ API:
   component's checks (ids ``attention:ring_window-causality[rope]``); a failed check fails with
   its one-line detail, a skipped one skips.
 - ``conformance_all(registry=None, entries=None)``: the same over every registered component (or
-  these entries): gptzoo's tests/test_contract.py.
+  these entries): gptzoo's tests/testing/test_contract.py.
 - ``run_conformance(registry, entries) -> list[CheckResult]``: run the checks, no pytest needed.
 - :class:`CheckResult`: kind, name, distribution, version, check, status ("passed", "failed",
   "skipped"), detail (one line).

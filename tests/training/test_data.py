@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from cli_run import run_error, run_json  # tests/ has no __init__.py: pytest puts it on sys.path
+from cli_run import run_error, run_json  # tests/ is on sys.path (pyproject: pythonpath)
 
 from gptzoo import fetch as fx
 from gptzoo.cli import main

@@ -22,7 +22,7 @@ from typing import Any, BinaryIO
 import numpy as np
 import pytest
 import torch
-from cli_run import run_error  # tests/ has no __init__.py: pytest puts it on sys.path
+from cli_run import run_error  # tests/ is on sys.path (pyproject: pythonpath)
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from test_train import TINY

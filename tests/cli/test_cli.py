@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli_run import run_error, run_json  # tests/ has no __init__.py: pytest puts it on sys.path
+from cli_run import run_error, run_json  # tests/ is on sys.path (pyproject: pythonpath)
 
 import gptzoo
 from gptzoo.cli import main

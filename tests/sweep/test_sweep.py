@@ -116,7 +116,7 @@ def test_killed_and_resumed_equals_straight(tmp_path: Path, data: Path) -> None:
     report = run_sweep(read_spec(spec_path), straight)
     assert [r["status"] for r in report["runs"]] == ["done"] * 4
     killed = tmp_path / "killed"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     proc = subprocess.Popen(
         [sys.executable, "-m", "gptzoo", "sweep", str(spec_path), "--out", str(killed), "--json"],
         stdout=subprocess.DEVNULL,
@@ -234,7 +234,7 @@ def test_under_torchrun_each_run_is_distributed(tmp_path: Path, data: Path) -> N
     two = write_spec(tmp_path / "two", data, TWO, steps=4, seeds="[0]")
     one = write_spec(tmp_path / "one", data, TWO + "", steps=4, seeds="[0]")
     one.write_text(one.read_text().replace('"train.warmup_steps=2"', '"train.warmup_steps=2", "train.grad_accum=2"'))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     proc = subprocess.run(
         [
             sys.executable,

@@ -208,7 +208,7 @@ def train(*args, **kwargs):
 gptzoo.training.trainer.train = train
 sys.exit(gptzoo.cli.main(["train", "gpt2-tiny", "--out", {str(tmp_path / "run")!r}, "--json"]))
 """
-    env = {**os.environ, "WORLD_SIZE": "2", "RANK": "0", "PYTHONPATH": str(Path(__file__).parent.parent)}
+    env = {**os.environ, "WORLD_SIZE": "2", "RANK": "0", "PYTHONPATH": str(Path(__file__).parents[2])}
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
     error = {"error": line.removeprefix("error: "), "exit": code}
     assert (done.returncode, done.stderr, json.loads(done.stdout)) == (code, f"{line}\n", error)  # no "atexit ran"

@@ -475,7 +475,7 @@ def test_any_file_is_a_recipe_or_a_recipe_error(content: bytes, registry: gptzoo
 
 
 def test_hostile_examples_are_refused_with_their_key_path(registry: gptzoo.Registry) -> None:
-    """Spot checks of what the properties above allow in general (exact messages: tests/test_recipe.py)."""
+    """Spot checks of what the properties above allow in general (exact messages: tests/recipe/test_recipe.py)."""
     base = read_recipe_data(resolve_recipe_path("gpt2-tiny"))
     for override, place in [
         ("model.norm=x\udcffy", "[model] norm: "),

@@ -25,7 +25,7 @@ from gptzoo.plugin_manager import ONLY_PLUGINS_ENV
 from gptzoo.recipe import shipped_recipes
 from gptzoo.testing import run_conformance
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 IMPL = (
     SCALENORM_CLASS

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from tiny import PAIRS, tiny_model  # tests/ has no __init__.py: pytest puts it on sys.path
+from tiny import PAIRS, tiny_model  # tests/ is on sys.path (pyproject: pythonpath)
 
 import gptzoo
 from gptzoo.cli import main

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from tiny import BASES, PAIRS, tiny_model  # tests/ has no __init__.py: pytest puts it on sys.path
+from tiny import BASES, PAIRS, tiny_model  # tests/ is on sys.path (pyproject: pythonpath)
 
 import gptzoo
 from gptzoo.errors import GptzooError

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from tiny import tiny_model  # tests/ has no __init__.py: pytest puts it on sys.path
+from tiny import tiny_model  # tests/ is on sys.path (pyproject: pythonpath)
 from torch import nn
 
 from gptzoo.inference import matvec
