@@ -49,6 +49,7 @@ def build_model(
     built: list[tuple[Entry, nn.Module]] = []
     if device.type == "meta":
         model = assemble(recipe, registry, device, built)
+        fits.TOTALS.remember(recipe, registry, fits.float32_bytes(model))
     else:
         model = assemble_within_memory(recipe, registry, device, built)
         owner = {id(module): entry for entry, module in built}
@@ -71,8 +72,11 @@ def assemble_within_memory(
     """:func:`assemble` on a real device, refused (gptzoo.model.fits.too_large) as soon as its
     float32 weights exceed the free memory, or when the allocator runs out of it."""
 
-    def need() -> int:  # the exact total, from a structure that allocates nothing and draws no random number
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+    def need() -> int:  # the exact total: that of the recipe's meta structure, built before or now
+        known = fits.TOTALS.get(recipe, registry)
+        if known is not None:
+            return known
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # draws no random number
             return fits.float32_bytes(assemble(recipe, registry, torch.device("meta")))
 
     budget = fits.Budget(recipe.name, device, available_bytes(device), need)
@@ -105,10 +109,13 @@ def assemble(
     """
     spec = recipe.model
     checked: set[tuple[str, str]] = set()
+    entries: dict[tuple[str, str], Entry] = {}  # by (kind, name): a Recipe made by hand looks each name up once
 
     def make(kind: str, layer_type: str, **override: int) -> nn.Module:
         component = spec.layer_components(layer_type)[kind]
-        entry = entry_of(kind, component, registry)
+        if (kind, component.name) not in entries:
+            entries[kind, component.name] = entry_of(kind, component, registry)
+        entry = entries[kind, component.name]
         nested = {arg: make(arg, layer_type) for arg in CONTRACTS[kind].components}
         builders = {
             arg: functools.partial(make_at, arg, layer_type) for arg in CONTRACTS[kind].builders if takes(entry, arg)

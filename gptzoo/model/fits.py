@@ -7,7 +7,9 @@ and after each block with the blocks still to come projected from the first one 
 the builder asks :meth:`Budget.check`: a count over the free memory computes the model's exact
 total from a structure on the meta device (allocating nothing), and refuses the model when that
 exceeds the free memory; otherwise the count was a projection that overshot, and assembly goes on
-unchecked. An allocator's out-of-memory error during assembly is the same refusal (:func:`out_of_memory`).
+unchecked. The exact total of a recipe already built on the meta device is remembered (:data:`TOTALS`)
+and used instead. An allocator's out-of-memory error during assembly is the same refusal
+(:func:`out_of_memory`).
 """
 
 from __future__ import annotations
@@ -52,6 +54,28 @@ def out_of_memory(exc: BaseException) -> bool:
             return True
         seen = seen.__cause__
     return False
+
+
+class Totals:
+    """The float32 totals of the recipes built on the meta device, by Recipe object and registry while
+    both live: the memory check of a build that follows (``gptzoo build --out``: the summary's structure,
+    then the checkpoint's weights) takes its exact total from there rather than from another structure."""
+
+    def __init__(self) -> None:
+        self._known: dict[tuple[int, int], int] = {}
+
+    def remember(self, recipe: object, registry: object, total: int) -> None:
+        key = (id(recipe), id(registry))
+        if key not in self._known:
+            for owner in (recipe, registry):  # an id is reused once its object is gone
+                weakref.finalize(owner, self._known.pop, key, None)
+        self._known[key] = total
+
+    def get(self, recipe: object, registry: object) -> int | None:
+        return self._known.get((id(recipe), id(registry)))
+
+
+TOTALS = Totals()
 
 
 class Budget:

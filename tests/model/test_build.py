@@ -89,6 +89,23 @@ def test_loading_a_recipe_looks_each_name_up_once_and_assembles_once(calls: Coun
     assert dict(calls) == {"get": 5, "assemble": 1}
 
 
+def test_a_recipe_made_by_hand_looks_each_name_up_once_per_assembly(registry: Registry, calls: Counter[str]) -> None:
+    recipe = pickle.loads(pickle.dumps(load_recipe("gpt2-small", registry=registry)))  # no entries, as by hand
+    assert recipe.model.norm.entry is None
+    calls.clear()
+    gptzoo.build_model(recipe, device="meta", registry=registry)
+    assert dict(calls) == {"get": 5, "assemble": 1}  # 12 blocks, 25 norms: each name once
+
+
+def test_build_out_of_a_model_too_large_assembles_twice(
+    calls: Counter[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    monkeypatch.setattr(build_module, "available_bytes", lambda device: 16 * 2**30)
+    message = run_error(capsys, "build", "gpt2-small", "--set", "model.n_layer=1000", "--out", str(tmp_path / "o"))
+    assert message.startswith("error: recipe 'gpt2-small' needs 26.55 GiB for its float32 weights on cpu, and 16.00")
+    assert calls["assemble"] == 2  # the summary's structure (whose total the check takes), the first real block
+
+
 @pytest.mark.parametrize(
     ("name", "overrides", "total", "first"),
     [
@@ -144,6 +161,10 @@ def test_a_count_over_the_free_memory_is_judged_by_the_exact_total(
     recipe = load_recipe("gpt2-tiny", ["model.norm=wasteful"])
     exact = fits.float32_bytes(gptzoo.build_model(recipe, device="meta"))
     monkeypatch.setattr(build_module, "available_bytes", lambda device: exact)  # the scratch tables count over it
+    calls.clear()
+    gptzoo.load_model(recipe, seed=0)
+    assert calls["assemble"] == 1  # the exact total is the meta structure's, built above
+    recipe = load_recipe("gpt2-tiny", ["model.norm=wasteful"])  # another Recipe: its total is not known
     calls.clear()
     fitted = gptzoo.load_model(recipe, seed=0).model.state_dict()
     assert calls["assemble"] == 2  # the real one, and a structure for the exact total
