@@ -263,6 +263,10 @@ class Registry:
             raise AmbiguousComponentError(kind, name, origins)
         raise self._unknown(kind, name)
 
+    def holds(self, entry: Entry) -> bool:
+        """Whether ``entry`` is one of this registry's own (not an equal one of another registry)."""
+        return self._qualified.get(entry.kind, {}).get(_key(entry)) is entry
+
     def names(self, kind: str) -> list[str]:
         """The bare names that resolve, sorted."""
         return sorted(self._kind(kind))

@@ -24,7 +24,7 @@ def add_parser(sub: Subparsers, common: Parser) -> Parser:
 
 
 def run(args: argparse.Namespace, out: Console, err: Console) -> None:
-    from gptzoo import catalog  # the shipped recipes' names resolved with the validator
+    from gptzoo import catalog  # the shipped recipes' component names, matched against the registry
 
     registry = command_registry(err)
     entries = list(registry.all_entries(args.kind))
@@ -40,7 +40,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> None:
             **asdict(e.provenance),
             "overrides": str(e.overrides) if e.overrides else None,
             "note": registry.note(e),
-            "recipes": catalog.used_by(e, registry, recipes),
+            "recipes": catalog.used_by(e, recipes),
         }
         for e in entries
     ]

@@ -28,7 +28,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> None:
     rows = []
     names = None
     if args.uses:
-        from gptzoo import catalog  # resolves the recipes' names with the validator: only for --uses
+        from gptzoo import catalog  # matches the recipes' component names against the registry
 
         registry = command_registry(err)
         names = {r.name for r in catalog.recipes_using(registry, args.uses, catalog.shipped(registry))}

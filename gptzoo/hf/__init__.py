@@ -30,7 +30,7 @@ from gptzoo.hf.qwen import Qwen2, Qwen3
 from gptzoo.model.build import assemble, build_model
 from gptzoo.model.checkpoint import tokenizer_copies
 from gptzoo.model.gpt import GPT
-from gptzoo.recipe import COMPONENT_KEYS, ModelSpec, Recipe, apply_overrides, recipe_tokenizer, validate
+from gptzoo.recipe import COMPONENT_KEYS, ModelSpec, Recipe, apply_overrides, entry_of, recipe_tokenizer, validate
 from gptzoo.recipe.schema import LAYER_TYPES
 from gptzoo.registry import Entry, Registry, default_registry
 from gptzoo.untrusted import WEIGHT_DTYPES, WEIGHT_DTYPES_TEXT, dtype_name, first_few
@@ -127,7 +127,7 @@ def _layer_problems(recipe: Recipe, derived: Recipe, registry: Registry) -> list
 
 def _effective(kind: str, component: Any, registry: Registry) -> tuple[str, dict[str, Any]]:
     """A component with its factory's defaults filled in, so `rmsnorm` equals `{rmsnorm, eps=1e-6}`."""
-    entry = registry.get(kind, component.name)
+    entry = entry_of(kind, component, registry)
     signature = plugin_code.signature(entry)
     params = {
         p.name: p.default

@@ -1,4 +1,4 @@
-"""Assembly: a validated Recipe -> registry lookups -> component factories -> GPT.
+"""Assembly: a validated Recipe -> the entries validation resolved -> component factories -> GPT.
 
 This is the only place that turns component names into modules; the model never sees names.
 """
@@ -6,6 +6,7 @@ This is the only place that turns component names into modules; the model never 
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -14,10 +15,11 @@ from torch import nn
 from gptzoo.errors import GptzooError
 from gptzoo.hookspecs import CONTRACTS
 from gptzoo.interfaces import Position
-from gptzoo.memory import available_bytes, format_bytes
+from gptzoo.memory import available_bytes
+from gptzoo.model import fits
 from gptzoo.model.gpt import BLOCKS, GPT
 from gptzoo.plugin_code import build, check_contract, running, takes
-from gptzoo.recipe import Recipe, load_recipe, structural_args
+from gptzoo.recipe import Recipe, entry_of, load_recipe, structural_args
 from gptzoo.recipe.schema import LayerType
 from gptzoo.registry import Entry, Registry, default_registry
 
@@ -33,7 +35,8 @@ def build_model(
 
     On the meta device nothing is allocated or initialized (for summaries and for loading weights
     later); elsewhere the weights get GPT-2's initialization in float32, then are cast to ``dtype``.
-    A model that does not fit in the device's free memory is refused before anything is allocated.
+    A model whose float32 weights do not fit in the device's free memory is refused as soon as its one
+    assembly there shows it (gptzoo.model.fits), before its weights are initialized.
     Every component is checked against its kind's contract (gptzoo.hookspecs.CONTRACTS): a factory
     that raises (or exits), or whose first product lacks a required member, has one of another type
     than its interface declares, or holds a parameter or persistent buffer of a dtype no checkpoint
@@ -43,11 +46,12 @@ def build_model(
     if not isinstance(recipe, Recipe):
         recipe = load_recipe(recipe, registry=registry)
     device = torch.device(device) if device is not None else torch.get_default_device()
-    if device.type != "meta":
-        check_fits(assemble(recipe, registry, torch.device("meta")), recipe, device)
     built: list[tuple[Entry, nn.Module]] = []
-    model = assemble(recipe, registry, device, built)
-    if device.type != "meta":
+    if device.type == "meta":
+        model = assemble(recipe, registry, device, built)
+        fits.TOTALS.remember(recipe, registry, fits.float32_bytes(model))
+    else:
+        model = assemble_within_memory(recipe, registry, device, built)
         owner = {id(module): entry for entry, module in built}
 
         def reset(module: nn.Module) -> None:
@@ -62,11 +66,42 @@ def build_model(
     return model
 
 
+def assemble_within_memory(
+    recipe: Recipe, registry: Registry, device: torch.device, built: list[tuple[Entry, nn.Module]]
+) -> GPT:
+    """:func:`assemble` on a real device, refused (gptzoo.model.fits.too_large) as soon as its
+    float32 weights exceed the free memory, or when the allocator runs out of it."""
+
+    def need() -> int:  # the exact total: that of the recipe's meta structure, built before or now
+        known = fits.TOTALS.get(recipe, registry)
+        if known is not None:
+            return known
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # draws no random number
+            return fits.float32_bytes(assemble(recipe, registry, torch.device("meta")))
+
+    budget = fits.Budget(recipe.name, device, available_bytes(device), need)
+    try:
+        with budget.counting():
+            return assemble(recipe, registry, device, built, budget)
+    except Exception as exc:
+        if not fits.out_of_memory(exc):
+            raise
+        total, free = need(), available_bytes(device)
+        raise fits.too_large(recipe.name, device, total, free if free is not None and total > free else None) from exc
+
+
 def assemble(
-    recipe: Recipe, registry: Registry, device: torch.device, built: list[tuple[Entry, nn.Module]] | None = None
+    recipe: Recipe,
+    registry: Registry,
+    device: torch.device,
+    built: list[tuple[Entry, nn.Module]] | None = None,
+    budget: fits.Budget | None = None,
 ) -> GPT:
     """The modules of the recipe on ``device``, uninitialized; ``built`` receives each component a
-    factory built (nested ones too, such as an mlp's activation) with its entry.
+    factory built (nested ones too, such as an mlp's activation) with its entry. Each component's
+    entry is the one validation resolved (gptzoo.recipe.validate.entry_of). ``budget`` is checked
+    after each component, and after each block with the blocks still to come (each as large as the
+    first of its layer type).
 
     Each block is built from the components of its layer type (``ModelSpec.layer_components``); a
     layer type that changes the position encoding gets a position module of its own, which the
@@ -74,10 +109,13 @@ def assemble(
     """
     spec = recipe.model
     checked: set[tuple[str, str]] = set()
+    entries: dict[tuple[str, str], Entry] = {}  # by (kind, name): a Recipe made by hand looks each name up once
 
     def make(kind: str, layer_type: str, **override: int) -> nn.Module:
         component = spec.layer_components(layer_type)[kind]
-        entry = registry.get(kind, component.name)
+        if (kind, component.name) not in entries:
+            entries[kind, component.name] = entry_of(kind, component, registry)
+        entry = entries[kind, component.name]
         nested = {arg: make(arg, layer_type) for arg in CONTRACTS[kind].components}
         builders = {
             arg: functools.partial(make_at, arg, layer_type) for arg in CONTRACTS[kind].builders if takes(entry, arg)
@@ -89,6 +127,8 @@ def assemble(
             checked.add((kind, layer_type))
         if built is not None:
             built.append((entry, module))
+        if budget is not None:
+            budget.check()
         return module
 
     def make_at(kind: str, layer_type: str, dim: int) -> nn.Module:
@@ -111,8 +151,15 @@ def assemble(
                     "layer); give the layer type a position that only rotates or biases attention"
                 )
         kinds = {"attn": "attention", "mlp": "mlp"}  # every other part of a block is a norm
-        blocks = [block_cls(**{part: make(kinds.get(part, "norm"), t) for part in block_cls.layout}) for t in schedule]
-        return GPT(
+        blocks, sizes, left = [], {}, Counter(schedule)
+        for t in schedule:
+            before = budget.total if budget is not None else 0
+            blocks.append(block_cls(**{part: make(kinds.get(part, "norm"), t) for part in block_cls.layout}))
+            left[t] -= 1
+            if budget is not None:
+                sizes.setdefault(t, budget.total - before)
+                budget.check(ahead=sum(sizes.get(u, 0) * n for u, n in left.items()))
+        model = GPT(
             vocab_size=spec.vocab_size,
             n_embd=spec.n_embd,
             position=position,
@@ -124,15 +171,6 @@ def assemble(
             scale_embeddings=spec.scale_embeddings,
             logit_softcap=spec.logit_softcap,
         )
-
-
-def check_fits(model: GPT, recipe: Recipe, device: torch.device) -> None:
-    """Refuse a model whose float32 weights exceed the device's free memory."""
-    need = sum(t.numel() * 4 for t in (*model.parameters(), *model.buffers()))
-    free = available_bytes(device)
-    if free is not None and need > free:
-        raise GptzooError(
-            f"recipe {recipe.name!r} needs {format_bytes(need)} for its float32 weights on {device}, and "
-            f"{format_bytes(free)} is free; make the model smaller (n_layer, n_embd, d_ff, vocab_size, context_length) "
-            "or summarize it without --out (gptzoo build works on the meta device)"
-        )
+    if budget is not None:
+        budget.check()
+    return model

@@ -30,7 +30,7 @@ from gptzoo.errors import CheckpointError, Interrupted
 from gptzoo.model.build import build_model
 from gptzoo.model.gpt import GPT
 from gptzoo.plugin_manager import gptzoo_version
-from gptzoo.recipe import COMPONENT_KEYS, ModelSpec, Recipe, override_recipe, validate
+from gptzoo.recipe import COMPONENT_KEYS, ModelSpec, Recipe, entry_of, override_recipe, validate
 from gptzoo.recipe.load import read_resolved_recipe_data
 from gptzoo.recipe.schema import LAYER_TYPES
 from gptzoo.registry import Registry, default_registry
@@ -135,7 +135,7 @@ def structural_change(saved: ModelSpec, wanted: ModelSpec, registry: Registry) -
             continue
         before, after = getattr(saved, f.name), getattr(wanted, f.name)
         if f.name in COMPONENT_KEYS:
-            if registry.get(f.name, before.name) is registry.get(f.name, after.name):
+            if entry_of(f.name, before, registry) is entry_of(f.name, after, registry):
                 continue
             before, after = before.name, after.name
         if before != after:
@@ -143,7 +143,7 @@ def structural_change(saved: ModelSpec, wanted: ModelSpec, registry: Registry) -
     for i, (mine, theirs) in enumerate(zip(saved.schedule(), wanted.schedule(), strict=False)):
         for kind in COMPONENT_KEYS:  # each layer's components, whatever the schedule's names
             before, after = saved.layer_components(mine)[kind], wanted.layer_components(theirs)[kind]
-            if kind not in FREE_MODEL_KEYS and registry.get(kind, before.name) is not registry.get(kind, after.name):
+            if kind not in FREE_MODEL_KEYS and entry_of(kind, before, registry) is not entry_of(kind, after, registry):
                 return f"layer {i}'s {kind} would change from {before.name!r} to {after.name!r}"
     return None
 

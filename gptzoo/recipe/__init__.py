@@ -37,6 +37,7 @@ from gptzoo.recipe.schema import (
 
 _LAZY = {
     "recipe_tokenizer": "gptzoo.recipe.tokenizer",
+    "entry_of": "gptzoo.recipe.validate",
     "resolve_components": "gptzoo.recipe.validate",
     "structural_args": "gptzoo.recipe.validate",
     "validate": "gptzoo.recipe.validate",
@@ -45,6 +46,7 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from gptzoo.recipe.tokenizer import recipe_tokenizer as recipe_tokenizer
+    from gptzoo.recipe.validate import entry_of as entry_of
     from gptzoo.recipe.validate import resolve_components as resolve_components
     from gptzoo.recipe.validate import structural_args as structural_args
     from gptzoo.recipe.validate import validate as validate
@@ -79,6 +81,7 @@ __all__ = [
     "WeightsSpec",
     "apply_overrides",
     "dump_toml",
+    "entry_of",
     "load_recipe",
     "override_recipe",
     "read_recipe_data",

@@ -24,9 +24,12 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gptzoo.defaults import MAX_DIM as MAX_DIM  # defined with the limits the command line checks
+
+if TYPE_CHECKING:
+    from gptzoo.registry import Entry
 
 MAX_LAYERS = 4096
 """The most blocks a recipe may have: each is a Python module even on the meta device, so a billion
@@ -57,6 +60,14 @@ class Component:
     origin: str = field(default="", compare=False)
     """``gptzoo-extras 1.2.0``: the distribution and version of the entry validation resolved the name
     to ("" before validation); not part of a recipe's identity (an upgraded plugin builds the same model)."""
+    entry: Entry | None = field(default=None, compare=False, repr=False)
+    """The registry entry validation resolved the name to (None before validation), so that the builder,
+    the summary and the export use what validation decided rather than looking the name up again
+    (gptzoo.recipe.validate.entry_of). Never written (TOML, recipe.toml, checkpoints) nor pickled: a
+    copy in another process looks its name up in that process's registry."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "entry": None}
 
     @property
     def kwargs(self) -> dict[str, Any]:

@@ -1,7 +1,9 @@
 """Validation: resolved recipe data -> a frozen Recipe, or a RecipeError listing every problem with
 its key path. The one part of recipe handling that consults the registry (component names, bare or
 qualified, their parameters against the factory's signature, and each factory's optional ``check``).
-Each resolved component records its entry's distribution and version (``Component.origin``); a
+Each resolved component holds the entry it resolved to (``Component.entry``, which the builder, the
+summary and the export use: :func:`entry_of`) and records its distribution and version
+(``Component.origin``); a
 ``[provenance]`` table read back (a checkpoint's) names the distribution to install for a component
 that no installed plugin registers, and picks the recorded distribution's entry of a name that has
 become ambiguous since, or whose bare name now means another distribution's component (the
@@ -9,7 +11,7 @@ component is then named qualified; a recorded distribution that is missing is a 
 what to install, never a silent switch to another implementation). A bare name that means a built-in
 while an installed plugin registers it too (shadowed, gptzoo.registry) is a GptzooWarning naming
 both and the qualified names, once per registry (gptzoo.registry.Entry.warn): every command that
-reads a recipe validates it here (a listing, ``names_only``, does not warn).
+reads a recipe validates it here (a listing, gptzoo.catalog, matches names without it, and does not warn).
 """
 
 from __future__ import annotations
@@ -167,10 +169,8 @@ def _float(value: int | float) -> float | None:
 class _Validator:
     """Collects every problem of one recipe."""
 
-    def __init__(self, registry: Registry, *, names_only: bool = False) -> None:
+    def __init__(self, registry: Registry) -> None:
         self.registry = registry
-        self.names_only = names_only
-        """Resolve component names without reading their factories (see :func:`validate`)."""
         self.problems: list[str] = []
         self.origins: dict[str, str] = {}
         """[provenance]: [model] key -> the ``DISTRIBUTION VERSION`` its component came from."""
@@ -317,14 +317,13 @@ class _Validator:
                     self.problems.append(f"{where}: {self.missing(kind, name, origin, instead=entry)}")
                     return None
                 name = f"{recorded}:{name}"
-        elif not self.names_only and split_name(name)[0] is None and (theirs := self.registry.shadowing(entry)):
+        elif split_name(name)[0] is None and (theirs := self.registry.shadowing(entry)):
             entry.warn(shadowed(where, entry, theirs))
         before = len(self.problems)
-        if not self.names_only:
-            self.component_params(where, entry, params)
+        self.component_params(where, entry, params)
         if len(self.problems) > before:
             return None
-        return Component(name, tuple(params.items()), origin=entry.provenance.origin)
+        return Component(name, tuple(params.items()), origin=entry.provenance.origin, entry=entry)
 
     def layer_pattern(self, value: Any, _model: dict[str, Any]) -> tuple[str, ...] | None:
         if isinstance(value, list) and len(value) > MAX_LAYERS:
@@ -443,8 +442,7 @@ class _Validator:
         if len(self.problems) > before or not required <= values.keys():
             return None
         spec = ModelSpec(**values)
-        if not self.names_only:
-            self.component_checks(spec)
+        self.component_checks(spec)
         return spec
 
     def tensor_sizes(self, values: dict[str, Any]) -> None:
@@ -533,7 +531,7 @@ class _Validator:
         if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
             self.problems.append(f"[generate] stop must be a list of non-empty strings, got {describe(stop)}")
         for i, step in enumerate(steps):
-            if step is not None and not self.names_only:
+            if step is not None:
                 self.sampler(i, step, last=i == len(steps) - 1)
         if len(self.problems) > before:
             return None
@@ -542,7 +540,7 @@ class _Validator:
     def sampler(self, i: int, step: Component, *, last: bool) -> None:
         """Run the sampler's check, then build it (samplers are cheap) to let it judge its parameter
         values (ValueError, as the contract says) and hold it to its contract."""
-        entry = self.registry.get("sampler", step.name)
+        entry = entry_of("sampler", step, self.registry)
         where, note = f"[generate] samplers[{i}] ({step.name})", plugin_code.overridden(entry)
         problems = plugin_code.check(entry, step.kwargs)
         self.problems.extend(f"{where}: {problem}{note}" for problem in problems)
@@ -623,7 +621,7 @@ class _Validator:
                 self.component_check(spec, f"{LAYER_TYPES}.{name}.{kind}", kind, component)
 
     def component_check(self, spec: ModelSpec, where: str, kind: str, component: Component) -> None:
-        entry = self.registry.get(kind, component.name)
+        entry = entry_of(kind, component, self.registry)
         for problem in plugin_code.check(entry, {**structural_args(spec, kind), **component.kwargs}):
             self.problems.append(f"[model] {where} ({component.name}): {problem}{plugin_code.overridden(entry)}")
 
@@ -638,6 +636,17 @@ def structural_args(spec: ModelSpec, kind: str) -> dict[str, Any]:
     return {arg: getattr(spec, attr) for arg, attr in CONTRACTS[kind].structural}
 
 
+def entry_of(kind: str, component: Component, registry: Registry) -> Entry:
+    """The entry of ``component`` in ``registry``: the one validation resolved it to, when it was
+    validated against this registry; else its name looked up here, once (a Component made by hand, or
+    one validated against another registry: the registry a model is built with decides, as a
+    recipe's components are those of the plugins it is built with)."""
+    entry = component.entry
+    if entry is not None and registry.holds(entry):
+        return entry
+    return registry.get(kind, component.name)
+
+
 def resolve_components(recipe: Recipe, registry: Registry) -> dict[str, tuple[Entry, Component]]:
     """The registry entry and recipe value of each component of the recipe, by [model] key (= kind),
     then those of each layer type, by ``layer_types.TYPE.KEY``."""
@@ -645,7 +654,7 @@ def resolve_components(recipe: Recipe, registry: Registry) -> dict[str, tuple[En
     components = {kind: getattr(spec, kind) for kind in COMPONENT_KEYS}
     for name, layer in spec.layer_types:
         components.update({f"{LAYER_TYPES}.{name}.{kind}": c for kind, c in layer.overrides().items()})
-    return {key: (registry.get(key.rsplit(".", 1)[-1], c.name), c) for key, c in components.items()}
+    return {key: (entry_of(key.rsplit(".", 1)[-1], c, registry), c) for key, c in components.items()}
 
 
 def shadowed(where: str, entry: Entry, theirs: list[Entry]) -> str:
@@ -675,17 +684,11 @@ def validate(
     name: str,
     registry: Registry | None = None,
     problems: Iterable[str] = (),
-    names_only: bool = False,
 ) -> Recipe:
     """A Recipe from resolved data, or a RecipeError listing every problem (after ``problems``
     found earlier, e.g. in overrides). Data whose keys or text are not valid Unicode strings, or
-    that nests too deeply, is refused with those problems alone.
-
-    ``names_only``: resolve every component name, but read no factory: parameters are neither checked
-    against the signature nor by ``check``, and samplers are not built, so nothing of a plugin runs and
-    nothing registered by reference is imported. Such a Recipe says which entries a recipe uses (what
-    ``gptzoo list`` shows), not that it builds."""
-    v = _Validator(registry if registry is not None else default_registry(), names_only=names_only)
+    that nests too deeply, is refused with those problems alone."""
+    v = _Validator(registry if registry is not None else default_registry())
     v.problems.extend(problems)
     if not isinstance(data, dict):
         raise RecipeError(source, [*v.problems, f"a recipe must be a table of sections, got {describe(data)}"])
