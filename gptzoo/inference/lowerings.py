@@ -1,7 +1,7 @@
 """Lowerings: what each component computes in a CPU decoding step, as native operations.
 
 A lowering is a function ``lower(plan, module, src, dst, **kwargs)`` that appends the operations
-of one module to a step's plan (gptzoo.interfaces.DecodePlan, implemented by
+of one module to a step's plan (gptzoo.inference.plan.DecodePlan, implemented by
 gptzoo.inference.decode_plan.NativePlan; native/step.c runs them), the module's children through
 ``plan.call``. It is keyed by the class it lowers, ``"module:Qualname"``: the built-in ones in
 :data:`BUILTIN`, by reference, so that the decoder imports no component's module; a plugin
@@ -36,7 +36,9 @@ from torch import nn
 
 from gptzoo.errors import GptzooWarning, describe_exception
 from gptzoo.inference.matvec import runs_its_class_forward
-from gptzoo.interfaces import Buffer, DecodePlan, KVCache, LayerKVCache, PositionStep
+from gptzoo.inference.plan import Buffer, DecodePlan, PositionStep
+from gptzoo.interfaces import LayerKVCache
+from gptzoo.model.kv_cache import KVCache
 from gptzoo.plugin_manager import describe_raised, exit_guard
 from gptzoo.registry import Reference, Registry, class_key
 
