@@ -31,7 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from gptzoo.errors import GptzooError
-from gptzoo.inference.lowerings import Lowerings, Unsupported
+from gptzoo.inference.lowerings import Lowerings, Unsupported, rotary_tables
 from gptzoo.inference.matvec import KINDS, MAX_ROWS, kernel_threads
 from gptzoo.inference.native import abi, library
 from gptzoo.inference.plan import Buffer, PositionStep
@@ -306,16 +306,16 @@ class NativePlan:
         self._positions[id(step)] = (step, position)
         rotary = position.rotary(probe.queries)
         if rotary is not None:
-            tables = getattr(rotary, "decode_tables", None)
+            tables = rotary_tables(rotary)
             if tables is None:
                 raise Unsupported(f"{type(rotary).__name__} (from {type(position).__name__}) has no decode_tables")
-            probe_cos, _, in_float32 = tables()
+            probe_cos, _, in_float32 = tables(rotary)
             dim = probe_cos.numel()
             cos, sin = torch.empty(self.batch, dim), torch.empty(self.batch, dim)
             step.rotary = (cos, sin, in_float32)
 
             def rotate(pos: Positions) -> None:
-                new_cos, new_sin, _ = position.rotary(pos.queries).decode_tables()
+                new_cos, new_sin, _ = tables(position.rotary(pos.queries))
                 cos.copy_(new_cos.view(-1, dim).expand(self.batch, dim))  # one row for all, or one per row
                 sin.copy_(new_sin.view(-1, dim).expand(self.batch, dim))
 

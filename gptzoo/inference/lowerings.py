@@ -219,6 +219,34 @@ def lower_gpt(plan: DecodePlan, model: Any, cache: KVCache) -> Buffer:
     return logits
 
 
+RotaryTables = Callable[[Any], tuple[torch.Tensor, torch.Tensor, bool]]
+"""``tables(rotary)``: what a position's ``rotary(positions)`` gave for one position, as a step rotates
+with it: cos and sin (rotary_dim each, float32) and whether q and k rotate in float32."""
+
+
+def rotate_half_tables(rotary: Any) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """The built-in RotateHalf's tables (its cos and sin are (B, 1, T, rotary_dim) float32)."""
+    return rotary.cos.reshape(-1), rotary.sin.reshape(-1), rotary.in_float32
+
+
+ROTARY_TABLES: dict[str, RotaryTables] = {"gptzoo_plugins._positions:RotateHalf": rotate_half_tables}
+"""The rotations gptzoo ships: class reference -> how a step reads its tables."""
+
+
+def rotary_tables(rotary: object) -> RotaryTables | None:
+    """How a step reads ``rotary``'s tables: by the first class of its MRO that defines a
+    ``decode_tables()`` method (a plugin's rotation describing itself) or has tables in
+    :data:`ROTARY_TABLES`; None when there is none, or a class below that one overrides ``apply``."""
+    for owner in type(rotary).__mro__:
+        if "decode_tables" in vars(owner):
+            return lambda r: r.decode_tables()
+        if class_key(owner) in ROTARY_TABLES:
+            return ROTARY_TABLES[class_key(owner)]
+        if "apply" in vars(owner):
+            return None
+    return None
+
+
 WINDOW_CACHE = "gptzoo_plugins._attentions:WindowKVCache"
 """The ring buffer of the built-in sliding-window attention, which step.c's attend reads as the plain cache."""
 ATTENTION_DEPENDS = ("attend", "attend_window", "init_cache")
