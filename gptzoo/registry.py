@@ -112,11 +112,19 @@ class Reference:
     def __str__(self) -> str:
         return f"{self.module}:{self.attribute}"
 
-    def load(self) -> Any:
-        """Import the module and return the attribute (whatever the import raises propagates)."""
-        found = importlib.import_module(self.module)
-        for part in self.attribute.split("."):
-            found = getattr(found, part)
+    def load(self, failed: Callable[[str], Exception]) -> Any:
+        """Import the module and return the attribute, with ``os._exit`` guarded. Whatever the import
+        raises (sys.exit and os._exit included; KeyboardInterrupt stays an interrupt) is raised as
+        ``failed(what it raised, described)``, the caller's error naming who registered the reference."""
+        try:
+            with exit_guard():
+                found = importlib.import_module(self.module)
+                for part in self.attribute.split("."):
+                    found = getattr(found, part)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # a plugin's import may raise anything, sys.exit and os._exit included
+            raise failed(describe_raised(exc)) from exc
         return found
 
 
@@ -178,13 +186,9 @@ class Entry:
         if not isinstance(self.target, Reference):
             return self.target
         registered = f"{culprit(self)} is registered as {str(self.target)!r}"
-        try:
-            with exit_guard():
-                factory = self.target.load()
-        except KeyboardInterrupt:
-            raise
-        except BaseException as exc:  # a plugin's import may raise anything, sys.exit and os._exit included
-            raise PluginError(f"{registered}, which cannot be imported: {describe_raised(exc)}; {fix(self)}") from exc
+        factory = self.target.load(
+            lambda raised: PluginError(f"{registered}, which cannot be imported: {raised}; {fix(self)}")
+        )
         if problem := factory_problem(self.kind, factory):
             raise PluginError(f"{registered}, {problem}")
         return factory

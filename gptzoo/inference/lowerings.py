@@ -39,7 +39,6 @@ from gptzoo.inference.matvec import runs_its_class_forward
 from gptzoo.inference.plan import Buffer, DecodePlan, PositionStep
 from gptzoo.interfaces import LayerKVCache
 from gptzoo.model.kv_cache import KVCache
-from gptzoo.plugin_manager import describe_raised, exit_guard
 from gptzoo.registry import Reference, Registry, class_key
 
 Lower = Callable[..., Any]
@@ -378,13 +377,7 @@ class Lowerings:
         if not isinstance(lowering.lower, Reference):
             return lowering
         what = f"the lowering of {key} registered by {lowering.origin} as {str(lowering.lower)!r}"
-        try:
-            with exit_guard():
-                lower = lowering.lower.load()
-        except KeyboardInterrupt:
-            raise
-        except BaseException as exc:  # a plugin's import may raise anything, sys.exit and os._exit included
-            raise Unsupported(f"{what} cannot be imported: {describe_raised(exc)}; fix the plugin") from exc
+        lower = lowering.lower.load(lambda raised: Unsupported(f"{what} cannot be imported: {raised}; fix the plugin"))
         if not callable(lower):
             raise Unsupported(f"{what} is not callable; fix the plugin")
         self.table[key] = lowering = Lowering(lower, lowering.depends, lowering.origin)
