@@ -352,7 +352,7 @@ def register_hf_layouts(register: RegisterHFLayout) -> None:
             (LlamaForCausalLM and the families stored as it is: Gemma 2 and 3, Qwen2 and 3, Mistral,
             OLMo 2), "gpt_neox" (GPTNeoXForCausalLM), "phi3" (Phi3ForCausalLM).
         weights: ``weights(module) -> list[TensorMap] | None``: where each tensor of the module's state
-            dict lives, relative to the component's place in the checkpoint (gptzoo.interfaces.TensorMap);
+            dict lives, relative to the component's place in the checkpoint (gptzoo.hf.tensor_map.TensorMap);
             the maps must cover the state dict exactly (the conformance kit checks it), and None means
             that these parameters have no equivalent there (import and export then refuse it by name).
         config: ``config(module) -> dict | None``: the config.json fields the component owns (e.g.
@@ -379,7 +379,7 @@ def register_decode_lowerings(register: RegisterLowering) -> None:
             neither ``forward`` nor a method in ``depends``, are lowered by ``lowering``.
         lowering: ``lower(plan, module, src, dst, **kwargs) -> None``, or a reference to it
             (imported when a model first decodes with it). It appends the module's operations
-            through ``plan`` (gptzoo.interfaces.DecodePlan; its children through ``plan.call``):
+            through ``plan`` (gptzoo.inference.plan.DecodePlan; its children through ``plan.call``):
             norms, mlps and linear layers take ``src`` and ``dst`` Buffers (batch, width);
             activations also ``gated``; attentions also ``position`` (the step's PositionStep) and
             ``cache`` (the layer's own, from ``init_cache``). ``plan.refuse(reason)`` gives up: the

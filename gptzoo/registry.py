@@ -112,11 +112,19 @@ class Reference:
     def __str__(self) -> str:
         return f"{self.module}:{self.attribute}"
 
-    def load(self) -> Any:
-        """Import the module and return the attribute (whatever the import raises propagates)."""
-        found = importlib.import_module(self.module)
-        for part in self.attribute.split("."):
-            found = getattr(found, part)
+    def load(self, failed: Callable[[str], Exception]) -> Any:
+        """Import the module and return the attribute, with ``os._exit`` guarded. Whatever the import
+        raises (sys.exit and os._exit included; KeyboardInterrupt stays an interrupt) is raised as
+        ``failed(what it raised, described)``, the caller's error naming who registered the reference."""
+        try:
+            with exit_guard():
+                found = importlib.import_module(self.module)
+                for part in self.attribute.split("."):
+                    found = getattr(found, part)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # a plugin's import may raise anything, sys.exit and os._exit included
+            raise failed(describe_raised(exc)) from exc
         return found
 
 
@@ -178,13 +186,9 @@ class Entry:
         if not isinstance(self.target, Reference):
             return self.target
         registered = f"{culprit(self)} is registered as {str(self.target)!r}"
-        try:
-            with exit_guard():
-                factory = self.target.load()
-        except KeyboardInterrupt:
-            raise
-        except BaseException as exc:  # a plugin's import may raise anything, sys.exit and os._exit included
-            raise PluginError(f"{registered}, which cannot be imported: {describe_raised(exc)}; {fix(self)}") from exc
+        factory = self.target.load(
+            lambda raised: PluginError(f"{registered}, which cannot be imported: {raised}; {fix(self)}")
+        )
         if problem := factory_problem(self.kind, factory):
             raise PluginError(f"{registered}, {problem}")
         return factory
@@ -462,22 +466,13 @@ class Registry:
         attempted: list[tuple[str, str]] | None,
         contract: int | None,
     ) -> tuple[Callable[..., None], Callable[[], None]]:
-        """The ``register`` one hook call receives, and what closes it when the hook returns: a plugin
-        that kept it and calls it later gets an error instead of a registration nobody would see."""
-        hook_open = True
-
-        def close() -> None:
-            nonlocal hook_open
-            hook_open = False
+        """The ``register`` one hook call receives, and what closes it when the hook returns."""
+        call = _HookCall(provenance, CONTRACTS[kind].hook)
 
         def register(
             name: str, factory: Callable[..., Any] | str, *, doc: str | None = None, override: bool = False
         ) -> None:
-            if not hook_open:
-                raise PluginError(
-                    f"{provenance}: register() was called after {CONTRACTS[kind].hook} returned; call it inside "
-                    "the hook"
-                )
+            call.check()
             if not isinstance(name, str) or not NAME.fullmatch(name):
                 raise RegistryError(
                     f"{provenance} registered an invalid {kind} name: {show_plain(name)}; a name is 1 to 64 letters, "
@@ -529,18 +524,41 @@ class Registry:
             staged.append((Entry(kind, name, target, line, provenance, contract=contract), override))
 
         register.__qualname__ = "register"  # what a TypeError about its arguments calls it
-        return register, close
+        return register, call.close
+
+
+class _HookCall:
+    """One call of a plugin's register hook, as the ``register`` it receives sees it: open until the
+    hook returns, so that a plugin that kept ``register`` and calls it later gets an error instead of
+    a registration nobody would see."""
+
+    def __init__(self, provenance: Provenance, hook: str) -> None:
+        self.provenance, self.hook, self.open = provenance, hook, True
+
+    def close(self) -> None:
+        self.open = False
+
+    def check(self) -> None:
+        """Refuse a registration after the hook returned."""
+        if not self.open:
+            raise PluginError(
+                f"{self.provenance}: register() was called after {self.hook} returned; call it inside the hook"
+            )
+
+
+def _component(component: object) -> type | Reference | None:
+    """The class a lowering or layout is registered for: the class itself, or the reference
+    ``"module:Class"`` naming it; None for anything else."""
+    if isinstance(component, type):
+        return component
+    return Reference.parse(str.__str__(component)) if isinstance(component, str) else None
 
 
 def _lowering_stager(
     provenance: Provenance, staged: list[LoweringEntry]
 ) -> tuple[Callable[..., None], Callable[[], None]]:
     """The ``register`` one register_decode_lowerings call receives, and what closes it when the hook returns."""
-    hook_open = True
-
-    def close() -> None:
-        nonlocal hook_open
-        hook_open = False
+    call = _HookCall(provenance, "register_decode_lowerings")
 
     def register(
         component: type | str,
@@ -549,19 +567,14 @@ def _lowering_stager(
         depends: tuple[str, ...] | list[str] = (),
         override: bool = False,
     ) -> None:
-        if not hook_open:
-            raise PluginError(
-                f"{provenance}: register() was called after register_decode_lowerings returned; call it inside the hook"
-            )
-        if isinstance(component, type):
-            key = class_key(component)
-        elif isinstance(component, str) and Reference.parse(str.__str__(component)) is not None:
-            key = str(Reference.parse(str.__str__(component)))
-        else:
+        call.check()
+        named = _component(component)
+        if named is None:
             raise RegistryError(
                 f"{provenance} registered a lowering for {show_plain(component)}; name the component's class, or "
                 "a reference to it ('module:Class')"
             )
+        key = class_key(named)
         what = f"{provenance} registered the lowering of {key}"
         target: Callable[..., Any] | Reference | None
         if isinstance(lowering, str):
@@ -586,7 +599,7 @@ def _lowering_stager(
         staged.append(LoweringEntry(key, target, tuple(depends), provenance, override))
 
     register.__qualname__ = "register"
-    return register, close
+    return register, call.close
 
 
 def _call(caller: Any, plugin: object, stager: Callable[[], tuple[Callable[..., None], Callable[[], None]]]) -> None:
@@ -603,11 +616,7 @@ def _call(caller: Any, plugin: object, stager: Callable[[], tuple[Callable[..., 
 
 def _layout_stager(provenance: Provenance, staged: list[HFLayout]) -> tuple[Callable[..., None], Callable[[], None]]:
     """The ``register`` of one ``register_hf_layouts`` call, and what closes it when the hook returns."""
-    hook_open = True
-
-    def close() -> None:
-        nonlocal hook_open
-        hook_open = False
+    call = _HookCall(provenance, "register_hf_layouts")
 
     def register(
         component: type | str,
@@ -618,12 +627,9 @@ def _layout_stager(provenance: Provenance, staged: list[HFLayout]) -> tuple[Call
         children: tuple[str, ...] | list[str] = (),
         override: bool = False,
     ) -> None:
+        call.check()
         what = f"{provenance} registered a Hugging Face layout"
-        if not hook_open:
-            raise PluginError(f"{what} after register_hf_layouts returned; call register() inside the hook")
-        target: type | Reference | None = component if isinstance(component, type) else None
-        if isinstance(component, str):
-            target = Reference.parse(str.__str__(component))
+        target = _component(component)
         if target is None:
             raise RegistryError(
                 f"{what} for {show_plain(component)}, which is neither a class nor a reference 'module:Class'; "
@@ -647,7 +653,7 @@ def _layout_stager(provenance: Provenance, staged: list[HFLayout]) -> tuple[Call
         staged.append(HFLayout(target, layout, weights, config, tuple(children), override, provenance))
 
     register.__qualname__ = "register"
-    return register, close
+    return register, call.close
 
 
 def _key(entry: Entry) -> tuple[str, str]:

@@ -78,11 +78,6 @@ class RotateHalf:
         cos, sin = self.cos.to(q.dtype), self.sin.to(q.dtype)
         return self._turn(q, cos, sin), self._turn(k, cos, sin)
 
-    def decode_tables(self) -> tuple[Tensor, Tensor, bool]:
-        """cos and sin of one position (rotary_dim each, float32) and whether q and k rotate in
-        float32, for a decoding step's plan (gptzoo.inference.decode_plan)."""
-        return self.cos.reshape(-1), self.sin.reshape(-1), self.in_float32
-
     @staticmethod
     def _turn(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         n = cos.shape[-1]

@@ -270,3 +270,43 @@ def test_a_checkpoint_whose_recorded_distribution_is_missing_names_it(fake_site:
     builtin_only = gptzoo.get_registry(third_party=False)
     with pytest.raises(RecipeError, match=re.escape("which is not installed: pip install gptzoo-fake-sliding")):
         gptzoo.load_checkpoint(checkpoint, registry=builtin_only)
+
+
+MOVED = [
+    ("KVCache", "gptzoo.model.kv_cache"),
+    ("TensorMap", "gptzoo.hf.tensor_map"),
+    ("DecodePlan", "gptzoo.inference.plan"),
+    ("Buffer", "gptzoo.inference.plan"),
+    ("PositionStep", "gptzoo.inference.plan"),
+]
+
+
+@pytest.mark.parametrize(("name", "home"), MOVED)
+def test_a_name_moved_out_of_interfaces_imports_from_the_old_path_with_one_warning(name: str, home: str) -> None:
+    import importlib
+
+    from gptzoo import interfaces
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        old = getattr(interfaces, name)
+    assert [(w.category, str(w.message)) for w in caught] == [
+        (
+            GptzooWarning,
+            f"gptzoo.interfaces.{name} moved to {home}.{name}; import it from there (from {home} import {name}): "
+            "the old path works for now, with this warning",
+        )
+    ]
+    assert caught[0].filename == __file__  # the warning points at the import, not at gptzoo
+    assert old is getattr(importlib.import_module(home), name)
+
+
+def test_the_moves_are_the_compat_table_and_interfaces_keeps_only_the_contract() -> None:
+    from gptzoo import compat, interfaces
+
+    assert [(m.name, m.old, m.new, m.version) for m in compat.MOVES] == [
+        (name, "gptzoo.interfaces", home, 2) for name, home in MOVED
+    ]
+    assert not {name for name, _ in MOVED} & set(vars(interfaces))
+    with pytest.raises(AttributeError, match="^module 'gptzoo.interfaces' has no attribute 'Nothing'$"):
+        interfaces.Nothing  # noqa: B018

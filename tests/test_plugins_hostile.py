@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -283,6 +284,30 @@ def test_register_kept_past_its_hook_refuses_to_register(fake_site: FakeSite) ->
         "inside the hook"
     )
     assert "fine" not in registry.names("norm")
+
+
+@pytest.mark.parametrize(
+    ("hook_name", "late_call"),
+    [
+        ("register_decode_lowerings", lambda register: register("torch.nn:Linear", lambda *a: None)),
+        ("register_hf_layouts", lambda register: register("torch.nn:Linear", "llama", weights=lambda m: [])),
+    ],
+)
+def test_a_lowering_or_layout_register_kept_past_its_hook_refuses_to_register(
+    fake_site: FakeSite, hook_name: str, late_call: Callable[[Callable[..., None]], None]
+) -> None:
+    fake_site.add(
+        "keeper",
+        "gptzoo_fake_keeper",
+        f"kept = []\n\n@gptzoo.hookimpl\ndef {hook_name}(register):\n    kept.append(register)\n",
+    )
+    gptzoo.get_registry(strict=True)
+    with pytest.raises(gptzoo.PluginError) as excinfo:
+        late_call(sys.modules["gptzoo_fake_keeper"].kept[0])
+    assert str(excinfo.value) == (
+        f"gptzoo_fake_keeper (gptzoo-fake-keeper 1.0): register() was called after {hook_name} returned; call it "
+        "inside the hook"
+    )
 
 
 def test_an_unknown_name_among_many_lists_a_few(fake_site: FakeSite, capsys: pytest.CaptureFixture[str]) -> None:

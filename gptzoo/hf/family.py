@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from gptzoo import plugin_code
 from gptzoo.errors import CheckpointError, GptzooError, PluginError, did_you_mean
 from gptzoo.hf.layouts import Layouts
-from gptzoo.interfaces import TensorMap
+from gptzoo.hf.tensor_map import TensorMap
 from gptzoo.model.gpt import GPT
 from gptzoo.recipe import Recipe
 from gptzoo.registry import Entry, HFLayout, Registry, default_registry, show_plain

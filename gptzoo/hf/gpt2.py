@@ -17,7 +17,7 @@ from torch import Tensor
 from gptzoo.hf.family import Family, Fields, Part, refuse
 from gptzoo.hf.layouts import builtin, same
 from gptzoo.hf.llama import attention_fields, plain_embeddings_and_logits
-from gptzoo.interfaces import TensorMap
+from gptzoo.hf.tensor_map import TensorMap
 from gptzoo.model.gpt import GPT
 from gptzoo.recipe import Recipe
 from gptzoo.recipe.schema import MAX_DIM

@@ -35,7 +35,7 @@ from gptzoo.hf.llama import (
     rope_position,
     sizes,
 )
-from gptzoo.interfaces import TensorMap
+from gptzoo.hf.tensor_map import TensorMap
 from gptzoo.model.gpt import GPT
 from gptzoo.recipe import Recipe
 

@@ -2,7 +2,7 @@
 
 A layout ("gpt2", "llama", "gpt_neox", "phi3": gptzoo.hf.family.Family.layout) is how a family names
 and stores its parts. Each component class with an equivalent there has one
-:class:`gptzoo.registry.HFLayout`: a function giving its tensor maps (gptzoo.interfaces.TensorMap), one
+:class:`gptzoo.registry.HFLayout`: a function giving its tensor maps (gptzoo.hf.tensor_map.TensorMap), one
 giving the config.json fields it owns, and the nested components mapped with their own layouts. The
 built-ins' are written beside their family (hf/gpt2.py holds the "gpt2" layout of every built-in,
 hf/llama.py the "llama" one, ...), keyed by reference so that this package imports no component and no
@@ -24,7 +24,7 @@ from typing import Any
 from torch import nn
 
 from gptzoo.errors import GptzooWarning
-from gptzoo.interfaces import TensorMap
+from gptzoo.hf.tensor_map import TensorMap
 from gptzoo.plugin_manager import gptzoo_version
 from gptzoo.registry import HFLayout, Provenance, Reference, Registry, class_key
 

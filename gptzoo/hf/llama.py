@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 from gptzoo.hf.family import Family, Fields, Part, refuse, show
 from gptzoo.hf.layouts import builtin, same
-from gptzoo.interfaces import TensorMap
+from gptzoo.hf.tensor_map import TensorMap
 from gptzoo.model.gpt import GPT
 from gptzoo.recipe import Recipe
 

@@ -29,7 +29,7 @@ from gptzoo.hf.llama import (
     rope_layouts,
     sizes,
 )
-from gptzoo.interfaces import TensorMap
+from gptzoo.hf.tensor_map import TensorMap
 from gptzoo.recipe import Recipe
 
 LONGROPE = ("longrope", "su", "yarn")

@@ -5,7 +5,7 @@ dispatch; on a small model that is as long as streaming the weights. Here the mo
 components describe a step once, as a list of native operations (native/step.c) over buffers
 allocated up front, and each step is then one call. Each module is described by the lowering of
 its class (gptzoo.inference.lowerings: the built-in ones, and those plugins register), which
-appends its operations through the plan it is given (gptzoo.interfaces.DecodePlan, implemented
+appends its operations through the plan it is given (gptzoo.inference.plan.DecodePlan, implemented
 here by :class:`NativePlan`).
 
 A module without a lowering, or one that changes what its lowering describes (a subclass
@@ -31,10 +31,12 @@ import torch
 from torch import Tensor, nn
 
 from gptzoo.errors import GptzooError
-from gptzoo.inference.lowerings import Lowerings, Unsupported
+from gptzoo.inference.lowerings import Lowerings, Unsupported, rotary_tables
 from gptzoo.inference.matvec import KINDS, MAX_ROWS, kernel_threads
 from gptzoo.inference.native import abi, library
-from gptzoo.interfaces import AttentionContext, Buffer, KVCache, Position, Positions, PositionStep
+from gptzoo.inference.plan import Buffer, PositionStep
+from gptzoo.interfaces import AttentionContext, Position, Positions
+from gptzoo.model.kv_cache import KVCache
 from gptzoo.registry import Registry, default_registry
 
 ERRORS = {code: meaning for code, meaning in abi.ERRORS.values()}
@@ -54,7 +56,7 @@ class EagerPart:
 
 class NativePlan:
     """The operations of one decoding step for ``batch`` rows in ``dtype``, with the buffers they use:
-    gptzoo.interfaces.DecodePlan, which lowerings are written against, for step.c; each module is
+    gptzoo.inference.plan.DecodePlan, which lowerings are written against, for step.c; each module is
     lowered by its lowering in ``lowerings`` (default: the built-in ones)."""
 
     def __init__(
@@ -208,7 +210,7 @@ class NativePlan:
         self._op("linear", p=(weight, scale, bias, src.ptr, dst.ptr), n=(dst.width, src.width), wkind=wkind)
 
     def rmsnorm(self, src: Buffer, dst: Buffer, weight: Tensor, eps: float, mode: str) -> None:
-        """gptzoo.interfaces.DecodePlan.rmsnorm (a row of a wider buffer holds several vectors: per-head
+        """gptzoo.inference.plan.DecodePlan.rmsnorm (a row of a wider buffer holds several vectors: per-head
         norms; ``mode`` one of :data:`RMS_MODES`)."""
         dim = weight.numel()
         if src.width != dst.width or src.width % dim:
@@ -266,7 +268,7 @@ class NativePlan:
         softcap: float,
         fused: bool,
     ) -> None:
-        """gptzoo.interfaces.DecodePlan.attend; the cache is (B, nkv, slots, hs) of the activations' dtype."""
+        """gptzoo.inference.plan.DecodePlan.attend; the cache is (B, nkv, slots, hs) of the activations' dtype."""
         nh, nkv, hs = sizes
         if not qkv.whole or not out.whole or out.width != nh * hs or qkv.width != (nh + 2 * nkv) * hs:
             raise Unsupported("attention buffers of unexpected widths")
@@ -304,16 +306,16 @@ class NativePlan:
         self._positions[id(step)] = (step, position)
         rotary = position.rotary(probe.queries)
         if rotary is not None:
-            tables = getattr(rotary, "decode_tables", None)
+            tables = rotary_tables(rotary)
             if tables is None:
                 raise Unsupported(f"{type(rotary).__name__} (from {type(position).__name__}) has no decode_tables")
-            probe_cos, _, in_float32 = tables()
+            probe_cos, _, in_float32 = tables(rotary)
             dim = probe_cos.numel()
             cos, sin = torch.empty(self.batch, dim), torch.empty(self.batch, dim)
             step.rotary = (cos, sin, in_float32)
 
             def rotate(pos: Positions) -> None:
-                new_cos, new_sin, _ = position.rotary(pos.queries).decode_tables()
+                new_cos, new_sin, _ = tables(position.rotary(pos.queries))
                 cos.copy_(new_cos.view(-1, dim).expand(self.batch, dim))  # one row for all, or one per row
                 sin.copy_(new_sin.view(-1, dim).expand(self.batch, dim))
 

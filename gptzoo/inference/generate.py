@@ -34,9 +34,9 @@ from gptzoo.inference.decode_plan import CompiledStep, compile_step
 from gptzoo.inference.matvec import MAX_ROWS, native_decoding
 from gptzoo.inference.native import library, unavailable_reason
 from gptzoo.inference.sampling import SamplerChain, chain_spec, prompts_of
-from gptzoo.interfaces import KVCache
 from gptzoo.memory import available_bytes, format_bytes
 from gptzoo.model.gpt import GPT
+from gptzoo.model.kv_cache import KVCache
 from gptzoo.recipe import GenerateSpec
 from gptzoo.registry import Reference, Registry, class_key
 from gptzoo.tokenizer import Tokenizer, shorten, utf8

@@ -1,7 +1,7 @@
 """Lowerings: what each component computes in a CPU decoding step, as native operations.
 
 A lowering is a function ``lower(plan, module, src, dst, **kwargs)`` that appends the operations
-of one module to a step's plan (gptzoo.interfaces.DecodePlan, implemented by
+of one module to a step's plan (gptzoo.inference.plan.DecodePlan, implemented by
 gptzoo.inference.decode_plan.NativePlan; native/step.c runs them), the module's children through
 ``plan.call``. It is keyed by the class it lowers, ``"module:Qualname"``: the built-in ones in
 :data:`BUILTIN`, by reference, so that the decoder imports no component's module; a plugin
@@ -36,8 +36,9 @@ from torch import nn
 
 from gptzoo.errors import GptzooWarning, describe_exception
 from gptzoo.inference.matvec import runs_its_class_forward
-from gptzoo.interfaces import Buffer, DecodePlan, KVCache, LayerKVCache, PositionStep
-from gptzoo.plugin_manager import describe_raised, exit_guard
+from gptzoo.inference.plan import Buffer, DecodePlan, PositionStep
+from gptzoo.interfaces import LayerKVCache
+from gptzoo.model.kv_cache import KVCache
 from gptzoo.registry import Reference, Registry, class_key
 
 Lower = Callable[..., Any]
@@ -217,6 +218,34 @@ def lower_gpt(plan: DecodePlan, model: Any, cache: KVCache) -> Buffer:
     return logits
 
 
+RotaryTables = Callable[[Any], tuple[torch.Tensor, torch.Tensor, bool]]
+"""``tables(rotary)``: what a position's ``rotary(positions)`` gave for one position, as a step rotates
+with it: cos and sin (rotary_dim each, float32) and whether q and k rotate in float32."""
+
+
+def rotate_half_tables(rotary: Any) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """The built-in RotateHalf's tables (its cos and sin are (B, 1, T, rotary_dim) float32)."""
+    return rotary.cos.reshape(-1), rotary.sin.reshape(-1), rotary.in_float32
+
+
+ROTARY_TABLES: dict[str, RotaryTables] = {"gptzoo_plugins._positions:RotateHalf": rotate_half_tables}
+"""The rotations gptzoo ships: class reference -> how a step reads its tables."""
+
+
+def rotary_tables(rotary: object) -> RotaryTables | None:
+    """How a step reads ``rotary``'s tables: by the first class of its MRO that defines a
+    ``decode_tables()`` method (a plugin's rotation describing itself) or has tables in
+    :data:`ROTARY_TABLES`; None when there is none, or a class below that one overrides ``apply``."""
+    for owner in type(rotary).__mro__:
+        if "decode_tables" in vars(owner):
+            return lambda r: r.decode_tables()
+        if class_key(owner) in ROTARY_TABLES:
+            return ROTARY_TABLES[class_key(owner)]
+        if "apply" in vars(owner):
+            return None
+    return None
+
+
 WINDOW_CACHE = "gptzoo_plugins._attentions:WindowKVCache"
 """The ring buffer of the built-in sliding-window attention, which step.c's attend reads as the plain cache."""
 ATTENTION_DEPENDS = ("attend", "attend_window", "init_cache")
@@ -348,13 +377,7 @@ class Lowerings:
         if not isinstance(lowering.lower, Reference):
             return lowering
         what = f"the lowering of {key} registered by {lowering.origin} as {str(lowering.lower)!r}"
-        try:
-            with exit_guard():
-                lower = lowering.lower.load()
-        except KeyboardInterrupt:
-            raise
-        except BaseException as exc:  # a plugin's import may raise anything, sys.exit and os._exit included
-            raise Unsupported(f"{what} cannot be imported: {describe_raised(exc)}; fix the plugin") from exc
+        lower = lowering.lower.load(lambda raised: Unsupported(f"{what} cannot be imported: {raised}; fix the plugin"))
         if not callable(lower):
             raise Unsupported(f"{what} is not callable; fix the plugin")
         self.table[key] = lowering = Lowering(lower, lowering.depends, lowering.origin)

@@ -38,7 +38,8 @@ import torch
 from torch import Tensor, nn
 
 from gptzoo.errors import CheckpointError, GptzooError
-from gptzoo.interfaces import AttentionContext, KVCache, LayerKVCache, Position, Positions
+from gptzoo.interfaces import AttentionContext, LayerKVCache, Position, Positions
+from gptzoo.model.kv_cache import KVCache
 
 if TYPE_CHECKING:
     from gptzoo.recipe import Recipe

@@ -16,9 +16,9 @@ from rich.table import Table
 from gptzoo.defaults import DTYPE_NAMES
 from gptzoo.errors import GptzooError, terminal_text
 from gptzoo.flops import FLOPS_CONVENTION, TRAIN_FORWARD_RATIO, forward_flops
-from gptzoo.interfaces import KVCache
 from gptzoo.memory import format_bytes
 from gptzoo.model.gpt import GPT
+from gptzoo.model.kv_cache import KVCache
 from gptzoo.recipe import Component, Recipe
 from gptzoo.registry import Entry
 from gptzoo.tables import WholeWords

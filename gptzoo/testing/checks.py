@@ -20,8 +20,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from gptzoo import plugin_code
 from gptzoo.errors import GptzooError, exception_text
 from gptzoo.hf import FAMILIES
+from gptzoo.hf.tensor_map import TensorMap
 from gptzoo.inference.sampling import SamplerChain
-from gptzoo.interfaces import TensorMap
 from gptzoo.registry import Entry, Registry, show_plain
 from gptzoo.testing import harness
 from gptzoo.testing.harness import BATCH, CONTEXT, PAIR_SIZE, PLAIN, SEQ, SIZES, VOCAB, Size

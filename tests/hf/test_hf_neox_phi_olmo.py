@@ -19,7 +19,7 @@ import gptzoo
 from gptzoo.errors import RecipeError
 from gptzoo.hf import FAMILIES, NoEquivalentError, check_recipe_matches, export_hf, hf_recipe, load_hf
 from gptzoo.hf.compare import compare
-from gptzoo.interfaces import TensorMap
+from gptzoo.hf.tensor_map import TensorMap
 from gptzoo.model.build import assemble
 from gptzoo_plugins._norms import RMSNorm
 

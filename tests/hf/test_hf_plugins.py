@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 import gptzoo
-from gptzoo.interfaces import TensorMap
+from gptzoo.hf.tensor_map import TensorMap
 
 
 class RMS(nn.Module):
@@ -231,7 +231,7 @@ def test_a_broken_layout_config_names_its_plugin(
 def _layouts_plugin(body: str) -> str:
     return f"""
 import gptzoo
-from gptzoo.interfaces import TensorMap
+from gptzoo.hf.tensor_map import TensorMap
 
 
 @gptzoo.hookimpl

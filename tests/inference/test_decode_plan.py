@@ -181,6 +181,54 @@ def test_a_subclass_that_changes_forward_is_refused() -> None:
     assert step is None and why == "Shifted overrides forward of RMSNorm, whose lowering would not describe it"
 
 
+class OwnRotation:
+    """A plugin's rotation that describes its own tables, wrapping the built-in one's arithmetic."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def apply(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.inner.apply(q, k)
+
+    def decode_tables(self) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        return self.inner.cos.reshape(-1), self.inner.sin.reshape(-1), self.inner.in_float32
+
+
+def test_a_rotation_is_read_by_the_decoder_s_tables_or_by_its_own_decode_tables() -> None:
+    model = tiny_model(*MODELS["llama"])
+    rope = model.position
+
+    class OwnRoPE(type(rope)):
+        def rotary(self, positions: torch.Tensor) -> OwnRotation:
+            return OwnRotation(super().rotary(positions))
+
+    for cls in (type(rope), OwnRoPE):
+        rope.__class__ = cls
+        eager, planned = decode_both(model, prompts(model), steps=4)
+        assert (planned - eager).abs().max() < 1e-5, cls
+
+
+@torch.no_grad()
+def test_a_rotation_that_changes_apply_is_refused() -> None:
+    model = tiny_model(*MODELS["llama"])
+    rope = model.position
+    turned = type(rope.rotary(torch.zeros(1, 1, dtype=torch.long)))
+
+    class Flipped(turned):
+        def apply(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return super().apply(-q, k)
+
+    class FlippedRoPE(type(rope)):
+        def rotary(self, positions: torch.Tensor) -> Flipped:
+            rotation = super().rotary(positions)
+            rotation.__class__ = Flipped
+            return rotation
+
+    rope.__class__ = FlippedRoPE
+    step, why = compile_step(model, model.init_cache(1, 8), 1)
+    assert step is None and why == "Flipped (from FlippedRoPE) has no decode_tables"
+
+
 @torch.no_grad()
 def test_hooks_dtypes_and_biases_are_refused() -> None:
     model = tiny_model(*MODELS["llama"])
@@ -497,7 +545,7 @@ def test_components_hold_no_lowering_nor_layout_and_import_nothing_of_inference_
     components = Path(gptzoo_plugins.__file__).parent
     for path in components.glob("*.py"):
         text = path.read_text(encoding="utf-8")
-        assert not re.search(r"decode_ops|hf_weights|hf_config", text), path
+        assert not re.search(r"decode_ops|hf_weights|hf_config|decode_tables", text), path
     imports = re.compile(r"^\s*(from|import) gptzoo\.(inference|hf)", re.M)
     for path in [*components.glob("*.py"), *(Path(gptzoo.__file__).parent / "model").glob("*.py")]:
         assert not imports.search(path.read_text(encoding="utf-8")), path

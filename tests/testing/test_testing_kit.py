@@ -83,7 +83,7 @@ NORM_BASE = '''
 import torch
 from torch import nn
 
-from gptzoo.interfaces import TensorMap
+from gptzoo.hf.tensor_map import TensorMap
 
 
 class Norm(nn.Module):

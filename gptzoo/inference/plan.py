@@ -1,0 +1,127 @@
+"""What a component's lowering writes its share of a native CPU decoding step with: the plan
+(:class:`DecodePlan`, the protocol lowerings are typed against; gptzoo.inference.decode_plan
+implements it), its activation buffers (:class:`Buffer`) and a position encoding's share of a step
+(:class:`PositionStep`). A plugin's lowering (the ``register_decode_lowerings`` hook) imports them
+from here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import Tensor, nn
+
+from gptzoo.interfaces import Position
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """Columns ``offset``..``offset + width`` of a (batch, row) activation tensor the plan owns."""
+
+    tensor: Tensor
+    offset: int = 0
+    width: int = -1
+
+    def __post_init__(self) -> None:
+        if self.width < 0:
+            object.__setattr__(self, "width", self.tensor.shape[1] - self.offset)
+
+    @property
+    def ptr(self) -> int:
+        return self.tensor.data_ptr() + self.offset * self.tensor.element_size()
+
+    @property
+    def stride(self) -> int:
+        """Elements from one row to the next."""
+        return self.tensor.shape[1]
+
+    @property
+    def whole(self) -> bool:
+        return self.offset == 0 and self.width == self.tensor.shape[1]
+
+    def cols(self, offset: int, width: int) -> Buffer:
+        return Buffer(self.tensor, self.offset + offset, width)
+
+
+@dataclass
+class PositionStep:
+    """A position encoding's share of a step: its rotary tables (cos, sin; float32, rewritten before
+    each step) and whether they rotate in float32, or None without rotation."""
+
+    rotary: tuple[Tensor, Tensor, bool] | None
+
+
+class DecodePlan(Protocol):
+    """What a component's lowering writes its share of a CPU decoding step with: native
+    operations over (batch, width) activation buffers (gptzoo.inference.decode_plan builds one per
+    generation, native/step.c runs it; docs/plugins.md, "Fast CPU decoding"). Each operation rounds
+    where the eager forward rounds in the activations' dtype; weights must be contiguous CPU tensors
+    of that dtype (int8 with a float32 scale per row for ``linear``)."""
+
+    batch: int
+    dtype: torch.dtype
+    key_mask: Tensor | None
+    """(batch, keys) bool, which cached keys are real tokens (rows were left-padded), or None."""
+
+    def refuse(self, reason: str) -> None:
+        """Give up on this module: it runs its eager forward (a split plan) or the model does; ``reason`` says why."""
+
+    def buffer(self, width: int) -> Buffer:
+        """A new (batch, width) activation buffer."""
+        ...
+
+    def call(self, module: nn.Module, src: Buffer, dst: Buffer, **kwargs: object) -> None:
+        """A child's operations, by the lowering of its class (an nn.Linear is a product, nn.Identity a copy)."""
+
+    def linear(self, weight: Tensor, scale: Tensor | None, bias: Tensor | None, src: Buffer, dst: Buffer) -> None:
+        """dst = src W^T (* scale per output) + bias."""
+
+    def rmsnorm(self, src: Buffer, dst: Buffer, weight: Tensor, eps: float, mode: str) -> None:
+        """Each ``weight.numel()`` features over their root mean square (+ eps), in float32; ``mode``:
+        "plain" (rounded, then * weight), "scale_in_float32" (* weight, then rounded), "offset" (* (1 + weight))."""
+
+    def layernorm(self, src: Buffer, dst: Buffer, weight: Tensor, bias: Tensor | None, eps: float) -> None:
+        """Each ``weight.numel()`` features to mean 0 and variance 1, then * weight + bias."""
+
+    def copy(self, src: Buffer, dst: Buffer) -> None: ...
+
+    def add(self, a: Buffer, b: Buffer, out: Buffer) -> None:
+        """out = a + b."""
+
+    def rope(self, heads: Buffer, head_dim: int, position: PositionStep) -> None:
+        """Rotate each head of ``heads`` by the step's rotary tables (rotate-half; none: nothing)."""
+
+    def attend(
+        self,
+        qkv: Buffer,
+        sizes: tuple[int, int, int],
+        keys: Tensor,
+        values: Tensor,
+        out: Buffer,
+        *,
+        window: int,
+        scale: float,
+        softcap: float,
+        fused: bool,
+    ) -> None:
+        """Write this token's k and v into the cache (keys/values (B, nkv, slots, hs), key i in slot
+        i % slots), then out = softmax(softcap(q K^T scale)) V over the last ``window`` keys (0: all)
+        that are real tokens. ``qkv`` holds q (nh heads), k and v (nkv each); sizes (nh, nkv, hs);
+        ``fused``: round as scaled_dot_product_attention's CPU kernel, else as torch's operations one by one."""
+
+    def activate(self, src: Buffer, dst: Buffer, name: str, *, gated: bool) -> None:
+        """dst = act(src), or gated: act(first half) * second half; name: gelu, gelu_tanh, relu or silu."""
+
+    def softcap(self, buf: Buffer, cap: float) -> None:
+        """buf = tanh(buf / cap) * cap."""
+
+    def embed(self, table: Tensor, dst: Buffer, scale: float | None) -> None:
+        """dst = table[token] (* scale)."""
+
+    def embedding(self, position: Position, dst: Buffer) -> None:
+        """dst += ``position``'s embedding of each row's position, if it has one."""
+
+    def position(self, position: Position, device: torch.device) -> PositionStep:
+        """``position``'s share of each step (its rotary tables); refuses an attention bias."""
+        ...
