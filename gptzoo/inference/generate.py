@@ -113,9 +113,7 @@ def check_lengths(model: GPT, prompts: Sequence[Sequence[int]], max_new_tokens: 
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise GptzooError(f"the number of new tokens must be an integer >= 1, got {max_new_tokens!r}")
     longest, limit = max(len(p) for p in prompts), model.position_limit
-    refused = model.too_long(longest, f"a prompt of {longest} tokens", "shorten it")
-    if refused is not None:
-        raise GptzooError(refused)
+    model.check_length(longest, f"a prompt of {longest} tokens", "shorten it")
     if limit is not None and longest == limit.positions:
         raise GptzooError(f"a prompt of {longest} tokens fills {limit}, leaving no room for new tokens; shorten it")
     if limit is not None and longest + max_new_tokens > limit.positions:

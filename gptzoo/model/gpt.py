@@ -220,6 +220,12 @@ class GPT(nn.Module):
         limit = self.position_limit
         return f"{what} is longer than {limit}; {fix}" if limit is not None and length > limit.positions else None
 
+    def check_length(self, length: int, what: str, fix: str) -> None:
+        """Raise :meth:`too_long`'s reason as a GptzooError when a sequence of ``length`` tokens cannot run."""
+        refused = self.too_long(length, what, fix)
+        if refused is not None:
+            raise GptzooError(refused)
+
     def past_context(self, length: int) -> str | None:
         """The one warning for sequences of ``length`` tokens past :attr:`context_length` (which the
         positions still encode); None within it."""
@@ -257,9 +263,7 @@ class GPT(nn.Module):
         B, T = idx.shape
         start = cache.length if cache is not None else 0
         end = start + T
-        refused = self.too_long(end, f"a sequence of {end} tokens", "shorten the input")
-        if refused is not None:
-            raise GptzooError(refused)
+        self.check_length(end, f"a sequence of {end} tokens", "shorten the input")
         if cache is not None and end > cache.max_len:
             raise GptzooError(
                 f"the KV cache holds {cache.max_len} positions, {end} were asked for; make a larger cache"

@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from gptzoo.defaults import DTYPE_NAMES
-from gptzoo.errors import GptzooError, terminal_text
+from gptzoo.errors import terminal_text
 from gptzoo.flops import FLOPS_CONVENTION, TRAIN_FORWARD_RATIO, forward_flops
 from gptzoo.memory import format_bytes
 from gptzoo.model.gpt import GPT
@@ -112,9 +112,7 @@ def summarize(
 ) -> dict[str, Any]:
     """A JSON-ready description of the model at (batch, seq_len); seq_len defaults to the context length."""
     seq_len = seq_len or recipe.model.context_length
-    refused = model.too_long(seq_len, f"--seq-len {seq_len}", f"give at most {model.max_positions}")
-    if refused is not None:
-        raise GptzooError(refused)
+    model.check_length(seq_len, f"--seq-len {seq_len}", f"give at most {model.max_positions}")
     flops = forward_flops(model, batch, seq_len)
     forward = sum(flops.values())
     params = parameter_counts(model)
