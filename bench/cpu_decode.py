@@ -94,9 +94,18 @@ def held_out_ids(tokenizer: transformers.PreTrainedTokenizerBase, n: int) -> lis
 class Llama:
     """llama.cpp through llama-cpp-python, with all cores, like the other sides."""
 
-    def __init__(self, path: Path, n_ctx: int, logits_all: bool = False) -> None:
+    def __init__(self, path: Path, n_ctx: int, logits_all: bool = False, repack: bool = True) -> None:
         import llama_cpp
 
+        if not repack:  # llama.cpp's --no-repack; llama-cpp-python has no argument for it
+            defaults = llama_cpp.llama_model_default_params
+
+            def no_repack() -> llama_cpp.llama_model_params:
+                params = defaults()
+                params.use_extra_bufts = False
+                return params
+
+            llama_cpp.llama.llama_cpp.llama_model_default_params = no_repack
         threads = torch.get_num_threads()
         self.llm = llama_cpp.Llama(
             model_path=str(path),
@@ -181,7 +190,7 @@ def measure(name: str, precision: str, args: argparse.Namespace, bandwidth: floa
     gguf = args.gguf_dir / f"{name}-{GGUF_TYPES[precision]}.gguf" if args.gguf_dir else None
     llama = None
     if gguf is not None and gguf.exists():
-        llama = Llama(gguf, n_ctx=max(args.prefill, len(prompt) + n) + 8)
+        llama = Llama(gguf, n_ctx=max(args.prefill, len(prompt) + n) + 8, repack=not args.no_repack)
         sides["llama.cpp"] = {"decode": lambda: llama.greedy(prompt, n), "prefill": lambda: llama.prefill(long_prompt)}
     tokens, times = {}, {side: {"decode": [], "prefill": []} for side in sides}
     with torch.no_grad():
@@ -211,7 +220,9 @@ def measure(name: str, precision: str, args: argparse.Namespace, bandwidth: floa
         }
         if gguf is not None and gguf.exists():
             del llama, sides["llama.cpp"]
-            row["perplexity"]["llama.cpp"] = math.exp(Llama(gguf, n_ctx=len(ids) + 8, logits_all=True).nll(ids))
+            row["perplexity"]["llama.cpp"] = math.exp(
+                Llama(gguf, n_ctx=len(ids) + 8, logits_all=True, repack=not args.no_repack).nll(ids)
+            )
     return row
 
 
@@ -226,6 +237,12 @@ def main() -> None:
     parser.add_argument("--prefill", type=int, default=512)
     parser.add_argument("--load", action="store_true", help="run a competing one-thread matmul loop meanwhile")
     parser.add_argument("--perplexity", action="store_true", help="also perplexity on held-out text")
+    parser.add_argument(
+        "--no-repack",
+        action="store_true",
+        help="llama.cpp without its repacked weight buffers (its --no-repack): the Q8_0 GGUF segfaults with them on "
+        "an AMX CPU in llama-cpp-python 0.3.36",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     transformers.utils.logging.set_verbosity_error()
