@@ -12,6 +12,17 @@ from gptzoo import catalog
 from gptzoo.errors import GptzooError
 from gptzoo.recipe import load_recipe, read_recipe_data, resolve_components, shipped_recipes
 
+RMSNORM_RECIPES = [
+    "llama-tiny",
+    "mistral-7b",
+    "olmo2-1b",
+    "phi-3-mini",
+    "qwen2.5-0.5b",
+    "qwen3-0.6b",
+    "smollm2-135m",
+    "tinyllama-1.1b",
+]
+"""The shipped recipes whose norm is rmsnorm (what `gptzoo recipes --uses rmsnorm` lists)."""
 RMSNORM_AGAIN = (
     SCALENORM_CLASS
     + """
@@ -71,16 +82,7 @@ def test_list_and_recipes_uses_name_the_recipes_of_an_entry(
 ) -> None:
     fake_site.add("rms", "gptzoo_fake_rms", RMSNORM_AGAIN)
     rows = {r["qualified_name"]: r["recipes"] for r in run_json(capsys, "list", "norm", "rmsnorm")}
-    users = [
-        "llama-tiny",
-        "mistral-7b",
-        "olmo2-1b",
-        "phi-3-mini",
-        "qwen2.5-0.5b",
-        "qwen3-0.6b",
-        "smollm2-135m",
-        "tinyllama-1.1b",
-    ]
+    users = RMSNORM_RECIPES
     assert rows == {"gptzoo:rmsnorm": users, "gptzoo-fake-rms:rmsnorm": []}  # the built-in keeps the bare name
     assert [r["name"] for r in run_json(capsys, "recipes", "--uses", "rmsnorm")] == users
     assert [r["name"] for r in run_json(capsys, "recipes", "--uses", "gptzoo-fake-rms:rmsnorm")] == []

@@ -323,7 +323,11 @@ def test_a_token_outside_the_vocabulary_is_an_error() -> None:
 
 
 def test_generate_decodes_through_the_plan_and_gives_the_eager_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
-    model = tiny_model(*MODELS["gemma"])
+    assert_generates_through_the_plan(tiny_model(*MODELS["gemma"]), 20, monkeypatch)
+
+
+def assert_generates_through_the_plan(model: gptzoo.GPT, steps: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """generate compiles the native step once for a batch of two, and its tokens are the eager path's."""
     batch = prompts(model, batch=2).tolist()
     compiled = []
 
@@ -333,10 +337,10 @@ def test_generate_decodes_through_the_plan_and_gives_the_eager_tokens(monkeypatc
         return step
 
     monkeypatch.setattr(generate_module, "compile_step", spy)
-    planned = generate(model, batch, 20)
+    planned = generate(model, batch, steps)
     monkeypatch.setattr(generate_module, "compile_step", lambda *args, **kwargs: (None, "off"))
     assert compiled == [True]
-    assert planned == generate(model, batch, 20)
+    assert planned == generate(model, batch, steps)
 
 
 def assert_close(planned: torch.Tensor, eager: torch.Tensor) -> None:
@@ -368,19 +372,7 @@ def test_a_plugin_component_decodes_natively_through_the_lowering_it_registers(
         warnings.simplefilter("error", GptzooWarning)
         eager, planned = decode_both(model, prompts(model), steps=8)  # asserts that compile_step gave a step
     assert_close(planned, eager)
-    batch = prompts(model, batch=2).tolist()
-    compiled = []
-
-    def spy(*args, **kwargs):
-        step = compile_step(*args, **kwargs)
-        compiled.append(step[0] is not None and not step[0].eager)
-        return step
-
-    monkeypatch.setattr(generate_module, "compile_step", spy)
-    planned_tokens = generate(model, batch, 12)
-    monkeypatch.setattr(generate_module, "compile_step", lambda *args, **kwargs: (None, "off"))
-    assert compiled == [True]
-    assert planned_tokens == generate(model, batch, 12)
+    assert_generates_through_the_plan(model, 12, monkeypatch)
 
 
 UNITNORM_WITHOUT_LOWERING = (
