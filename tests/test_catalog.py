@@ -92,3 +92,13 @@ def test_list_and_recipes_uses_name_the_recipes_of_an_entry(
         "gemma2-2b",
         "gemma3-270m",
     ]
+
+
+def test_recipes_uses_a_component_no_recipe_uses_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    from gptzoo.cli import main
+
+    assert main(["recipes", "--uses", "repetition_penalty"]) == 0
+    assert capsys.readouterr().out == "no shipped recipe uses repetition_penalty\n"
+    assert main(["recipes", "--uses", "rmsnorm", "--uses", "learned"]) == 0
+    assert capsys.readouterr().out == "no shipped recipe uses rmsnorm and learned\n"
+    assert run_json(capsys, "recipes", "--uses", "repetition_penalty") == []

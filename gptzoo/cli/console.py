@@ -43,10 +43,16 @@ def emit(
     rows: list[dict[str, Any]],
     title: str,
     columns: dict[str, Callable[[dict[str, Any]], str]],
+    *,
+    empty: str = "",
 ) -> None:
-    """Rows as JSON with --json, else as a table with these columns (header -> cell text)."""
+    """Rows as JSON with --json, else as a table with these columns (header -> cell text); no rows: the
+    line ``empty`` instead of a table without rows, when given."""
     if args.json:
         print_json(out, rows)
+        return
+    if not rows and empty:
+        out.print(empty, highlight=False)
         return
     table = Table(title=title, title_justify="left")
     for header in columns:

@@ -10,6 +10,7 @@ from gptzoo.cli.console import Console, print_json
 from gptzoo.cli.library import command_registry, importing
 from gptzoo.cli.model import load_named, model_parser
 from gptzoo.defaults import PRECISIONS
+from gptzoo.errors import GptzooError
 
 
 def add_parser(sub: Subparsers, common: Parser) -> Parser:
@@ -54,6 +55,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> None:
     with importing():
         from gptzoo.evaluation import eval_model
         from gptzoo.evaluation.display import EvalProgress, render_eval
+        from gptzoo.evaluation.perplexity import nothing_scored
 
     loaded = load_named(args, command_registry(err), dtype=args.dtype)
     with nullcontext() if args.json else EvalProgress(err) as progress:
@@ -68,6 +70,9 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> None:
             progress=progress,
             name=args.model,
         )
+    refusal = nothing_scored(loaded.model, report["scores"])
+    if refusal is not None:
+        raise GptzooError(refusal)
     if args.json:
         print_json(out, report)
         return

@@ -57,4 +57,5 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> None:
             "n_embd": lambda r: str(r["n_embd"]),
             "description": lambda r: text(r["description"]),
         },
+        empty=f"no shipped recipe uses {text(' and '.join(args.uses))}",
     )

@@ -193,3 +193,17 @@ def evaluate(
             bits_per_byte_ci=_interval(ci, lambda v, k=per_byte: v * k) if per_byte is not None else None,
         )
     return scores
+
+
+def nothing_scored(model: GPT, scores: Sequence[dict[str, Any]]) -> str | None:
+    """Why an evaluation whose every requested length was refused is no result (the command that asked
+    for it fails with this); None when a score stands. Only the command decides: a sweep keeps a run's
+    refused lengths in its report."""
+    if not scores or any(s["refused"] is None for s in scores):
+        return None
+    refused = sorted({s["length"] for s in scores})
+    named = "length" if len(refused) == 1 else "lengths " + ", ".join(map(str, refused[:-1])) + " and"
+    return (
+        f"no requested length can be scored: {named} {refused[-1]} {'is' if len(refused) == 1 else 'are'} longer "
+        f"than {model.position_limit}; evaluate at {model.max_positions} or fewer (--lengths)"
+    )

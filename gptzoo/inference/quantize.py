@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from gptzoo.errors import GptzooError
 from gptzoo.inference.matvec import native_linear
 
 SLICE_ROWS = 4096
@@ -61,11 +62,24 @@ class Int8Linear(nn.Module):
 
 
 def quantize_int8(model: nn.Module) -> int:
-    """Replace every plain nn.Linear of ``model`` (in place) by an Int8Linear; return how many."""
-    replaced = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear:
-                setattr(parent, name, Int8Linear.from_linear(child))
-                replaced += 1
-    return replaced
+    """Replace every plain nn.Linear of ``model`` (in place) by an Int8Linear; return how many.
+
+    Raises:
+        GptzooError: a Linear's weights hold NaN or infinity (rounding to int8 would hide them), before
+            anything is replaced.
+    """
+    linears = [
+        (f"{prefix}.{name}" if prefix else name, parent, name, child)
+        for prefix, parent in model.named_modules()
+        for name, child in parent.named_children()
+        if type(child) is nn.Linear
+    ]
+    broken = [path for path, *_, linear in linears if not linear.weight.detach().isfinite().all()]
+    if broken:
+        raise GptzooError(
+            f"the weights of {', '.join(broken[:3])}{' and more' if len(broken) > 3 else ''} hold NaN or infinity "
+            "(e.g. from a diverged training run), which int8 would round away; check the weights"
+        )
+    for _, parent, name, linear in linears:
+        setattr(parent, name, Int8Linear.from_linear(linear))
+    return len(linears)

@@ -618,8 +618,8 @@ class Trainer:
                         }
                     )
                     window_steps, window_time = 0, 0.0
-                if (spec.checkpoint_every and step % spec.checkpoint_every == 0) or last:
-                    checkpoint = self.save() or checkpoint
+                # a step's metrics are on disk before its checkpoint: a kill between the two resumes from the
+                # checkpoint before, which forgets those records and logs them again (begin)
                 if (spec.eval_every and step % spec.eval_every == 0) or last:
                     val_loss = self.evaluate()
                     self.log(
@@ -630,6 +630,8 @@ class Trainer:
                             "time": time.time(),
                         }
                     )
+                if (spec.checkpoint_every and step % spec.checkpoint_every == 0) or last:
+                    checkpoint = self.save() or checkpoint
         return TrainResult(self.step, loss, val_loss, tokens_per_s, mfu, self.skipped, checkpoint)
 
 

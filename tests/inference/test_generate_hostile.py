@@ -105,6 +105,23 @@ def test_cli_checkpoint_with_nan_weights(tmp_path: Path, capsys: pytest.CaptureF
         assert message == "error: " + NAN_MESSAGE.format(step=1, rows="prompt 1", hint="")
 
 
+def test_int8_refuses_nan_weights_before_rounding_them_away(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model = tiny_model("gpt2-tiny")
+    path, linear = next((p, m) for p, m in model.named_modules() if type(m) is torch.nn.Linear)
+    with torch.no_grad():
+        linear.weight[0, 0] = float("nan")
+    gptzoo.save_checkpoint(model, gptzoo.load_recipe("gpt2-tiny"), tmp_path / "ck")
+    text = tmp_path / "text.txt"
+    text.write_text("hello world " * 40, encoding="utf-8")
+    expected = (
+        f"error: the weights of {path} hold NaN or infinity (e.g. from a diverged training run), which int8 would "
+        "round away; check the weights"
+    )
+    ck = str(tmp_path / "ck")
+    assert cli_error(capsys, "generate", ck, "--prompt", "hi", "--max-new-tokens", "3", "--dtype", "int8") == expected
+    assert cli_error(capsys, "eval", ck, "--text", str(text), "--lengths", "32", "--dtype", "int8") == expected
+
+
 # --- 2. extreme temperatures -------------------------------------------------------------------
 
 

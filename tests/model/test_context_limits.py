@@ -86,6 +86,26 @@ def test_eval_refuses_past_the_positions_and_warns_past_the_trained_context(
     assert "warning" not in capsys.readouterr().err
 
 
+def test_eval_with_every_length_refused_is_an_error_and_a_partial_refusal_is_shown(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    learned, text = _checkpoint(tmp_path, "gpt2-tiny"), _text(tmp_path)
+    assert run_error(capsys, "eval", learned, "--text", text, "--lengths", "100000") == (
+        "error: no requested length can be scored: length 100000 is longer than the 128 positions that "
+        "LearnedPosition encodes; evaluate at 128 or fewer (--lengths)"
+    )
+    assert run_error(capsys, "eval", learned, "--text", text, "--lengths", "200,129,300") == (
+        "error: no requested length can be scored: lengths 129, 200 and 300 are longer than the 128 positions that "
+        "LearnedPosition encodes; evaluate at 128 or fewer (--lengths)"
+    )
+    assert main(["eval", learned, "--text", text, "--lengths", "64,129"]) == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    assert (
+        "length 129 refused: length 129 is longer than the 128 positions that LearnedPosition encodes; evaluate at "
+        "128 or fewer" in shown
+    )
+
+
 def test_the_library_warns_once_with_a_gptzoo_warning() -> None:
     from gptzoo.inference.generate import generate
 
