@@ -26,15 +26,17 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from gptzoo.errors import DownloadError, GptzooError, did_you_mean, terminal_text
+from gptzoo.errors import DownloadError, GptzooError, GptzooWarning, did_you_mean, terminal_text
 
 MARKER = "gptzoo-fetch.json"
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", MARKER)
@@ -119,6 +121,36 @@ def cache_root() -> Path:
     return Path.home() / ".cache" / "gptzoo"
 
 
+OFFLINE_VARIABLES = ("GPTZOO_OFFLINE", "HF_HUB_OFFLINE")
+"""Environment variables that forbid downloads (gptzoo's own, and the Hugging Face hub's), when set to
+1, true, yes or on; ``--offline`` sets GPTZOO_OFFLINE for the command."""
+
+
+def offline() -> str | None:
+    """The variable that forbids downloading now (``GPTZOO_OFFLINE=1``), or None."""
+    for variable in OFFLINE_VARIABLES:
+        if os.environ.get(variable, "").strip().lower() in ("1", "true", "yes", "on"):
+            return f"{variable}={os.environ[variable]}"
+    return None
+
+
+@contextmanager
+def offline_mode(on: bool) -> Iterator[None]:
+    """``--offline``: GPTZOO_OFFLINE=1 while the block runs (when ``on``), as it was after."""
+    if not on:
+        yield
+        return
+    before = os.environ.get(OFFLINE_VARIABLES[0])
+    os.environ[OFFLINE_VARIABLES[0]] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[OFFLINE_VARIABLES[0]]
+        else:
+            os.environ[OFFLINE_VARIABLES[0]] = before
+
+
 def _entry(name: str) -> Fetchable:
     if name not in FETCHABLE:
         raise GptzooError(f"unknown fetchable model {name!r}{did_you_mean(name, sorted(FETCHABLE))}")
@@ -143,7 +175,28 @@ def resolve_fetchable(name: str, *, fetch_missing: bool) -> Path | None:
         raise GptzooError(
             f"{name!r} has not been fetched yet; run `gptzoo fetch {name}` once ({FETCHABLE[name].description})"
         )
+    check_online(name)
+    warnings.warn(
+        f"{name!r} is not in {cache_root()} yet: fetching it once now ({FETCHABLE[name].description})",
+        GptzooWarning,
+        stacklevel=2,
+    )
     return fetch(name)
+
+
+def check_online(name: str) -> None:
+    """Refuse to download ``name`` while a variable of :data:`OFFLINE_VARIABLES` forbids it.
+
+    Raises:
+        GptzooError: naming the variable, what would be downloaded, and the two ways on.
+    """
+    forbidden = offline()
+    if forbidden is not None:
+        raise GptzooError(
+            f"{name!r} is not in {cache_root()} and {forbidden} forbids downloading it "
+            f"({FETCHABLE[name].description}); unset {forbidden.partition('=')[0]} (and drop --offline) to fetch it, "
+            f"or copy a fetched {name} directory to {cache_root() / name}"
+        )
 
 
 def fetch(name: str, *, force: bool = False, log: Log | None = None) -> Path:
@@ -158,6 +211,7 @@ def fetch(name: str, *, force: bool = False, log: Log | None = None) -> Path:
     target = cache_root() / name
     if not force and (done := fetched_path(name)) is not None:
         return done
+    check_online(name)
     missing = [pkg for pkg in ("gguf", "accelerate") if importlib.util.find_spec(pkg) is None]
     if missing:
         raise GptzooError(
@@ -279,8 +333,14 @@ def _convert(gguf: Path, out: Path) -> dict[str, Any]:
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    gguf_model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    bars = transformers.utils.logging.is_progress_bar_enabled()
+    transformers.utils.logging.disable_progress_bar()  # fetch's caller shows one progress display for the whole fetch
+    try:
+        gguf_model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    finally:
+        if bars:
+            transformers.utils.logging.enable_progress_bar()
     config = gguf_model.config
     for key in (
         "quantization_config",

@@ -270,6 +270,7 @@ def build(
     summary = summarize(
         loaded.model, loaded.recipe, resolve_components(loaded.recipe, registry), batch=batch, seq_len=seq_len
     )
+    summary["recipe"]["overrides"] = list(overrides)
     if hf is not None:
         summary["hf"] = str(hf)
     if out is not None:

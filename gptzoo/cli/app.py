@@ -98,13 +98,16 @@ def _debug(args: argparse.Namespace) -> None:
 def _run(args: argparse.Namespace, out: Console, err: Console) -> int | None:
     """The command and its exit status (None: 0); with --json, whatever else writes to sys.stdout
     meanwhile goes to stderr."""
-    if not args.json:
-        return args.func(args, out, err)
-    stdout, sys.stdout = sys.stdout, sys.stderr
-    try:
-        return args.func(args, out, err)
-    finally:
-        sys.stdout = stdout
+    from gptzoo.fetch import offline_mode
+
+    with offline_mode(getattr(args, "offline", False)):
+        if not args.json:
+            return args.func(args, out, err)
+        stdout, sys.stdout = sys.stdout, sys.stderr
+        try:
+            return args.func(args, out, err)
+        finally:
+            sys.stdout = stdout
 
 
 def _document_stream() -> TextIO:
@@ -220,6 +223,15 @@ def _main(argv: list[str], out: Console, err: Console) -> int:
                 raise
             # a path the command was given or wrote to, refused by the system: a full disk, a permission...
             raise GptzooError(f"cannot use {exc.filename}: {exc.strerror}; check the path and its permissions") from exc
+        except Exception as exc:  # a plugin's component failing while the model ran is the plugin's error
+            if isinstance(exc, GptzooError) or "gptzoo.plugin_code" not in sys.modules:  # no component was built
+                raise
+            from gptzoo.plugin_code import failure_of
+
+            failure = failure_of(exc, args.registry if args.registry is not None else command_registry(err))
+            if failure is None:
+                raise
+            raise failure from exc
     except GptzooError as exc:
         _debug(args)
         message = exception_text(exc)

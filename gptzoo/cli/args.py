@@ -134,6 +134,7 @@ def recipe_parser() -> Parser:
         help="a Hugging Face checkpoint: a directory, a name `gptzoo fetch` knows, or a hub name in the local HF cache",
     )
     add_set(recipe, "override a recipe key, e.g. model.n_layer=6")
+    add_offline(recipe)
     return recipe
 
 
@@ -141,4 +142,13 @@ def add_set(parser: argparse.ArgumentParser, what: str) -> None:
     """``--set K=V`` (repeatable) into ``overrides``; ``what`` says what it changes, with an example."""
     parser.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="K=V", help=f"{what} (repeatable)"
+    )
+
+
+def add_offline(parser: Parser) -> None:
+    """``--offline``: download nothing (gptzoo.fetch.OFFLINE_VARIABLES)."""
+    parser.add_argument(
+        "--offline",
+        action="store_true",
+        help="download nothing: a model that is not on disk is an error (as with GPTZOO_OFFLINE=1 or HF_HUB_OFFLINE=1)",
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from gptzoo.cli.args import Parser, Subparsers
+from gptzoo.cli.args import Parser, Subparsers, add_offline
 from gptzoo.cli.console import Console, print_json
 from gptzoo.cli.render import text
 from gptzoo.fetch import FETCHABLE, fetch
@@ -16,11 +16,27 @@ def add_parser(sub: Subparsers, common: Parser) -> Parser:
     )
     p.add_argument("name", help=f"one of: {', '.join(FETCHABLE)}")
     p.add_argument("--force", action="store_true", help="convert again even if already fetched")
+    add_offline(p)
     return p
 
 
 def run(args: argparse.Namespace, out: Console, err: Console) -> None:
-    path = fetch(args.name, force=args.force, log=(lambda msg: err.print(text(msg))) if not args.json else None)
+    if args.json:
+        path = fetch(args.name, force=args.force)
+    elif not err.is_terminal:
+        path = fetch(args.name, force=args.force, log=lambda message: err.print(text(message), highlight=False))
+    else:  # one display for the whole fetch: each step's line, and below it the step running, with the time
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+        with Progress(*columns, console=err, transient=True) as progress:
+            running = progress.add_task(f"fetching {args.name}", total=None)
+
+            def step(message: str) -> None:  # "done X; doing Y": the line, then Y beside the spinner
+                progress.console.print(text(message), highlight=False)
+                progress.update(running, description=text(message.partition(";")[2].strip() or message))
+
+            path = fetch(args.name, force=args.force, log=step)
     if args.json:
         print_json(out, {"name": args.name, "path": str(path)})
         return

@@ -12,7 +12,7 @@ import argparse
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gptzoo.cli.args import Parser, add_set
+from gptzoo.cli.args import Parser, add_offline, add_set
 from gptzoo.errors import GptzooError
 
 if TYPE_CHECKING:
@@ -38,6 +38,7 @@ def model_parser(overrides: str) -> Parser:
     )
     parser.add_argument("--checkpoint", metavar="DIR", help="MODEL as a gptzoo checkpoint directory")
     add_set(parser, overrides)
+    add_offline(parser)
     return parser
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gptzoo.cli.args import Parser, Subparsers, add_set
+from gptzoo.cli.args import Parser, Subparsers, add_offline, add_set
 from gptzoo.cli.console import Console, print_json
 from gptzoo.cli.library import command_registry, importing
 from gptzoo.cli.render import text
@@ -29,6 +29,7 @@ def add_parser(sub: Subparsers, common: Parser) -> Parser:
         metavar="DIR|NAME",
         help="start from a Hugging Face checkpoint's weights (fine-tuning); it must fit the recipe",
     )
+    add_offline(p)
     return p
 
 
@@ -65,6 +66,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> None:
                 hf_dir=hf_dir,
                 log=display,
                 started=display.start,
+                stepped=display.step,
                 registry=registry,
             )
     if not main_process:

@@ -66,12 +66,21 @@ def _from_hub(name: str) -> Path:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
+    from gptzoo.fetch import offline
+
     try:
         return Path(snapshot_download(name, local_files_only=True, allow_patterns=HUB_FILES))
     except LocalEntryNotFoundError:
         pass
     except Exception as exc:  # a malformed repo id and the like
         raise CheckpointError(f"{name!r} is neither a checkpoint directory nor a hub name: {exc}") from None
+    forbidden = offline()
+    if forbidden is not None:
+        raise CheckpointError(
+            f"{name!r} is not a local directory, not a name gptzoo fetches, and not in the Hugging Face cache, and "
+            f"{forbidden} forbids downloading it; pass a checkpoint directory, or unset "
+            f"{forbidden.partition('=')[0]} (and drop --offline) to download it from the hub"
+        )
     try:
         return Path(snapshot_download(name, allow_patterns=HUB_FILES))
     except Exception as exc:

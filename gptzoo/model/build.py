@@ -123,7 +123,8 @@ def assemble(
         args = {**structural_args(spec, kind), **nested, **builders, **component.kwargs, **override}
         module = build(entry, args)
         if (kind, layer_type) not in checked:
-            check_contract(entry, module)
+            width = args.get(CONTRACTS[kind].structural[0][0]) if CONTRACTS[kind].structural else None
+            check_contract(entry, module, width=width)
             checked.add((kind, layer_type))
         if built is not None:
             built.append((entry, module))

@@ -192,6 +192,10 @@ def _si(n: float, unit: str = "") -> str:
 def render_summary(s: dict[str, Any], console: Console) -> None:
     r = s["recipe"]
     name, description, source = (escape(terminal_text(r[k])) for k in ("name", "description", "source"))
+    overrides = " ".join(f"--set {escape(terminal_text(o))}" for o in r.get("overrides", ()))
+    if overrides:  # the description is the base recipe's: say what changed it
+        name = f"{name}[/bold] with [bold]{overrides}"
+        description = f"(the base recipe: {description})" if description else ""
     console.print(f"[bold]{name}[/bold]  {description}\n[dim]{source}[/dim]")
     console.print(" ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in s["shape"].items()))
     if s["schedule"]["pattern"]:

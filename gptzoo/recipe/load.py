@@ -309,8 +309,9 @@ def attributed(exc: RecipeError, overrides: Iterable[str]) -> RecipeError:
         if problem.startswith("--set "):  # an override that could not be applied says so itself
             problems.append(("", problem))
             continue
-        match = re.match(r"\[(\w+)\] (\w+)(?=$|[ .=:\[(])", problem)
-        problems.append((paths.get((match.group(1), match.group(2))) if match else None, problem))
+        match = re.match(r"\[(\w+)\] (?:unknown key '(\w+)'|(\w+)(?=$|[ .=:\[(]))", problem)
+        key = match and (match.group(1), match.group(2) or match.group(3))
+        problems.append((paths.get(key) if key else None, problem))
     if all(text is not None for text, _ in problems):
         named = dict.fromkeys(text for text, _ in problems if text)
         if not named:

@@ -8,6 +8,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.text import Text
 
 
 def _shown(value: float | None, spec: str) -> str:
@@ -15,15 +16,25 @@ def _shown(value: float | None, spec: str) -> str:
     return "nan" if value is None else format(value, spec)
 
 
+TIME_WIDTH = 7
+"""What elapsed and remaining time take each (``0:01:23``, ``-:--:--``)."""
+BAR_WIDTH = 40
+"""The bar's width when the terminal has room; it shrinks first, then the least useful statistics go."""
+MIN_BAR = 10
+
+
 class TrainDisplay:
     """A context manager; :meth:`start` shows the bar once the run has started (not while its checks may
-    still refuse it), then call it with each metrics record."""
+    still refuse it), :meth:`step` moves it after each optimizer step; call it with each metrics record.
+    However narrow the terminal, the step count and the remaining time stay whole: the bar shrinks and
+    goes first, then the statistics from the least useful (MFU, learning rate, tokens/s; never the loss)."""
 
     def __init__(self, console: Console, *, total_steps: int, title: str, transient: bool = False) -> None:
         self.console = console
+        self.bar = BarColumn(bar_width=BAR_WIDTH)
         self.progress = Progress(
             TextColumn("[bold]{task.description}"),
-            BarColumn(),
+            self.bar,
             MofNCompleteColumn(),
             TextColumn("{task.fields[stats]}"),
             TimeElapsedColumn(),
@@ -31,6 +42,8 @@ class TrainDisplay:
             console=console,
             transient=transient,
         )
+        self.title = title
+        self.total_steps = total_steps
         self.task = self.progress.add_task(title, total=total_steps, stats="")
         self.started = False
 
@@ -47,6 +60,24 @@ class TrainDisplay:
         self.progress.start()
         self.started = True
 
+    def step(self, step: int) -> None:
+        """The run has finished optimizer step ``step``."""
+        self.progress.update(self.task, completed=step)
+
+    def fit(self, parts: list[str]) -> str:
+        """The statistics that fit beside the title, the step count and the two times (most useful first),
+        and the bar's width set to what is left."""
+        fixed = len(self.title) + 2 * len(str(self.total_steps)) + 1 + 2 * TIME_WIDTH + 5  # 5 gaps between 6 columns
+        room = self.console.width - fixed - 1
+        stats = ""
+        for k, part in enumerate(parts):
+            wider = f"{stats}  {part}" if stats else part
+            if Text.from_markup(wider).cell_len + (MIN_BAR if k else 0) > room:
+                break
+            stats = wider
+        self.bar.bar_width = max(0, min(BAR_WIDTH, room - Text.from_markup(stats).cell_len))
+        return stats
+
     def __call__(self, record: dict[str, Any]) -> None:
         step = record["step"]
         if "val_loss" in record:
@@ -54,12 +85,16 @@ class TrainDisplay:
                 f"step {step}: val loss {_shown(record['val_loss'], '.4f')}, "
                 f"perplexity {_shown(record.get('val_ppl'), '.2f')}"
             )
+            self.progress.update(self.task, completed=step)
             return
         mfu = record.get("mfu")
-        stats = (
-            f"loss {_shown(record['loss'], '.4f')}"
-            + f"  lr {_shown(record['lr'], '.2e')}  {_shown(record['tokens_per_s'], ',.0f')} tok/s"
-            + (f"  MFU {mfu:.1%}" if mfu is not None else "")
-            + ("  [yellow]skipped (non-finite)[/yellow]" if record.get("skipped") else "")
+        loss = f"loss {_shown(record['loss'], '.4f')}" + (
+            " [yellow]skipped (non-finite)[/yellow]" if record.get("skipped") else ""
         )
-        self.progress.update(self.task, completed=step, stats=stats)
+        parts = [
+            loss,
+            f"{_shown(record['tokens_per_s'], ',.0f')} tok/s",
+            f"lr {_shown(record['lr'], '.2e')}",
+            *([f"MFU {mfu:.1%}"] if mfu is not None else []),
+        ]
+        self.progress.update(self.task, completed=step, stats=self.fit(parts))

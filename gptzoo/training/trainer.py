@@ -99,6 +99,8 @@ def finite_or_none(value: Any) -> Any:
 Log = Callable[[dict[str, Any]], None]
 Started = Callable[[int], None]
 """Called with the step a run starts from, once every check has passed."""
+Stepped = Callable[[int], None]
+"""Called with the step reached after each optimizer step (a progress display)."""
 
 
 def seq_len_of(recipe: Recipe) -> int:
@@ -588,7 +590,7 @@ class Trainer:
         self.shared.train()
         return float(distributed.mean(loss, self.procs))
 
-    def run(self) -> TrainResult:
+    def run(self, stepped: Stepped | None = None) -> TrainResult:
         spec = self.spec
         self.shared.train()
         loss, val_loss, checkpoint = math.nan, None, None
@@ -601,6 +603,8 @@ class Trainer:
                 loss, norm, applied = self.train_step()
                 window_time += time.perf_counter() - start
                 window_steps += 1
+                if stepped is not None:
+                    stepped(self.step)
                 step, last = self.step, self.step == spec.max_steps
                 if step % spec.log_every == 0 or last or not applied:
                     tokens_per_s = window_steps * tokens_per_step / window_time
@@ -702,11 +706,13 @@ def train(
     hf_dir: str | Path | None = None,
     log: Log | None = None,
     started: Started | None = None,
+    stepped: Stepped | None = None,
     registry: Registry | None = None,
 ) -> TrainResult:
     """Train ``recipe`` (from ``init``'s weights when given) into the run directory ``out``; every
-    record also goes to ``log``, and ``started`` learns the step the run starts from once every check
-    has passed. Under torchrun, call it in every process (the first one holds the lock).
+    record also goes to ``log``, ``started`` learns the step the run starts from once every check
+    has passed, and ``stepped`` each step reached after it. Under torchrun, call it in every process
+    (the first one holds the lock).
     ``hf_dir``: the Hugging Face directory ``init`` came from, whose tokenizer is a recipe's "hf" one
     (the data's is checked against it). ``registry`` builds the model (default:
     gptzoo.registry.default_registry()).
@@ -754,7 +760,7 @@ def train(
                     trainer.begin()
                 if started is not None:
                     started(trainer.step)
-                result = trainer.run()
+                result = trainer.run(stepped)
             except BaseException:  # Ctrl-C too
                 if procs.is_main and not resume:
                     run_dir.discard(out)  # nothing to resume: leave nothing that refuses the next try

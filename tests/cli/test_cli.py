@@ -37,6 +37,22 @@ def test_build_json_reports_official_gpt2_parameter_counts(
     assert s["memory"]["weights_bytes"] == {"float32": 4 * total, "bfloat16": 2 * total}
 
 
+def test_build_header_says_which_overrides_changed_the_base_recipe(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["build", "gpt2-small", "--set", "model.position=rope", "--set", "model.n_layer=2"]) == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    assert header == (
+        "gpt2-small with --set model.position=rope --set model.n_layer=2  (the base recipe: OpenAI GPT-2 small "
+        "(124M): Pre-LN, learned positions, tanh GELU, tied head)"
+    )
+    assert main(["build", "gpt2-small"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == (
+        "gpt2-small  OpenAI GPT-2 small (124M): Pre-LN, learned positions, tanh GELU, tied head"
+    )
+    s = run_json(capsys, "build", "gpt2-small", "--set", "model.position=rope")
+    assert s["recipe"]["overrides"] == ["model.position=rope"]
+    assert s["recipe"]["resolved"]["model"]["position"] == "rope"
+
+
 def test_build_json_flops_and_memory(capsys: pytest.CaptureFixture[str]) -> None:
     s = run_json(capsys, "build", "gpt2-small")
     T, d, L, V = 1024, 768, 12, 50257

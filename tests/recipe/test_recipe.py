@@ -467,6 +467,18 @@ def test_a_billion_layers_is_refused_before_building(capsys: pytest.CaptureFixtu
     assert gptzoo.load_recipe("llama-tiny", ["model.n_layer=4096"]).model.n_layer == 4096
 
 
+def test_an_unknown_key_given_with_set_is_blamed_on_the_set_argument(capsys: pytest.CaptureFixture[str]) -> None:
+    from cli_run import run_error
+
+    message = run_error(capsys, "build", "gpt2-small", "--set", "train.eval_interval=5")
+    assert message.startswith(
+        "error: --set train.eval_interval=5: [train] unknown key 'eval_interval'; did you mean 'eval_every'?"
+    )
+    assert "gpt2-small.toml" not in message
+    message = run_error(capsys, "train", "gpt2-small", "--set", "model.n_layerz=2", "--set", "train.eval_interval=5")
+    assert message.startswith("error: --set model.n_layerz=2, --set train.eval_interval=5: 2 problems - --set model.")
+
+
 def test_dimensions_whose_product_no_tensor_could_hold_are_refused() -> None:
     assert _override_problems("model.vocab_size=2147483647", "model.n_embd=1048576", "model.n_head=1") == [
         "[model] vocab_size x n_embd = 2147483647 x 1048576 = 2.25e+15 elements in one tensor, more than the 2**40 "
