@@ -121,3 +121,49 @@ def test_the_listings_fold_their_headers_between_words(
     assert headers(rendered) == ["kind", "name", "description", "shipped recipes", "from"]
     assert max(len(line) for line in rendered.splitlines()) <= 80
     assert len(run_json(capsys, "list")) > 20
+
+
+def eval_report() -> dict[str, Any]:
+    score = {
+        "text": "/a/rather/long/path/to/held-out/shakespeare.txt",
+        "length": 1024,
+        "longest": 1024,
+        "tokens": 426_113,
+        "loss": 3.04817,
+        "loss_ci": [3.03521, 3.06122],
+        "perplexity": 21.0741,
+        "bits_per_byte": 1.23456,
+        "refused": None,
+    }
+    return {
+        "recipe": "gpt2-small",
+        "weights": "/a/checkpoint/somewhere/deep/in/the/file/system",
+        "dtype": "float32",
+        "context_length": 1024,
+        "max_positions": 1024,
+        "scores": [score, {**score, "length": 256, "longest": 256}],
+    }
+
+
+@pytest.mark.parametrize("width", [80, 60])
+def test_no_number_of_the_eval_table_is_split_across_lines(width: int) -> None:
+    from gptzoo.evaluation.display import render_eval
+
+    out = io.StringIO()
+    render_eval(eval_report(), Console(file=out, width=width, color_system=None))
+    lines = out.getvalue().splitlines()
+    assert max(len(line) for line in lines) <= width
+    table = "\n".join(lines)
+    assert "426,113" in table  # whole, on one line (a fold would put "426,11" over "3")
+    for number in ("1024", "426,113", "3.0482", "3.0352–3.0612", "21.074", "1.2346"):
+        assert any(number in line for line in lines), (number, table)
+
+
+@pytest.mark.parametrize("width", [80, 60])
+def test_no_number_of_the_sweep_table_is_split_across_lines(width: int) -> None:
+    report = {"sweep": "position", "target_loss": 2.5, "variants": [variant("rope", 7.4e6), variant("learned", 7.3e6)]}
+    out = io.StringIO()
+    render_report(report, Console(file=out, width=width, color_system=None))
+    lines = out.getvalue().splitlines()
+    for number in ("1.23M", "7.4M", "12.3k", "2.346", "±.012", "12.34", "1234", "(3/3)", "0/3"):
+        assert any(number in line for line in lines), (number, out.getvalue())

@@ -46,6 +46,13 @@ class Int8Linear(nn.Module):
         bias = None if linear.bias is None else linear.bias.detach().clone()
         return cls(qweight, scale, bias)
 
+    @property
+    def weight(self) -> Tensor:
+        """The weight as float32 (out, in), dequantized on each read: for a component that reads its
+        linear's weight itself (an MoE slicing it per expert, an attention absorbing a projection into
+        another); slower than calling the linear, which never reads it."""
+        return self.qweight.float() * self.scale[:, None]
+
     def forward(self, x: Tensor) -> Tensor:
         y = native_linear(x, self.qweight, self.bias, self.scale)
         if y is not None:

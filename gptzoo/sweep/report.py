@@ -283,8 +283,8 @@ def render_report(report: dict[str, Any], out: Console) -> None:
     table = Table(title=f"sweep {escape(terminal_text(report['sweep']))}", title_justify="left")
     for i, name in enumerate(columns):
         table.add_column(name, justify="left" if i == 0 else "right", overflow="fold")
-    for line in cells:
-        table.add_row(*(escape(c) for c in line))
+    for line in cells:  # a mean and its spread may fold between them, never inside either
+        table.add_row(*(escape(c).replace("±", " ±") for c in line))
     out.print(WholeWords(table))
     lengths = length_table(report["variants"])
     if lengths is not None:
