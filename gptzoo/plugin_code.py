@@ -420,3 +420,18 @@ def failure_of(exc: BaseException, registry: Registry) -> PluginError | None:
             "components of another"
         )
     return None
+
+
+@contextmanager
+def plugin_failures(registry: Registry) -> Iterator[None]:
+    """Run the block; what a plugin's code raises in it is re-raised as :func:`failure_of`'s PluginError
+    (for work whose traceback would not survive, as in a worker process of a parallel sweep)."""
+    try:
+        yield
+    except GptzooError:
+        raise
+    except Exception as exc:
+        failure = failure_of(exc, registry)
+        if failure is None:
+            raise
+        raise failure from exc

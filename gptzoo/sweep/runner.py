@@ -451,7 +451,7 @@ def _run(
 def _parallel(todo: list[Task], jobs: int, say: Say, done: int, total: int) -> None:
     threads = max(1, (os.cpu_count() or 1) // jobs)
     with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
-        futures = [pool.submit(run_task, task, threads=threads) for task in todo]
+        futures = [pool.submit(_worker_task, task, threads) for task in todo]
         try:
             for k, future in enumerate(as_completed(futures), start=done + 1):
                 say(_finished(future.result(), k, total))
@@ -459,6 +459,15 @@ def _parallel(todo: list[Task], jobs: int, say: Say, done: int, total: int) -> N
             for future in futures:
                 future.cancel()
             raise
+
+
+def _worker_task(task: Task, threads: int) -> dict[str, Any] | None:
+    """run_task in a worker process, a plugin's failure as its PluginError: its traceback stays behind."""
+    from gptzoo.plugin_code import plugin_failures
+
+    registry = default_registry()
+    with plugin_failures(registry):
+        return run_task(task, threads=threads, registry=registry)
 
 
 def _finished(result: dict[str, Any], k: int, total: int) -> str:

@@ -132,13 +132,16 @@ def test_gptzoo_own_failure_keeps_its_traceback(monkeypatch: pytest.MonkeyPatch)
         main(["generate", "gpt2-tiny", "--prompt", "hi", "--max-new-tokens", "1"])
 
 
-def test_sweep_names_it(broken: FakeSite, capsys: pytest.CaptureFixture[str], docs: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("jobs", [[], ["--jobs", "2"]], ids=["one-process", "workers"])
+def test_sweep_names_it(
+    broken: FakeSite, capsys: pytest.CaptureFixture[str], docs: Path, tmp_path: Path, jobs: list[str]
+) -> None:
     spec = tmp_path / "spec.toml"
     spec.write_text(
         'base = "shakespeare-bytes"\nset = ["model.n_layer=1", "model.n_embd=32", "model.n_head=2", "model.d_ff=64", '
-        '"train.seq_len=8", "train.micro_batch_size=2", "train.eval_batches=1"]\nseeds = [0]\n'
+        '"train.seq_len=8", "train.micro_batch_size=2", "train.eval_batches=1"]\nseeds = [0, 1]\n'
         f'[data]\npath = "{docs}"\n[budget]\nsteps = 2\n'
         '[[variants]]\nname = "broken"\nset = ["model.norm=longfails"]\n',
         encoding="utf-8",
     )
-    assert error_line(capsys, "sweep", str(spec), "--out", str(tmp_path / "out")) == FAILED
+    assert error_line(capsys, "sweep", str(spec), "--out", str(tmp_path / "out"), *jobs) == FAILED
