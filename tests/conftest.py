@@ -24,6 +24,15 @@ def registry() -> gptzoo.Registry:
     return gptzoo.get_registry()
 
 
+@pytest.fixture(scope="session")
+def stdlib_bytes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Python's documentation prepared as UTF-8 bytes (train.bin / val.bin / meta.json): a corpus that
+    needs no download, for the tests that train."""
+    from gptzoo.training.data import prepare
+
+    return Path(prepare("stdlib-docs", tmp_path_factory.mktemp("data") / "docs", tokenizer="bytes")["out"])
+
+
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)

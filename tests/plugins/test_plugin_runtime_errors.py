@@ -13,7 +13,6 @@ from fakedist import FakeSite
 
 import gptzoo
 from gptzoo.cli import main
-from gptzoo.training.data import prepare
 
 BROKEN = """
 import torch
@@ -75,9 +74,9 @@ def broken(fake_site: FakeSite) -> FakeSite:
     return fake_site
 
 
-@pytest.fixture(scope="module")
-def docs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return Path(prepare("stdlib-docs", tmp_path_factory.mktemp("data") / "docs", tokenizer="bytes")["out"])
+@pytest.fixture(scope="session")
+def docs(stdlib_bytes: Path) -> Path:
+    return stdlib_bytes
 
 
 def test_generate_names_the_component_that_failed_while_the_model_ran(

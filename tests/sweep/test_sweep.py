@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tiny import TRAIN
 
 from gptzoo.cli import main
 from gptzoo.sweep.matching import match_variant, parameters, train_flops
@@ -22,16 +23,6 @@ from gptzoo.sweep.spec import read_spec
 from gptzoo.training.data import prepare
 from tests.cli_run import run_error, run_json
 
-TINY = [
-    "model.n_layer=1",
-    "model.n_embd=32",
-    "model.n_head=2",
-    "model.d_ff=64",
-    "train.seq_len=32",
-    "train.micro_batch_size=2",
-    "train.eval_batches=2",
-    "train.warmup_steps=2",
-]
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
@@ -45,7 +36,7 @@ def write_spec(folder: Path, data: Path, body: str, *, steps: int = 12, seeds: s
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "tiny.toml"
     path.write_text(
-        f'base = "shakespeare-bytes"\nset = {json.dumps(TINY)}\nseeds = {seeds}\ntarget_loss = 3.5\n{top}'
+        f'base = "shakespeare-bytes"\nset = {json.dumps(TRAIN)}\nseeds = {seeds}\ntarget_loss = 3.5\n{top}'
         f'[data]\npath = "{data}"\n[budget]\nsteps = {steps}\n[eval]\nlengths = [32, 64]\nmax_tokens = 2000\n{body}',
         encoding="utf-8",
     )

@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 import torch
+from tiny import TRAIN
 
 import gptzoo
 from gptzoo.sweep.runner import run_sweep
 from gptzoo.sweep.spec import read_spec
 from gptzoo.training import run_dir
-from gptzoo.training.data import prepare
 from gptzoo.training.trainer import train
 
 pytestmark = pytest.mark.slow
@@ -28,14 +28,7 @@ KILLED_STEP = 4
 OVERRIDES = [
     "model.vocab_size=256",
     "tokenizer.name=bytes",
-    "model.n_layer=1",
-    "model.n_embd=32",
-    "model.n_head=2",
-    "model.d_ff=64",
-    "train.seq_len=32",
-    "train.micro_batch_size=2",
-    "train.eval_batches=2",
-    "train.warmup_steps=2",
+    *TRAIN,
     "train.log_every=1",
     "train.peak_tflops=1.0",
     "train.max_steps=6",
@@ -140,10 +133,9 @@ BOUNDARIES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def docs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Python's documentation in bytes: a prepared corpus that needs no download."""
-    return Path(prepare("stdlib-docs", tmp_path_factory.mktemp("data") / "docs", tokenizer="bytes")["out"])
+@pytest.fixture(scope="session")
+def docs(stdlib_bytes: Path) -> Path:
+    return stdlib_bytes
 
 
 @pytest.fixture(scope="module")
