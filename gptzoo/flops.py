@@ -25,11 +25,12 @@ def linear_flops(n_tokens: int, *layers: nn.Linear) -> int:
 
 def forward_flops(model: nn.Module, batch: int, seq_len: int) -> dict[str, int]:
     """Matmul FLOPs of one cache-less forward pass of a gptzoo.GPT over (batch, seq_len) tokens, by part:
-    each block's attention and mlp report their own (their contracts' ``flops``), plus the LM head."""
+    every module of the model that declares ``flops`` reports its own (the contracts' ``flops``: each
+    attention and mlp, and any norm, activation or position that counts its matmuls), plus the LM head."""
     parts: dict[str, int] = defaultdict(int)
-    for block in model.blocks:
-        for name, flops in (*block.attn.flops(batch, seq_len).items(), *block.mlp.flops(batch, seq_len).items()):
-            parts[name] += flops
+    for module in model.declaring("flops"):
+        for name, n in module.flops(batch, seq_len).items():
+            parts[name] += n
     parts["lm head"] = linear_flops(batch * seq_len, model.lm_head)
     return dict(parts)
 

@@ -58,6 +58,19 @@ On the built module, for every kind but samplers (optional):
   whole component alone. GPT-2's initialization (normal(0, init_std) for linear weights, zero
   biases, and std / sqrt(2 n_layer) for the ``c_proj`` of attentions and mlps) is for components
   without one.
+- ``active_parameters() -> int`` (contract 3): how many of its parameters one token uses (a mixture
+  of experts: the router, the shared experts and k of its E experts); without it, all of them.
+  ``gptzoo build`` shows the model's total and active parameters, and a sweep can match variants by
+  active parameters (``match = "active_params"``).
+- ``aux_losses() -> dict[str, Tensor]`` (contract 3): the auxiliary losses of its latest forward, by
+  name, each a scalar tensor in the graph (a router's load-balancing loss, a z-loss). The model's
+  auxiliary loss of a name is the mean over the components that report it (``GPT.aux_losses``);
+  training adds their sum times ``[train] aux_loss_weight`` to the loss and logs each as
+  ``aux_NAME`` in metrics.jsonl. A component reports what its forward computed and nothing else.
+- ``flops(batch, seq_len) -> dict[str, int]`` (contract 3 for norms, activations and positions; mlps
+  and attentions must have it): as below. The model's FLOPs are the sum over every module of it that
+  declares ``flops``, each counting only its own matmuls (not those of components nested in it), and
+  the LM head.
 
 A component's share of a CPU decoding step is not a method of it: its lowering is registered for
 its class with :func:`register_decode_lowerings`.
@@ -65,7 +78,7 @@ its class with :func:`register_decode_lowerings`.
 Contract versions. :data:`CONTRACT_VERSION` is the version of what this module describes; it grows
 by one with each change a plugin written for the version before could notice (gptzoo.compat lists
 them, docs/plugins.md keeps their changelog). A plugin module says which version it was written
-for with a module attribute, ``gptzoo_contract = 2`` (:data:`CONTRACT_ATTRIBUTE`); one that declares
+for with a module attribute, ``gptzoo_contract = 3`` (:data:`CONTRACT_ATTRIBUTE`); one that declares
 a newer version than this gptzoo's is refused at load. A component written against an older form of
 a member is adapted (with one gptzoo.errors.GptzooWarning) or refused with a PluginError, as its row
 in gptzoo.compat.CHANGES says.
@@ -87,7 +100,7 @@ from typing import Any, Protocol
 import pluggy
 
 PROJECT = "gptzoo"
-CONTRACT_VERSION = 2
+CONTRACT_VERSION = 3
 """The version of the plugin contract this gptzoo implements (see the module docstring)."""
 CONTRACT_ATTRIBUTE = "gptzoo_contract"
 """The plugin module's attribute that declares the contract version it was written for (optional)."""
@@ -116,7 +129,7 @@ class Contract:
     only to a factory whose signature names them."""
     members: tuple[str, ...] = ()
     """Attributes and methods the built object must have."""
-    optional: tuple[str, ...] = ("reset_parameters",)
+    optional: tuple[str, ...] = ("reset_parameters", "active_parameters", "aux_losses", "flops")
     """Methods the built object may have (see the module docstring)."""
     factory_optional: tuple[str, ...] = ("check", "examples")
     """Attributes the factory may have (see the module docstring)."""
@@ -147,6 +160,7 @@ CONTRACTS: dict[str, Contract] = {
             structural=(("d_model", "n_embd"), ("d_ff", "d_ff"), ("bias", "bias")),
             components=("activation",),
             members=("c_proj", "flops"),
+            optional=("reset_parameters", "active_parameters", "aux_losses"),
         ),
         Contract(
             "position",
@@ -174,6 +188,7 @@ CONTRACTS: dict[str, Contract] = {
             ),
             builders=("norm",),
             members=("c_proj", "init_cache", "kv_bytes", "flops"),
+            optional=("reset_parameters", "active_parameters", "aux_losses"),
         ),
         Contract(
             "sampler",
@@ -224,7 +239,7 @@ def register_norms(register: Register) -> None:
     layers only, since checkpoints differ on the two.
 
     Members: none.
-    Optional: ``reset_parameters``.
+    Optional: ``reset_parameters``, ``active_parameters``, ``aux_losses``, ``flops``.
     On the factory: ``check``, ``examples``.
     """
 
@@ -236,7 +251,7 @@ def register_activations(register: Register) -> None:
     Factory: ``factory(*, **params) -> Activation``. Forward: any shape -> same shape and dtype.
 
     Members: none.
-    Optional: ``reset_parameters``.
+    Optional: ``reset_parameters``, ``active_parameters``, ``aux_losses``, ``flops``.
     On the factory: ``check``, ``examples``.
     """
 
@@ -252,7 +267,7 @@ def register_mlps(register: Register) -> None:
     module docstring.
 
     Members: ``c_proj``, ``flops``.
-    Optional: ``reset_parameters``.
+    Optional: ``reset_parameters``, ``active_parameters``, ``aux_losses``.
     On the factory: ``check``, ``examples``.
     """
 
@@ -273,7 +288,7 @@ def register_positions(register: Register) -> None:
     through an AttentionContext, so one position module serves all layers.
 
     Members: ``max_positions``, ``embed``, ``rotary``, ``attn_bias``.
-    Optional: ``reset_parameters``.
+    Optional: ``reset_parameters``, ``active_parameters``, ``aux_losses``, ``flops``.
     On the factory: ``check``, ``examples``.
     """
 
@@ -299,7 +314,7 @@ def register_attentions(register: Register) -> None:
     as in the module docstring.
 
     Members: ``c_proj``, ``init_cache``, ``kv_bytes``, ``flops``.
-    Optional: ``reset_parameters``.
+    Optional: ``reset_parameters``, ``active_parameters``, ``aux_losses``.
     On the factory: ``check``, ``examples``.
     """
 

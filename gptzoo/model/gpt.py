@@ -331,6 +331,20 @@ class GPT(nn.Module):
         if left:
             raise CheckpointError(f"{source}: nothing loaded into {left}; every tensor of the model needs a weight")
 
+    def declaring(self, member: str) -> list[nn.Module]:
+        """The modules of the model (itself aside) with a callable ``member``: the components that
+        declare one of the contract's optional members (``flops``, ``active_parameters``, ``aux_losses``)."""
+        return [m for m in self.modules() if m is not self and callable(getattr(m, member, None))]
+
+    def aux_losses(self) -> dict[str, Tensor]:
+        """The auxiliary losses of the latest forward by name (a router's load balancing): the mean over
+        the components that report one of that name (their ``aux_losses``); empty when none does."""
+        found: dict[str, list[Tensor]] = {}
+        for module in self.declaring("aux_losses"):
+            for name, loss in module.aux_losses().items():
+                found.setdefault(name, []).append(loss)
+        return {name: torch.stack(losses).mean() for name, losses in found.items()}
+
     def components(self) -> list[nn.Module]:
         """The model's parts that factories built: the positions, each block's norms, attention and
         mlp, and the final norm (components nested in these, such as an mlp's activation, are known

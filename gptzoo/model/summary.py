@@ -67,6 +67,7 @@ def parameter_counts(model: GPT) -> dict[str, Any]:
         "blocks_by_part": per_block,
         "tied": model.tied,
         "total": total,
+        "active": total - sum(_numel(m) - m.active_parameters() for m in model.declaring("active_parameters")),
         "non_embedding": total - counts["token_embedding"] - counts["position"],
     }
 
@@ -228,6 +229,8 @@ def render_summary(s: dict[str, Any], console: Console) -> None:
     for name, n in rows:
         table.add_row(name, f"{n:,}", f"{100 * n / p['total']:.1f}%")
     table.add_row("[bold]total[/bold]", f"[bold]{p['total']:,}[/bold]", "100.0%")
+    if p["active"] != p["total"]:
+        table.add_row("active per token", f"{p['active']:,}", f"{100 * p['active'] / p['total']:.1f}%")
     console.print(WholeWords(table))
 
     f = s["flops"]

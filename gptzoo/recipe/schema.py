@@ -216,6 +216,9 @@ class TrainSpec:
     seed: int = 1337
     on_nonfinite: str = "stop"
     parallel: str = "ddp"
+    aux_loss_weight: float = 0.01
+    """The factor on the model's auxiliary losses (its components' ``aux_losses``, e.g. a router's load
+    balancing) added to the training loss; 0: logged, not trained on. 0.01 is OLMoE's router coefficient."""
     peak_tflops: float = 0.0
     """The device's peak FLOP/s (in TFLOP/s) that MFU is measured against; 0: measure it with a matmul."""
     data: str = ""

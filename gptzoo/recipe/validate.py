@@ -570,7 +570,7 @@ class _Validator:
                 if not low <= values[key] <= MAX_INT:
                     limit = f"must be {bound}" if values[key] < low else f"must be at most {MAX_INT}"
                     self.problems.append(f"[train] {key}={show(values[key])} {limit}")
-        for key in ("lr", "min_lr", "weight_decay", "grad_clip", "peak_tflops"):
+        for key in ("lr", "min_lr", "weight_decay", "grad_clip", "peak_tflops", "aux_loss_weight"):
             if key in values and not (values[key] >= 0 and math.isfinite(values[key])):
                 self.problems.append(f"[train] {key}={values[key]} must be a finite number >= 0")
         if "eps" in values and not (values["eps"] > 0 and math.isfinite(values["eps"])):

@@ -28,12 +28,20 @@ def parameters_of(model: GPT) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def active_parameters(recipe: Recipe, registry: Registry) -> int:
+    """Parameters one token of the recipe's model uses (its components' ``active_parameters``; all of a
+    component's that declares none)."""
+    from gptzoo.model.summary import parameter_counts
+
+    return parameter_counts(build_model(recipe, device="meta", registry=registry))["active"]
+
+
 def train_flops(recipe: Recipe, registry: Registry) -> float:
     """Training FLOPs per token at the recipe's training length (gptzoo.flops' convention)."""
     return train_flops_per_token(build_model(recipe, device="meta", registry=registry), seq_len_of(recipe))
 
 
-MEASURES = {"params": parameters, "flops": train_flops}
+MEASURES = {"params": parameters, "active_params": active_parameters, "flops": train_flops}
 
 
 def _value(recipe: Recipe, key: str) -> Any:
@@ -42,7 +50,7 @@ def _value(recipe: Recipe, key: str) -> Any:
 
 def match_variant(recipe: Recipe, reference: Recipe, by: str, key: str, multiple: int, registry: Registry) -> Recipe:
     """``recipe`` with ``key`` set to the multiple of ``multiple`` whose model comes closest to
-    ``reference``'s by ``by`` ("params" or "flops"), which must grow with the key.
+    ``reference``'s by ``by`` ("params", "active_params" or "flops"), which must grow with the key.
 
     Raises:
         GptzooError: the key is not an integer of the recipe, or no value comes within 1%.

@@ -18,7 +18,7 @@ steps = 300
 [[variants]]                        # a named set of overrides ...
 name = "post"
 set = ["model.norm_placement=post"]
-match = "params"                    # optional: "params" or "flops", matched to the base by [match] key
+match = "params"                    # optional: "params", "active_params" or "flops", matched by [match] key
 
 [grid]                              # ... and/or a grid: every combination (crossed with [[variants]])
 "train.lr" = [1e-3, 3e-3]
@@ -49,7 +49,7 @@ from gptzoo.recipe.schema import toml_value
 from gptzoo.registry import Registry, default_registry
 from gptzoo.sweep.names import BUDGETS, shipped_sweeps
 
-MATCHES = ("params", "flops")
+MATCHES = ("params", "active_params", "flops")
 TOP_KEYS = ("description", "base", "set", "seeds", "target_loss", "data", "budget", "variants", "grid", "match", "eval")
 DATA_KEYS = ("path", "prepare", "tokenizer", "val_fraction")
 VARIANT_KEYS = ("name", "set", "match")

@@ -22,6 +22,7 @@ from gptzoo.errors import GptzooError, exception_text
 from gptzoo.hf import FAMILIES
 from gptzoo.hf.tensor_map import TensorMap
 from gptzoo.inference.sampling import SamplerChain
+from gptzoo.interfaces import Positions
 from gptzoo.registry import Entry, Registry, show_plain
 from gptzoo.testing import harness
 from gptzoo.testing.harness import BATCH, CONTEXT, PAIR_SIZE, PLAIN, SEQ, SIZES, VOCAB, Size
@@ -218,8 +219,18 @@ def counted_flops(run: Callable[[], Any]) -> int:
     return counter.get_total_flops()
 
 
+def own_work(subject: Subject, model: Any, module: nn.Module, x: Tensor) -> object:
+    """What one cache-less forward of the model runs of the component: its forward, or for a position
+    what the model asks of it (its embedding of the positions, and the attention context it gives)."""
+    if subject.kind != "position":
+        return forward(subject, model, module, x)
+    pos = Positions.plain(0, x.shape[1], x.device)
+    return module.embed(pos.queries), model.attention_context(pos, torch.float32, module)
+
+
 def check_flops(subject: Subject) -> str:
-    """flops(batch, seq_len) equals what FlopCounterMode counts over a cache-less forward."""
+    """flops(batch, seq_len) equals what FlopCounterMode counts over a cache-less forward (for a position:
+    over what the model asks of it in one)."""
     model, module = subject.module()
     declared = module.flops(BATCH, SEQ)
     if not (isinstance(declared, dict) and all(isinstance(k, str) for k in declared)):
@@ -228,7 +239,7 @@ def check_flops(subject: Subject) -> str:
     if bad:
         raise Failed(f"flops({BATCH}, {SEQ})[{bad[0]!r}] is {show_plain(declared[bad[0]])}, not an int >= 0")
     x = harness.model_input(subject.kind, PLAIN.n_embd, generator())
-    counted = counted_flops(lambda: forward(subject, model, module, x))
+    counted = counted_flops(lambda: own_work(subject, model, module, x))
     total = sum(declared.values())
     if total != counted:
         raise Failed(
@@ -237,6 +248,36 @@ def check_flops(subject: Subject) -> str:
             "over the full T x T square"
         )
     return f"{total} FLOPs"
+
+
+def check_accounting(subject: Subject) -> str:
+    """``active_parameters()`` is an int between 0 and the component's parameters; ``aux_losses()``
+    after a training forward is a dict of finite scalar tensors that reach the parameters' gradients."""
+    model, module = subject.module()
+    said = []
+    if callable(getattr(module, "active_parameters", None)):
+        total = sum(p.numel() for p in module.parameters())
+        active = module.active_parameters()
+        if type(active) is not int or not 0 <= active <= total:
+            raise Failed(
+                f"active_parameters() gave {show_plain(active)}, not an int between 0 and its {total} parameters"
+            )
+        said.append(f"{active} of {total} parameters active")
+    if callable(getattr(module, "aux_losses", None)):
+        module.train()
+        x = harness.model_input(subject.kind, PLAIN.n_embd, generator())
+        with torch.enable_grad():  # the kit runs its checks without
+            own_work(subject, model, module, x)
+            losses = module.aux_losses()
+        if not (isinstance(losses, dict) and all(isinstance(k, str) for k in losses)):
+            raise Failed(f"aux_losses() gave {show_plain(losses)}, not a dict of name -> scalar tensor")
+        for name, loss in losses.items():
+            if not (isinstance(loss, Tensor) and loss.dim() == 0 and torch.isfinite(loss)):
+                raise Failed(f"aux_losses()[{name!r}] is {show_plain(loss)}, not a finite scalar tensor")
+            if not loss.requires_grad:
+                raise Failed(f"aux_losses()[{name!r}] is not in the autograd graph; return the tensor forward computed")
+        said.append(f"aux losses {', '.join(losses) or 'none'}")
+    return "; ".join(said)
 
 
 # --- attentions ------------------------------------------------------------------------------------------
@@ -551,8 +592,10 @@ def _checks(subject: Subject) -> Iterator[Planned]:
             yield add("forward", check_forward, size)
     yield add("safetensors", check_safetensors)
     yield add("hf_layouts", check_hf_layouts)
-    if kind in ("mlp", "attention"):
-        yield add("flops", check_flops)
+    if kind in ("mlp", "attention") or callable(getattr(subject.entry.factory, "flops", None)):
+        yield add("flops", check_flops)  # required of mlps and attentions, optional for the others
+    if any(callable(getattr(subject.entry.factory, m, None)) for m in ("active_parameters", "aux_losses")):
+        yield add("accounting", check_accounting)
     if kind == "attention":
         yield add("kv_bytes", check_kv_bytes)
     yield add("decode_plan", check_decode_plan)

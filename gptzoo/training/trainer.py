@@ -347,6 +347,8 @@ class Trainer:
         self.model = model.to(procs.device)
         self.step = 0
         self.skipped = 0
+        self.aux: dict[str, float] = {}
+        """The auxiliary losses of the latest step (aux_NAME: the mean over its micro-batches), for its record."""
         self.resumed_from: Path | None = None
         state: dict[str, Any] | None = None
         if resume:
@@ -503,6 +505,7 @@ class Trainer:
             group["lr"] = lr
         first, _ = rank_slice(self.step * self.global_batch, self.global_batch, self.procs.rank, self.procs.world_size)
         total = torch.zeros((), device=self.procs.device)
+        aux_total: dict[str, torch.Tensor] = {}
         ddp = isinstance(self.shared, nn.parallel.DistributedDataParallel)
         for micro in range(spec.grad_accum):
             x, y = self.windows.batch(first + micro * mb, mb)
@@ -513,8 +516,13 @@ class Trainer:
                 autocast(spec.precision, self.procs.device),
             ):
                 loss = loss_of(self.forward, x, y) / spec.grad_accum
-            (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+                aux = {name: value / spec.grad_accum for name, value in self.model.aux_losses().items()}
+                objective = loss + spec.aux_loss_weight * sum(aux.values()) if aux else loss
+            (self.scaler.scale(objective) if self.scaler is not None else objective).backward()
             total += loss.detach()
+            for name, value in aux.items():
+                aux_total[name] = aux_total.get(name, 0) + value.detach().float()
+        self.aux = {f"aux_{name}": float(distributed.mean(value, self.procs)) for name, value in aux_total.items()}
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         norm = nn.utils.clip_grad_norm_(self.shared.parameters(), spec.grad_clip if spec.grad_clip > 0 else math.inf)
@@ -618,6 +626,7 @@ class Trainer:
                             "tokens_per_s": tokens_per_s,
                             "mfu": mfu,
                             "skipped": not applied,
+                            **self.aux,
                             "time": time.time(),
                         }
                     )

@@ -79,7 +79,7 @@ def test_a_spec_with_problems_lists_them_all_and_starts_nothing(
         "n_layerz",
         "train.max_steps=5 is the budget's to set",
         "variant 'c':",
-        "match must be one of params, flops, not 'bytes'",
+        "match must be one of params, active_params, flops, not 'bytes'",
         "two variants are named 'a'",
     ):
         assert expected in message, (expected, message)
