@@ -17,6 +17,7 @@ from fakedist import FakeSite
 
 import gptzoo
 from gptzoo.cli import main
+from gptzoo.sweep.matching import MEASURES
 from gptzoo.testing import run_conformance
 from gptzoo.training import run_dir
 from gptzoo.training.trainer import train
@@ -134,6 +135,9 @@ def test_build_shows_total_and_active_parameters_and_every_components_flops(
     assert s["params"]["total"] - s["params"]["active"] == n_layer * 2 * expert  # 2 of 4 experts idle
     fire = model.position
     assert s["flops"]["by_component"]["fire"] == 2 * 16 * 16 * fire.width * (1 + fire.n_head)
+    registry = gptzoo.get_registry()
+    recipe = gptzoo.load_recipe("gpt2-tiny", OVERRIDES, registry=registry)
+    assert MEASURES["active_params"](recipe, registry) == s["params"]["active"]  # what a sweep matches by
     assert main(["build", "gpt2-tiny", *[a for o in OVERRIDES for a in ("--set", o)]]) == 0
     (row,) = [line for line in capsys.readouterr().out.splitlines() if "active per token" in line]
     assert f"{s['params']['active']:,}" in row
@@ -195,3 +199,11 @@ def test_the_kit_catches_an_accounting_mistake(fake_site: FakeSite, mutation: tu
     registry = gptzoo.get_registry()
     (result,) = [r for r in run_conformance(registry, [registry.get("mlp", "routed_moe")]) if r.check == "accounting"]
     assert (result.status, result.detail) == ("failed", message)
+
+
+def test_a_negative_aux_loss_weight_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    from cli_run import run_error
+
+    assert run_error(capsys, "build", "gpt2-tiny", "--set", "train.aux_loss_weight=-1") == (
+        "error: --set train.aux_loss_weight=-1: [train] aux_loss_weight=-1.0 must be a finite number >= 0"
+    )
