@@ -93,6 +93,7 @@ Members that every kind with them shares:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -206,9 +207,10 @@ CONTRACTS: dict[str, Contract] = {
 KINDS = tuple(CONTRACTS)
 """The component kinds."""
 
-SUBSYSTEM_HOOKS = ("register_hf_layouts", "register_decode_lowerings")
+SUBSYSTEM_HOOKS = ("register_hf_layouts", "register_decode_lowerings", "register_recipes")
 """The hooks through which a plugin tells a subsystem about a component class (its Hugging Face layouts,
-its decode lowering), beside the one hook per kind that registers components."""
+its decode lowering) or ships what the recipe loader finds by name (its recipes and sweep specs), beside the
+one hook per kind that registers components."""
 
 
 class Register(Protocol):
@@ -381,6 +383,24 @@ def register_hf_layouts(register: RegisterHFLayout) -> None:
     A plugin may register layouts for any class, its own or another's. Before contract 2 a component
     answered for itself with ``hf_weights(layout)`` and ``hf_config(layout)`` methods: those still work,
     with one GptzooWarning per class.
+    """
+
+
+class RegisterRecipe(Protocol):
+    def __call__(self, name: str, path: str | os.PathLike[str], *, sweep: bool = False) -> None: ...
+
+
+@hookspec
+def register_recipes(register: RegisterRecipe) -> None:
+    """Register the model recipes and sweep specs a plugin ships, by name (contract 3).
+
+    ``register(name, path, *, sweep=False)``: ``path`` is the TOML file (shipped as package data beside
+    the plugin module: ``Path(__file__).parent / "recipes" / "tiny-moe.toml"``), a sweep spec when
+    ``sweep``. ``gptzoo build NAME``, ``train``, ``generate`` and ``gptzoo sweep NAME`` find it, and
+    ``gptzoo recipes`` lists it with its distribution. A name a shipped recipe has stays the shipped one's,
+    with one warning naming the plugin's and its qualified name ``DIST:NAME``, which always reaches it; a
+    bare name two plugins register is reachable only qualified. A path that is not a file fails the plugin
+    at load, with the reason.
     """
 
 

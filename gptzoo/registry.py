@@ -48,11 +48,13 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import os
 import re
 import unicodedata
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from gptzoo.errors import AmbiguousComponentError, GptzooWarning, PluginError, RegistryError, UnknownComponentError
@@ -195,6 +197,23 @@ class Entry:
 
 
 @dataclass(frozen=True)
+class PluginRecipe:
+    """A model recipe or sweep spec a plugin ships, registered by name through ``register_recipes``
+    (gptzoo.hookspecs): ``gptzoo build NAME``, ``train``, ``sweep`` and ``gptzoo recipes`` find it."""
+
+    name: str
+    path: Path
+    sweep: bool
+    """A sweep spec (``gptzoo sweep NAME``), not a model recipe."""
+    provenance: Provenance
+
+    @property
+    def qualified_name(self) -> str:
+        """``DIST:name``, which reaches it when a shipped recipe (or another plugin's) has the bare name."""
+        return f"{self.provenance.distribution}:{self.name}"
+
+
+@dataclass(frozen=True)
 class HFLayout:
     """Where one component class's tensors and config.json fields go in one Hugging Face layout, as a
     plugin registered it through ``register_hf_layouts`` (gptzoo.hookspecs; gptzoo.hf.layouts reads it)."""
@@ -249,6 +268,8 @@ class Registry:
         """Class reference -> the lowering a plugin registered for it (register_decode_lowerings)."""
         self.hf_layouts: list[HFLayout] = []
         """Every plugin's registered Hugging Face layouts, in registration order (register_hf_layouts)."""
+        self.recipes: list[PluginRecipe] = []
+        """Every plugin's registered recipes and sweep specs, in registration order (register_recipes)."""
 
     def get(self, kind: str, name: str) -> Entry:
         """The entry a bare or qualified name means; an UnknownComponentError or
@@ -385,6 +406,9 @@ class Registry:
         layouts: list[HFLayout] = []
         _call(pm.hook.register_hf_layouts, plugin, lambda: _layout_stager(provenance, layouts))
         self._check_layouts(layouts)
+        recipes: list[PluginRecipe] = []
+        _call(pm.hook.register_recipes, plugin, lambda: _recipe_stager(provenance, recipes))
+        self._check_recipes(recipes)
         seen: set[tuple[str, str]] = set()
         for entry, override in staged:
             key = (entry.kind, entry.name)
@@ -403,6 +427,30 @@ class Registry:
             self._place(entry, override)
         self.lowerings.update(placed)
         self.hf_layouts += layouts
+        self.recipes += recipes
+
+    def _check_recipes(self, recipes: list[PluginRecipe]) -> None:
+        """One plugin's recipes: each name once per kind (recipe, sweep) within the plugin's distribution."""
+        seen = {(canonical_name(r.provenance.distribution), r.name, r.sweep) for r in self.recipes}
+        for recipe in recipes:
+            key = (canonical_name(recipe.provenance.distribution), recipe.name, recipe.sweep)
+            if key in seen:
+                what = "sweep spec" if recipe.sweep else "recipe"
+                raise RegistryError(f"{recipe.provenance} registers the {what} {recipe.name!r} twice; rename one")
+            seen.add(key)
+
+    def recipe(self, name: str, *, sweep: bool = False) -> PluginRecipe | None:
+        """The plugin recipe (or sweep spec) a bare or ``DIST:name`` name means; None when no plugin
+        registers it, or when two plugins register the bare name (then only qualified names reach them)."""
+        dist, bare = split_name(name)
+        found = [
+            r
+            for r in self.recipes
+            if r.sweep == sweep
+            and r.name == bare
+            and (dist is None or canonical_name(r.provenance.distribution) == canonical_name(dist))
+        ]
+        return found[0] if len(found) == 1 else None
 
     def _check_layouts(self, layouts: list[HFLayout]) -> None:
         """One plugin's layouts: each (class, layout) once, and not one another plugin has unless override."""
@@ -612,6 +660,31 @@ def _call(caller: Any, plugin: object, stager: Callable[[], tuple[Callable[..., 
                 impl.function(register=register)
             finally:
                 close()
+
+
+def _recipe_stager(
+    provenance: Provenance, staged: list[PluginRecipe]
+) -> tuple[Callable[..., None], Callable[[], None]]:
+    """The ``register`` of one ``register_recipes`` call, and what closes it when the hook returns."""
+    call = _HookCall(provenance, "register_recipes")
+
+    def register(name: str, path: str | os.PathLike[str], *, sweep: bool = False) -> None:
+        call.check()
+        what = f"{provenance} registered a {'sweep spec' if sweep is True else 'recipe'}"
+        if not isinstance(name, str) or not NAME.fullmatch(name):
+            raise RegistryError(f"{what} whose name is not a name: {show_plain(name)}; e.g. 'tiny-moe'")
+        if not isinstance(path, (str, os.PathLike)) or not Path(path).is_file():
+            shown = repr(os.fspath(path)) if isinstance(path, (str, os.PathLike)) else show_plain(path)
+            raise RegistryError(
+                f"{what} {name!r} at {shown}, which is not a file; pass the path of its TOML file "
+                "(e.g. Path(__file__).parent / 'recipes' / 'NAME.toml', shipped as package data)"
+            )
+        if not isinstance(sweep, bool):
+            raise RegistryError(f"{what} {name!r} with a sweep that is not a bool: {show_plain(sweep)}")
+        staged.append(PluginRecipe(name, Path(path).resolve(), sweep, provenance))
+
+    register.__qualname__ = "register"
+    return register, call.close
 
 
 def _layout_stager(provenance: Provenance, staged: list[HFLayout]) -> tuple[Callable[..., None], Callable[[], None]]:

@@ -25,14 +25,24 @@ def add_parser(sub: Subparsers, common: Parser) -> Parser:
 def run(args: argparse.Namespace, out: Console, err: Console) -> None:
     from gptzoo.recipe import read_recipe_data, shipped_recipes
 
-    rows = []
+    registry = command_registry(err)  # its plugins' recipes are listed too
     names = None
     if args.uses:
         from gptzoo import catalog  # matches the recipes' component names against the registry
 
-        registry = command_registry(err)
         names = {r.name for r in catalog.recipes_using(registry, args.uses, catalog.shipped(registry))}
-    for name, path in shipped_recipes().items():
+    listed = [(name, path, "gptzoo") for name, path in shipped_recipes().items()]
+    listed += [  # by the name that reaches it: bare, unless a shipped recipe or another plugin's has it
+        (
+            r.name if registry.recipe(r.name) is r and r.name not in shipped_recipes() else r.qualified_name,
+            r.path,
+            r.provenance.distribution,
+        )
+        for r in registry.recipes
+        if not r.sweep
+    ]
+    rows = []
+    for name, path, distribution in listed:
         if names is not None and name not in names:
             continue
         data = read_recipe_data(path)
@@ -44,6 +54,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> None:
                 "n_layer": model.get("n_layer"),
                 "n_embd": model.get("n_embd"),
                 "path": str(path),
+                "distribution": distribution,
             }
         )
     emit(
@@ -56,6 +67,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> None:
             "n_layer": lambda r: str(r["n_layer"]),
             "n_embd": lambda r: str(r["n_embd"]),
             "description": lambda r: text(r["description"]),
+            "from": lambda r: text(r["distribution"]),
         },
         empty=f"no shipped recipe uses {text(' and '.join(args.uses))}",
     )

@@ -20,11 +20,12 @@ import os
 import re
 import sys
 import tomllib
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from gptzoo.errors import RecipeError, did_you_mean
+from gptzoo.errors import GptzooWarning, RecipeError, did_you_mean
 from gptzoo.recipe.schema import (
     COMPONENT_KEYS,
     LAYER_TYPES,
@@ -53,8 +54,12 @@ def shipped_recipes() -> dict[str, Path]:
     return {p.stem: p for p in sorted(recipes_dir().glob("*.toml"))}
 
 
-def resolve_recipe_path(name_or_path: str | Path, *, relative_to: Path | None = None) -> Path:
-    """A recipe file: an existing path (relative to ``relative_to`` if given), or a shipped name."""
+def resolve_recipe_path(
+    name_or_path: str | Path, *, relative_to: Path | None = None, registry: Registry | None = None
+) -> Path:
+    """A recipe file: an existing path (relative to ``relative_to`` if given), a shipped name, or the
+    name of one a plugin registers (``registry``'s, by default the default registry's: consulted only
+    for a name that is neither a file nor shipped)."""
     text = str(name_or_path)
     if not text:
         raise RecipeError(repr(text), ["give a recipe: a shipped name (see `gptzoo recipes`) or a .toml file"])
@@ -81,7 +86,25 @@ def resolve_recipe_path(name_or_path: str | Path, *, relative_to: Path | None = 
         raise RecipeError(text, [f"cannot look at {str(candidate)!r}: {exc.strerror}"]) from None
     if text.endswith(".toml") or "/" in text or "\\" in text:
         raise RecipeError(text, [f"no such recipe file {show(str(candidate))}"])
-    raise RecipeError(text, [f"unknown recipe {show(text)}{did_you_mean(text, list(shipped))}"])
+    if registry is None:
+        from gptzoo.registry import default_registry
+
+        registry = default_registry()
+    found = registry.recipe(text)
+    if found is not None:
+        return found.path
+    known = [*shipped, *(r.name for r in registry.recipes if not r.sweep)]
+    raise RecipeError(text, [f"unknown recipe {show(text)}{did_you_mean(text, known)}"])
+
+
+def shadowed_recipe(name: str, registry: Registry) -> str | None:
+    """The warning for a shipped recipe's name that a plugin registers too (the shipped one is used), or None."""
+    others = [r for r in registry.recipes if not r.sweep and r.name == name]
+    if name not in shipped_recipes() or not others:
+        return None
+    qualified = " or ".join(repr(r.qualified_name) for r in others)
+    plugins = ", ".join(str(r.provenance) for r in others)
+    return f"recipe {name!r} is the shipped one; {plugins} registers one of that name too: name it {qualified}"
 
 
 def _read_toml(path: Path, real: Path | None = None) -> dict[str, Any]:
@@ -325,7 +348,13 @@ def load_recipe(name_or_path: str | Path, overrides: Iterable[str] = (), *, regi
     """Load, merge (extends), override and validate a recipe by shipped name or file path."""
     from gptzoo.recipe.validate import validate  # with the contracts and factories: only when a recipe is loaded
 
-    path = resolve_recipe_path(name_or_path)
+    if registry is None:
+        from gptzoo.registry import default_registry
+
+        registry = default_registry()
+    path = resolve_recipe_path(name_or_path, registry=registry)
+    if (warning := shadowed_recipe(str(name_or_path), registry)) is not None:
+        warnings.warn(warning, GptzooWarning, stacklevel=2)
     overrides = list(overrides)
     data, problems = apply_overrides(read_recipe_data(path), overrides)
     try:

@@ -122,11 +122,12 @@ def _shown(value: Any) -> str:
     return value if isinstance(value, str) else toml_value(value)
 
 
-def find_spec(name_or_path: str | Path) -> Path:
-    """A spec file: an existing path, or the name of a shipped sweep (recipes/sweeps/NAME.toml).
+def find_spec(name_or_path: str | Path, registry: Registry | None = None) -> Path:
+    """A spec file: an existing path, the name of a shipped sweep (recipes/sweeps/NAME.toml), or of one a
+    plugin registers (``registry``'s, by default the default registry's: ``register_recipes``).
 
     Raises:
-        GptzooError: neither.
+        GptzooError: none of them.
     """
     path = Path(name_or_path)
     if path.is_file():
@@ -136,9 +137,14 @@ def find_spec(name_or_path: str | Path) -> Path:
         return shipped[str(name_or_path)]
     if path.exists():
         raise GptzooError(f"{path} is not a sweep spec file; give a .toml file or a shipped sweep")
+    registry = registry if registry is not None else default_registry()
+    found = registry.recipe(str(name_or_path), sweep=True)
+    if found is not None:
+        return found.path
+    known = [*shipped, *(r.name for r in registry.recipes if r.sweep)]
     raise GptzooError(
-        f"no sweep spec {str(name_or_path)!r}: no such file, nor a shipped sweep"
-        f"{did_you_mean(str(name_or_path), list(shipped))} (shipped: {', '.join(shipped)})"
+        f"no sweep spec {str(name_or_path)!r}: no such file, nor a shipped or a plugin's sweep"
+        f"{did_you_mean(str(name_or_path), known)} (shipped: {', '.join(shipped)})"
     )
 
 
@@ -309,7 +315,7 @@ def read_spec(
     from gptzoo.training.trainer import seq_len_of
 
     registry = registry if registry is not None else default_registry()
-    path = find_spec(name_or_path)
+    path = find_spec(name_or_path, registry)
     try:
         spec = tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:

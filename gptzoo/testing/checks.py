@@ -572,6 +572,16 @@ def _examples_result(problem: str | None, count: int) -> str:
     return f"{count} example parameter set{'s' if count != 1 else ''}"
 
 
+def declares(entry: Entry, member: str) -> bool:
+    """Whether the component's class defines the optional ``member``; False for a factory that cannot be
+    imported (its build check says why)."""
+    try:
+        factory = entry.factory
+    except GptzooError:
+        return False
+    return callable(getattr(factory, member, None))
+
+
 def _checks(subject: Subject) -> Iterator[Planned]:
     kind, tag = subject.kind, harness.label(subject.params)
 
@@ -592,9 +602,9 @@ def _checks(subject: Subject) -> Iterator[Planned]:
             yield add("forward", check_forward, size)
     yield add("safetensors", check_safetensors)
     yield add("hf_layouts", check_hf_layouts)
-    if kind in ("mlp", "attention") or callable(getattr(subject.entry.factory, "flops", None)):
+    if kind in ("mlp", "attention") or declares(subject.entry, "flops"):
         yield add("flops", check_flops)  # required of mlps and attentions, optional for the others
-    if any(callable(getattr(subject.entry.factory, m, None)) for m in ("active_parameters", "aux_losses")):
+    if declares(subject.entry, "active_parameters") or declares(subject.entry, "aux_losses"):
         yield add("accounting", check_accounting)
     if kind == "attention":
         yield add("kv_bytes", check_kv_bytes)
