@@ -110,7 +110,7 @@ def greedy_step(registry: Registry) -> str:
 
 
 class SamplerChain:
-    def __init__(self, steps: Sequence[Sampler], spec: Spec | None = None) -> None:
+    def __init__(self, steps: Sequence[Sampler], spec: Spec | None = None, entries: Sequence[Entry] = ()) -> None:
         for i, step in enumerate(steps[:-1]):
             if step.picks:
                 raise GptzooError(
@@ -118,14 +118,17 @@ class SamplerChain:
                 )
         self.steps = list(steps)
         self.spec = spec or []
+        self.entries = list(entries)
+        """The registry entry of each step, when the chain came from a registry (messages name its plugin)."""
 
     @classmethod
     def from_registry(cls, registry: Registry, spec: Sequence[tuple[str, Mapping[str, Any]]]) -> SamplerChain:
         """A chain from (name, params) pairs: each step's check runs, then its factory; bad parameters
         become GptzooErrors naming the step, a broken sampler a PluginError naming its plugin."""
-        steps = []
+        steps, entries = [], []
         for name, params in spec:
             entry = registry.get("sampler", name)
+            entries.append(entry)
             note = plugin_code.overridden(entry)
             problems = plugin_code.check(entry, params)
             if problems:
@@ -136,7 +139,7 @@ class SamplerChain:
                 raise GptzooError(f"sampler {name!r}: {exception_text(exc)}{note}") from None
             plugin_code.check_contract(entry, step)
             steps.append(step)
-        return cls(steps, [(name, dict(params)) for name, params in spec])
+        return cls(steps, [(name, dict(params)) for name, params in spec], entries)
 
     def describe(self) -> str:
         """e.g. ``temperature(temperature=0.8) -> top_k(k=50) -> sample``."""
@@ -168,9 +171,36 @@ class SamplerChain:
                 "infinity (or masked every token): a parameter is too extreme for them (e.g. a penalty near 0)"
             )
         if self.steps and self.steps[-1].picks:
-            return self.steps[-1].pick(logits, generator)
+            picked = self.steps[-1].pick(logits, generator)
+            problem = pick_problem(picked, logits)
+            if problem is not None:
+                who = (
+                    plugin_code.culprit(self.entries[-1])
+                    if self.entries
+                    else f"sampler {type(self.steps[-1]).__name__}"
+                )
+                raise PluginError(f"{who}: {problem}; return one possible token id per row from pick")
+            return picked
         probs = torch.softmax(logits, dim=-1)
         return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+
+
+def pick_problem(picked: object, logits: Tensor) -> str | None:
+    """Why a picking step's ``pick`` of the logits (B, V) is not one possible token id per row: its
+    type or shape, an id outside [0, V), or one at a masked (-inf) logit; None when it is."""
+    rows, vocab = logits.shape
+    if not isinstance(picked, Tensor) or tuple(picked.shape) != (rows,) or picked.dtype != torch.long:
+        what = f"{tuple(picked.shape)} {picked.dtype}" if isinstance(picked, Tensor) else show_plain(picked)
+        return f"pick gave {what}, not a (B,) = ({rows},) long tensor of token ids"
+    outside = (picked < 0) | (picked >= vocab)
+    if outside.any():
+        row = int(outside.nonzero()[0])
+        return f"pick gave token {int(picked[row])} for row {row + 1}, outside the vocabulary [0, {vocab})"
+    masked = logits.gather(1, picked[:, None]).squeeze(1).isneginf()
+    if masked.any():
+        row = int(masked.nonzero()[0])
+        return f"pick gave token {int(picked[row])} for row {row + 1}, whose logit the chain masked (-inf)"
+    return None
 
 
 def prompts_of(rows: Tensor) -> str:

@@ -21,7 +21,7 @@ from gptzoo import plugin_code
 from gptzoo.errors import GptzooError, exception_text
 from gptzoo.hf import FAMILIES
 from gptzoo.hf.tensor_map import TensorMap
-from gptzoo.inference.sampling import SamplerChain
+from gptzoo.inference.sampling import SamplerChain, pick_problem
 from gptzoo.interfaces import Positions
 from gptzoo.registry import Entry, Registry, show_plain
 from gptzoo.testing import harness
@@ -497,10 +497,9 @@ def check_sampler(subject: Subject) -> None:
     if not out.isfinite().any(dim=-1).all():
         raise Failed("it left a row without any finite logit; keep at least one token possible")
     if step.picks:
-        picked = step.pick(out, generator())
-        if not isinstance(picked, Tensor) or tuple(picked.shape) != (BATCH,) or picked.dtype != torch.long:
-            what = f"{tuple(picked.shape)} {picked.dtype}" if isinstance(picked, Tensor) else show_plain(picked)
-            raise Failed(f"pick gave {what}, not a (B,) = ({BATCH},) long tensor of token ids")
+        problem = pick_problem(step.pick(out, generator()), out)
+        if problem is not None:
+            raise Failed(problem)
 
 
 def check_seeded(subject: Subject) -> None:
