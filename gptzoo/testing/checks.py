@@ -250,6 +250,32 @@ def check_flops(subject: Subject) -> str:
     return f"{total} FLOPs"
 
 
+def check_gradients(subject: Subject) -> str:
+    """One backward pass of a training forward reaches every parameter (a parameter forward never uses,
+    such as a norm's weight it forgets to multiply by, gets no gradient)."""
+    model, module = subject.module()
+    params = dict(module.named_parameters())
+    if not params:
+        return "no parameters"
+    target = model if model is not None else module
+    target.train()
+    target.zero_grad(set_to_none=True)
+    x = harness.model_input(subject.kind, PLAIN.n_embd, generator())
+    with torch.enable_grad():  # the kit runs its checks without
+        y = forward(subject, model, module, x)
+        if y.requires_grad:  # else no parameter reached it
+            (y.float() * torch.randn(y.shape, generator=generator(1))).sum().backward()
+    missed = [name for name, p in params.items() if p.requires_grad and p.grad is None]
+    target.zero_grad(set_to_none=True)
+    target.eval()
+    if missed:
+        raise Failed(
+            f"its parameter {missed[0]!r}{f' (and {len(missed) - 1} more)' if len(missed) > 1 else ''} got no "
+            "gradient from a training forward: forward does not use it; use it, or do not make it a parameter"
+        )
+    return f"{len(params)} parameters reached"
+
+
 def check_accounting(subject: Subject) -> str:
     """``active_parameters()`` is an int between 0 and the component's parameters; ``aux_losses()``
     after a training forward is a dict of finite scalar tensors that reach the parameters' gradients."""
@@ -599,6 +625,7 @@ def _checks(subject: Subject) -> Iterator[Planned]:
         for size in SIZES:
             yield add("build", check_build, size)
             yield add("forward", check_forward, size)
+    yield add("gradients", check_gradients)
     yield add("safetensors", check_safetensors)
     yield add("hf_layouts", check_hf_layouts)
     if kind in ("mlp", "attention") or declares(subject.entry, "flops"):
