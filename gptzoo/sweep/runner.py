@@ -245,7 +245,10 @@ def run_task(
 
 
 def _final_validation(task: Task, registry: Registry) -> None:
-    """Log the final validation loss of a run whose last checkpoint was saved but not evaluated."""
+    """Log the final validation loss of a run whose last checkpoint was saved but not evaluated: a run
+    directory written before a step's metrics came ahead of its checkpoint (gptzoo before issue 26 saved
+    first, so a kill between the save and the eval line left the last step without one). Today's trainer
+    logs a step's eval before it saves, so only such a directory, resumed, comes here with its line missing."""
     from gptzoo.model.checkpoint import load_checkpoint
     from gptzoo.training.data import TokenData
     from gptzoo.training.trainer import validation_loss
