@@ -262,17 +262,23 @@ def markdown(report: dict[str, Any]) -> str:
             "Perplexity by evaluation length (tokens):",
             _md_table(["variant", *map(str, lengths[0])], lengths[1]),
         ]
+    reasons = notes(report)
+    if reasons:
+        parts.append("\n".join(f"- {name}: {r}" for name, r in reasons))
+    parts += [f"![{p}]({p})" for p in report.get("plots", [])]
+    return "\n\n".join(p for p in parts if p) + "\n"
+
+
+def notes(report: dict[str, Any]) -> list[tuple[str, str]]:
+    """(variant, note) for each reason a run diverged and each evaluation length a variant refused:
+    what the tables' "diverged" and "-" / "refused" cells stand for."""
     reasons = [(row["variant"], r) for row in report["variants"] for r in row["reasons"]]
-    reasons += [
+    return reasons + [
         (row["variant"], f"length {e['length']} refused: {e['refused']}")
         for row in report["variants"]
         for e in row["lengths"]
         if e["refused"]
     ]
-    if reasons:
-        parts.append("\n".join(f"- {name}: {r}" for name, r in reasons))
-    parts += [f"![{p}]({p})" for p in report.get("plots", [])]
-    return "\n\n".join(p for p in parts if p) + "\n"
 
 
 def render_report(report: dict[str, Any], out: Console) -> None:
@@ -295,3 +301,5 @@ def render_report(report: dict[str, Any], out: Console) -> None:
         for line in lengths[1]:
             t.add_row(*(escape(c) for c in line))
         out.print(WholeWords(t))
+    for name, note in notes(report):  # what a "diverged" count or a "-" / "refused" cell stands for
+        out.print(f"[yellow]{escape(terminal_text(name))}:[/yellow] {escape(terminal_text(note))}")

@@ -183,6 +183,21 @@ def test_report_plots_and_resume_rules(tmp_path: Path, data: Path, capsys: pytes
     assert [r["final_val_loss"] for r in again["variants"]] == [r["final_val_loss"] for r in report["variants"]]
 
 
+def test_a_length_that_no_variant_can_score_is_shown_beside_the_scored_ones(
+    tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = write_spec(tmp_path, data, '[[variants]]\nname = "pre"\n', steps=2, seeds="[0]")
+    spec.write_text(spec.read_text().replace("lengths = [32, 64]", "lengths = [32, 1000]"))
+    assert main(["sweep", str(spec), "--out", str(tmp_path / "out")]) == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    assert (
+        "pre: length 1000 refused: length 1000 is longer than the 256 positions that LearnedPosition encodes; "
+        "evaluate at 256 or fewer" in shown
+    )
+    (run,) = json.loads((tmp_path / "out" / "report.json").read_text())["runs"]
+    assert [(e["length"], e["refused"] is None) for e in run["eval"]] == [(32, True), (1000, False)]
+
+
 def test_parallel_jobs_give_the_sequential_results(tmp_path: Path, data: Path) -> None:
     spec = read_spec(write_spec(tmp_path, data, TWO, steps=6, seeds="[0]"))
     one, two = run_sweep(spec, tmp_path / "one"), run_sweep(spec, tmp_path / "two", jobs=2)
@@ -265,7 +280,8 @@ def test_a_run_killed_after_its_last_checkpoint_is_evaluated_not_trained_again(t
     run_sweep(spec, out)
     before = results(out)
     run = out / "runs" / "post" / "seed-0"
-    (out / "results" / "post" / "seed-0.json").unlink()  # as if killed after the save, before its validation
+    # as if killed after the save, before its validation: a run directory of the order before issue 26
+    (out / "results" / "post" / "seed-0.json").unlink()
     metrics = [
         line
         for line in (run / "metrics.jsonl").read_text().splitlines()
@@ -292,6 +308,13 @@ PRE_16 = TWO.replace('name = "pre"', 'name = "pre"\nset = ["train.seq_len=16"]')
         (TWO + "[grid]\ntrain.lr = [1e-3]\n", "lengths = [32]", "grid key 'train' is a table: quote a dotted key"),
         (TWO, "lengths = [16, 64]\nstride = 24", "eval.stride 24 is longer than the length 16"),
         (PRE_16, "stride = 24", "variant 'pre': eval.stride 24 is longer than its training length"),
+        (
+            TWO,
+            "lengths = [300, 1000]",
+            "tiny.toml: 2 problems - variant 'pre' can score none of the [eval] lengths: 300, the shortest, is "
+            "longer than the 256 positions that LearnedPosition encodes; give [eval] lengths of 256 or fewer - "
+            "variant 'post' can score none",
+        ),
     ],
 )
 def test_more_spec_problems_are_found_before_anything_starts(
