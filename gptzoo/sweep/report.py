@@ -219,7 +219,7 @@ def replot(out: Path) -> list[Path]:
     """Draw the plots of a finished sweep again from its report.json.
 
     Raises:
-        GptzooError: the sweep has no report yet.
+        GptzooError: the sweep has no report yet, or nothing in it to plot (no run logged a validation loss).
     """
     from gptzoo.sweep.plots import plot_sweep
 
@@ -231,7 +231,13 @@ def replot(out: Path) -> list[Path]:
         ) from None
     except (OSError, ValueError) as exc:
         raise GptzooError(f"cannot read {out / REPORT_JSON} ({exc}); run the sweep again with --resume") from None
-    return plot_sweep(out, report)
+    written = plot_sweep(out, report)
+    if not written:
+        raise GptzooError(
+            f"{out} has nothing to plot: no run of the sweep logged a validation loss; {out / 'report.md'} says "
+            "why each ended (one that diverged: try a lower train.lr)"
+        )
+    return written
 
 
 def _md_table(columns: tuple[str, ...] | list[str], cells: list[list[str]]) -> str:

@@ -154,6 +154,21 @@ def test_a_diverging_variant_is_reported_and_the_sweep_goes_on(
     assert "| blowup |" in md and "| 1/1 |" in md.replace(" ⚠", "") and "- blowup: step" in md
 
 
+def test_a_sweep_whose_every_run_diverged_reports_it_and_has_nothing_to_plot(
+    tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blowup = '[[variants]]\nname = "blowup"\nset = ["train.lr=1e30", "train.grad_clip=0", "train.warmup_steps=0"]\n'
+    out = tmp_path / "out"
+    assert main(["sweep", str(write_spec(tmp_path, data, blowup, steps=2, seeds="[0]")), "--out", str(out)]) == 0
+    shown = capsys.readouterr().out
+    assert "blowup: step 2: the loss is nan" in shown or "blowup: step 2: the loss is inf" in shown
+    assert run_error(capsys, "plot", str(out)) == (
+        f"error: {out} has nothing to plot: no run of the sweep logged a validation loss; {out / 'report.md'} says "
+        "why each ended (one that diverged: try a lower train.lr)"
+    )
+    assert not list(out.glob("*.png"))
+
+
 def test_report_plots_and_resume_rules(tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str]) -> None:
     spec = write_spec(tmp_path, data, TWO, steps=6, seeds="[0]")
     out = tmp_path / "out"
