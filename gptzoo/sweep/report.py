@@ -219,7 +219,7 @@ def replot(out: Path) -> list[Path]:
     """Draw the plots of a finished sweep again from its report.json.
 
     Raises:
-        GptzooError: the sweep has no report yet.
+        GptzooError: the sweep has no report yet, or nothing in it to plot (no run logged a validation loss).
     """
     from gptzoo.sweep.plots import plot_sweep
 
@@ -231,7 +231,13 @@ def replot(out: Path) -> list[Path]:
         ) from None
     except (OSError, ValueError) as exc:
         raise GptzooError(f"cannot read {out / REPORT_JSON} ({exc}); run the sweep again with --resume") from None
-    return plot_sweep(out, report)
+    written = plot_sweep(out, report)
+    if not written:
+        raise GptzooError(
+            f"{out} has nothing to plot: no run of the sweep logged a validation loss; {out / 'report.md'} says "
+            "why each ended (one that diverged: try a lower train.lr)"
+        )
+    return written
 
 
 def _md_table(columns: tuple[str, ...] | list[str], cells: list[list[str]]) -> str:
@@ -262,17 +268,23 @@ def markdown(report: dict[str, Any]) -> str:
             "Perplexity by evaluation length (tokens):",
             _md_table(["variant", *map(str, lengths[0])], lengths[1]),
         ]
+    reasons = notes(report)
+    if reasons:
+        parts.append("\n".join(f"- {name}: {r}" for name, r in reasons))
+    parts += [f"![{p}]({p})" for p in report.get("plots", [])]
+    return "\n\n".join(p for p in parts if p) + "\n"
+
+
+def notes(report: dict[str, Any]) -> list[tuple[str, str]]:
+    """(variant, note) for each reason a run diverged and each evaluation length a variant refused:
+    what the tables' "diverged" and "-" / "refused" cells stand for."""
     reasons = [(row["variant"], r) for row in report["variants"] for r in row["reasons"]]
-    reasons += [
+    return reasons + [
         (row["variant"], f"length {e['length']} refused: {e['refused']}")
         for row in report["variants"]
         for e in row["lengths"]
         if e["refused"]
     ]
-    if reasons:
-        parts.append("\n".join(f"- {name}: {r}" for name, r in reasons))
-    parts += [f"![{p}]({p})" for p in report.get("plots", [])]
-    return "\n\n".join(p for p in parts if p) + "\n"
 
 
 def render_report(report: dict[str, Any], out: Console) -> None:
@@ -295,3 +307,5 @@ def render_report(report: dict[str, Any], out: Console) -> None:
         for line in lengths[1]:
             t.add_row(*(escape(c) for c in line))
         out.print(WholeWords(t))
+    for name, note in notes(report):  # what a "diverged" count or a "-" / "refused" cell stands for
+        out.print(f"[yellow]{escape(terminal_text(name))}:[/yellow] {escape(terminal_text(note))}")

@@ -245,7 +245,10 @@ def run_task(
 
 
 def _final_validation(task: Task, registry: Registry) -> None:
-    """Log the final validation loss of a run whose last checkpoint was saved but not evaluated."""
+    """Log the final validation loss of a run whose last checkpoint was saved but not evaluated: a run
+    directory written before a step's metrics came ahead of its checkpoint (gptzoo before issue 26 saved
+    first, so a kill between the save and the eval line left the last step without one). Today's trainer
+    logs a step's eval before it saves, so only such a directory, resumed, comes here with its line missing."""
     from gptzoo.model.checkpoint import load_checkpoint
     from gptzoo.training.data import TokenData
     from gptzoo.training.trainer import validation_loss
@@ -299,6 +302,29 @@ def _check_runs(spec: SweepSpec, registry: Registry) -> None:
                 problems += [f"variant {variant.name!r} seed {seed}: {p}" for p in exc.problems]
     if problems:
         raise RecipeError(spec.source, list(dict.fromkeys(problems)))
+
+
+def _check_lengths(spec: SweepSpec, registry: Registry) -> None:
+    """Some variant can be scored at some [eval] length: a sweep whose whole evaluation would be
+    refused (every length past every variant's positions) is refused before it trains. A variant
+    that refuses only some lengths, or only some variants refusing, is a result: the report says
+    which length each refused and why."""
+    from gptzoo.model.build import build_model
+
+    if not spec.eval_lengths:
+        return
+    shortest = min(spec.eval_lengths)
+    named = f"{shortest}, the shortest," if len(spec.eval_lengths) > 1 else str(shortest)
+    problems = []
+    for variant in spec.variants:
+        model = build_model(run_recipe(spec, variant, spec.seeds[0], registry), device="meta", registry=registry)
+        if model.too_long(shortest, "", "") is None:
+            return
+        problems.append(
+            f"variant {variant.name!r} can score none of the [eval] lengths: {named} is longer than "
+            f"{model.position_limit}; give [eval] lengths of {model.max_positions} or fewer"
+        )
+    raise RecipeError(spec.source, problems)
 
 
 def _check_data(spec: SweepSpec, data: Path) -> None:
@@ -370,6 +396,7 @@ def run_sweep(
         _agree(
             procs,
             lambda: _check_runs(spec, registry),
+            lambda: _check_lengths(spec, registry),
             lambda: None if spec.data_path is None else _check_data(spec, Path(spec.data_path)),
         )
         with run_dir.locked(out) if procs.is_main else nullcontext():

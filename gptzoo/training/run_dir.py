@@ -9,7 +9,9 @@
 
 Each checkpoint directory is written beside its final name and renamed into place when complete
 (gptzoo.atomic), so a save interrupted midway leaves the previous checkpoints as they were; the
-newest complete one is where `--resume` continues. train_state.pt is read with
+newest complete one is where `--resume` continues. A step's metrics records are in metrics.jsonl,
+flushed to the disk, before its checkpoint is saved, so a run resumed from a checkpoint has the
+records of its step, and forgets (and logs again) only those after it. train_state.pt is read with
 ``torch.load(weights_only=True)``: tensors and plain containers only, never arbitrary pickles, and
 every field is checked before it is used.
 
@@ -282,14 +284,17 @@ def check_checkpoints(run: Path) -> None:
 def save(
     run: Path, step: int, recipe: Recipe, model_state: dict[str, torch.Tensor], state: dict[str, Any], *, keep: int
 ) -> Path:
-    """Write checkpoint ``step`` atomically, then prune: all but the newest ``keep`` complete ones go,
-    and so do incomplete ``step-*`` directories older than the newest complete one (of each, the files
-    a save writes, and the directory if that leaves it empty: a file someone else put there stays).
+    """Flush RUN/metrics.jsonl to the disk, write checkpoint ``step`` atomically, then prune: all but the
+    newest ``keep`` complete ones go, and so do incomplete ``step-*`` directories older than the newest
+    complete one (of each, the files a save writes, and the directory if that leaves it empty: a file
+    someone else put there stays).
 
     Raises:
+        WriteError: metrics.jsonl cannot be flushed: nothing of this step is written.
         CheckpointError: a write failed (the disk is full...): nothing of this step is left, the older checkpoints are.
     """
     out = run / CHECKPOINTS / f"step-{step:06d}"
+    sync_metrics(run)
     with new_directory(out) as tmp:
         name = WEIGHTS
         try:
@@ -709,6 +714,23 @@ def append_metrics(run: Path, entry: dict[str, Any]) -> None:
             os.close(fd)
     except OSError as exc:
         raise WriteError(f"cannot append to {path}: {write_problem(exc)}") from None
+
+
+def sync_metrics(run: Path) -> None:
+    """Flush RUN/metrics.jsonl to the disk (when there is one): :func:`save` calls it before it renames a
+    checkpoint into place, so a checkpoint never outlives the records of its step (a crash of the machine
+    between the two would resume from a checkpoint whose step's eval line is lost)."""
+    path = run / METRICS
+    if not path.is_file():
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise WriteError(f"cannot flush {path} to the disk: {write_problem(exc)}") from None
 
 
 def _finite(value: Any) -> bool:

@@ -9,7 +9,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-from cli_run import run_error
+from cli_run import run_error, run_json
 from tiny import tiny_model
 
 import gptzoo
@@ -104,6 +104,15 @@ def test_eval_with_every_length_refused_is_an_error_and_a_partial_refusal_is_sho
         "length 129 refused: length 129 is longer than the 128 positions that LearnedPosition encodes; evaluate at "
         "128 or fewer" in shown
     )
+    scores = run_json(capsys, "eval", learned, "--text", text, "--lengths", "64,129")["scores"]
+    assert [(s["length"], s["refused"], s["loss"] is None) for s in scores] == [
+        (64, None, False),
+        (
+            129,
+            "length 129 is longer than the 128 positions that LearnedPosition encodes; evaluate at 128 or fewer",
+            True,
+        ),
+    ]
 
 
 def test_the_library_warns_once_with_a_gptzoo_warning() -> None:

@@ -154,6 +154,21 @@ def test_a_diverging_variant_is_reported_and_the_sweep_goes_on(
     assert "| blowup |" in md and "| 1/1 |" in md.replace(" ⚠", "") and "- blowup: step" in md
 
 
+def test_a_sweep_whose_every_run_diverged_reports_it_and_has_nothing_to_plot(
+    tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blowup = '[[variants]]\nname = "blowup"\nset = ["train.lr=1e30", "train.grad_clip=0", "train.warmup_steps=0"]\n'
+    out = tmp_path / "out"
+    assert main(["sweep", str(write_spec(tmp_path, data, blowup, steps=2, seeds="[0]")), "--out", str(out)]) == 0
+    shown = capsys.readouterr().out
+    assert "blowup: step 2: the loss is nan" in shown or "blowup: step 2: the loss is inf" in shown
+    assert run_error(capsys, "plot", str(out)) == (
+        f"error: {out} has nothing to plot: no run of the sweep logged a validation loss; {out / 'report.md'} says "
+        "why each ended (one that diverged: try a lower train.lr)"
+    )
+    assert not list(out.glob("*.png"))
+
+
 def test_report_plots_and_resume_rules(tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str]) -> None:
     spec = write_spec(tmp_path, data, TWO, steps=6, seeds="[0]")
     out = tmp_path / "out"
@@ -181,6 +196,21 @@ def test_report_plots_and_resume_rules(tmp_path: Path, data: Path, capsys: pytes
     assert "holds another sweep (its budget differ" in other
     again = run_json(capsys, "sweep", str(spec), "--out", str(out), "--resume")  # nothing left: the same report
     assert [r["final_val_loss"] for r in again["variants"]] == [r["final_val_loss"] for r in report["variants"]]
+
+
+def test_a_length_that_no_variant_can_score_is_shown_beside_the_scored_ones(
+    tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = write_spec(tmp_path, data, '[[variants]]\nname = "pre"\n', steps=2, seeds="[0]")
+    spec.write_text(spec.read_text().replace("lengths = [32, 64]", "lengths = [32, 1000]"))
+    assert main(["sweep", str(spec), "--out", str(tmp_path / "out")]) == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    assert (
+        "pre: length 1000 refused: length 1000 is longer than the 256 positions that LearnedPosition encodes; "
+        "evaluate at 256 or fewer" in shown
+    )
+    (run,) = json.loads((tmp_path / "out" / "report.json").read_text())["runs"]
+    assert [(e["length"], e["refused"] is None) for e in run["eval"]] == [(32, True), (1000, False)]
 
 
 def test_parallel_jobs_give_the_sequential_results(tmp_path: Path, data: Path) -> None:
@@ -265,7 +295,8 @@ def test_a_run_killed_after_its_last_checkpoint_is_evaluated_not_trained_again(t
     run_sweep(spec, out)
     before = results(out)
     run = out / "runs" / "post" / "seed-0"
-    (out / "results" / "post" / "seed-0.json").unlink()  # as if killed after the save, before its validation
+    # as if killed after the save, before its validation: a run directory of the order before issue 26
+    (out / "results" / "post" / "seed-0.json").unlink()
     metrics = [
         line
         for line in (run / "metrics.jsonl").read_text().splitlines()
@@ -292,6 +323,13 @@ PRE_16 = TWO.replace('name = "pre"', 'name = "pre"\nset = ["train.seq_len=16"]')
         (TWO + "[grid]\ntrain.lr = [1e-3]\n", "lengths = [32]", "grid key 'train' is a table: quote a dotted key"),
         (TWO, "lengths = [16, 64]\nstride = 24", "eval.stride 24 is longer than the length 16"),
         (PRE_16, "stride = 24", "variant 'pre': eval.stride 24 is longer than its training length"),
+        (
+            TWO,
+            "lengths = [300, 1000]",
+            "tiny.toml: 2 problems - variant 'pre' can score none of the [eval] lengths: 300, the shortest, is "
+            "longer than the 256 positions that LearnedPosition encodes; give [eval] lengths of 256 or fewer - "
+            "variant 'post' can score none",
+        ),
     ],
 )
 def test_more_spec_problems_are_found_before_anything_starts(
