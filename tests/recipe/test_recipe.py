@@ -594,3 +594,27 @@ def register_norms(register):
     for name in ("inf", "true", "1e5"):
         register(name, LayerNorm)
 """
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("build", "gpt2-small"),
+        ("train", "gpt2-small"),
+        ("generate", "gpt2-small", "--prompt", "hi"),
+        ("eval", "gpt2-small", "--text", "README.md"),
+        ("compare", "gpt2-small", "--hf", "gpt2"),
+    ],
+)
+def test_every_command_that_takes_set_blames_a_bad_key_on_the_set_argument(
+    capsys: pytest.CaptureFixture[str], command: tuple[str, ...]
+) -> None:
+    from cli_run import run_error
+
+    message = run_error(capsys, *command, "--set", "train.eval_interval=5")
+    assert message == (
+        "error: --set train.eval_interval=5: [train] unknown key 'eval_interval'; did you mean 'eval_every'? "
+        "(available: max_steps, micro_batch_size, grad_accum, seq_len, lr, min_lr, warmup_steps, beta1, beta2, eps, "
+        "weight_decay, grad_clip, precision, compile, eval_every, eval_batches, checkpoint_every, keep_checkpoints, "
+        "log_every, seed, and 5 more)"
+    )
