@@ -630,11 +630,11 @@ def _checks(subject: Subject) -> Iterator[Planned]:
             yield add("forward", check_forward, size)
     yield add("safetensors", check_safetensors)
     yield add("hf_layouts", check_hf_layouts)
-    if kind in ("mlp", "attention") or callable(getattr(subject.entry.factory, "flops", None)):
+    if kind in ("mlp", "attention") or declares(subject.entry, "flops"):
         yield add("flops", check_flops)  # required of mlps and attentions, optional for the others
-    if any(callable(getattr(subject.entry.factory, m, None)) for m in ("active_parameters", "aux_losses")):
+    if declares(subject.entry, "active_parameters") or declares(subject.entry, "aux_losses"):
         yield add("accounting", check_accounting)
-    if callable(getattr(subject.entry.factory, "decode_cost", None)):
+    if declares(subject.entry, "decode_cost"):
         yield add("decode_cost", check_decode_cost)
     if kind == "attention":
         yield add("kv_bytes", check_kv_bytes)
@@ -645,6 +645,15 @@ def _checks(subject: Subject) -> Iterator[Planned]:
     for partner in subject.registry.entries(partner_kind):
         for name, fn in (("causality", check_causality), ("cache", check_cache), ("cache-padded", check_cache_padded)):
             yield add(name, fn, partner)
+
+
+def declares(entry: Entry, member: str) -> bool:
+    """Whether the component's class has an optional member; False for a reference that cannot be
+    imported (its build checks fail with the reason)."""
+    try:
+        return callable(getattr(entry.factory, member, None))
+    except GptzooError:
+        return False
 
 
 def args_labels(args: tuple[Any, ...]) -> list[str]:
