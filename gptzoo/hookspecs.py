@@ -71,6 +71,11 @@ On the built module, for every kind but samplers (optional):
   and attentions must have it): as below. The model's FLOPs are the sum over every module of it that
   declares ``flops``, each counting only its own matmuls (not those of components nested in it), and
   the LM head.
+- ``decode_cost(cache_len, dtype) -> {"flops": int, "bytes": int}`` (contract 3): the matmul FLOPs
+  and the bytes read (weights and cache, in dtype) of decoding one new token of one sequence after
+  cache_len cached ones (a latent attention reads its c + r latent per cached token, not every head's
+  keys and values). ``gptzoo build`` sums it over the model at the context length; without it,
+  gptzoo.decode_cost derives one from ``flops(1, 1)``, the active parameters and ``kv_bytes``.
 
 A component's share of a CPU decoding step is not a method of it: its lowering is registered for
 its class with :func:`register_decode_lowerings`.
@@ -130,7 +135,7 @@ class Contract:
     only to a factory whose signature names them."""
     members: tuple[str, ...] = ()
     """Attributes and methods the built object must have."""
-    optional: tuple[str, ...] = ("reset_parameters", "active_parameters", "aux_losses", "flops")
+    optional: tuple[str, ...] = ("reset_parameters", "active_parameters", "aux_losses", "flops", "decode_cost")
     """Methods the built object may have (see the module docstring)."""
     factory_optional: tuple[str, ...] = ("check", "examples")
     """Attributes the factory may have (see the module docstring)."""
@@ -161,7 +166,7 @@ CONTRACTS: dict[str, Contract] = {
             structural=(("d_model", "n_embd"), ("d_ff", "d_ff"), ("bias", "bias")),
             components=("activation",),
             members=("c_proj", "flops"),
-            optional=("reset_parameters", "active_parameters", "aux_losses"),
+            optional=("reset_parameters", "active_parameters", "aux_losses", "decode_cost"),
         ),
         Contract(
             "position",
@@ -189,7 +194,7 @@ CONTRACTS: dict[str, Contract] = {
             ),
             builders=("norm",),
             members=("c_proj", "init_cache", "kv_bytes", "flops"),
-            optional=("reset_parameters", "active_parameters", "aux_losses"),
+            optional=("reset_parameters", "active_parameters", "aux_losses", "decode_cost"),
         ),
         Contract(
             "sampler",
@@ -241,7 +246,7 @@ def register_norms(register: Register) -> None:
     layers only, since checkpoints differ on the two.
 
     Members: none.
-    Optional: ``reset_parameters``, ``active_parameters``, ``aux_losses``, ``flops``.
+    Optional: ``reset_parameters``, ``active_parameters``, ``aux_losses``, ``flops``, ``decode_cost``.
     On the factory: ``check``, ``examples``.
     """
 
@@ -253,7 +258,7 @@ def register_activations(register: Register) -> None:
     Factory: ``factory(*, **params) -> Activation``. Forward: any shape -> same shape and dtype.
 
     Members: none.
-    Optional: ``reset_parameters``, ``active_parameters``, ``aux_losses``, ``flops``.
+    Optional: ``reset_parameters``, ``active_parameters``, ``aux_losses``, ``flops``, ``decode_cost``.
     On the factory: ``check``, ``examples``.
     """
 
@@ -269,7 +274,7 @@ def register_mlps(register: Register) -> None:
     module docstring.
 
     Members: ``c_proj``, ``flops``.
-    Optional: ``reset_parameters``, ``active_parameters``, ``aux_losses``.
+    Optional: ``reset_parameters``, ``active_parameters``, ``aux_losses``, ``decode_cost``.
     On the factory: ``check``, ``examples``.
     """
 
@@ -290,7 +295,7 @@ def register_positions(register: Register) -> None:
     through an AttentionContext, so one position module serves all layers.
 
     Members: ``max_positions``, ``embed``, ``rotary``, ``attn_bias``.
-    Optional: ``reset_parameters``, ``active_parameters``, ``aux_losses``, ``flops``.
+    Optional: ``reset_parameters``, ``active_parameters``, ``aux_losses``, ``flops``, ``decode_cost``.
     On the factory: ``check``, ``examples``.
     """
 
@@ -316,7 +321,7 @@ def register_attentions(register: Register) -> None:
     as in the module docstring.
 
     Members: ``c_proj``, ``init_cache``, ``kv_bytes``, ``flops``.
-    Optional: ``reset_parameters``, ``active_parameters``, ``aux_losses``.
+    Optional: ``reset_parameters``, ``active_parameters``, ``aux_losses``, ``decode_cost``.
     On the factory: ``check``, ``examples``.
     """
 

@@ -13,6 +13,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
 from fakedist import RING_WINDOW, FakeSite, rmsnorm_replacement
 
 import gptzoo
@@ -314,3 +315,28 @@ def test_the_moves_are_the_compat_table_and_interfaces_keeps_only_the_contract()
     assert not {name for name, _ in MOVED} & set(vars(interfaces))
     with pytest.raises(AttributeError, match="^module 'gptzoo.interfaces' has no attribute 'Nothing'$"):
         interfaces.Nothing  # noqa: B018
+
+
+def test_a_contract_2_attention_without_contract_3s_members_loads_and_gets_the_derived_decode_cost(
+    fake_site: FakeSite, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from cli_run import run_json
+
+    fake_site.add("ring", "gptzoo_fake_ring", "gptzoo_contract = 2\n" + RING_WINDOW)
+    registry = gptzoo.get_registry(strict=True)
+    assert registry.get("attention", "ring_window").contract == 2
+    overrides = ["model.attention=ring_window"]
+    s = run_json(capsys, "build", "gpt2-tiny", "--set", overrides[0])
+    model = gptzoo.build_model(gptzoo.load_recipe("gpt2-tiny", overrides), device="meta")
+    attn, length, n_layer = model.blocks[0].attn, s["decode"]["cache_len"], len(model.blocks)
+    assert not any(hasattr(attn, m) for m in ("decode_cost", "active_parameters", "aux_losses"))
+    cached = attn.kv_bytes(1, length, torch.float32)
+    assert cached == 2 * attn.n_kv_head * attn.window * attn.head_dim * 4  # the window, not the context
+    # derived: a forward over one token, one multiply-add per cached value; its weights and its cache read
+    flops = sum(attn.flops(1, 1).values()) + 2 * cached // 4
+    weights = sum(p.numel() for p in attn.parameters()) * 4
+    assert s["decode"]["by_component"]["attention"] == {
+        "flops": n_layer * flops,
+        "bytes": {"float32": n_layer * (weights + cached), "bfloat16": n_layer * (weights + cached) // 2},
+    }
+    assert s["params"]["active"] == s["params"]["total"]

@@ -1,5 +1,6 @@
 """What a model is made of and what it costs: components with provenance, parameters by part,
-forward FLOPs by component, training FLOPs per token, KV-cache and weight memory.
+forward FLOPs by component, training FLOPs per token, KV-cache and weight memory, and the cost of
+decoding one token at the context length (FLOPs and bytes read).
 
 Everything is computed from a model built on the meta device, so even gpt2-xl takes no memory.
 """
@@ -13,6 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from gptzoo.decode_cost import decode_cost
 from gptzoo.defaults import DTYPE_NAMES
 from gptzoo.errors import terminal_text
 from gptzoo.flops import FLOPS_CONVENTION, TRAIN_FORWARD_RATIO, forward_flops
@@ -143,6 +145,8 @@ def summarize(
         }
         for name in layers["count"]
     }
+    decode = {name: decode_cost(model, seq_len, dt) for name, dt in DTYPES.items()}
+    first = next(iter(decode.values()))
     return {
         "recipe": {
             "name": recipe.name,
@@ -165,6 +169,15 @@ def summarize(
             "by_component": flops,
             "forward_per_token": forward // (batch * seq_len),
             "train_per_token": TRAIN_FORWARD_RATIO * forward // (batch * seq_len),
+        },
+        "decode": {
+            "cache_len": seq_len,
+            "flops_per_token": sum(part["flops"] for part in first.values()),
+            "bytes_read_per_token": {name: sum(p["bytes"] for p in parts.values()) for name, parts in decode.items()},
+            "by_component": {
+                part: {"flops": cost["flops"], "bytes": {name: decode[name][part]["bytes"] for name in DTYPES}}
+                for part, cost in first.items()
+            },
         },
         "memory": {
             "weights_bytes": {name: params["total"] * dt.itemsize for name, dt in DTYPES.items()},
@@ -245,6 +258,9 @@ def render_summary(s: dict[str, Any], console: Console) -> None:
     table.add_row("[bold]forward[/bold]", f"[bold]{_si(f['forward'], 'FLOP')}[/bold]", "100.0%")
     table.add_row("forward per token", _si(f["forward_per_token"], "FLOP"), "")
     table.add_row("training per token (3x forward)", _si(f["train_per_token"], "FLOP"), "")
+    table.add_row(
+        f"decoding a token at {s['decode']['cache_len']} cached", _si(s["decode"]["flops_per_token"], "FLOP"), ""
+    )
     console.print(WholeWords(table))
 
     mem = s["memory"]
@@ -256,6 +272,10 @@ def render_summary(s: dict[str, Any], console: Console) -> None:
     table.add_row(
         f"KV cache per token (at {s['flops']['seq_len']} tokens)",
         *(format_bytes(mem["kv_cache_bytes_per_token"][n]) for n in DTYPES),
+    )
+    table.add_row(
+        f"bytes read decoding a token (at {s['decode']['cache_len']} cached)",
+        *(format_bytes(s["decode"]["bytes_read_per_token"][n]) for n in DTYPES),
     )
     if s["schedule"]["pattern"]:
         for name, row in mem["kv_cache_bytes_per_token_by_layer_type"].items():

@@ -44,6 +44,11 @@ optional ``examples`` (a list of dicts), whose variant is named in brackets:
   (no causal halving). FlopCounterMode counts nothing for the CPU kernel of
   scaled_dot_product_attention (aten._scaled_dot_product_flash_attention_for_cpu); the kit counts it
   as torch counts the CUDA kernels: 2 b h Tq Tk d for Q K^T plus 2 b h Tq Tk d_v for att @ V.
+- ``decode_cost`` (a component that declares one, contract 3): ``decode_cost(cache_len, dtype)`` is
+  ``{"flops": int, "bytes": int}``, its FLOPs are what FlopCounterMode counts of decoding one token
+  after cache_len cached ones (an attention's step on its filled cache, a position's embedding and
+  attention context, another kind's forward over one token), and an attention's bytes hold at least
+  its cache (``kv_bytes(1, cache_len, dtype)``).
 - ``kv_bytes`` (attentions): ``kv_bytes(batch, max_len, dtype)`` equals the nbytes of the cache
   ``init_cache`` allocates, whose ``max_len`` is the one asked for.
 - ``causality[PARTNER]``, ``cache[PARTNER]``, ``cache-padded[PARTNER]`` (an attention with every

@@ -306,6 +306,44 @@ def check_accounting(subject: Subject) -> str:
     return "; ".join(said)
 
 
+def check_decode_cost(subject: Subject) -> str:
+    """``decode_cost(cache_len, dtype)`` is ``{"flops": int, "bytes": int}`` whose FLOPs equal what
+    FlopCounterMode counts of the component's share of decoding one token after cache_len cached ones
+    (an attention's step with its cache filled, a position's embedding and attention context for it,
+    another kind's forward over one token), and whose bytes hold at least an attention's cache."""
+    from gptzoo.decode_cost import component_decode_cost
+
+    model, module = subject.module()
+    cache_len, dtype = SEQ, torch.float32
+    try:
+        cost = component_decode_cost(module, cache_len, dtype)
+    except GptzooError as e:
+        raise Failed(str(e)) from None
+    x = torch.randn(1, cache_len + 1, PLAIN.n_embd, generator=generator())
+    step = Positions.plain(cache_len, 1, x.device)
+    if subject.kind == "attention":
+        cache = module.init_cache(1, cache_len + 1, device="cpu", dtype=dtype)
+        with torch.no_grad():
+            module(x[:, :cache_len], model.attention_context(Positions.plain(0, cache_len, x.device), dtype), cache)
+        counted = counted_flops(lambda: module(x[:, cache_len:], model.attention_context(step, dtype), cache))
+        least = module.kv_bytes(1, cache_len, dtype)
+        if cost["bytes"] < least:
+            raise Failed(
+                f"decode_cost({cache_len}, {dtype}) reads {cost['bytes']} bytes, less than its cache of {least} "
+                f"(kv_bytes(1, {cache_len}, {dtype}))"
+            )
+    elif subject.kind == "position":
+        counted = counted_flops(lambda: (module.embed(step.queries), model.attention_context(step, dtype, module)))
+    else:
+        counted = counted_flops(lambda: module(x[:, cache_len:]))
+    if cost["flops"] != counted:
+        raise Failed(
+            f"decode_cost({cache_len}, {dtype}) declares {cost['flops']} FLOPs, FlopCounterMode counts {counted} "
+            f"for one token after {cache_len} cached ones; count executed matmul FLOPs, 1 multiply-add = 2"
+        )
+    return f"{cost['flops']} FLOPs, {cost['bytes']} bytes at {cache_len} cached"
+
+
 # --- attentions ------------------------------------------------------------------------------------------
 
 
@@ -632,6 +670,8 @@ def _checks(subject: Subject) -> Iterator[Planned]:
         yield add("flops", check_flops)  # required of mlps and attentions, optional for the others
     if declares(subject.entry, "active_parameters") or declares(subject.entry, "aux_losses"):
         yield add("accounting", check_accounting)
+    if declares(subject.entry, "decode_cost"):
+        yield add("decode_cost", check_decode_cost)
     if kind == "attention":
         yield add("kv_bytes", check_kv_bytes)
     yield add("decode_plan", check_decode_plan)

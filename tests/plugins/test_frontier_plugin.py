@@ -1,8 +1,12 @@
 """A plugin distribution with the components the frontier families need, through contract 3's public
 members only: a FIRE-style learned position that declares its FLOPs (a pairwise MLP over every query-key
-distance) and a routed mixture-of-experts MLP with a load-balancing auxiliary loss and its active
-parameters. Its FLOPs equal FlopCounterMode (the conformance kit), `gptzoo build` shows total and active
-parameters, training logs the auxiliary loss and trains the router on it, and the model generates."""
+distance), a routed mixture-of-experts MLP with a load-balancing auxiliary loss and its active
+parameters, and a multi-head latent attention whose cache holds a latent of width c plus a rotary part
+of width r, declaring its decode cost. Its FLOPs and decode costs equal FlopCounterMode (the
+conformance kit), `gptzoo build` shows total and active parameters and decode cost, training logs the
+auxiliary loss and trains the router on it, and the model generates, cached decoding giving the
+logits of the cache-less forward. The distribution is ``gptzoo-fake-frontier``, its module
+``gptzoo_fake_frontier`` (FRONTIER below)."""
 
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import gptzoo
+from gptzoo.flops import linear_flops
 from gptzoo.interfaces import Position
 
 gptzoo_contract = 3
@@ -51,6 +56,11 @@ class FIRE(Position):
 
     def flops(self, batch: int, seq_len: int) -> dict[str, int]:
         return {"fire": 2 * seq_len * seq_len * self.width * (1 + self.n_head)}  # once per forward
+
+    def decode_cost(self, cache_len: int, dtype: torch.dtype) -> dict[str, int]:
+        keys = cache_len + 1  # one query against every key so far, its own included
+        params = sum(p.numel() for p in self.parameters())
+        return {"flops": 2 * keys * self.width * (1 + self.n_head), "bytes": params * dtype.itemsize}
 
 
 class RoutedMoE(nn.Module):
@@ -95,6 +105,85 @@ class RoutedMoE(nn.Module):
         return {} if self.load_balance is None else {"load_balance": self.load_balance}
 
 
+class LatentCache:
+    '''A latent attention's cache: per token its latent (width c) and its rotary key part (width r).'''
+
+    def __init__(self, batch_size: int, max_len: int, width: int, *, device=None, dtype=None) -> None:
+        self.latent = torch.empty(batch_size, max_len, width, device=device, dtype=dtype)
+
+    @property
+    def max_len(self) -> int:
+        return self.latent.shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        return self.latent.nbytes
+
+    def update(self, latent, start: int):
+        end = start + latent.shape[1]
+        self.latent[:, start:end] = latent
+        return self.latent[:, :end]
+
+
+class LatentAttention(nn.Module):
+    '''Multi-head latent attention (DeepSeek-V2): keys and values of every head come from a cached
+    latent of width c (kv_b expands it), plus one rotary key part of width r shared by the heads; q/k
+    width (n + r) differs from v width. It caches c + r values per token, not nh * (n + v).'''
+
+    def __init__(self, d_model: int, n_head: int, *, n_kv_head: int, head_dim: int, bias: bool,
+                 latent: int = 12, v_dim: int = 6) -> None:
+        super().__init__()
+        self.n_head, self.latent, self.nope, self.rope, self.v_dim = n_head, latent, head_dim, head_dim, v_dim
+        self.q = nn.Linear(d_model, n_head * (self.nope + self.rope), bias=bias)
+        self.kv_a = nn.Linear(d_model, latent + self.rope, bias=bias)
+        self.kv_b = nn.Linear(latent, n_head * (self.nope + v_dim), bias=False)
+        self.c_proj = nn.Linear(n_head * v_dim, d_model, bias=bias)
+
+    def forward(self, x, ctx, cache=None):
+        B, T, _ = x.shape
+        nh, n, r, v = self.n_head, self.nope, self.rope, self.v_dim
+        q_nope, q_rope = self.q(x).view(B, T, nh, n + r).transpose(1, 2).split((n, r), dim=-1)
+        latent, k_rope = self.kv_a(x).split((self.latent, r), dim=-1)  # (B, T, c), (B, T, r)
+        if ctx.rotary is not None:
+            q_rope, k_rope = ctx.rotary.apply(q_rope, k_rope[:, None])
+            k_rope = k_rope[:, 0]
+        compressed = torch.cat((latent, k_rope), dim=-1)
+        if cache is not None:
+            compressed = cache.update(compressed, ctx.start)  # (B, S, c + r): every token so far
+        S = compressed.shape[1]
+        latent, k_rope = compressed.split((self.latent, r), dim=-1)
+        k_nope, values = self.kv_b(latent).view(B, S, nh, n + v).transpose(1, 2).split((n, v), dim=-1)
+        k = torch.cat((k_nope, k_rope[:, None].expand(B, nh, S, r)), dim=-1)
+        q = torch.cat((q_nope, q_rope), dim=-1)
+        y = F.scaled_dot_product_attention(q, k, values, attn_mask=ctx.mask, is_causal=ctx.is_causal)
+        return self.c_proj(y.transpose(1, 2).reshape(B, T, nh * v))
+
+    def init_cache(self, batch_size, max_len, *, device=None, dtype=None):
+        return LatentCache(batch_size, max_len, self.latent + self.rope, device=device, dtype=dtype)
+
+    def kv_bytes(self, batch_size, max_len, dtype):
+        return batch_size * max_len * (self.latent + self.rope) * dtype.itemsize
+
+    def _scores(self, n_queries: int, n_keys: int) -> int:
+        return 2 * self.n_head * n_queries * n_keys * (self.nope + self.rope + self.v_dim)
+
+    def flops(self, batch: int, seq_len: int) -> dict[str, int]:
+        n_tokens = batch * seq_len
+        projections = linear_flops(n_tokens, self.q, self.kv_a, self.kv_b, self.c_proj)
+        return {"attention projections": projections, "attention scores": batch * self._scores(seq_len, seq_len)}
+
+    def decode_cost(self, cache_len: int, dtype: torch.dtype) -> dict[str, int]:
+        keys = cache_len + 1  # kv_b expands every cached latent again: nothing absorbed
+        flops = linear_flops(1, self.q, self.kv_a, self.c_proj) + linear_flops(keys, self.kv_b) + self._scores(1, keys)
+        params = sum(p.numel() for p in self.parameters())
+        return {"flops": flops, "bytes": params * dtype.itemsize + self.kv_bytes(1, cache_len, dtype)}
+
+
+@gptzoo.hookimpl
+def register_attentions(register):
+    register("latent", LatentAttention)
+
+
 @gptzoo.hookimpl
 def register_positions(register):
     register("fire", FIRE)
@@ -115,12 +204,17 @@ def frontier(fake_site: FakeSite) -> FakeSite:
 
 def test_its_components_pass_the_conformance_kit_flops_included(frontier: FakeSite) -> None:
     registry = gptzoo.get_registry()
-    entries = [registry.get("position", "fire"), registry.get("mlp", "routed_moe")]
+    entries = [registry.get("position", "fire"), registry.get("mlp", "routed_moe"), registry.get("attention", "latent")]
     results = run_conformance(registry, entries)
     failed = [(r.name, r.check, r.detail) for r in results if r.status == "failed"]
     assert failed == []
     flops = {r.name: r.detail for r in results if r.check == "flops"}
-    assert set(flops) == {"fire", "routed_moe"}  # a position that declares flops gets the check too
+    assert set(flops) == {"fire", "routed_moe", "latent"}  # a position that declares flops gets the check too
+    decode = {r.name: r.detail for r in results if r.check == "decode_cost"}
+    assert set(decode) == {"fire", "latent"}  # the kit counts each declared decode cost
+    # the latent cache decodes as the cache-less forward does, with every position (rotary included)
+    cached = {r.check for r in results if r.name == "latent" and r.status == "passed"}
+    assert {"cache[rope]", "cache-padded[rope]", "cache[fire]", "cache-padded[fire]"} <= cached
     (accounting,) = [r.detail for r in results if r.check == "accounting"]
     assert accounting.endswith("parameters active; aux losses load_balance")
 
@@ -141,6 +235,77 @@ def test_build_shows_total_and_active_parameters_and_every_components_flops(
     assert main(["build", "gpt2-tiny", *[a for o in OVERRIDES for a in ("--set", o)]]) == 0
     (row,) = [line for line in capsys.readouterr().out.splitlines() if "active per token" in line]
     assert f"{s['params']['active']:,}" in row
+
+
+LATENT = ["model.attention=latent", "model.position=fire"]
+
+
+def test_build_shows_the_latent_caches_kv_bytes_and_decode_cost(
+    frontier: FakeSite, capsys: pytest.CaptureFixture[str]
+) -> None:
+    s = run_json(capsys, "build", "gpt2-tiny", *[a for o in LATENT for a in ("--set", o)])
+    model = gptzoo.build_model(gptzoo.load_recipe("gpt2-tiny", LATENT), device="meta")
+    attn, fire, n_layer = model.blocks[0].attn, model.position, len(model.blocks)
+    c, r, nh, n, v = attn.latent, attn.rope, attn.n_head, attn.nope, attn.v_dim
+    length = s["decode"]["cache_len"]
+    assert length == model.recipe.model.context_length
+    assert s["memory"]["kv_cache_bytes_per_token"]["float32"] == n_layer * (c + r) * 4  # not nh * (n + v)
+    d, vocab, keys = model.wte.weight.shape[1], model.wte.weight.shape[0], length + 1
+    attention = 2 * d * nh * (n + r) + 2 * d * (c + r) + 2 * nh * v * d + 2 * keys * c * nh * (n + v)
+    attention += 2 * nh * keys * (n + r + v)
+    mlp = 2 * 2 * d * model.recipe.model.d_ff  # a dense mlp's default: its forward over one token
+    by_part = s["decode"]["by_component"]
+    assert by_part["attention"]["flops"] == n_layer * attention
+    assert by_part["position"]["flops"] == 2 * keys * fire.width * (1 + fire.n_head)
+    assert by_part["mlp"]["flops"] == n_layer * mlp
+    assert by_part["lm head"]["flops"] == 2 * d * vocab
+    assert s["decode"]["flops_per_token"] == sum(part["flops"] for part in by_part.values())
+    weights = sum(p.numel() for p in attn.parameters())
+    assert by_part["attention"]["bytes"]["bfloat16"] == n_layer * (weights + length * (c + r)) * 2
+    assert s["decode"]["bytes_read_per_token"]["float32"] == sum(p["bytes"]["float32"] for p in by_part.values())
+    assert main(["build", "gpt2-tiny", *[a for o in LATENT for a in ("--set", o)]]) == 0
+    (row,) = [line for line in capsys.readouterr().out.splitlines() if "bytes read decoding a token" in line]
+    assert f"(at {length} cached)" in row
+
+
+def test_the_latent_cache_decodes_as_the_forward_without_it(frontier: FakeSite) -> None:
+    torch.manual_seed(0)
+    model = gptzoo.build_model(gptzoo.load_recipe("gpt2-tiny", [*LATENT, "model.mlp=routed_moe"]), device="cpu")
+    model.eval()
+    idx = torch.randint(0, 256, (2, 12))
+    cache = model.init_cache(2, 12)
+    with torch.no_grad():
+        expected = model(idx)
+        got = torch.cat([model(idx[:, :5], cache), *(model(idx[:, t : t + 1], cache) for t in range(5, 12))], dim=1)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert cache.nbytes == len(model.blocks) * 2 * 12 * (model.blocks[0].attn.latent + model.blocks[0].attn.rope) * 4
+
+
+def test_a_latent_attention_generates_on_the_generic_path_which_names_it(
+    frontier: FakeSite, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["generate", "gpt2-tiny", "--set", "model.attention=latent", "--prompt", "hello", "--max-new-tokens", "3"]
+    assert main([*argv, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["tokens"][0]) == 3
+    assert out["decode"]["path"] == "native+eager"  # the native step runs the latent attention's own forward
+    assert [(m["component"], m["kind"], m["name"], m["origin"]) for m in out["decode"]["missing"]] == [
+        ("gptzoo_fake_frontier.LatentAttention", "attention", "latent", "gptzoo-fake-frontier 1.0")
+    ]
+
+
+def test_the_kit_counts_a_decode_cost_off_by_one_key(fake_site: FakeSite) -> None:
+    wrong = "keys = cache_len + 1  # one query against every key so far, its own included"
+    assert wrong in FRONTIER
+    fake_site.add("mutant", "gptzoo_fake_mutant", FRONTIER.replace(wrong, "keys = cache_len"))
+    registry = gptzoo.get_registry()
+    (result,) = [r for r in run_conformance(registry, [registry.get("position", "fire")]) if r.check == "decode_cost"]
+    # width 8, the kit's 4 heads: 2 * 8 keys * 8 * 5 declared, 2 * 9 * 8 * 5 run
+    assert (result.status, result.detail) == (
+        "failed",
+        "decode_cost(8, torch.float32) declares 640 FLOPs, FlopCounterMode counts 720 for one token after 8 cached "
+        "ones; count executed matmul FLOPs, 1 multiply-add = 2",
+    )
 
 
 def test_training_logs_the_aux_loss_and_trains_the_router_on_it(
