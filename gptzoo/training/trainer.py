@@ -349,6 +349,8 @@ class Trainer:
         self.skipped = 0
         self.aux: dict[str, float] = {}
         """The auxiliary losses of the latest step (aux_NAME: the mean over its micro-batches), for its record."""
+        self.reports_aux = bool(self.model.declaring("aux_losses"))
+        """Whether a component reports auxiliary losses: found once, not by walking the modules every micro-batch."""
         self.resumed_from: Path | None = None
         state: dict[str, Any] | None = None
         if resume:
@@ -516,7 +518,8 @@ class Trainer:
                 autocast(spec.precision, self.procs.device),
             ):
                 loss = loss_of(self.forward, x, y) / spec.grad_accum
-                aux = {name: value / spec.grad_accum for name, value in self.model.aux_losses().items()}
+                reported = self.model.aux_losses() if self.reports_aux else {}
+                aux = {name: value / spec.grad_accum for name, value in reported.items()}
                 objective = loss + spec.aux_loss_weight * sum(aux.values()) if aux else loss
             (self.scaler.scale(objective) if self.scaler is not None else objective).backward()
             total += loss.detach()
