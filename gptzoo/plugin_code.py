@@ -29,7 +29,7 @@ import typing
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from gptzoo import compat
 from gptzoo.errors import GptzooError, ParameterError, PluginError, exception_text
@@ -422,6 +422,14 @@ def failure_of(exc: BaseException, registry: Registry) -> PluginError | None:
     return None
 
 
+def raise_as_plugin_failure(exc: Exception, registry: Registry) -> NoReturn:
+    """Raise ``exc`` again: as :func:`failure_of`'s PluginError when a plugin's code raised it, else as it is."""
+    failure = failure_of(exc, registry)
+    if failure is None:
+        raise exc
+    raise failure from exc
+
+
 @contextmanager
 def plugin_failures(registry: Registry) -> Iterator[None]:
     """Run the block; what a plugin's code raises in it is re-raised as :func:`failure_of`'s PluginError
@@ -431,7 +439,4 @@ def plugin_failures(registry: Registry) -> Iterator[None]:
     except GptzooError:
         raise
     except Exception as exc:
-        failure = failure_of(exc, registry)
-        if failure is None:
-            raise
-        raise failure from exc
+        raise_as_plugin_failure(exc, registry)

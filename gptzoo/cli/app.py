@@ -226,12 +226,9 @@ def _main(argv: list[str], out: Console, err: Console) -> int:
         except Exception as exc:  # a plugin's component failing while the model ran is the plugin's error
             if isinstance(exc, GptzooError) or "gptzoo.plugin_code" not in sys.modules:  # no component was built
                 raise
-            from gptzoo.plugin_code import failure_of
+            from gptzoo.plugin_code import raise_as_plugin_failure
 
-            failure = failure_of(exc, args.registry if args.registry is not None else command_registry(err))
-            if failure is None:
-                raise
-            raise failure from exc
+            raise_as_plugin_failure(exc, args.registry if args.registry is not None else command_registry(err))
     except GptzooError as exc:
         _debug(args)
         message = exception_text(exc)
