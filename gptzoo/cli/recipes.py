@@ -31,10 +31,11 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> None:
         from gptzoo import catalog  # matches the recipes' component names against the registry
 
         names = {r.name for r in catalog.recipes_using(registry, args.uses, catalog.shipped(registry))}
-    listed = [(name, path, "gptzoo") for name, path in shipped_recipes().items()]
+    shipped = shipped_recipes()
+    listed = [(name, path, "gptzoo") for name, path in shipped.items()]
     listed += [  # by the name that reaches it: bare, unless a shipped recipe or another plugin's has it
         (
-            r.name if registry.recipe(r.name) is r and r.name not in shipped_recipes() else r.qualified_name,
+            r.name if registry.recipe(r.name) is r and r.name not in shipped else r.qualified_name,
             r.path,
             r.provenance.distribution,
         )
