@@ -77,13 +77,22 @@ On the built module, for every kind but samplers (optional):
   keys and values). ``gptzoo build`` sums it over the model at the context length; without it,
   gptzoo.decode_cost derives one from ``flops(1, 1)``, the active parameters and ``kv_bytes``.
 
+On the built module's class, for every kind but samplers (optional):
+
+- ``int8: bool | tuple[str, ...]`` (contract 4): which of the nn.Linear modules inside it ``--dtype
+  int8`` may quantize (gptzoo.inference.quantize): True, the default, every one; False none (they
+  stay in the model's dtype); a tuple of their paths inside the component (``("q", "kv_a")``) those
+  only. An Int8Linear's ``weight`` reads as the dequantized float32 weight, so a component that reads
+  its linears' weights keeps working; one that cannot run on an Int8Linear declares it here, else
+  ``--dtype int8`` refuses the model, naming it, after one token fails to run.
+
 A component's share of a CPU decoding step is not a method of it: its lowering is registered for
 its class with :func:`register_decode_lowerings`.
 
 Contract versions. :data:`CONTRACT_VERSION` is the version of what this module describes; it grows
 by one with each change a plugin written for the version before could notice (gptzoo.compat lists
 them, docs/plugins.md keeps their changelog). A plugin module says which version it was written
-for with a module attribute, ``gptzoo_contract = 3`` (:data:`CONTRACT_ATTRIBUTE`); one that declares
+for with a module attribute, ``gptzoo_contract = 4`` (:data:`CONTRACT_ATTRIBUTE`); one that declares
 a newer version than this gptzoo's is refused at load. A component written against an older form of
 a member is adapted (with one gptzoo.errors.GptzooWarning) or refused with a PluginError, as its row
 in gptzoo.compat.CHANGES says.
@@ -106,7 +115,7 @@ from typing import Any, Protocol
 import pluggy
 
 PROJECT = "gptzoo"
-CONTRACT_VERSION = 3
+CONTRACT_VERSION = 4
 """The version of the plugin contract this gptzoo implements (see the module docstring)."""
 CONTRACT_ATTRIBUTE = "gptzoo_contract"
 """The plugin module's attribute that declares the contract version it was written for (optional)."""
@@ -201,7 +210,7 @@ CONTRACTS: dict[str, Contract] = {
             "Sampler",
             None,
             members=("picks", "pick"),
-            optional=(),
+            optional=("reset",),
             factory_optional=("check", "examples", "flag", "sampling_only", "greedy"),
             module=False,
         ),
@@ -341,10 +350,14 @@ def register_samplers(register: Register) -> None:
     ``zero_is_greedy``: the value 0 asks for greedy decoding, as ``--temperature 0``); ``sampling_only``
     (True for temperature, top_k, ...) drops the step when such a flag asks for greedy; ``greedy``
     (True for the built-in greedy step) marks the picking step a chain ends in when nothing samples.
-    Any step, flagged or not, is reachable as ``--sampler NAME:param=value``.
+    Any step, flagged or not, is reachable as ``--sampler NAME:param=value``. Contract 4: a step's
+    ``__call__`` that names ``real`` gets (B, T) bool, False at a batch's left padding (which repeats
+    the row's first token), so that a step counting the history counts real tokens only; one that
+    names ``generator`` gets the generation's torch.Generator, to draw from (a stochastic step before
+    the final pick); ``reset()`` is called before each generation, for per-generation state.
 
     Members: ``picks``, ``pick``.
-    Optional: none.
+    Optional: ``reset``.
     On the factory: ``check``, ``examples``, ``flag``, ``sampling_only``, ``greedy``.
     """
 

@@ -243,6 +243,14 @@ class Sampler:
 
     ``__call__(logits (B, V) float, input_ids (B, T) long) -> logits (B, V)``. A step that chooses
     the token itself (greedy) overrides :meth:`pick`; it must then be the last step of a chain.
+
+    Contract 4: ``__call__`` may also name the keyword arguments ``real`` and ``generator``, which the
+    chain then passes (and only then): ``real`` (B, T) bool is True where ``input_ids`` holds a token
+    of the prompt or the generation and False at a batch's left padding (whose positions repeat the
+    row's first token), for a step that counts the history (a frequency penalty, DRY, no-repeat
+    n-grams); ``generator`` is the generation's seeded torch.Generator (or None), from which a
+    stochastic step before the final pick draws (XTC). A step with per-generation state (Mirostat's
+    running surprise) defines :meth:`reset`, which the chain calls before each generation.
     """
 
     picks: bool = False
@@ -260,6 +268,9 @@ class Sampler:
 
     def __call__(self, logits: Tensor, input_ids: Tensor) -> Tensor:
         return logits
+
+    def reset(self) -> None:
+        """Forget what the latest generation left in the step (contract 4); called before each generation."""
 
     def pick(self, logits: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """Choose one token per row (B,) from the logits (B, V)."""

@@ -24,12 +24,13 @@ from gptzoo.atomic import check_new_directory
 from gptzoo.defaults import precision
 from gptzoo.errors import GptzooError, Interrupted
 from gptzoo.hf import check_recipe_matches, hf_recipe, load_hf, locate
-from gptzoo.inference.quantize import quantize_int8
+from gptzoo.inference.quantize import kept_float, quantize_int8
 from gptzoo.model.build import build_model
 from gptzoo.model.checkpoint import FILES as CHECKPOINT_FILES
 from gptzoo.model.checkpoint import load_checkpoint, save_checkpoint, tokenizer_files
 from gptzoo.model.gpt import GPT
 from gptzoo.model.summary import summarize
+from gptzoo.plugin_code import failure_of
 from gptzoo.recipe import Recipe, load_recipe, override_recipe, recipe_tokenizer, resolve_components, shipped_recipes
 from gptzoo.registry import Registry, default_registry
 from gptzoo.tokenizer import HF_TOKENIZER_FILES, Tokenizer
@@ -143,8 +144,41 @@ def load_model(
     if chosen is None:
         return loaded
     if chosen.int8:
-        quantize_int8(loaded.model)
+        return replace(loaded, precision=chosen.name, warnings=(*loaded.warnings, *_quantized(loaded.model, registry)))
     return replace(loaded, precision=chosen.name)
+
+
+INT8_REMEDY = (
+    "declare int8 = False on it, or the names of the linears it may have quantized (gptzoo.hookspecs, contract 4), "
+    "or load it in float32 or bfloat16"
+)
+
+
+def _quantized(model: GPT, registry: Registry | None) -> tuple[str, ...]:
+    """Quantize ``model`` to int8 and run one token through it (a component that cannot run on an
+    Int8Linear is refused here, naming it, not in the middle of a generation); what a person should
+    know: the linears its components keep in float."""
+    kept = kept_float(model)
+    quantize_int8(model)
+    device = model.wte.weight.device
+    if device.type != "meta":
+        try:
+            with torch.no_grad():
+                model(torch.zeros(1, 1, dtype=torch.long, device=device))
+        except GptzooError:
+            raise
+        except Exception as exc:
+            when = "under --dtype int8 (its nn.Linear modules quantized)"
+            failure = failure_of(exc, registry or default_registry(), while_=when, remedy=INT8_REMEDY)
+            if failure is None:
+                raise
+            raise failure from exc
+    if not kept:
+        return ()
+    return (
+        f"int8: {len(kept)} linear{'s' if len(kept) > 1 else ''} kept in float as their components declare: "
+        f"{', '.join(kept[:4])}{' and more' if len(kept) > 4 else ''}",
+    )
 
 
 def _load_model(
@@ -193,11 +227,15 @@ def _load_model(
     return Loaded(model, resolved, "random initialization", warnings=warnings)
 
 
-def names_recipe(source: str | Path) -> bool:
-    """Whether :func:`load_any` reads ``source`` as a recipe: a .toml file or a shipped recipe's name, not a
-    directory."""
+def names_recipe(source: str | Path, registry: Registry | None = None) -> bool:
+    """Whether :func:`load_any` reads ``source`` as a recipe: a .toml file, a shipped recipe's name or the
+    name of one a plugin of ``registry`` (the default registry's) registers, not a directory."""
     text = str(source)
-    return not Path(text).is_dir() and (text.endswith(".toml") or text in shipped_recipes())
+    if Path(text).is_dir():
+        return False
+    if text.endswith(".toml") or text in shipped_recipes():
+        return True
+    return (registry if registry is not None else default_registry()).recipe(text) is not None
 
 
 def load_any(
@@ -235,7 +273,7 @@ def load_any(
             f"{text} is a directory but not a model: expected a gptzoo checkpoint ({', '.join(CHECKPOINT_FILES)}), "
             f"a run directory ({run_dir.CHECKPOINTS}/) or a Hugging Face checkpoint (config.json)"
         )
-    if names_recipe(text):
+    if names_recipe(text, registry):
         recipe, weights = resolve_recipe(text, overrides=overrides, registry=registry)
         if weights is None:
             raise GptzooError(

@@ -232,7 +232,7 @@ def check_contract(entry: Entry, built: object, *, width: int | None = None) -> 
                 raise PluginError(f"{what} whose {problem}; {fix(entry)}")
         with running(entry, "built a module whose state dict cannot be read"):
             state = built.state_dict(keep_vars=True)
-            problem = state_problem(state) or transient_problem(built.named_buffers(), state)
+            problem = state_problem(state) or transient_problem(built.named_buffers(), state) or int8_problem(built)
         if problem:
             raise PluginError(f"{what} whose {problem}; {fix(entry)}")
 
@@ -286,6 +286,26 @@ def forward_problem(kind: str, module: nn.Module) -> str | None:
     except TypeError:
         hook = CONTRACTS[kind].hook
         return f"forward{signature} cannot take ({called}), which the model passes it (gptzoo.hookspecs.{hook})"
+    return None
+
+
+def int8_problem(module: nn.Module) -> str | None:
+    """Why the module's class attribute ``int8`` (contract 4: which of its linears ``--dtype int8`` may
+    quantize) is not True, False or a tuple of the paths of nn.Linear modules inside it, or None."""
+    from gptzoo.inference.quantize import linear_paths  # something was built: torch is loaded
+
+    declared = getattr(type(module), "int8", True)
+    if type(declared) is bool:
+        return None
+    linears = linear_paths(module)
+    if not isinstance(declared, tuple) or not all(isinstance(name, str) for name in declared):
+        return f"int8 is {show_plain(declared)}, not True, False or a tuple of the names of its nn.Linear modules"
+    unknown = [name for name in declared if name not in linears]
+    if unknown:
+        return (
+            f"int8 names {unknown[0]!r}, which is not one of its nn.Linear modules "
+            f"({', '.join(linears) if linears else 'it has none'})"
+        )
     return None
 
 
@@ -395,11 +415,14 @@ def _loaded_class(entry: Entry) -> type | None:
     return target if isinstance(target, type) else None
 
 
-def failure_of(exc: BaseException, registry: Registry) -> PluginError | None:
+def failure_of(
+    exc: BaseException, registry: Registry, *, while_: str = "while the model ran", remedy: str | None = None
+) -> PluginError | None:
     """``exc``, raised while a command ran a model, as the PluginError of the third-party plugin whose
     code raised it (the innermost frame of its traceback that runs a plugin's module): it names the
     component whose method raised when one did, else the plugin. None when no plugin code raised it
-    (gptzoo's own components are not blamed: their failure is gptzoo's bug, and keeps its traceback)."""
+    (gptzoo's own components are not blamed: their failure is gptzoo's bug, and keeps its traceback).
+    ``while_`` says when it failed and ``remedy`` replaces the message's usual fix."""
     entries = [e for e in registry.all_entries() if e.provenance.distribution != GPTZOO_DISTRIBUTION]
     packages = {}
     for entry in entries:
@@ -413,11 +436,11 @@ def failure_of(exc: BaseException, registry: Registry) -> PluginError | None:
         owner = frame.f_locals.get("self")
         entry = next((e for e in entries if (cls := _loaded_class(e)) is not None and isinstance(owner, cls)), None)
         if entry is not None:
-            return PluginError(f"{culprit(entry)} failed while the model ran: {describe_raised(exc)}; {fix(entry)}")
+            return PluginError(f"{culprit(entry)} failed {while_}: {describe_raised(exc)}; {remedy or fix(entry)}")
         provenance = packages[package].provenance
         return PluginError(
-            f"plugin {provenance} failed while the model ran: {describe_raised(exc)}; fix the plugin, or choose "
-            "components of another"
+            f"plugin {provenance} failed {while_}: {describe_raised(exc)}; "
+            f"{remedy or 'fix the plugin, or choose components of another'}"
         )
     return None
 

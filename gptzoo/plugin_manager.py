@@ -11,7 +11,7 @@ calling would not run (a wrapper, an ``async def``, a generator) is reported as 
 distribution, error) and the others keep working; so is a distribution whose ``entry_points.txt``
 declares the group but cannot be parsed. A plugin that loads but implements no hook (its functions
 lack ``@gptzoo.hookimpl``) registers nothing and is reported with a warning (:data:`NO_HOOK`).
-A plugin module may declare the contract version it is written for (``gptzoo_contract = 3``,
+A plugin module may declare the contract version it is written for (``gptzoo_contract = 4``,
 gptzoo.hookspecs.CONTRACT_VERSION); one that declares a newer version than this gptzoo's, or
 something that is no version, fails to load as well (:func:`declared_contract`).
 ``GPTZOO_NO_PLUGINS=1`` skips third-party plugins, ``GPTZOO_ONLY_PLUGINS=dist-a,dist-b`` loads only

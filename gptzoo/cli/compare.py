@@ -43,7 +43,8 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> None:
         from gptzoo.loader import resolve_recipe
         from gptzoo.model.summary import DTYPES
 
-    registry, model = command_registry(err), named(args)
+    registry = command_registry(err)
+    model = named(args, registry)
     if model.checkpoint is not None:
         raise GptzooError(
             f"compare runs transformers on a Hugging Face checkpoint, and --checkpoint {model.checkpoint} is a gptzoo "

@@ -53,8 +53,9 @@ class Named:
     checkpoint: str | None
 
 
-def named(args: argparse.Namespace) -> Named:
-    """MODEL, ``--hf`` and ``--checkpoint`` as the command line gives them.
+def named(args: argparse.Namespace, registry: Registry) -> Named:
+    """MODEL, ``--hf`` and ``--checkpoint`` as the command line gives them (MODEL a recipe when it is a
+    .toml file or a recipe's name, shipped or one a plugin of ``registry`` registers).
 
     Raises:
         GptzooError: no model at all, or a MODEL other than a recipe beside ``--hf`` or ``--checkpoint``.
@@ -67,7 +68,7 @@ def named(args: argparse.Namespace) -> Named:
             "name the model: MODEL (a recipe, a checkpoint or run directory, a Hugging Face directory or a fetchable "
             "name), --hf DIR|NAME or --checkpoint DIR"
         )
-    if model is not None and names_recipe(model):
+    if model is not None and names_recipe(model, registry):
         return Named(model, None, args.hf, args.checkpoint)
     for flag, value in flags:
         if model is not None and value is not None:
@@ -92,7 +93,7 @@ def load_named(
     """
     from gptzoo.loader import load_any, load_model
 
-    model = named(args)
+    model = named(args, registry)
     if model.hf is None and model.checkpoint is None and not (random and model.recipe is not None):
         source = model.recipe if model.recipe is not None else model.name
         return load_any(source, overrides=args.overrides, registry=registry, dtype=dtype)

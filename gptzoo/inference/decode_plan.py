@@ -15,7 +15,8 @@ between the native operations (an :class:`EagerPart`: the module reads a (B, 1, 
 source buffer and its result is written to its destination; an attention or a block also gets the
 step's AttentionContext, made by the model's own code, and its layer's cache), so the rest of the
 step stays native; without ``split`` the plan refuses it. A position encoding with an attention
-bias, a model off the CPU or in another dtype than float32/bfloat16: then :func:`compile_step`
+bias runs every attention eagerly in a split plan (the plan has no attention bias) and refuses a
+strict one; a model off the CPU or in another dtype than float32/bfloat16: then :func:`compile_step`
 returns None with the reason, and decoding keeps the eager forward. The plan computes what the
 eager step computes, with the same roundings in the activations' dtype, up to the order of the
 sums (tests/inference/test_decode_plan.py).
@@ -92,6 +93,8 @@ class NativePlan:
         """id of a PositionStep this plan made -> it and its position encoding (an eager attention's context)."""
         self._contexts: dict[int, tuple[Positions, AttentionContext]] = {}
         """id of a position encoding -> the positions of the latest step and its context."""
+        self.biased: str | None = None
+        """Why no attention is native: a position encoding of the model biases attention (a split plan)."""
 
     @staticmethod
     def refuse(reason: str) -> None:
@@ -269,6 +272,8 @@ class NativePlan:
         fused: bool,
     ) -> None:
         """gptzoo.inference.plan.DecodePlan.attend; the cache is (B, nkv, slots, hs) of the activations' dtype."""
+        if self.biased is not None:
+            raise Unsupported(self.biased)
         nh, nkv, hs = sizes
         if not qkv.whole or not out.whole or out.width != nh * hs or qkv.width != (nh + 2 * nkv) * hs:
             raise Unsupported("attention buffers of unexpected widths")
@@ -301,7 +306,10 @@ class NativePlan:
         """What ``position`` adds to a step, rewritten before each from its own embed and rotary."""
         probe = Positions.plain(0, 1, device)
         if position.attn_bias(probe.queries, probe.keys) is not None:
-            raise Unsupported(f"{type(position).__name__} biases attention (the plan has no attention bias)")
+            reason = f"{type(position).__name__} biases attention (the plan has no attention bias)"
+            if self.context is None:
+                raise Unsupported(reason)
+            self.biased = reason  # a split plan: every attention runs its eager forward, with the bias
         step = PositionStep(None)
         self._positions[id(step)] = (step, position)
         rotary = position.rotary(probe.queries)

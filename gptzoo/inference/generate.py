@@ -334,11 +334,14 @@ def generate(
     check_cache_memory(model, prompts, max_new_tokens)
     B, longest = len(prompts), max(len(p) for p in prompts)
     device = model.wte.weight.device
-    # Left padding repeats each row's first token: harmless under the mask, and already in the row
-    # for samplers that look at the tokens so far (repetition_penalty).
+    # Left padding repeats each row's first token: harmless under the attention mask, and marked
+    # for the samplers that look at the tokens so far by ``real`` (False there).
     tokens = torch.tensor([[p[0]] * (longest - len(p)) + list(p) for p in prompts], device=device)
     padded = any(len(p) != longest for p in prompts)
     mask = torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in prompts], device=device) if padded else None
+    real = mask.bool() if mask is not None else None
+    if sampler is not None:
+        sampler.reset()
     cache = model.init_cache(B, longest + max_new_tokens)
     logits = model(tokens, cache, attention_mask=mask, logits_to_keep=1)[:, -1]  # (B, V)
     limit = vocab_size if vocab_size is not None and vocab_size < logits.shape[-1] else None
@@ -353,7 +356,7 @@ def generate(
             if limit is not None:  # ids the tokenizer cannot decode are never chosen
                 logits = logits.float()
                 logits[:, limit:] = float("-inf")
-            nxt = logits.float().argmax(dim=-1) if sampler is None else sampler(logits, tokens, generator)  # (B,)
+            nxt = logits.float().argmax(dim=-1) if sampler is None else sampler(logits, tokens, generator, real=real)
             new: list[int | None] = [None if d else t for d, t in zip(done, nxt.tolist(), strict=True)]
             for row, token in enumerate(new):
                 if token is not None:
@@ -364,6 +367,8 @@ def generate(
             if all(done) or step + 1 == max_new_tokens:
                 break
             tokens = torch.cat([tokens, nxt[:, None]], dim=1)
+            if real is not None:
+                real = torch.cat([real, real.new_ones(B, 1)], dim=1)
             begun = time.perf_counter()
             logits = (compiled(nxt[:, None]) if compiled is not None else model(nxt[:, None], cache))[:, -1]
             if tuner is not None:

@@ -123,5 +123,7 @@ class DecodePlan(Protocol):
         """dst += ``position``'s embedding of each row's position, if it has one."""
 
     def position(self, position: Position, device: torch.device) -> PositionStep:
-        """``position``'s share of each step (its rotary tables); refuses an attention bias."""
+        """``position``'s share of each step (its rotary tables). An attention bias has no native
+        operation: a plan that cannot split refuses it here, a split one refuses each :meth:`attend`
+        (every attention then runs its eager forward, whose context holds the bias)."""
         ...

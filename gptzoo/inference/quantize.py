@@ -9,6 +9,11 @@ CPU has AVX512-VNNI, multiplying them with the input rounded to int16 in blocks 
 with a float32 scale: 15 bits per block, finer than bfloat16's 8 per element, at a third of the
 instructions of widening every weight to float32); longer inputs (a prefill) dequantize a slice of
 rows at a time and use torch's matrix-matrix kernels.
+
+A component decides which of its linears may be quantized with a class attribute ``int8``
+(contract 4, gptzoo.hookspecs): True (the default) lets every nn.Linear inside it be, False none
+(they stay in the model's dtype), a tuple of names (``("c_fc", "c_proj")``, paths inside the
+component) those only. A linear is quantized unless a module around it keeps it.
 """
 
 from __future__ import annotations
@@ -68,18 +73,41 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
+def join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+def linear_paths(module: nn.Module) -> list[str]:
+    """The paths of the plain nn.Linear modules inside ``module`` (``attn.c_attn``), in order."""
+    return [path for path, child in module.named_modules() if type(child) is nn.Linear]
+
+
+def kept_float(model: nn.Module) -> list[str]:
+    """The paths of the linears of ``model`` that a module around them keeps in float (its ``int8``)."""
+    kept: set[str] = set()
+    for prefix, module in model.named_modules():
+        declared = getattr(type(module), "int8", True)
+        if declared is True:
+            continue
+        allowed = set() if declared is False else set(declared)
+        kept.update(join(prefix, path) for path in linear_paths(module) if path not in allowed)
+    return [path for path in linear_paths(model) if path in kept]
+
+
 def quantize_int8(model: nn.Module) -> int:
-    """Replace every plain nn.Linear of ``model`` (in place) by an Int8Linear; return how many.
+    """Replace every plain nn.Linear of ``model`` (in place) by an Int8Linear, but those its
+    components keep in float (:func:`kept_float`); return how many were replaced.
 
     Raises:
         GptzooError: a Linear's weights hold NaN or infinity (rounding to int8 would hide them), before
             anything is replaced.
     """
+    kept = set(kept_float(model))
     linears = [
-        (f"{prefix}.{name}" if prefix else name, parent, name, child)
+        (join(prefix, name), parent, name, child)
         for prefix, parent in model.named_modules()
         for name, child in parent.named_children()
-        if type(child) is nn.Linear
+        if type(child) is nn.Linear and join(prefix, name) not in kept
     ]
     broken = [path for path, *_, linear in linears if not linear.weight.detach().isfinite().all()]
     if broken:

@@ -8,6 +8,7 @@ softmax of the result with a torch.Generator; a chain ending in ``greedy`` takes
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,22 @@ from gptzoo.registry import Entry, Registry, show_plain
 
 Spec = list[tuple[str, dict[str, Any]]]
 """A chain as (sampler name, parameters) pairs, in order."""
+
+PASSED = ("real", "generator")
+"""The keyword arguments the chain passes a step whose ``__call__`` names them (contract 4)."""
+
+
+def keywords_of(step: Sampler) -> tuple[str, ...]:
+    """Which of :data:`PASSED` a step's ``__call__`` takes by name (all of them with ``**kwargs``; none
+    when its signature cannot be read): a step written before contract 4 gets none."""
+    try:
+        params = inspect.signature(step.__call__).parameters.values()
+    except (TypeError, ValueError):
+        return ()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return PASSED
+    named = {p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+    return tuple(name for name in PASSED if name in named)
 
 
 @dataclass(frozen=True)
@@ -120,6 +137,8 @@ class SamplerChain:
         self.spec = spec or []
         self.entries = list(entries)
         """The registry entry of each step, when the chain came from a registry (messages name its plugin)."""
+        self.keywords = [keywords_of(step) for step in self.steps]
+        """Which of ``real`` and ``generator`` each step takes."""
 
     @classmethod
     def from_registry(cls, registry: Registry, spec: Sequence[tuple[str, Mapping[str, Any]]]) -> SamplerChain:
@@ -151,19 +170,47 @@ class SamplerChain:
             parts.append("sample")
         return " -> ".join(parts)
 
-    def transform(self, logits: Tensor, input_ids: Tensor) -> Tensor:
-        """Apply every step: logits (B, V) and tokens so far (B, T) -> logits (B, V)."""
+    def reset(self) -> None:
+        """Call every step's ``reset`` (the start of a generation: per-generation state is forgotten)."""
         for step in self.steps:
-            logits = step(logits, input_ids)
+            reset = getattr(step, "reset", None)
+            if callable(reset):
+                reset()
+
+    def transform(
+        self,
+        logits: Tensor,
+        input_ids: Tensor,
+        *,
+        real: Tensor | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Tensor:
+        """Apply every step: logits (B, V) and tokens so far (B, T) -> logits (B, V).
+
+        real: (B, T) bool, False at left padding; None: every position is real. Passed, with
+            ``generator``, to the steps that take them (:func:`keywords_of`).
+        """
+        passed: dict[str, Any] = {"generator": generator}
+        for step, keywords in zip(self.steps, self.keywords, strict=True):
+            if "real" in keywords and "real" not in passed:
+                passed["real"] = real if real is not None else torch.ones_like(input_ids, dtype=torch.bool)
+            logits = step(logits, input_ids, **{name: passed[name] for name in keywords})
         return logits
 
-    def __call__(self, logits: Tensor, input_ids: Tensor, generator: torch.Generator | None = None) -> Tensor:
-        """The next token of each row, (B,).
+    def __call__(
+        self,
+        logits: Tensor,
+        input_ids: Tensor,
+        generator: torch.Generator | None = None,
+        *,
+        real: Tensor | None = None,
+    ) -> Tensor:
+        """The next token of each row, (B,); ``real`` as :meth:`transform` takes it.
 
         Raises:
             GptzooError: the steps turned a row's logits into NaN or +inf, or masked all of them.
         """
-        logits = self.transform(logits.float(), input_ids)
+        logits = self.transform(logits.float(), input_ids, real=real, generator=generator)
         broken = (logits.isnan() | logits.isposinf()).any(dim=-1) | logits.isneginf().all(dim=-1)
         if broken.any():
             raise GptzooError(

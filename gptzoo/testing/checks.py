@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import tempfile
@@ -18,9 +19,10 @@ from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from gptzoo import plugin_code
-from gptzoo.errors import GptzooError, exception_text
+from gptzoo.errors import GptzooError, describe_exception, exception_text
 from gptzoo.hf import FAMILIES
 from gptzoo.hf.tensor_map import TensorMap
+from gptzoo.inference.quantize import Int8Linear, quantize_int8
 from gptzoo.inference.sampling import SamplerChain, pick_problem
 from gptzoo.interfaces import Positions
 from gptzoo.registry import Entry, Registry, show_plain
@@ -33,6 +35,13 @@ ATOL = 1e-4
 """How far float32 logits of two computations that should agree may differ (cache vs recomputation)."""
 CAUSAL_ATOL = 1e-6
 """How far the logits of a position may move when a later token changes (float32 rounding only)."""
+INT8_RTOL = 0.05
+"""How far (relative, by norm) a component's forward may move when its linears are int8: per-row
+rounding moves a product by well under 1%."""
+GRADIENT_BATCH = 8
+"""Sequences of the gradient check's forward: enough tokens that a router reaches each of a few experts."""
+NORM_GROWTH = 10.0
+"""How much larger a norm's output may be for an input 1000 times larger."""
 
 
 @dataclass
@@ -250,30 +259,99 @@ def check_flops(subject: Subject) -> str:
     return f"{total} FLOPs"
 
 
-def check_gradients(subject: Subject) -> str:
-    """One backward pass of a training forward reaches every parameter (a parameter forward never uses,
-    such as a norm's weight it forgets to multiply by, gets no gradient)."""
+def in_copy(subject: Subject) -> tuple[Any, nn.Module, nn.Module]:
+    """A deep copy of the test model (or the standalone component): (the model or None, the component
+    in it, the copy as a whole), to change without touching the models the other checks share."""
     model, module = subject.module()
+    if model is None:
+        copied = copy.deepcopy(module)
+        return None, copied, copied
+    copied = copy.deepcopy(model)
+    return copied, harness.component_of(copied, subject.kind), copied
+
+
+def check_gradients(subject: Subject) -> str:
+    """One backward pass of a training forward over GRADIENT_BATCH sequences gives every parameter a
+    nonzero gradient (a parameter forward never uses, such as a norm's weight it forgets to multiply
+    by, or one it uses only through a step without a gradient, such as a router read only by topk's
+    indices, gets none; so does an expert no token is routed to). The parameters are moved off their
+    initialization first, so that a zero-initialized one (a ReZero gate) does not hide the others."""
+    model, module, target = in_copy(subject)
     params = dict(module.named_parameters())
     if not params:
         return "no parameters"
-    target = model if model is not None else module
+    noise = generator(2)
+    with torch.no_grad():
+        for p in params.values():
+            p.add_(0.1 * torch.randn(p.shape, generator=noise).to(p.dtype))
     target.train()
-    target.zero_grad(set_to_none=True)
-    x = harness.model_input(subject.kind, PLAIN.n_embd, generator())
+    x = harness.model_input(subject.kind, PLAIN.n_embd, generator(), batch=GRADIENT_BATCH)
     with torch.enable_grad():  # the kit runs its checks without
         y = forward(subject, model, module, x)
         if y.requires_grad:  # else no parameter reached it
             (y.float() * torch.randn(y.shape, generator=generator(1))).sum().backward()
-    missed = [name for name, p in params.items() if p.requires_grad and p.grad is None]
-    target.zero_grad(set_to_none=True)
-    target.eval()
+    missed = [name for name, p in params.items() if p.requires_grad and (p.grad is None or not p.grad.any())]
     if missed:
         raise Failed(
             f"its parameter {missed[0]!r}{f' (and {len(missed) - 1} more)' if len(missed) > 1 else ''} got no "
-            "gradient from a training forward: forward does not use it; use it, or do not make it a parameter"
+            "gradient from a training forward: forward does not use it, or only through a step without a gradient "
+            "(an index, a comparison); use it, or do not make it a parameter"
         )
     return f"{len(params)} parameters reached"
+
+
+def check_int8(subject: Subject) -> str:
+    """Under ``--dtype int8`` (every plain nn.Linear of the test model an Int8Linear, but those a
+    component keeps in float with its ``int8``) the component's forward runs and stays within
+    INT8_RTOL of float32's (relative to its norm)."""
+    model, module = subject.module()
+    x = harness.model_input(subject.kind, PLAIN.n_embd, generator())
+    with torch.no_grad():
+        expected = forward(subject, model, module, x).float()
+    q_model, q_module, target = in_copy(subject)
+    quantize_int8(target)
+    quantized = sum(type(m) is Int8Linear for m in q_module.modules())
+    try:
+        with torch.no_grad():
+            got = forward(subject, q_model, q_module, x).float()
+    except Exception as exc:
+        raise Failed(
+            f"under --dtype int8 its forward raised {harness.one_line(describe_exception(exc))}: call its linears "
+            "(an Int8Linear's weight reads as the dequantized weight), or declare int8 = False on it (or the "
+            "names of the linears it may have quantized)"
+        ) from None
+    error = float((got - expected).norm() / expected.norm().clamp_min(1e-12))
+    if not got.isfinite().all() or not error <= INT8_RTOL:
+        raise Failed(
+            f"under --dtype int8 its forward is {error:.3g} away from float32's (relative), more than int8's rounding "
+            f"({INT8_RTOL}) explains: read each linear's weight through the linear, or keep it in float with int8"
+        )
+    return f"{quantized} linear{'s' if quantized != 1 else ''} in int8, {error:.1e} from float32"
+
+
+def check_norm(subject: Subject) -> str:
+    """A norm normalizes each position on its own: changing one position's input leaves the others'
+    outputs as they were, and an input 1000 times larger gives an output at most 10 times larger (a
+    norm that does not divide by its input's scale gives 1000 times)."""
+    model, module = subject.module()
+    x = harness.model_input(subject.kind, PLAIN.n_embd, generator())
+    changed = x.clone()
+    changed[:, -1] = torch.randn(changed[:, -1].shape, generator=generator(3))
+    with torch.no_grad():
+        y, y_changed, y_large = (forward(subject, model, module, v) for v in (x, changed, 1000 * x))
+    moved = (y_changed[:, :-1] - y[:, :-1]).abs().max()
+    if moved > CAUSAL_ATOL:
+        raise Failed(
+            f"changing the input at position {SEQ} moved the outputs at other positions by up to {float(moved):.3g}: "
+            "normalize each position over its features only, never across positions (that leaks later tokens)"
+        )
+    growth = float(y_large.float().pow(2).mean().sqrt() / y.float().pow(2).mean().sqrt().clamp_min(1e-12))
+    if not growth <= NORM_GROWTH:
+        raise Failed(
+            f"an input 1000 times larger gave an output {growth:.4g} times larger (root mean square): it does not "
+            "normalize; divide by the input's scale (its RMS, or its standard deviation)"
+        )
+    return f"output x{growth:.3g} for input x1000"
 
 
 def check_accounting(subject: Subject) -> str:
@@ -549,7 +627,7 @@ def check_sampler(subject: Subject) -> None:
     step = subject.standalone()
     logits = sampler_logits()
     ids = tokens(3)
-    out = step(logits.clone(), ids)
+    out = SamplerChain([step]).transform(logits.clone(), ids, generator=generator())
     if not isinstance(out, Tensor) or tuple(out.shape) != (BATCH, VOCAB):
         shape = tuple(out.shape) if isinstance(out, Tensor) else show_plain(out)
         raise Failed(f"it turned logits of shape {(BATCH, VOCAB)} into {shape}; return logits of the same shape")
@@ -567,7 +645,8 @@ def check_sampler(subject: Subject) -> None:
 
 
 def check_seeded(subject: Subject) -> None:
-    """Two runs of a chain of this step with the same torch.Generator seed pick the same tokens."""
+    """Two generations of 8 tokens by a chain of this step with the same torch.Generator seed, reset
+    before each as generate resets it, pick the same tokens."""
     chain = SamplerChain([subject.standalone()])
     logits, ids = sampler_logits(), tokens(3)
     runs = []
@@ -575,12 +654,51 @@ def check_seeded(subject: Subject) -> None:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(global_seed)
             gen = generator(1234)
+            chain.reset()
             runs.append(torch.stack([chain(logits.clone(), ids, gen) for _ in range(8)]))
     if not torch.equal(*runs):
         raise Failed(
-            "two runs with the same torch.Generator seed picked different tokens: draw random numbers only from "
-            "the generator the chain passes to pick"
+            "two generations with the same torch.Generator seed picked different tokens: draw random numbers only "
+            "from the generator the chain passes (to pick, and to __call__ when it takes generator=), and forget "
+            "per-generation state in reset(), which the chain calls before each generation"
         )
+
+
+PADDING = 3
+"""Positions of left padding in the padding check."""
+
+
+def check_padding(subject: Subject) -> str:
+    """A prompt left-padded as generate pads a batch (the row's first token repeated, ``real`` False
+    there) gets the logits and the pick it gets without the padding."""
+    chain = SamplerChain([subject.standalone()])
+    logits = sampler_logits()[:1]
+    plain = tokens(6)[:1]
+    padded = torch.cat([plain[:, :1].expand(1, PADDING), plain], dim=1)
+    real = torch.cat([torch.zeros(1, PADDING, dtype=torch.bool), torch.ones_like(plain, dtype=torch.bool)], dim=1)
+    runs = []
+    for ids, mask in ((plain, None), (padded, real)):
+        chain.reset()
+        out = chain.transform(logits.clone(), ids, real=mask, generator=generator(7))
+        chain.reset()
+        runs.append((out, chain(logits.clone(), ids, generator(7), real=mask)))
+    (expected, expected_pick), (got, got_pick) = runs
+    differs = ~torch.isclose(got, expected, rtol=1e-6, atol=1e-6, equal_nan=True)
+    uses = "it takes real= but counts" if "real" in chain.keywords[0] else "it counts"
+    fix = "count only the positions where real is True (take real= in __call__)"
+    if differs.any():
+        token = int(differs.nonzero()[0, 1])
+        raise Failed(
+            f"a prompt left-padded by {PADDING} positions (holding its first token, as generate pads a batch) changed "
+            f"the logit of token {token} from {float(expected[0, token]):.6g} to {float(got[0, token]):.6g}: {uses} "
+            f"the padding; {fix}"
+        )
+    if not torch.equal(got_pick, expected_pick):
+        raise Failed(
+            f"a prompt left-padded by {PADDING} positions picked token {int(got_pick[0])}, not "
+            f"{int(expected_pick[0])} as without the padding: {uses} the padding; {fix}"
+        )
+    return f"takes {', '.join(chain.keywords[0])}" if chain.keywords[0] else "takes neither real nor generator"
 
 
 # --- which checks a component gets -------------------------------------------------------------------
@@ -655,6 +773,7 @@ def _checks(subject: Subject) -> Iterator[Planned]:
         yield add("build", check_build)
         yield add("sampler", check_sampler)
         yield add("seeded", check_seeded)
+        yield add("padding", check_padding)
         return
     if kind == "activation":  # no size of its own
         yield add("build", check_build)
@@ -664,6 +783,9 @@ def _checks(subject: Subject) -> Iterator[Planned]:
             yield add("build", check_build, size)
             yield add("forward", check_forward, size)
     yield add("gradients", check_gradients)
+    yield add("int8", check_int8)
+    if kind == "norm":
+        yield add("normalizes", check_norm)
     yield add("safetensors", check_safetensors)
     yield add("hf_layouts", check_hf_layouts)
     if kind in ("mlp", "attention") or declares(subject.entry, "flops"):

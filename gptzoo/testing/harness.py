@@ -159,12 +159,14 @@ def run_in_model(model: GPT, kind: str, module: nn.Module, x: Tensor) -> Tensor:
     return module(x)
 
 
-def model_input(kind: str, n_embd: int, generator: torch.Generator, dtype: torch.dtype = torch.float32) -> Tensor:
+def model_input(
+    kind: str, n_embd: int, generator: torch.Generator, dtype: torch.dtype = torch.float32, *, batch: int = BATCH
+) -> Tensor:
     """The input of a component's forward: token ids for a position (it runs in the model), else
-    activations (BATCH, SEQ, n_embd)."""
+    activations (batch, SEQ, n_embd)."""
     if kind == "position":
-        return torch.randint(0, VOCAB, (BATCH, SEQ), generator=generator)
-    return torch.randn(BATCH, SEQ, n_embd, generator=generator).to(dtype)
+        return torch.randint(0, VOCAB, (batch, SEQ), generator=generator)
+    return torch.randn(batch, SEQ, n_embd, generator=generator).to(dtype)
 
 
 def in_bfloat16(module: nn.Module) -> nn.Module:

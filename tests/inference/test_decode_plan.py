@@ -249,11 +249,15 @@ def test_hooks_dtypes_and_biases_are_refused() -> None:
         "activations in torch.float64 (the plan takes float32 and bfloat16)",
     )
     alibi = tiny_model("gpt2-tiny", "model.position=alibi")
-    for split in (False, True):  # the model's own lowering refuses: there is nothing to split
-        assert compile_step(alibi, alibi.init_cache(1, 8), 1, split=split) == (
-            None,
-            "ALiBi biases attention (the plan has no attention bias)",
-        )
+    assert compile_step(alibi, alibi.init_cache(1, 8), 1) == (
+        None,
+        "ALiBi biases attention (the plan has no attention bias)",
+    )
+    # split: every attention runs its eager forward, whose context holds the bias; the rest is native
+    step, why = compile_step(alibi, alibi.init_cache(1, 8), 1, split=True)
+    assert why is None and [(type(part.module).__name__, part.reason) for part in step.eager] == [
+        ("CausalSelfAttention", "ALiBi biases attention (the plan has no attention bias)")
+    ] * len(alibi.blocks)
 
 
 def test_an_attention_and_a_block_the_plan_cannot_describe_run_their_eager_forward_within_a_split_step() -> None:
@@ -458,8 +462,11 @@ def test_the_decode_path_of_a_native_model_of_one_the_plan_refuses_and_of_a_gene
     generate(llama, [[1, 2]] * 33, 2, on_decode_path=paths.append)
     assert paths == [
         DecodePath("native"),
-        DecodePath("eager", "ALiBi biases attention (the plan has no attention bias)"),
+        DecodePath("native+eager", missing=paths[1].missing),
         DecodePath("eager", "a batch of 33 rows (the native step takes 1 to 32)"),
+    ]
+    assert [(m.name, m.modules, m.reason) for m in paths[1].missing] == [
+        ("causal", 2, "ALiBi biases attention (the plan has no attention bias)")
     ]
     assert paths[0].message is None
     assert paths[0].as_json() == {"path": "native", "reason": None, "missing": [], "fix": None}

@@ -14,7 +14,7 @@ import gptzoo
 from gptzoo.cli import main
 from gptzoo.cli.args import sampler_step
 from gptzoo.errors import GptzooError
-from gptzoo.inference.sampling import chain_spec
+from gptzoo.inference.sampling import SamplerChain, chain_spec
 
 SAMPLERS = '''
 import torch
@@ -145,6 +145,16 @@ def test_a_sampler_without_a_flag_works_through_the_sampler_option(
     assert chain == "top_k(k=3) -> token_boost -> sample"
     chain, _ = _chain(capsys, "--sampler", "greedy", "--sampler", "flatten")  # a picking step goes last
     assert chain == "flatten -> greedy"
+
+
+def test_a_step_written_before_contract_4_gets_neither_real_nor_generator(
+    site: FakeSite, capsys: pytest.CaptureFixture[str]
+) -> None:
+    chain = SamplerChain.from_registry(gptzoo.get_registry(), [("ban", {"token": 7}), ("greedy", {})])
+    assert chain.keywords == [(), ()]  # __call__(logits, input_ids) and the built-in greedy: called as before
+    argv = [*ARGV, "--sampler", "ban:token=7", "--prompt", "a much longer second prompt"]
+    tokens = run_json(capsys, *argv)["tokens"]  # two prompts: the first is left-padded
+    assert len(tokens) == 2 and all(len(row) == 4 and 7 not in row for row in tokens)
 
 
 def test_sampler_steps_replace_the_recipes_and_drop_its_greedy(

@@ -1,12 +1,15 @@
-"""A plugin distribution with the components the frontier families need, through contract 3's public
-members only: a FIRE-style learned position that declares its FLOPs (a pairwise MLP over every query-key
-distance), a routed mixture-of-experts MLP with a load-balancing auxiliary loss and its active
-parameters, and a multi-head latent attention whose cache holds a latent of width c plus a rotary part
-of width r, declaring its decode cost. Its FLOPs and decode costs equal FlopCounterMode (the
-conformance kit), `gptzoo build` shows total and active parameters and decode cost, training logs the
-auxiliary loss and trains the router on it, and the model generates, cached decoding giving the
-logits of the cache-less forward. The distribution is ``gptzoo-fake-frontier``, its module
-``gptzoo_fake_frontier`` (FRONTIER below)."""
+"""A plugin distribution with the components the frontier families need, through the public members
+of contracts 3 and 4 only: a FIRE-style learned position that declares its FLOPs (a pairwise MLP over
+every query-key distance), a routed mixture-of-experts MLP with a load-balancing auxiliary loss and its
+active parameters, a multi-head latent attention whose cache holds a latent of width c plus a rotary
+part of width r, declaring its decode cost and which of its linears int8 may quantize, three samplers
+(a frequency penalty that counts the real tokens only, XTC drawing from the generation's generator
+before the final pick, Mirostat with per-generation state and a reset) and a recipe registered by
+name. Its FLOPs and decode costs equal FlopCounterMode (the conformance kit), `gptzoo build` shows
+total and active parameters and decode cost, training logs the auxiliary loss and trains the router
+on it, the history sampler never counts padding, `gptzoo build frontier-tiny` works and the model
+generates in int8, cached decoding giving the logits of the cache-less forward. The distribution is
+``gptzoo-fake-frontier``, its module ``gptzoo_fake_frontier`` (FRONTIER below)."""
 
 from __future__ import annotations
 
@@ -16,26 +19,31 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli_run import run_json
+from cli_run import run_error, run_json
 from fakedist import FakeSite
 
 import gptzoo
 from gptzoo.cli import main
+from gptzoo.inference.generate import generate
+from gptzoo.inference.sampling import SamplerChain
 from gptzoo.sweep.matching import MEASURES
 from gptzoo.testing import run_conformance
 from gptzoo.training import run_dir
 from gptzoo.training.trainer import train
 
 FRONTIER = """
+import math
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 import gptzoo
 from gptzoo.flops import linear_flops
-from gptzoo.interfaces import Position
+from gptzoo.interfaces import Position, Sampler
 
-gptzoo_contract = 3
+gptzoo_contract = 4
 
 
 class FIRE(Position):
@@ -128,7 +136,10 @@ class LatentCache:
 class LatentAttention(nn.Module):
     '''Multi-head latent attention (DeepSeek-V2): keys and values of every head come from a cached
     latent of width c (kv_b expands it), plus one rotary key part of width r shared by the heads; q/k
-    width (n + r) differs from v width. It caches c + r values per token, not nh * (n + v).'''
+    width (n + r) differs from v width. It caches c + r values per token, not nh * (n + v). Under
+    --dtype int8 kv_b, which expands every cached latent at each step, stays in float.'''
+
+    int8 = ("q", "kv_a", "c_proj")
 
     def __init__(self, d_model: int, n_head: int, *, n_kv_head: int, head_dim: int, bias: bool,
                  latent: int = 12, v_dim: int = 6) -> None:
@@ -179,6 +190,75 @@ class LatentAttention(nn.Module):
         return {"flops": flops, "bytes": params * dtype.itemsize + self.kv_bytes(1, cache_len, dtype)}
 
 
+class FrequencyPenalty(Sampler):
+    '''Subtract penalty times how often each token occurs in the tokens so far (OpenAI's
+    frequency_penalty), counting only the real ones, never a batch's left padding.'''
+
+    def __init__(self, penalty: float = 0.5) -> None:
+        self.penalty = penalty
+        self.counts = None  # what the latest call counted, for the tests
+
+    def __call__(self, logits, input_ids, *, real):
+        self.counts = torch.zeros_like(logits).scatter_add(-1, input_ids, real.to(logits.dtype))
+        return logits - self.penalty * self.counts
+
+
+class XTC(Sampler):
+    '''Exclude top choices (XTC): with the given probability per row, mask every token at least
+    threshold likely but the least likely of them; a stochastic step before the final pick.'''
+
+    sampling_only = True
+
+    def __init__(self, threshold: float = 0.1, probability: float = 0.5) -> None:
+        self.threshold, self.probability = threshold, probability
+
+    def __call__(self, logits, input_ids, *, generator=None):
+        probs = logits.softmax(dim=-1)
+        top = probs >= self.threshold
+        least = probs.masked_fill(~top, math.inf).argmin(dim=-1, keepdim=True)
+        cut = top.scatter(-1, least, False) & (top.sum(dim=-1, keepdim=True) >= 2)
+        drawn = torch.rand(logits.shape[0], 1, generator=generator) < self.probability
+        return logits.masked_fill(cut & drawn, -math.inf)
+
+
+class Mirostat(Sampler):
+    '''Mirostat 2.0 (Basu et al., 2021): sample among the tokens whose surprise (bits) is at most mu,
+    then move mu towards the target surprise tau; mu is per-generation state, forgotten by reset.'''
+
+    picks = True
+
+    def __init__(self, tau: float = 5.0, eta: float = 0.1) -> None:
+        self.tau, self.eta, self.mu = tau, eta, None
+
+    def reset(self) -> None:
+        self.mu = None
+
+    def pick(self, logits, generator=None):
+        surprise = -logits.log_softmax(dim=-1) / math.log(2)
+        if self.mu is None:
+            self.mu = torch.full((logits.shape[0], 1), 2 * self.tau)
+        keep = (surprise <= self.mu) | (surprise == surprise.min(dim=-1, keepdim=True).values)
+        probs = logits.masked_fill(~keep, -math.inf).softmax(dim=-1)
+        picked = torch.multinomial(probs, 1, generator=generator)
+        self.mu = self.mu - self.eta * (surprise.gather(1, picked) - self.tau)
+        return picked.squeeze(1)
+
+
+RECIPE = Path(__file__).with_name("frontier-tiny.toml")
+
+
+@gptzoo.hookimpl
+def register_recipes(register):
+    register("frontier-tiny", RECIPE)
+
+
+@gptzoo.hookimpl
+def register_samplers(register):
+    register("frequency_penalty", FrequencyPenalty)
+    register("xtc", XTC)
+    register("mirostat", Mirostat)
+
+
 @gptzoo.hookimpl
 def register_attentions(register):
     register("latent", LatentAttention)
@@ -196,9 +276,32 @@ def register_mlps(register):
 OVERRIDES = ["model.position=fire", "model.mlp=routed_moe"]
 
 
+RECIPE = """extends = "gpt2-tiny"
+description = "gpt2-tiny with latent attention, FIRE positions and a routed MoE"
+
+[model]
+attention = "latent"
+position = "fire"
+mlp = "routed_moe"
+
+[generate]
+samplers = [
+  { name = "frequency_penalty", penalty = 0.5 },
+  { name = "xtc", threshold = 0.1, probability = 0.5 },
+  { name = "mirostat", tau = 5.0 },
+]
+"""
+
+
+def add_frontier(site: FakeSite, source: str = FRONTIER, entry: str = "frontier") -> None:
+    """The distribution ``gptzoo-fake-ENTRY`` of ``source`` (FRONTIER or a mutant of it), its recipe beside it."""
+    (site.root / "frontier-tiny.toml").write_text(RECIPE, encoding="utf-8")
+    site.add(entry, f"gptzoo_fake_{entry}", source)
+
+
 @pytest.fixture
 def frontier(fake_site: FakeSite) -> FakeSite:
-    fake_site.add("frontier", "gptzoo_fake_frontier", FRONTIER)
+    add_frontier(fake_site)
     return fake_site
 
 
@@ -297,7 +400,7 @@ def test_a_latent_attention_generates_on_the_generic_path_which_names_it(
 def test_the_kit_counts_a_decode_cost_off_by_one_key(fake_site: FakeSite) -> None:
     wrong = "keys = cache_len + 1  # one query against every key so far, its own included"
     assert wrong in FRONTIER
-    fake_site.add("mutant", "gptzoo_fake_mutant", FRONTIER.replace(wrong, "keys = cache_len"))
+    add_frontier(fake_site, FRONTIER.replace(wrong, "keys = cache_len"))
     registry = gptzoo.get_registry()
     (result,) = [r for r in run_conformance(registry, [registry.get("position", "fire")]) if r.check == "decode_cost"]
     # width 8, the kit's 4 heads: 2 * 8 keys * 8 * 5 declared, 2 * 9 * 8 * 5 run
@@ -339,9 +442,13 @@ def test_it_generates_and_says_which_path_decoded(frontier: FakeSite, capsys: py
     assert main([*argv, "--max-new-tokens", "3", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert len(out["tokens"][0]) == 3
-    # the native plan has no attention bias yet: the model's eager forward decodes, and says why
-    assert out["decode"]["path"] == "eager"
-    assert out["decode"]["reason"] == "FIRE biases attention (the plan has no attention bias)"
+    # the native plan has no attention bias: every attention runs its eager forward (whose context holds
+    # FIRE's bias) within the native step, as does the MoE, which has no lowering
+    assert out["decode"]["path"] == "native+eager"
+    assert [(m["name"], m["modules"], m["reason"]) for m in out["decode"]["missing"]] == [
+        ("causal", 2, "FIRE biases attention (the plan has no attention bias)"),
+        ("routed_moe", 2, "gptzoo_fake_frontier.RoutedMoE has no decode lowering"),
+    ]
 
 
 @pytest.mark.parametrize(
@@ -360,15 +467,129 @@ def test_it_generates_and_says_which_path_decoded(frontier: FakeSite, capsys: py
 )
 def test_the_kit_catches_an_accounting_mistake(fake_site: FakeSite, mutation: tuple[str, str], message: str) -> None:
     assert mutation[0] in FRONTIER
-    fake_site.add("mutant", "gptzoo_fake_mutant", FRONTIER.replace(*mutation))
+    add_frontier(fake_site, FRONTIER.replace(*mutation))
     registry = gptzoo.get_registry()
     (result,) = [r for r in run_conformance(registry, [registry.get("mlp", "routed_moe")]) if r.check == "accounting"]
     assert (result.status, result.detail) == ("failed", message)
 
 
 def test_a_negative_aux_loss_weight_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
-    from cli_run import run_error
-
     assert run_error(capsys, "build", "gpt2-tiny", "--set", "train.aux_loss_weight=-1") == (
         "error: --set train.aux_loss_weight=-1: [train] aux_loss_weight=-1.0 must be a finite number >= 0"
+    )
+
+
+SAMPLERS = ("frequency_penalty", "xtc", "mirostat")
+
+
+def test_its_samplers_pass_the_kit_and_say_what_they_take(frontier: FakeSite) -> None:
+    registry = gptzoo.get_registry()
+    results = run_conformance(registry, [registry.get("sampler", name) for name in SAMPLERS])
+    assert [(r.name, r.check, r.detail) for r in results if r.status == "failed"] == []
+    assert {r.name: r.detail for r in results if r.check == "padding"} == {
+        "frequency_penalty": "takes real",
+        "xtc": "takes generator",
+        "mirostat": "takes neither real nor generator",
+    }
+
+
+def test_a_history_sampler_counts_the_real_tokens_of_a_padded_batch_only(frontier: FakeSite) -> None:
+    registry = gptzoo.get_registry()
+    model = gptzoo.build_model(gptzoo.load_recipe("gpt2-tiny"), device="cpu")
+    model.eval()
+    chain = SamplerChain.from_registry(registry, [("frequency_penalty", {"penalty": 0.5}), ("greedy", {})])
+    prompts = [[5, 6, 5], [9, 8, 9, 8, 9, 8]]
+    (short, long) = generate(model, prompts, 4, sampler=chain)
+    counts = chain.steps[0].counts  # what the penalty counted before the last token was chosen
+    history = [prompts[0] + short[:-1], prompts[1] + long[:-1]]
+    for row, tokens in enumerate(history):
+        expected = torch.bincount(torch.tensor(tokens), minlength=counts.shape[1]).float()
+        assert torch.equal(counts[row], expected)  # the short row's 3 positions of padding are not counted
+    assert counts[0, 5] == history[0].count(5)  # the padding repeats token 5, the row's first
+
+
+@pytest.mark.parametrize(
+    ("mutation", "check", "message"),
+    [
+        (
+            (
+                "    def __call__(self, logits, input_ids, *, real):\n"
+                "        self.counts = torch.zeros_like(logits).scatter_add(-1, input_ids, real.to(logits.dtype))",
+                "    def __call__(self, logits, input_ids):\n"
+                "        self.counts = torch.zeros_like(logits).scatter_add(\n"
+                "            -1, input_ids, torch.ones_like(input_ids, dtype=logits.dtype)\n"
+                "        )",
+            ),
+            ("frequency_penalty", "padding"),
+            "a prompt left-padded by 3 positions (holding its first token, as generate pads a batch) changed the "
+            "logit of token ",
+        ),
+        (
+            ("    def reset(self) -> None:\n        self.mu = None\n", ""),  # with eta 1.0, below
+            ("mirostat", "seeded"),
+            "two generations with the same torch.Generator seed picked different tokens: draw random numbers only "
+            "from the generator the chain passes (to pick, and to __call__ when it takes generator=), and forget "
+            "per-generation state in reset(), which the chain calls before each generation",
+        ),
+        (
+            ("torch.rand(logits.shape[0], 1, generator=generator)", "torch.rand(logits.shape[0], 1)"),
+            ("xtc", "seeded"),
+            "two generations with the same torch.Generator seed picked different tokens",
+        ),
+    ],
+    ids=["counts-padding", "no-reset", "global-random"],
+)
+def test_the_kit_catches_a_sampler_mistake(
+    fake_site: FakeSite, mutation: tuple[str, str], check: tuple[str, str], message: str
+) -> None:
+    assert mutation[0] in FRONTIER
+    # a faster-moving mu (and a lower XTC threshold), so that the state a missing reset carries over
+    # (and XTC's draws) change what the kit's logits keep
+    fast = FRONTIER.replace("tau: float = 5.0, eta: float = 0.1", "tau: float = 5.0, eta: float = 1.0")
+    fast = fast.replace("threshold: float = 0.1, probability", "threshold: float = 0.01, probability")
+    add_frontier(fake_site, fast.replace(*mutation))
+    registry = gptzoo.get_registry()
+    name, check_name = check
+    (result,) = [r for r in run_conformance(registry, [registry.get("sampler", name)]) if r.check == check_name]
+    assert result.status == "failed" and result.detail.startswith(message)
+
+
+def test_its_recipe_builds_by_name_and_generates_in_int8(
+    frontier: FakeSite, capsys: pytest.CaptureFixture[str]
+) -> None:
+    built = run_json(capsys, "build", "frontier-tiny")
+    components = {c["kind"]: c["name"] for c in built["components"]}
+    assert components == {**components, "attention": "latent", "position": "fire", "mlp": "routed_moe"}
+    assert built["params"]["active"] < built["params"]["total"]
+    argv = ["generate", "frontier-tiny", "--prompt", "hi", "--prompt", "a longer prompt", "--max-new-tokens", "4"]
+    assert main([*argv, "--dtype", "int8", "--seed", "1", "--json"]) == 0
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    assert [len(t) for t in out["tokens"]] == [4, 4]
+    assert out["sampler_chain"] == (
+        "frequency_penalty(penalty=0.5) -> xtc(threshold=0.1, probability=0.5) -> mirostat(tau=5.0)"
+    )
+    # kv_b is declared float (int8 = ("q", "kv_a", "c_proj")); every other linear is int8
+    assert "int8: 2 linears kept in float as their components declare: blocks.0.attn.kv_b, blocks.1.attn.kv_b" in (
+        " ".join(captured.err.split())
+    )
+    assert main([*argv, "--dtype", "int8", "--seed", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["tokens"] == out["tokens"]  # Mirostat's state is reset
+
+
+def test_a_component_that_breaks_on_int8_linears_is_refused_in_one_line(
+    fake_site: FakeSite, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fused = "        out = self.c_proj(self.act(self.c_fc(x)))\n"
+    strict = (
+        "        if type(self.c_fc) is not nn.Linear:\n            raise TypeError('the fused path needs nn.Linear')\n"
+    )
+    add_frontier(fake_site, FRONTIER.replace(fused, strict + fused))
+    argv = ["generate", "gpt2-tiny", "--set", "model.mlp=routed_moe", "--prompt", "hi", "--max-new-tokens", "2"]
+    assert main(argv) == 0  # in float32 it runs
+    capsys.readouterr()
+    assert run_error(capsys, *argv, "--dtype", "int8") == (
+        "error: mlp 'routed_moe' from gptzoo_fake_frontier (gptzoo-fake-frontier 1.0) failed under --dtype int8 (its "
+        "nn.Linear modules quantized): TypeError: the fused path needs nn.Linear; declare int8 = False on it, or the "
+        "names of the linears it may have quantized (gptzoo.hookspecs, contract 4), or load it in float32 or bfloat16"
     )
