@@ -10,11 +10,15 @@ model's eager forward (compile_step without ``split``). Each round prints the lo
 included) and the median time from one token to the next, and which sides gave the native side's
 greedy tokens (in float32 all do; in bfloat16 the eager forward's attention rounds otherwise here
 and there, tests/inference/test_decode_plan.py).
-``--torch-compile`` adds, once, the generic alternative: the copy's whole forward through
+``--position alibi`` (any registered position with an attention bias) measures instead the model of
+that shape with that position, random weights: the native plan has no attention bias, so (split)
+runs its attentions' eager forward inside the native step and (eager) the whole eager forward; no
+native side. ``--torch-compile`` adds, once, the generic alternative: the copy's whole forward through
 ``torch.compile(dynamic=True)`` (torch's own kernels: gptzoo's native products are opaque calls to
 it), its compile time counted, as a generation pays it.
 
-    python bench/decode_paths.py [--rounds 3] [--new-tokens 128] [--dtype float32] [--torch-compile] [--json]
+    python bench/decode_paths.py [--rounds 3] [--new-tokens 128] [--dtype float32] [--position alibi]
+        [--torch-compile] [--json]
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from gptzoo.inference.decode_plan import compile_step
 from gptzoo.inference.generate import DecodePath, generate
 from gptzoo.inference.matvec import native_decoding
 from gptzoo.inference.native import cpu_flags
+from gptzoo.loader import load_model
 from gptzoo_plugins._norms import RMSNorm
 
 PROMPT = "The quick brown fox jumps over the lazy dog. Once upon a time, in a small village by the sea, there"
@@ -103,6 +108,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--position", help="a position with an attention bias: split against eager only")
     parser.add_argument("--torch-compile", action="store_true")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -111,16 +117,20 @@ def main() -> None:
         sys.exit(f"{directory} has no model: run `gptzoo fetch smollm2-135m` first")
     prompt = transformers.AutoTokenizer.from_pretrained(directory)(PROMPT, add_special_tokens=False)["input_ids"]
     dtype = getattr(torch, args.dtype)
-    native = load_hf(directory).eval().to(dtype)
-    copied = load_hf(directory).eval().to(dtype)
-    norms = [m for m in copied.modules() if type(m) is RMSNorm]
-    for norm in norms:
-        norm.__class__ = CopiedRMSNorm
-    sides: dict[str, Callable[[], tuple[list[int], float, float, DecodePath]]] = {
-        "native": lambda: run(native, prompt, args.new_tokens, split=True),
-        "split": lambda: run(copied, prompt, args.new_tokens, split=True),
-        "eager": lambda: run(copied, prompt, args.new_tokens, split=False),
-    }
+    sides: dict[str, Callable[[], tuple[list[int], float, float, DecodePath]]] = {}
+    if args.position is None:
+        native = load_hf(directory).eval().to(dtype)
+        copied = load_hf(directory).eval().to(dtype)
+        norms = [m for m in copied.modules() if type(m) is RMSNorm]
+        for norm in norms:
+            norm.__class__ = CopiedRMSNorm
+        sides["native"] = lambda: run(native, prompt, args.new_tokens, split=True)
+    else:
+        overrides = [f"model.position={args.position}"]
+        copied = load_model("smollm2-135m", overrides=overrides, recipe_weights=False, seed=0).model.eval().to(dtype)
+        norms = []
+    sides["split"] = lambda: run(copied, prompt, args.new_tokens, split=True)
+    sides["eager"] = lambda: run(copied, prompt, args.new_tokens, split=False)
     with torch.no_grad():
         for side in sides.values():  # warm up: the kernels' build, the first allocations
             side()
@@ -145,13 +155,15 @@ def main() -> None:
                 print(
                     f"torch.compile  load {compiled['load']:.2f}  {speed:.1f} tokens/s, first token after {first:.1f} s"
                 )
-    same = {name: t == tokens["native"] for name, t in tokens.items() if name != "native"}
+    first = next(iter(sides))
+    same = {name: t == tokens[first] for name, t in tokens.items() if name != first}
     flags = sorted({f for f in cpu_flags().split() if f in ("avx2", "avx512_bf16", "amx_bf16")})
-    report = {"model": "smollm2-135m", "dtype": args.dtype, "new_tokens": args.new_tokens, "rounds": rounds}
+    report = {"model": "smollm2-135m", "position": args.position, "dtype": args.dtype, "new_tokens": args.new_tokens}
+    report |= {"rounds": rounds}
     report |= {"torch_compile": compiled if args.torch_compile else None, "same_tokens": same}
     report |= {"replaced_norms": len(norms), "cpu_flags": flags, "threads": torch.get_num_threads()}
     print(
-        json.dumps(report, indent=2) if args.json else f"the native tokens: {same}; {len(norms)} norms; flags {flags}"
+        json.dumps(report, indent=2) if args.json else f"the {first} tokens: {same}; {len(norms)} norms; flags {flags}"
     )
 
 

@@ -42,6 +42,20 @@ def keywords_of(step: Sampler) -> tuple[str, ...]:
     return tuple(name for name in PASSED if name in named)
 
 
+def takes_no_arguments(method: object) -> bool:
+    """Whether ``method`` is callable with no arguments (a ``reset`` that wants some is not the
+    contract's, e.g. one of a step written before contract 4: the chain leaves it alone)."""
+    if not callable(method):
+        return False
+    try:
+        inspect.signature(method).bind()
+    except TypeError:
+        return False
+    except ValueError:  # a signature that cannot be read: called as the contract says
+        return True
+    return True
+
+
 @dataclass(frozen=True)
 class Traits:
     """What a sampler's factory declares about its place in a chain (read before anything is built)."""
@@ -139,6 +153,8 @@ class SamplerChain:
         """The registry entry of each step, when the chain came from a registry (messages name its plugin)."""
         self.keywords = [keywords_of(step) for step in self.steps]
         """Which of ``real`` and ``generator`` each step takes."""
+        self.resets = [reset for step in self.steps if takes_no_arguments(reset := getattr(step, "reset", None))]
+        """The steps' ``reset()`` methods, called before each generation."""
 
     @classmethod
     def from_registry(cls, registry: Registry, spec: Sequence[tuple[str, Mapping[str, Any]]]) -> SamplerChain:
@@ -171,11 +187,9 @@ class SamplerChain:
         return " -> ".join(parts)
 
     def reset(self) -> None:
-        """Call every step's ``reset`` (the start of a generation: per-generation state is forgotten)."""
-        for step in self.steps:
-            reset = getattr(step, "reset", None)
-            if callable(reset):
-                reset()
+        """Call every step's ``reset()`` (the start of a generation: per-generation state is forgotten)."""
+        for reset in self.resets:
+            reset()
 
     def transform(
         self,

@@ -152,6 +152,8 @@ def test_a_step_written_before_contract_4_gets_neither_real_nor_generator(
 ) -> None:
     chain = SamplerChain.from_registry(gptzoo.get_registry(), [("ban", {"token": 7}), ("greedy", {})])
     assert chain.keywords == [(), ()]  # __call__(logits, input_ids) and the built-in greedy: called as before
+    chain.steps[0].reset = lambda token: None  # a method of that name that is not the contract's
+    assert len(SamplerChain(chain.steps).resets) == 1  # left alone; greedy's (the base class's) is called
     argv = [*ARGV, "--sampler", "ban:token=7", "--prompt", "a much longer second prompt"]
     tokens = run_json(capsys, *argv)["tokens"]  # two prompts: the first is left-padded
     assert len(tokens) == 2 and all(len(row) == 4 and 7 not in row for row in tokens)
