@@ -289,11 +289,17 @@ def forward_problem(kind: str, module: nn.Module) -> str | None:
     return None
 
 
+def linear_paths(module: nn.Module) -> list[str]:
+    """The paths of the plain nn.Linear modules inside ``module`` (``attn.c_attn``), in order: what
+    ``--dtype int8`` may quantize (gptzoo.inference.quantize)."""
+    from torch import nn  # something was built: torch is loaded
+
+    return [path for path, child in module.named_modules() if type(child) is nn.Linear]
+
+
 def int8_problem(module: nn.Module) -> str | None:
     """Why the module's class attribute ``int8`` (contract 4: which of its linears ``--dtype int8`` may
     quantize) is not True, False or a tuple of the paths of nn.Linear modules inside it, or None."""
-    from gptzoo.inference.quantize import linear_paths  # something was built: torch is loaded
-
     declared = getattr(type(module), "int8", True)
     if type(declared) is bool:
         return None

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from gptzoo.errors import GptzooError
 from gptzoo.inference.matvec import native_linear
+from gptzoo.plugin_code import linear_paths
 
 SLICE_ROWS = 4096
 """Rows of weight dequantized at a time for a long input (bounds the temporary memory)."""
@@ -75,11 +76,6 @@ class Int8Linear(nn.Module):
 
 def join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
-
-
-def linear_paths(module: nn.Module) -> list[str]:
-    """The paths of the plain nn.Linear modules inside ``module`` (``attn.c_attn``), in order."""
-    return [path for path, child in module.named_modules() if type(child) is nn.Linear]
 
 
 def kept_float(model: nn.Module) -> list[str]:
