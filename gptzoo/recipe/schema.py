@@ -220,7 +220,8 @@ class TrainSpec:
     """The factor on the model's auxiliary losses (its components' ``aux_losses``, e.g. a router's load
     balancing) added to the training loss; 0: logged, not trained on. 0.01 is OLMoE's router coefficient."""
     peak_tflops: float = 0.0
-    """The device's peak FLOP/s (in TFLOP/s) that MFU is measured against; 0: measure it with a matmul."""
+    """The device's peak FLOP/s (in TFLOP/s) that MFU is measured against; 0: measure it with a matmul at
+    start-up (gptzoo.training.trainer.peak_of; an MFU above 1 is dropped, the peak being too low)."""
     data: str = ""
     """The prepared data directory (`gptzoo prepare`), relative to the recipe file that sets it (to the
     working directory when --set sets it); --data overrides."""

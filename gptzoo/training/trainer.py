@@ -74,8 +74,11 @@ class TrainResult:
     val_loss: float | None
     tokens_per_s: float
     mfu: float | None
+    """Of the last logged window; None when it would exceed 1 (:func:`mfu_of`)."""
     skipped: int
     checkpoint: Path | None
+    peak: Peak | None = None
+    """What MFU divides by (None: the run did no step)."""
 
     def summary(self, run: str | Path) -> dict[str, Any]:
         """The result as JSON data: a number that is not finite (a NaN loss, an infinite MFU) is null."""
@@ -86,6 +89,7 @@ class TrainResult:
             "val_loss": finite_or_none(self.val_loss),
             "tokens_per_s": finite_or_none(self.tokens_per_s),
             "mfu": finite_or_none(self.mfu),
+            "peak": self.peak.as_json() if self.peak is not None else None,
             "skipped_steps": self.skipped,
             "checkpoint": str(self.checkpoint) if self.checkpoint else None,
         }
@@ -268,16 +272,52 @@ def autocast(precision: str, device: torch.device) -> Iterator[None]:
         yield
 
 
+@dataclass(frozen=True)
+class Peak:
+    """The FLOP/s that MFU divides by, and where the figure comes from (``--json``'s ``peak``)."""
+
+    flops_per_s: float
+    source: str
+
+    def as_json(self) -> dict[str, Any]:
+        return {"flops_per_s": self.flops_per_s, "source": self.source}
+
+
+PEAK_TRIALS = 3
+"""Timed matmuls of the measured peak (the fastest counts: other work on the cores only slows one)."""
+
+
+def peak_of(spec: TrainSpec, device: torch.device) -> Peak:
+    """``[train] peak_tflops`` when the recipe gives it, else the FLOP/s of a large matmul in the
+    training precision measured now (:func:`measure_peak_flops`)."""
+    if spec.peak_tflops:
+        return Peak(spec.peak_tflops * 1e12, f"[train] peak_tflops = {spec.peak_tflops:g}")
+    n = matmul_size(device)
+    measured = measure_peak_flops(device, spec.precision)
+    return Peak(measured, f"measured at start-up: the fastest of {PEAK_TRIALS} {n}x{n} {spec.precision} matmuls")
+
+
+def mfu_of(flops_per_s: float, peak: Peak) -> float | None:
+    """The model FLOPs utilization, or None when it would exceed 1: then the peak is too low (measured
+    while other work had the cores, or a [train] peak_tflops below the device's), and no figure is honest."""
+    mfu = flops_per_s / peak.flops_per_s
+    return mfu if mfu <= 1 else None
+
+
+def matmul_size(device: torch.device) -> int:
+    return 8192 if device.type == "cuda" else 2048
+
+
 def measure_peak_flops(device: torch.device, precision: str) -> float:
     """FLOP/s of a large matmul in the training precision: the peak MFU is measured against."""
     dtype = PRECISION_DTYPES[precision]
-    n = 8192 if device.type == "cuda" else 2048
+    n = matmul_size(device)
     generator = torch.Generator(device=device).manual_seed(0)  # the global RNG is the run's, not this probe's
     a = torch.randn(n, n, device=device, dtype=dtype, generator=generator)
     b = torch.randn(n, n, device=device, dtype=dtype, generator=generator)
     a @ b  # warm-up
     best = math.inf
-    for _ in range(3):
+    for _ in range(PEAK_TRIALS):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         start = time.perf_counter()
@@ -341,7 +381,7 @@ class Trainer:
         self.windows = Windows(data.train, self.seq_len, spec.seed)
         self.val = data.val
         n_windows(self.val, self.seq_len)  # val.bin must hold a window: say so now, not at the first evaluation
-        self.peak = spec.peak_tflops * 1e12 or measure_peak_flops(procs.device, spec.precision)
+        self.peak = peak_of(spec, procs.device)
         torch.manual_seed(spec.seed)
         model = init if init is not None else build_model(recipe, registry=registry)
         self.model = model.to(procs.device)
@@ -619,7 +659,7 @@ class Trainer:
                 step, last = self.step, self.step == spec.max_steps
                 if step % spec.log_every == 0 or last or not applied:
                     tokens_per_s = window_steps * tokens_per_step / window_time
-                    mfu = tokens_per_s * self.flops_per_token / self.procs.world_size / self.peak
+                    mfu = mfu_of(tokens_per_s * self.flops_per_token / self.procs.world_size, self.peak)
                     self.log(
                         {
                             "step": step,
@@ -648,7 +688,7 @@ class Trainer:
                     )
                 if (spec.checkpoint_every and step % spec.checkpoint_every == 0) or last:
                     checkpoint = self.save() or checkpoint
-        return TrainResult(self.step, loss, val_loss, tokens_per_s, mfu, self.skipped, checkpoint)
+        return TrainResult(self.step, loss, val_loss, tokens_per_s, mfu, self.skipped, checkpoint, self.peak)
 
 
 def check_out(out: Path, *, resume: bool) -> None:
