@@ -77,8 +77,8 @@ class TrainResult:
     """Of the last logged window; None when it would exceed 1 (:func:`mfu_of`)."""
     skipped: int
     checkpoint: Path | None
-    peak: Peak | None = None
-    """What MFU divides by (None: the run did no step)."""
+    peak: Peak
+    """What MFU divides by."""
 
     def summary(self, run: str | Path) -> dict[str, Any]:
         """The result as JSON data: a number that is not finite (a NaN loss, an infinite MFU) is null."""
@@ -89,7 +89,7 @@ class TrainResult:
             "val_loss": finite_or_none(self.val_loss),
             "tokens_per_s": finite_or_none(self.tokens_per_s),
             "mfu": finite_or_none(self.mfu),
-            "peak": self.peak.as_json() if self.peak is not None else None,
+            "peak": self.peak.as_json(),
             "skipped_steps": self.skipped,
             "checkpoint": str(self.checkpoint) if self.checkpoint else None,
         }

@@ -12,7 +12,7 @@ from test_frontier_plugin import FRONTIER, add_frontier
 import gptzoo
 from gptzoo.testing import run_conformance
 
-FORGETFUL = """
+NORMS = """
 import torch
 from torch import nn
 
@@ -29,18 +29,6 @@ class Forgetful(nn.Module):
 
     def forward(self, x):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-
-
-@gptzoo.hookimpl
-def register_norms(register):
-    register("forgetful", Forgetful)
-"""
-
-NORMS = """
-import torch
-from torch import nn
-
-import gptzoo
 
 
 class Scale(nn.Module):
@@ -68,6 +56,7 @@ class OverTime(nn.Module):
 
 @gptzoo.hookimpl
 def register_norms(register):
+    register("forgetful", Forgetful)
     register("scale", Scale)
     register("over_time", OverTime)
 """
@@ -85,7 +74,7 @@ def result(kind: str, name: str, check: str) -> tuple[str, str]:
 
 
 def test_a_norm_that_ignores_its_weight_fails(fake_site: FakeSite) -> None:
-    fake_site.add("forgetful", "gptzoo_fake_forgetful", FORGETFUL)
+    fake_site.add("norms", "gptzoo_fake_norms", NORMS)
     assert result("norm", "forgetful", "gradients") == ("failed", f"its parameter 'weight' {UNUSED}")
 
 
