@@ -174,8 +174,8 @@ CONTRACTS: dict[str, Contract] = {
             "mlp",
             structural=(("d_model", "n_embd"), ("d_ff", "d_ff"), ("bias", "bias")),
             components=("activation",),
-            members=("c_proj", "flops"),
-            optional=("reset_parameters", "active_parameters", "aux_losses", "decode_cost"),
+            members=("flops",),
+            optional=("c_proj", "reset_parameters", "active_parameters", "aux_losses", "decode_cost"),
         ),
         Contract(
             "position",
@@ -279,11 +279,12 @@ def register_mlps(register: Register) -> None:
     Factory: ``factory(d_model, d_ff, *, activation, bias, **params) -> MLP``; ``activation`` is a
     built activation module. Forward: x (B, T, d_model) -> (B, T, d_model).
     ``c_proj`` is the nn.Linear that writes into the residual stream (the model scales its
-    initialization by 1/sqrt(2 n_layer), as GPT-2 does); ``flops(batch, seq_len)`` as in the
-    module docstring.
+    initialization by 1/sqrt(2 n_layer), as GPT-2 does); an mlp with several such projections (a
+    mixture of experts) has none of its own, and each module inside it with an nn.Linear ``c_proj``
+    (each expert) gets that scaling. ``flops(batch, seq_len)`` as in the module docstring.
 
-    Members: ``c_proj``, ``flops``.
-    Optional: ``reset_parameters``, ``active_parameters``, ``aux_losses``, ``decode_cost``.
+    Members: ``flops``.
+    Optional: ``c_proj``, ``reset_parameters``, ``active_parameters``, ``aux_losses``, ``decode_cost``.
     On the factory: ``check``, ``examples``.
     """
 

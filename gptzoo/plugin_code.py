@@ -210,7 +210,9 @@ def check_contract(entry: Entry, built: object, *, width: int | None = None) -> 
             f"(gptzoo.hookspecs.CONTRACTS, interface gptzoo.interfaces.{contract.interface}); {fix(entry)}"
         )
     declared = declared_members(contract.interface)
-    for member in contract.members:
+    with running(entry, "built an object that cannot be inspected"):
+        present = [m for m in contract.optional if m in declared and hasattr(built, m)]  # typed when given
+    for member in (*contract.members, *present):
         positive = member in contract.positive
         with running(entry, "built an object that cannot be inspected"):
             problem = member_problem(getattr(built, member), declared[member], positive=positive)

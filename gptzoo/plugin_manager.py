@@ -61,6 +61,7 @@ DEFAULT_PLUGINS = (
     "gptzoo_plugins.norms",
     "gptzoo_plugins.activations",
     "gptzoo_plugins.mlps",
+    "gptzoo_plugins.moe",
     "gptzoo_plugins.positions",
     "gptzoo_plugins.attentions",
     "gptzoo_plugins.samplers",

@@ -33,12 +33,18 @@ KERNELS = {
 """gptzoo's attention for each of transformers' kernels: the same parameters (window, scale, ...), another kernel."""
 
 
-def save_hf(tmp_path: Path, name: str, config: transformers.PretrainedConfig, *, seed: int = 0) -> Path:
+def save_hf(
+    tmp_path: Path, name: str, config: transformers.PretrainedConfig, *, seed: int = 0, wide: tuple[str, ...] = ()
+) -> Path:
+    """``wide``: suffixes of the parameters drawn from normal(0, 1) instead (a router's: its choices then
+    rest on clear margins, not on near-ties that rounding could flip)."""
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():
-        for p in model.parameters():
-            if p.ndim == 1:
+        for key, p in model.named_parameters():
+            if key.endswith(wide):
+                p.normal_()
+            elif p.ndim == 1:
                 p.add_(torch.randn_like(p) * 0.1)
     path = tmp_path / name
     model.save_pretrained(path)

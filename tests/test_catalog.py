@@ -15,10 +15,14 @@ from gptzoo.recipe import load_recipe, read_recipe_data, resolve_components, shi
 RMSNORM_RECIPES = [
     "llama-tiny",
     "mistral-7b",
+    "mixtral-8x7b",
+    "moe-tiny",
     "olmo2-1b",
+    "olmoe-1b-7b",
     "phi-3-mini",
     "qwen2.5-0.5b",
     "qwen3-0.6b",
+    "qwen3-30b-a3b",
     "smollm2-135m",
     "tinyllama-1.1b",
 ]

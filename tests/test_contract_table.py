@@ -224,7 +224,7 @@ def site(fake_site: FakeSite, monkeypatch: pytest.MonkeyPatch) -> FakeSite:
         (
             NO_CPROJ,
             "model.mlp=plain",
-            "mlp 'plain' from gptzoo_fake_nocproj (gptzoo-fake-nocproj 1.0) built a Plain without c_proj, flops, "
+            "mlp 'plain' from gptzoo_fake_nocproj (gptzoo-fake-nocproj 1.0) built a Plain without flops, "
             "which the mlp contract requires (gptzoo.hookspecs.CONTRACTS, interface gptzoo.interfaces.MLP); "
             "fix the plugin, or choose another mlp",
         ),

@@ -1,8 +1,11 @@
-"""``gptzoo list``: the registered components and the shipped recipes that use them."""
+"""``gptzoo list``: the registered components and the shipped recipes that use them (without importing
+any component's code); ``--parameters`` also shows the parameters a recipe may give each, with their
+defaults, which imports the code of each listed component, as a build would."""
 
 from __future__ import annotations
 
 import argparse
+import inspect
 from dataclasses import asdict
 from typing import Any
 
@@ -11,15 +14,20 @@ from gptzoo.cli.console import Console, emit
 from gptzoo.cli.library import command_registry
 from gptzoo.cli.render import few, text
 from gptzoo.errors import GptzooError
-from gptzoo.hookspecs import KINDS
+from gptzoo.hookspecs import CONTRACTS, KINDS
 from gptzoo.plugin_manager import canonical_name
-from gptzoo.registry import Registry, split_name
+from gptzoo.registry import Entry, Registry, split_name
 
 
 def add_parser(sub: Subparsers, common: Parser) -> Parser:
     p = sub.add_parser("list", parents=[common], help="list registered components")
     p.add_argument("kind", nargs="?", choices=KINDS, help="only this kind")
     p.add_argument("name", nargs="?", help="only the components of this name (bare, or qualified: DIST:name)")
+    p.add_argument(
+        "--parameters",
+        action="store_true",
+        help="also show the parameters a recipe may give each component, with their defaults (imports their code)",
+    )
     return p
 
 
@@ -44,15 +52,22 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> None:
         }
         for e in entries
     ]
+    columns = {
+        "kind": lambda r: r["kind"],
+        "name": lambda r: text(r["name"]) + (f"\n[dim]{text(r['qualified_name'])}[/dim]" if r["note"] else ""),
+        "description": lambda r: text(r["doc"]),
+    }
+    if args.parameters:
+        for row, e in zip(rows, entries, strict=True):
+            row["parameters"] = parameters(e)
+        columns["parameters"] = lambda r: text("\n".join(f"{k}={v!r}" for k, v in r["parameters"].items()))
     emit(
         args,
         out,
         rows,
         "Components",
         {
-            "kind": lambda r: r["kind"],
-            "name": lambda r: text(r["name"]) + (f"\n[dim]{text(r['qualified_name'])}[/dim]" if r["note"] else ""),
-            "description": lambda r: text(r["doc"]),
+            **columns,
             "shipped recipes": lambda r: text(few(r["recipes"])),
             "from": lambda r: (
                 origin(r)
@@ -77,6 +92,23 @@ def _named(registry: Registry, kind: str | None, name: str, entries: list[Any]) 
     if not matching:
         raise GptzooError(f"no component is named {name!r}; see `gptzoo list`")
     return matching
+
+
+def parameters(entry: Entry) -> dict[str, Any]:
+    """The factory's parameters a recipe may give, with their defaults (those the model passes aside)."""
+    from gptzoo import plugin_code  # imports the component's module, on request only
+
+    sig = plugin_code.signature(entry)
+    if sig is None:
+        return {}
+    given = CONTRACTS[entry.kind].given_by_model
+    keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    plain = (str, int, float, bool, type(None))
+    return {
+        name: p.default if isinstance(p.default, plain) else repr(p.default)  # JSON can hold it
+        for name, p in sig.parameters.items()
+        if name not in given and p.kind in keyword and p.default is not p.empty
+    }
 
 
 def origin(row: dict[str, Any]) -> str:

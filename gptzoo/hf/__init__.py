@@ -24,9 +24,12 @@ from gptzoo.hf.gpt2 import GPT2
 from gptzoo.hf.gpt_neox import GPTNeoX
 from gptzoo.hf.llama import Llama
 from gptzoo.hf.mistral import Mistral
+from gptzoo.hf.mixtral import Mixtral
 from gptzoo.hf.olmo2 import Olmo2
+from gptzoo.hf.olmoe import Olmoe
 from gptzoo.hf.phi3 import Phi3
 from gptzoo.hf.qwen import Qwen2, Qwen3
+from gptzoo.hf.qwen_moe import Qwen2Moe, Qwen3Moe
 from gptzoo.model.build import assemble, build_model
 from gptzoo.model.checkpoint import tokenizer_copies
 from gptzoo.model.gpt import GPT
@@ -37,7 +40,22 @@ from gptzoo.untrusted import WEIGHT_DTYPES, WEIGHT_DTYPES_TEXT, dtype_name, firs
 
 FAMILIES: dict[str, Family] = {
     family.model_type: family
-    for family in (GPT2(), Llama(), Gemma3(), Gemma2(), Qwen2(), Qwen3(), Mistral(), GPTNeoX(), Phi3(), Olmo2())
+    for family in (
+        GPT2(),
+        Llama(),
+        Gemma3(),
+        Gemma2(),
+        Qwen2(),
+        Qwen3(),
+        Mistral(),
+        GPTNeoX(),
+        Phi3(),
+        Olmo2(),
+        Mixtral(),
+        Qwen2Moe(),
+        Qwen3Moe(),
+        Olmoe(),
+    )
 }
 """config.json model_type -> family."""
 

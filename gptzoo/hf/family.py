@@ -76,6 +76,9 @@ class Family:
     share "llama". Default: the family's name."""
     component_layouts: tuple[HFLayout, ...] = ()
     """The built-in components' layouts for ``layout``, written by the family that names it."""
+    extends: Family | None = None
+    """A family whose layout this one's extends: a component without a layout of this family's key is
+    mapped as that family maps it (Mixtral stores everything as Llama does but its experts)."""
     known: frozenset[str] = frozenset()
     """Fields components may give that the family writes to config.json besides ``required``; a
     component giving any other field (a feature the family has no place for, e.g. a sliding window in
@@ -112,7 +115,9 @@ class Family:
 
     def layouts(self, registry: Registry | None = None) -> Layouts:
         """The components' layouts for this family: the built-ins', then the registry's plugins'."""
-        return _layouts(self.layout, self.component_layouts, registry if registry is not None else default_registry())
+        registry = registry if registry is not None else default_registry()
+        base = self.extends.layouts(registry) if self.extends is not None else None
+        return _layouts(self.layout, self.component_layouts, registry, base)
 
     def config(
         self,
@@ -281,9 +286,9 @@ class Family:
 
 
 @functools.lru_cache(maxsize=16)
-def _layouts(layout: str, builtins: tuple[HFLayout, ...], registry: Registry) -> Layouts:
+def _layouts(layout: str, builtins: tuple[HFLayout, ...], registry: Registry, base: Layouts | None) -> Layouts:
     """One table per layout and registry (what a plugin's registration warns is said once)."""
-    return Layouts(layout, builtins, registry)
+    return Layouts(layout, builtins, registry, base)
 
 
 def show(value: Any, limit: int = 60) -> str:

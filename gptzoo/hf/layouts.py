@@ -9,7 +9,8 @@ hf/llama.py the "llama" one, ...), keyed by reference so that this package impor
 component names a family; a plugin adds its own through the ``register_hf_layouts`` hook
 (gptzoo.hookspecs), and may replace a built-in's with ``override=True``.
 
-A module's layout is that of its class, else of its nearest base class that has one (in MRO order). A
+A module's layout is that of its class, else of its nearest base class that has one (in MRO order), else
+the one of the layout it extends, if any (Mixtral's is Llama's but for its experts: ``Family.extends``). A
 class that answers for itself with the methods of contract 1, ``hf_weights(layout)`` and
 ``hf_config(layout)``, is read through them, with one GptzooWarning per class.
 """
@@ -57,8 +58,10 @@ class Layouts:
     """One layout's table, component class -> :class:`HFLayout`: the family's built-ins, then what the
     registry's plugins registered for it."""
 
-    def __init__(self, layout: str, builtins: Iterable[HFLayout], registry: Registry) -> None:
-        self.layout = layout
+    def __init__(
+        self, layout: str, builtins: Iterable[HFLayout], registry: Registry, base: Layouts | None = None
+    ) -> None:
+        self.layout, self.base = layout, base
         self.table: dict[str, HFLayout] = {entry.key[0]: entry for entry in builtins}
         for entry in registry.hf_layouts:
             if entry.layout != layout:
@@ -76,14 +79,15 @@ class Layouts:
             self.table[name] = entry
 
     def find(self, module: nn.Module) -> HFLayout | None:
-        """The layout of the module's class or of its nearest base class that has one; None if none has."""
+        """The layout of the module's class or of its nearest base class that has one, else the one the
+        layout this one extends (``base``) finds; None if none has."""
         for cls in type(module).__mro__:
             found = self.table.get(class_key(cls))
             if found is not None:
                 return found
             if "hf_weights" in vars(cls):
                 return self._contract_1(cls)
-        return None
+        return self.base.find(module) if self.base is not None else None
 
     def _contract_1(self, cls: type) -> HFLayout:
         """A layout read through the class's own ``hf_weights`` / ``hf_config`` methods (contract 1)."""

@@ -38,6 +38,8 @@ class LlamaShaped(Llama):
     """transformers' max_position_embeddings when config.json has none."""
     kv_heads_default: int
     """transformers' num_key_value_heads when config.json has none (null means one per query head)."""
+    eps_default: float = 1e-6
+    """transformers' rms_norm_eps when config.json has none."""
     head_dim_default: int | None = None
     """transformers' head_dim when config.json has none; None: hidden_size / num_attention_heads."""
     bias_reason: str
@@ -50,6 +52,15 @@ class LlamaShaped(Llama):
     def layer_windows(self, f: Fields, n_layer: int) -> list[int | None]:
         """Each layer's sliding window (None: full attention), as transformers reads config.json."""
         raise NotImplementedError
+
+    def mlp(self, f: Fields) -> str | dict[str, Any]:
+        """The mlp of the layers (those of :meth:`dense_layers` aside)."""
+        return "gated"
+
+    def dense_layers(self, f: Fields, n_layer: int) -> list[bool]:
+        """Which layers have the gated MLP of intermediate_size instead of :meth:`mlp` (an MoE family's
+        layers without experts); none by default."""
+        return [False] * n_layer
 
     def recipe_data(self, config: Mapping[str, Any]) -> dict[str, Any]:
         f = Fields(config)
@@ -72,15 +83,15 @@ class LlamaShaped(Llama):
             "d_ff": f.integer("intermediate_size"),
             "bias": False,
             "tie_embeddings": f.flag("tie_word_embeddings", False),
-            "norm": {"name": "rmsnorm", "eps": f.number("rms_norm_eps", 1e-6)},
+            "norm": {"name": "rmsnorm", "eps": f.number("rms_norm_eps", self.eps_default)},
             "norm_placement": "pre",
             "activation": f.choice("hidden_act", "silu", ACTIVATIONS),
-            "mlp": "gated",
+            "mlp": self.mlp(f),
             "position": rope_position(f, context_length),
             "attention": attention,
             "init_std": f.number("initializer_range", 0.02),
         }
-        model.update(schedule(self.layer_windows(f, n_layer), attention))
+        model.update(schedule(model, self.layer_windows(f, n_layer), self.dense_layers(f, n_layer)))
         f.problems += refuse(config, {})
         f.check()
         return {"model": model, "tokenizer": {"name": "hf"}}
@@ -101,17 +112,31 @@ class LlamaShaped(Llama):
         return fields
 
 
-def schedule(windows: list[int | None], attention: dict[str, Any]) -> dict[str, Any]:
-    """[model] entries for each layer's window: none; every layer's in [model]'s attention; or a
-    layer_pattern of "full" and "sliding" layers (the shortest repeating run of them)."""
-    if all(w is None for w in windows):
-        return {}
-    window = next(w for w in windows if w is not None)
-    sliding = {**attention, "name": "sliding_window", "window": window}
+def schedule(model: dict[str, Any], windows: list[int | None], dense: list[bool]) -> dict[str, Any]:
+    """[model] entries for each layer's window and mlp (``dense``: the gated MLP instead of [model]'s
+    mlp): what every layer shares in [model] itself, and what varies as a layer_pattern (the shortest
+    repeating run) of layer types named by what they change: "sliding" or "full" attention, a "dense"
+    or "moe" mlp (both, joined by "_", when both vary)."""
+    out: dict[str, Any] = {}
+    window = next((w for w in windows if w is not None), None)
+    sliding = {**model["attention"], "name": "sliding_window", "window": window}
     if None not in windows:
-        return {"attention": sliding}
-    pattern = shortest_period(["full" if w is None else "sliding" for w in windows])
-    return {"layer_pattern": pattern, "layer_types": {"sliding": {"attention": sliding}, "full": {}}}
+        out["attention"] = sliding
+    if all(dense):
+        out["mlp"] = "gated"
+    vary_attention, vary_mlp = len(set(w is None for w in windows)) > 1, len(set(dense)) > 1
+    if not (vary_attention or vary_mlp):
+        return out
+    types: dict[str, dict[str, Any]] = {}
+    names = []
+    for w, d in zip(windows, dense, strict=True):
+        parts = ([("full",) if w is None else ("sliding", {"attention": sliding})] if vary_attention else []) + (
+            [("dense", {"mlp": "gated"}) if d else ("moe",)] if vary_mlp else []
+        )
+        name = "_".join(part[0] for part in parts)
+        types.setdefault(name, {k: v for part in parts for k, v in (part[1] if len(part) > 1 else {}).items()})
+        names.append(name)
+    return {**out, "layer_pattern": shortest_period(names), "layer_types": types}
 
 
 class Mistral(LlamaShaped):
@@ -122,21 +147,23 @@ class Mistral(LlamaShaped):
     context_default = 4096 * 32
     kv_heads_default = 8
     bias_reason = "Mistral has no biases"
+    window_default: int | None = 4096
+    """transformers' sliding_window when config.json has none."""
 
     def attention(self, f: Fields) -> dict[str, Any]:
         return {"name": "causal"}
 
     def layer_windows(self, f: Fields, n_layer: int) -> list[int | None]:
-        if "sliding_window" in f.config and f.config["sliding_window"] is None:
+        if f.config.get("sliding_window", self.window_default) is None:
             windows: list[int | None] = [None] * n_layer
         else:
-            windows = [f.integer("sliding_window", 4096)] * n_layer  # MistralConfig's default when absent
+            windows = [f.integer("sliding_window", self.window_default)] * n_layer  # the class default when absent
         types = f.config.get("layer_types")
         implied = ["full_attention" if w is None else "sliding_attention" for w in windows]
         if types is not None and types != implied:
-            # MistralForCausalLM masks every layer alike, while its cache follows layer_types: no one model
+            # it masks every layer alike, while its cache follows layer_types: no one model
             f.problems.append(
-                f"config.json layer_types={show(types)} is not supported for Mistral (MistralForCausalLM slides "
+                f"config.json layer_types={show(types)} is not supported for {self.title} ({self.architecture} slides "
                 "every layer when sliding_window is set and none otherwise); remove layer_types, or use a "
                 "family with alternating attention (Qwen2, Gemma)"
             )
@@ -149,6 +176,6 @@ class Mistral(LlamaShaped):
             return {"sliding_window": None}  # explicitly: MistralConfig would default it to 4096
         if full:
             reasons.append(
-                f"no sliding window on {layers_text(full)}, one on the others (Mistral slides every layer or none)"
+                f"no sliding window on {layers_text(full)}, one on the others ({self.title} slides every layer or none)"
             )
         return {"sliding_window": one_value([w for w in windows if w is not None], "sliding_window", reasons)}

@@ -108,6 +108,16 @@ def _resets_itself(module: nn.Module) -> bool:
     return callable(getattr(module, "reset_parameters", None))
 
 
+def _residual_projections(part: nn.Module) -> list[nn.Linear]:
+    """The linears of an attention or mlp that write into the residual stream: its ``c_proj``; for an
+    mlp without one (a mixture of experts), the ``c_proj`` of each module inside it that has one."""
+    own = getattr(part, "c_proj", None)
+    if own is not None:
+        return [own]
+    found = (getattr(module, "c_proj", None) for module in part.modules())
+    return [projection for projection in found if isinstance(projection, nn.Linear)]
+
+
 def _modules_outside(
     root: nn.Module, own: set[int], reset: Callable[[nn.Module], None], seen: set[int] | None = None
 ) -> Iterator[nn.Module]:
@@ -370,10 +380,10 @@ class GPT(nn.Module):
         GPT-2's initialization, in the order of ``modules()``: normal(0, std) for the weights of
         nn.Linear and nn.Embedding layers (the token embedding, and the tied head with it), zeros for
         their biases, then normal(0, std / sqrt(2 n_layer)) for the ``c_proj`` weight of each
-        attention and mlp without ``reset_parameters``: the projections that write into the residual
-        stream (GPT-2's residual scaling). Other tensors (a norm's weight and bias) keep what their
-        constructor gave them. No built-in component has ``reset_parameters``, so built-in models
-        draw exactly GPT-2's random numbers.
+        attention and mlp without ``reset_parameters`` (of each expert of an mlp without one of its
+        own): the projections that write into the residual stream (GPT-2's residual scaling). Other
+        tensors (a norm's weight and bias) keep what their constructor gave them. No built-in component
+        has ``reset_parameters``, so built-in models draw exactly GPT-2's random numbers.
         """
         reset = reset if reset is not None else (lambda module: module.reset_parameters())
         own = {id(m) for m in (components if components is not None else self.components()) if _resets_itself(m)}
@@ -388,7 +398,8 @@ class GPT(nn.Module):
         for block in self.blocks:
             for part in (block.attn, block.mlp):
                 if id(part) not in own:
-                    nn.init.normal_(part.c_proj.weight, mean=0.0, std=residual_std)
+                    for projection in _residual_projections(part):
+                        nn.init.normal_(projection.weight, mean=0.0, std=residual_std)
 
     def init_cache(
         self,

@@ -112,7 +112,7 @@ def test_light_commands_import_neither_torch_nor_the_tokenizer_nor_the_validator
             assert [(r["name"], r["doc"], r["distribution"]) for r in rows] == [("scalenorm", DOC, "gptzoo-fake-lazy")]
         elif argv[0] == "list":
             n_builtin = len(list(gptzoo.get_registry(third_party=False).all_entries()))
-            assert (n_builtin, len(rows)) == (27, 27 + 6)  # all listed, none imported
+            assert n_builtin > 0 and len(rows) == n_builtin + 6  # all listed, none imported
         elif argv[0] == "plugins":
             lazy = next(r for r in rows if r["name"] == "lazy")
             assert (lazy["status"], len(lazy["registered"])) == ("ok", 6)
