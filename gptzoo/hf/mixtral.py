@@ -17,8 +17,7 @@ from typing import Any
 from gptzoo.hf.family import Fields
 from gptzoo.hf.llama import Llama
 from gptzoo.hf.mistral import Mistral
-from gptzoo.hf.moe import MOE_LAYER, every_layer_sparse, expert_maps, moe_component, moe_config, moe_layout
-from gptzoo.recipe import Recipe
+from gptzoo.hf.moe import MOE_LAYER, expert_maps, moe_component, moe_config, moe_layout
 
 NAMES = {"experts": "num_local_experts", "top_k": "num_experts_per_tok", "normalize": "norm_topk_prob"}
 """The routing features MixtralConfig has fields for (norm_topk_prob only as the implied true)."""
@@ -45,12 +44,9 @@ class Mixtral(Mistral):
     per_layer = frozenset({"sliding_window", MOE_LAYER})
     known = frozenset({*Mistral.known, "num_local_experts", "num_experts_per_tok"})
     implied: Mapping[str, Any] = {"norm_topk_prob": True}
+    """Every layer's mlp must say it renormalizes: a layer without experts has no place here."""
     window_default = None
     eps_default = 1e-5
 
     def mlp(self, f: Fields) -> dict[str, Any]:
         return moe_component(f, experts="num_local_experts", experts_default=8, top_k_default=2)
-
-    def layer_config(self, recipe: Recipe, values: dict[str, list[Any]], reasons: list[str]) -> dict[str, Any]:
-        every_layer_sparse(values, self.title, reasons)
-        return super().layer_config(recipe, values, reasons)

@@ -15,7 +15,7 @@ from cli_run import run_json
 from hfparity import check_family, prompt, save_hf
 
 import gptzoo
-from gptzoo.hf import check_recipe_matches, hf_recipe
+from gptzoo.hf import FAMILIES, NoEquivalentError, check_recipe_matches, hf_recipe
 from gptzoo.hf.compare import compare
 
 TINY = {
@@ -245,3 +245,48 @@ def test_recipes_uses_moe_lists_the_sparse_recipes(capsys: pytest.CaptureFixture
     listed = {row["name"] for row in run_json(capsys, "recipes", "--uses", "moe")}
     assert set(OFFICIAL) | {"moe-tiny"} <= listed
     assert "llama-tiny" not in listed
+
+
+def test_a_missing_expert_tensor_is_refused_naming_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from safetensors.torch import load_file, save_file
+
+    from gptzoo.cli import main
+
+    config = transformers.MixtralConfig(**TINY, num_local_experts=3, num_experts_per_tok=2)
+    path = save_hf(tmp_path, "mixtral", config, wide=ROUTERS)
+    tensors = load_file(str(path / "model.safetensors"))
+    del tensors["model.layers.1.block_sparse_moe.experts.2.w3.weight"]
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    assert main(["compare", "--hf", str(path)]) == 2
+    missing = "model.layers.1.block_sparse_moe.experts.2.w3.weight"
+    assert capsys.readouterr().err.endswith(f"does not fit MixtralForCausalLM 'mixtral': missing tensor {missing}\n")
+
+
+DENSE_FIRST = ['model.layer_pattern=["dense", "moe"]', 'model.layer_types={dense={mlp="gated"}, moe={}}']
+"""moe-tiny with a layer without experts first."""
+
+
+def export_fields(family: str, overrides: list[str]) -> dict:
+    from gptzoo.model.build import assemble
+
+    recipe = gptzoo.load_recipe("moe-tiny", overrides)
+    components: list = []
+    skeleton = assemble(recipe, gptzoo.get_registry(), torch.device("meta"), components)
+    return FAMILIES[family].config(recipe, skeleton, components)
+
+
+def test_a_dense_layer_has_no_place_in_mixtral_or_olmoe() -> None:
+    with pytest.raises(NoEquivalentError) as excinfo:
+        export_fields("mixtral", [*DENSE_FIRST, 'model.attention={name="causal", qk_norm="full"}'])
+    assert excinfo.value.reasons == [
+        "attention 'causal' sets qk_norm='full', which MixtralForCausalLM has no field for",
+        "mlp 'moe' sets own_width=True, which MixtralForCausalLM has no field for",
+        "mlp 'gated' does not set norm_topk_prob=True, which MixtralForCausalLM implies",
+    ]
+    olmoe = [*DENSE_FIRST, 'model.attention={name="causal", qk_norm="full"}', "model.d_ff=96"]
+    with pytest.raises(NoEquivalentError) as excinfo:
+        export_fields("olmoe", olmoe)
+    assert excinfo.value.reasons == ["no experts on layer 0 (OLMoE has experts in every layer)"]
+    qwen3 = [*DENSE_FIRST, 'model.attention={name="causal", qk_norm="head"}', "model.head_dim=16"]
+    fields = export_fields("qwen3_moe", qwen3)
+    assert (fields["mlp_only_layers"], fields["num_experts"], fields["moe_intermediate_size"]) == ([0], 4, 96)
