@@ -371,7 +371,7 @@ class RegisterHFLayout(Protocol):
         *,
         weights: Callable[[Any], Any],
         config: Callable[[Any], Any] | None = None,
-        children: tuple[str, ...] = (),
+        children: tuple[str | tuple[str, str], ...] = (),
         override: bool = False,
     ) -> None: ...
 
@@ -396,7 +396,8 @@ def register_hf_layouts(register: RegisterHFLayout) -> None:
             every feature that changes its math among them, so that a family without that field refuses
             it; None: no equivalent. Default: no fields.
         children: attributes holding nested components (an attention's q/k norms) whose own layouts map
-            their tensors, under the same name on both sides.
+            their tensors: a name, the same on both sides, or a pair ``(ours, theirs)`` when the layout
+            stores the component under another name (``("kv_norm", "kv_a_layernorm")``).
         override: replace the layout another plugin, or gptzoo itself, gives the same class.
 
     A plugin may register layouts for any class, its own or another's. Before contract 2 a component

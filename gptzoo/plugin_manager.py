@@ -64,6 +64,7 @@ DEFAULT_PLUGINS = (
     "gptzoo_plugins.moe",
     "gptzoo_plugins.positions",
     "gptzoo_plugins.attentions",
+    "gptzoo_plugins.mla",
     "gptzoo_plugins.samplers",
 )
 """The built-in plugins, registered first and in this order (as pytest's ``default_plugins``)."""

@@ -226,8 +226,9 @@ class HFLayout:
     """``weights(module) -> list[TensorMap] | None``: None when these parameters have no equivalent there."""
     config: Callable[[Any], Any] | None
     """``config(module) -> dict | None``: the config.json fields the component owns (None: no equivalent)."""
-    children: tuple[str, ...]
-    """Nested components (attributes) whose own layouts map their tensors, under the same name on both sides."""
+    children: tuple[str | tuple[str, str], ...]
+    """Nested components (attributes) whose own layouts map their tensors: a name, the same on both sides,
+    or (ours, theirs) when the layout stores it under another name."""
     override: bool
     provenance: Provenance
 
@@ -687,6 +688,17 @@ def _recipe_stager(
     return register, call.close
 
 
+def _child_name(child: object) -> bool:
+    """A layout's child: an attribute name, or a pair (ours, theirs) of names."""
+    if isinstance(child, str):
+        return child.isidentifier()
+    return (
+        isinstance(child, (tuple, list))
+        and len(child) == 2
+        and all(isinstance(c, str) and c.isidentifier() for c in child)
+    )
+
+
 def _layout_stager(provenance: Provenance, staged: list[HFLayout]) -> tuple[Callable[..., None], Callable[[], None]]:
     """The ``register`` of one ``register_hf_layouts`` call, and what closes it when the hook returns."""
     call = _HookCall(provenance, "register_hf_layouts")
@@ -697,7 +709,7 @@ def _layout_stager(provenance: Provenance, staged: list[HFLayout]) -> tuple[Call
         *,
         weights: Callable[[Any], Any],
         config: Callable[[Any], Any] | None = None,
-        children: tuple[str, ...] | list[str] = (),
+        children: tuple[str | tuple[str, str], ...] | list[str | tuple[str, str]] = (),
         override: bool = False,
     ) -> None:
         call.check()
@@ -716,14 +728,15 @@ def _layout_stager(provenance: Provenance, staged: list[HFLayout]) -> tuple[Call
                     f"{what} ({layout!r}) whose {name} is not callable: {show_plain(value)}; pass a function of the "
                     "component"
                 )
-        if isinstance(children, str) or not all(isinstance(c, str) and c.isidentifier() for c in children):
+        if isinstance(children, str) or not all(_child_name(c) for c in children):
             raise RegistryError(
                 f"{what} ({layout!r}) whose children are not attribute names: {show_plain(children)}; pass a tuple "
-                "of them"
+                "of them, each a name or a pair (ours, theirs) of names"
             )
         if not isinstance(override, bool):
             raise RegistryError(f"{what} with an override that is not a bool: {show_plain(override)}")
-        staged.append(HFLayout(target, layout, weights, config, tuple(children), override, provenance))
+        children = tuple(c if isinstance(c, str) else tuple(c) for c in children)
+        staged.append(HFLayout(target, layout, weights, config, children, override, provenance))
 
     register.__qualname__ = "register"
     return register, call.close

@@ -30,7 +30,8 @@ KERNELS = {
     "sdpa": {"causal": "causal", "sliding_window": "sliding_window"},
     "eager": {"causal": "eager", "sliding_window": "eager"},
 }
-"""gptzoo's attention for each of transformers' kernels: the same parameters (window, scale, ...), another kernel."""
+"""gptzoo's attention for each of transformers' kernels: the same parameters (window, scale, ...), another kernel
+(an attention with one kernel, such as mla, runs it against both)."""
 
 
 def save_hf(
@@ -60,7 +61,7 @@ def with_kernel(recipe: Recipe, kernel: str) -> Recipe:
         attention = table.get("attention")
         if attention is not None:
             attention = {"name": attention} if isinstance(attention, str) else dict(attention)
-            attention["name"] = KERNELS[kernel][attention["name"]]
+            attention["name"] = KERNELS[kernel].get(attention["name"], attention["name"])
             table["attention"] = attention
     return validate(data, recipe.source, name=recipe.name)
 

@@ -3,6 +3,8 @@ entries validation resolves, in [model], every layer type and the sampler chain.
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 from cli_run import run_json
 from fakedist import SCALENORM_CLASS, FakeSite
@@ -12,21 +14,22 @@ from gptzoo import catalog
 from gptzoo.errors import GptzooError
 from gptzoo.recipe import load_recipe, read_recipe_data, resolve_components, shipped_recipes
 
-RMSNORM_RECIPES = [
-    "llama-tiny",
-    "mistral-7b",
-    "mixtral-8x7b",
-    "moe-tiny",
-    "olmo2-1b",
-    "olmoe-1b-7b",
-    "phi-3-mini",
-    "qwen2.5-0.5b",
-    "qwen3-0.6b",
-    "qwen3-30b-a3b",
-    "smollm2-135m",
-    "tinyllama-1.1b",
-]
-"""The shipped recipes whose norm is rmsnorm (what `gptzoo recipes --uses rmsnorm` lists)."""
+
+@functools.cache
+def rmsnorm_recipes() -> list[str]:
+    """The shipped recipes that use the built-in rmsnorm in [model] or a layer type, as the validator
+    resolves them (what `gptzoo recipes --uses rmsnorm` must list, found the other way)."""
+    registry = gptzoo.get_registry(third_party=False)
+
+    def norms(name: str) -> set[str]:
+        resolved = resolve_components(load_recipe(name, registry=registry), registry).values()
+        return {entry.qualified_name for entry, _ in resolved if entry.kind == "norm"}
+
+    users = [name for name in shipped_recipes() if "gptzoo:rmsnorm" in norms(name)]
+    assert {"llama-tiny", "smollm2-135m"} <= set(users) and "gpt2-small" not in users
+    return users
+
+
 RMSNORM_AGAIN = (
     SCALENORM_CLASS
     + """
@@ -86,7 +89,7 @@ def test_list_and_recipes_uses_name_the_recipes_of_an_entry(
 ) -> None:
     fake_site.add("rms", "gptzoo_fake_rms", RMSNORM_AGAIN)
     rows = {r["qualified_name"]: r["recipes"] for r in run_json(capsys, "list", "norm", "rmsnorm")}
-    users = RMSNORM_RECIPES
+    users = rmsnorm_recipes()
     assert rows == {"gptzoo:rmsnorm": users, "gptzoo-fake-rms:rmsnorm": []}  # the built-in keeps the bare name
     assert [r["name"] for r in run_json(capsys, "recipes", "--uses", "rmsnorm")] == users
     assert [r["name"] for r in run_json(capsys, "recipes", "--uses", "gptzoo-fake-rms:rmsnorm")] == []

@@ -1,6 +1,7 @@
-"""Hugging Face interop: read GPT-2, Llama, Gemma 2 and 3, Qwen2 and 3, Mistral, GPT-NeoX, Phi-3 and
-OLMo 2 checkpoints into gptzoo models, derive their recipes from config.json, and export gptzoo models
-back (see family.py for how maps are owned).
+"""Hugging Face interop: read GPT-2, Llama, Gemma 2 and 3, Qwen2 and 3, Mistral, GPT-NeoX, Phi-3,
+OLMo 2, the mixtures of experts (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE) and DeepSeek-V2/V3 checkpoints
+into gptzoo models, derive their recipes from config.json, and export gptzoo models back (see
+family.py for how maps are owned).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from torch import nn
 
 from gptzoo import plugin_code
 from gptzoo.errors import CheckpointError, GptzooError, Interrupted, RecipeError, did_you_mean
+from gptzoo.hf.deepseek import DeepseekV2, DeepseekV3
 from gptzoo.hf.family import Family, NoEquivalentError, show
 from gptzoo.hf.files import locate, read_config, read_tensors, write_checkpoint
 from gptzoo.hf.gemma import Gemma2, Gemma3
@@ -55,6 +57,8 @@ FAMILIES: dict[str, Family] = {
         Qwen2Moe(),
         Qwen3Moe(),
         Olmoe(),
+        DeepseekV2(),
+        DeepseekV3(),
     )
 }
 """config.json model_type -> family."""

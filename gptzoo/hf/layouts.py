@@ -38,7 +38,7 @@ def builtin(
     layout: str,
     weights: Callable[[Any], list[TensorMap] | None],
     config: Callable[[Any], dict[str, Any] | None] | None = None,
-    children: tuple[str, ...] = (),
+    children: tuple[str | tuple[str, str], ...] = (),
 ) -> HFLayout:
     """A built-in component's layout; ``component`` is its reference ``"module:Class"``."""
     target = Reference.parse(component)
@@ -122,14 +122,15 @@ class Layouts:
             return f"its {self.layout!r} layout refuses its parameters"
         maps = list(maps)
         for name in found.children:
-            child = getattr(module, name, None)
+            ours, theirs = (name, name) if isinstance(name, str) else name
+            child = getattr(module, ours, None)
             if child is None:
                 continue
             inner = self.weights(child)
             if isinstance(inner, str):
-                return f"its {name}: {inner}"
+                return f"its {ours}: {inner}"
             maps += [
-                dataclasses.replace(m, ours=f"{name}.{m.ours}", theirs=tuple(f"{name}.{t}" for t in m.theirs))
+                dataclasses.replace(m, ours=f"{ours}.{m.ours}", theirs=tuple(f"{theirs}.{t}" for t in m.theirs))
                 for m in inner
             ]
         return maps

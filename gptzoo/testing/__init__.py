@@ -61,12 +61,13 @@ optional ``examples`` (a list of dicts), whose variant is named in brackets:
   attention context, another kind's forward over one token), and an attention's bytes hold at least
   its cache (``kv_bytes(1, cache_len, dtype)``).
 - ``kv_bytes`` (attentions): ``kv_bytes(batch, max_len, dtype)`` equals the nbytes of the cache
-  ``init_cache`` allocates, whose ``max_len`` is the one asked for.
+  ``init_cache`` allocates, whose ``max_len`` is the one asked for (at the causality checks' size).
 - ``causality[PARTNER]``, ``cache[PARTNER]``, ``cache-padded[PARTNER]`` (an attention with every
   registered position, a position with every registered attention): changing token t+1 never
   changes the logits at positions <= t; a prefill and one-token decode steps with the KV cache give
   the logits of one forward without it, also for a left-padded batch (attention_mask), over a
-  sequence longer than twice the largest small int parameter (a window), within the context.
+  sequence longer than twice the largest small int parameter (a window), within the context; at size
+  gqa, or at the first size both accept when one refuses grouped key/value heads (a latent attention).
 - ``decode_plan``: decoding steps through the native plan (its lowering, or the split plan that runs
   its eager forward inside the native step) give the logits of the eager steps.
 - samplers: ``build``; ``sampler``: (B, V) in, (B, V) out, -inf stays -inf, at least one finite

@@ -27,7 +27,7 @@ from gptzoo.inference.sampling import SamplerChain, pick_problem
 from gptzoo.interfaces import Positions
 from gptzoo.registry import Entry, Registry, show_plain
 from gptzoo.testing import harness
-from gptzoo.testing.harness import BATCH, CONTEXT, PAIR_SIZE, PLAIN, SEQ, SIZES, VOCAB, Size
+from gptzoo.testing.harness import BATCH, CONTEXT, PLAIN, SEQ, SIZES, VOCAB, Size
 from gptzoo.testing.results import Failed, Skipped
 
 aten = torch.ops.aten
@@ -428,7 +428,7 @@ def check_decode_cost(subject: Subject) -> str:
 def check_kv_bytes(subject: Subject) -> None:
     """kv_bytes(batch, max_len, dtype) is the nbytes of the cache init_cache allocates, whose max_len
     is the one asked for."""
-    _, attn = subject.module(PAIR_SIZE)
+    _, attn = subject.module(harness.pair_size({subject.kind: (subject.entry, subject.params)}))
     max_len = decode_length(subject)
     for dtype in (torch.float32, torch.bfloat16):
         cache = attn.init_cache(BATCH, max_len, device="cpu", dtype=dtype)
@@ -467,17 +467,18 @@ PREFILL = 3
 def pair_model(subject: Subject, partner: Entry) -> Any:
     """The test model with the component and its partner; a partner that is broken itself (its own
     checks say so) skips the check."""
+    size = harness.pair_size({subject.kind: (subject.entry, subject.params), partner.kind: (partner, {})})
     try:
-        return subject.model(PAIR_SIZE, partner)
+        return subject.model(size, partner)
     except Failed as exc:
-        if _builds_alone(subject.registry, partner):
+        if _builds_alone(subject.registry, partner, size):
             raise
-        raise Skipped(f"{partner.kind} {partner.name!r} does not build at size {PAIR_SIZE.label} ({exc})") from None
+        raise Skipped(f"{partner.kind} {partner.name!r} does not build at size {size.label} ({exc})") from None
 
 
-def _builds_alone(registry: Registry, entry: Entry) -> bool:
+def _builds_alone(registry: Registry, entry: Entry, size: Size) -> bool:
     try:
-        harness.build_test_model(registry, PAIR_SIZE, {entry.kind: (entry, {})}, seed=0)
+        harness.build_test_model(registry, size, {entry.kind: (entry, {})}, seed=0)
     except (Failed, Skipped):
         return False
     return True

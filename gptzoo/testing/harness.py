@@ -90,6 +90,16 @@ def refused(entry: Entry, size: Size, params: Mapping[str, Any]) -> list[str]:
     return plugin_code.check(entry, {**structural(entry.kind, size), **params})
 
 
+def pair_size(choices: Mapping[str, Choice]) -> Size:
+    """The size of the causality and cache checks for these components: PAIR_SIZE, or, when one of them
+    refuses grouped key/value heads (a latent attention expands its own for every head), the first of
+    SIZES that all of them accept (PAIR_SIZE again when none does, whose check then skips with the reason)."""
+    for size in (PAIR_SIZE, *SIZES):
+        if not any(refused(entry, size, params) for entry, params in choices.values()):
+            return size
+    return PAIR_SIZE
+
+
 def build_test_model(registry: Registry, size: Size, choices: Mapping[str, Choice], *, seed: int) -> GPT:
     """The test model, initialized from ``seed``, in eval mode.
 

@@ -257,6 +257,11 @@ def register_hf_layouts(register):
             "    register('m:C', 'llama', weights=lambda m: [])\n    register('m:C', 'llama', weights=lambda m: [])",
             "registers the Hugging Face 'llama' layout of m:C twice",
         ),
+        (
+            "    register('m:C', 'llama', weights=lambda m: [], children=(('q_norm', 'q.norm'),))",
+            "registered a Hugging Face layout ('llama') whose children are not attribute names: an object of type "
+            "tuple; pass a tuple of them, each a name or a pair (ours, theirs) of names",
+        ),
     ],
 )
 def test_a_malformed_layout_registration_fails_its_plugin_only(

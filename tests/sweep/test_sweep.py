@@ -224,7 +224,7 @@ def test_parallel_jobs_give_the_sequential_results(tmp_path: Path, data: Path) -
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["norm-placement", "position"])
+@pytest.mark.parametrize("name", ["norm-placement", "position", "latent-attention"])
 def test_shipped_sweeps_run_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str) -> None:
     out = tmp_path / name
     report = run_json(capsys, "sweep", name, "--out", str(out), "--budget", "steps=4")
@@ -241,6 +241,10 @@ def test_shipped_sweeps_run_end_to_end(tmp_path: Path, capsys: pytest.CaptureFix
         assert [e["refused"] is not None for e in learned["lengths"]] == [False, True, True]
         rope = next(row for row in report["variants"] if row["variant"] == "rope")
         assert [e["refused"] for e in rope["lengths"]] == [None, None, None]
+    if name == "latent-attention":  # MLA at MQA's and GQA's cache bytes, and the plot of loss against them
+        expected = sorted([*expected, "val_loss_by_kv_bytes.png"])
+        kv = {row["variant"]: row["kv_bytes_per_token"] for row in report["variants"]}
+        assert (kv["mla-32"], kv["mla-64"]) == (kv["mqa"], kv["gqa"]) == (4 * 32 * 4, 4 * 64 * 4)
     assert pngs == expected
     import matplotlib.image
 
