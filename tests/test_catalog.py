@@ -13,6 +13,8 @@ from gptzoo.errors import GptzooError
 from gptzoo.recipe import load_recipe, read_recipe_data, resolve_components, shipped_recipes
 
 RMSNORM_RECIPES = [
+    "gpt-oss-20b",
+    "gpt-oss-tiny",
     "llama-tiny",
     "mistral-7b",
     "mixtral-8x7b",
@@ -91,7 +93,7 @@ def test_list_and_recipes_uses_name_the_recipes_of_an_entry(
     assert [r["name"] for r in run_json(capsys, "recipes", "--uses", "rmsnorm")] == users
     assert [r["name"] for r in run_json(capsys, "recipes", "--uses", "gptzoo-fake-rms:rmsnorm")] == []
     both = run_json(capsys, "recipes", "--uses", "rmsnorm", "--uses", "sliding_window")
-    assert [r["name"] for r in both] == ["mistral-7b", "phi-3-mini"]
+    assert [r["name"] for r in both] == ["gpt-oss-20b", "gpt-oss-tiny", "mistral-7b", "phi-3-mini"]
     assert [r["name"] for r in run_json(capsys, "recipes", "--uses", "gemma_rmsnorm", "--uses", "sliding_window")] == [
         "gemma2-2b",
         "gemma3-270m",
