@@ -38,8 +38,7 @@ class SiLU(nn.SiLU):
 
 
 class QuickGELU(nn.Module):
-    """x * sigmoid(1.702 x), GELU's sigmoid approximation (Hendrycks & Gimpel, 2016; HF quick_gelu):
-    the gate of gpt-oss's clamped SwiGLU (swiglu_alpha 1.702)."""
+    """x * sigmoid(1.702 x), GELU's sigmoid approximation (HF quick_gelu; the gate of gpt-oss's SwiGLU)."""
 
     def forward(self, x: Tensor) -> Tensor:
         return x * torch.sigmoid(1.702 * x)

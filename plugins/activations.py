@@ -19,5 +19,5 @@ def register_activations(register):
     register(
         "quick_gelu",
         "gptzoo_plugins._activations:QuickGELU",
-        doc="x * sigmoid(1.702 x), GELU's sigmoid approximation (HF quick_gelu; gpt-oss's SwiGLU gate).",
+        doc="x * sigmoid(1.702 x), GELU's sigmoid approximation (HF quick_gelu; the gate of gpt-oss's SwiGLU).",
     )
