@@ -269,3 +269,28 @@ def test_shipped_recipe_is_the_official_config_with_its_counts(
 def test_recipes_uses_moe_lists_the_gpt_oss_recipes(capsys: pytest.CaptureFixture[str]) -> None:
     listed = {row["name"] for row in run_json(capsys, "recipes", "--uses", "moe")}
     assert {"gpt-oss-20b", "gpt-oss-tiny"} <= listed
+
+
+def test_sinks_are_transformers_s_s_aux_and_leave_flops_and_kv_bytes_unchanged() -> None:
+    """explicit_attention with sinks equals gpt-oss's eager_attention_forward (GQA, a causal mask);
+    the sink adds no FLOPs and no cache."""
+    from types import SimpleNamespace
+
+    from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
+
+    from gptzoo.interfaces import AttentionContext
+    from gptzoo_plugins._attentions import CausalSelfAttention, explicit_attention
+
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 6, 5, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)
+    sinks = torch.randn(6) * 2
+    mask = torch.zeros(5, 5).masked_fill(torch.ones(5, 5, dtype=torch.bool).triu(1), float("-inf"))
+    module = SimpleNamespace(sinks=sinks, num_key_value_groups=3, training=False)
+    theirs, _ = eager_attention_forward(module, q, k, v, mask[None, None], scaling=0.3)
+    ctx = AttentionContext(start=0, rotary=None, mask=None, is_causal=True)
+    ours = explicit_attention(q, k, v, ctx, 0.3, sinks=sinks)
+    torch.testing.assert_close(ours.transpose(1, 2), theirs)
+    assert not torch.allclose(ours, explicit_attention(q, k, v, ctx, 0.3))
+    plain, sunk = (CausalSelfAttention(48, 6, n_kv_head=2, head_dim=8, bias=False, sinks=s) for s in (False, True))
+    assert plain.flops(2, 30) == sunk.flops(2, 30)
+    assert plain.kv_bytes(2, 30, torch.float32) == sunk.kv_bytes(2, 30, torch.float32)
