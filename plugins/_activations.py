@@ -5,7 +5,8 @@ Each factory takes no parameters, so a recipe cannot reach into torch's modules'
 
 from __future__ import annotations
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 
 
 class GELU(nn.GELU):
@@ -34,3 +35,10 @@ class SiLU(nn.SiLU):
 
     def __init__(self) -> None:
         super().__init__()
+
+
+class QuickGELU(nn.Module):
+    """x * sigmoid(1.702 x), GELU's sigmoid approximation (HF quick_gelu; the gate of gpt-oss's SwiGLU)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * torch.sigmoid(1.702 * x)

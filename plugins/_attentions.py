@@ -24,6 +24,13 @@ Both take the parameters that modern families add, each off by default:
   Gemma 3; Dehghani et al., 2023), "full" over the whole q and k projections (OLMo 2).
 - ``qkv_bias``: biases on q, k and v even when the recipe's ``bias`` is false (Qwen2: the output
   projection has none).
+- ``sinks``: attention sinks (gpt-oss; Xiao et al., 2023, learned): a parameter ``sinks`` (nh,), one
+  logit per head that joins each query's softmax denominator as an extra key with no value, so a head
+  may attend to nothing. As transformers 5's gpt_oss eager_attention_forward (s_aux): the sink is a
+  last score column, after the scale, softcap and mask, dropped after the softmax. Computed
+  explicitly (scaled_dot_product_attention has no such term), in every pass: with a window, with a
+  cache, one query at a time. The native decoding plan has no sink term: its lowering refuses such
+  an attention, which then runs this forward within the step (gptzoo.inference.lowerings).
 """
 
 from __future__ import annotations
@@ -122,9 +129,16 @@ def window_blocks(start: int, n_queries: int, window: int, first_key: int = 0) -
 
 
 def explicit_attention(
-    q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, scale: float, softcap: float = 0.0
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    ctx: AttentionContext,
+    scale: float,
+    softcap: float = 0.0,
+    sinks: Tensor | None = None,
 ) -> Tensor:
-    """softmax(softcap(Q K^T scale) + M) V computed step by step: q (B, nh, Tq, hs), k and v (B, nkv, Tk, hs)."""
+    """softmax(softcap(Q K^T scale) + M) V computed step by step: q (B, nh, Tq, hs), k and v (B, nkv, Tk, hs);
+    ``sinks`` (nh,): a sink logit per head in each row's softmax (an extra key column, dropped after)."""
     B, nkv, Tk, hs = k.shape
     group = q.shape[1] // nkv
     k = k[:, :, None].expand(B, nkv, group, Tk, hs).reshape(B, nkv * group, Tk, hs)  # (B, nh, Tk, hs)
@@ -137,7 +151,11 @@ def explicit_attention(
         att = att.masked_fill(future, float("-inf"))
     if ctx.mask is not None:
         att = att + ctx.mask
-    att = torch.softmax(att, dim=-1, dtype=torch.float32).to(q.dtype)
+    if sinks is not None:
+        sink = sinks.to(att.dtype).view(1, -1, 1, 1).expand(att.shape[0], -1, att.shape[2], 1)  # (B, nh, Tq, 1)
+        att = torch.softmax(torch.cat((att, sink), dim=-1), dim=-1, dtype=torch.float32)[..., :-1].to(q.dtype)
+    else:
+        att = torch.softmax(att, dim=-1, dtype=torch.float32).to(q.dtype)
     return att @ v  # (B, nh, Tq, hs)
 
 
@@ -161,6 +179,8 @@ class CausalSelfAttention(nn.Module):
         {"window": 1, "softcap": 5.0, "scale": 0.3},
         {"qk_norm": "head"},
         {"qk_norm": "full", "qkv_bias": True},
+        {"sinks": True},
+        {"window": 2, "sinks": True},
     ]
     """What the conformance kit runs besides the defaults: a window shorter than its sequences, and each feature."""
 
@@ -178,6 +198,7 @@ class CausalSelfAttention(nn.Module):
         scale: float = 0.0,
         qk_norm: str = "none",
         qkv_bias: bool = False,
+        sinks: bool = False,
     ) -> None:
         super().__init__()
         problems = self.check(window=window, softcap=softcap, scale=scale, qk_norm=qk_norm)
@@ -193,6 +214,7 @@ class CausalSelfAttention(nn.Module):
                 raise ValueError("qk_norm needs the norm builder the model passes (norm=)")
             q_dim, k_dim = (head_dim, head_dim) if qk_norm == "head" else (n_head * head_dim, n_kv_head * head_dim)
             self.q_norm, self.k_norm = norm(q_dim), norm(k_dim)
+        self.sinks = nn.Parameter(torch.zeros(n_head)) if sinks else None  # (nh,) one sink logit per head
 
     @staticmethod
     def check(*, window: int = 0, softcap: float = 0.0, scale: float = 0.0, qk_norm: str = "none", **_: object):
@@ -252,8 +274,8 @@ class CausalSelfAttention(nn.Module):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext) -> Tensor:
         """q (B, nh, Tq, hs), k and v (B, nkv, Tk, hs) -> (B, nh, Tq, hs)."""
-        if self.softcap:
-            return explicit_attention(q, k, v, ctx, self.scale, self.softcap)
+        if self.softcap or self.sinks is not None:
+            return explicit_attention(q, k, v, ctx, self.scale, self.softcap, self.sinks)
         if q.shape[2] == 1 and ctx.mask is None and q.device.type == "cpu" and q.dtype == torch.float32:
             return one_query_attention(q, k, v, self.scale)
         return F.scaled_dot_product_attention(
@@ -292,7 +314,7 @@ class EagerSelfAttention(CausalSelfAttention):
     """Causal self-attention computed explicitly: softmax(QK^T/sqrt(d_k) + M)V."""
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext) -> Tensor:
-        return explicit_attention(q, k, v, ctx, self.scale, self.softcap)
+        return explicit_attention(q, k, v, ctx, self.scale, self.softcap, self.sinks)
 
 
 class SlidingWindowAttention(CausalSelfAttention):
@@ -312,6 +334,7 @@ class SlidingWindowAttention(CausalSelfAttention):
         scale: float = 0.0,
         qk_norm: str = "none",
         qkv_bias: bool = False,
+        sinks: bool = False,
     ) -> None:  # the parent's constructor runs this class's check, which refuses window < 1
         super().__init__(
             d_model,
@@ -325,6 +348,7 @@ class SlidingWindowAttention(CausalSelfAttention):
             scale=scale,
             qk_norm=qk_norm,
             qkv_bias=qkv_bias,
+            sinks=sinks,
         )
 
     @staticmethod

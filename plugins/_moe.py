@@ -5,7 +5,10 @@ shared experts that every token uses.
 The router covers the families' routing rules (transformers 5.24's code is the reference for each):
 
 - ``scoring``: "softmax" over the experts (Mixtral, Qwen-MoE, OLMoE, DeepSeek-V2) or "sigmoid" of each
-  logit (DeepSeek-V3); taken in float32.
+  logit (DeepSeek-V3); taken in float32. "topk_softmax" (gpt-oss): the top_k experts chosen by their raw
+  logits, their weights the softmax over those k logits only (in float32; the weights sum to 1, so
+  ``normalize`` only rounds them again; gpt-oss has it off). Group-limited selection and ``score_bias``
+  need every expert's score and are refused with it.
 - ``groups`` / ``group_top_k``: group-limited selection (DeepSeek): the experts split into ``groups``
   equal groups, each scored by ``group_score`` ("max": its best expert, DeepSeek-V2; "top2": the sum of
   its best two, DeepSeek-V3), and only the experts of the best ``group_top_k`` groups may be picked.
@@ -15,7 +18,11 @@ The router covers the families' routing rules (transformers 5.24's code is the r
   DeepSeek-V3 by norm_topk_prob); then multiplied by ``routed_scale`` (DeepSeek's routed_scaling_factor).
 
 Ties between equal scores go as ``torch.topk`` breaks them, as in transformers. Each expert is a gated
-(act(x W) * x V) U or dense U act(x W) MLP of width ``expert_ff`` (0: the model's d_ff); ``shared_ff`` > 0
+(act(x W) * x V) U or dense U act(x W) MLP of width ``expert_ff`` (0: the model's d_ff), with biases when
+the model has them or ``expert_bias`` (gpt-oss: biased experts beside an attention without biases);
+``glu_limit`` > 0 makes a gated expert gpt-oss's clamped GLU: the gate clamped to at most the limit, the
+up projection to [-limit, limit] and shifted by 1, (x V + 1) * act(x W) (gpt-oss's SwiGLU is this with
+the activation quick_gelu, x sigmoid(1.702 x): its swiglu_alpha 1.702, limit 7.0); ``shared_ff`` > 0
 adds one shared expert of that width (DeepSeek's n_shared_experts experts are one of their summed
 width), optionally scaled per token by sigmoid(x g) (``shared_gate``, Qwen2-MoE).
 
@@ -33,27 +40,33 @@ from torch import Tensor, nn
 
 from gptzoo.flops import linear_flops
 
-SCORINGS = ("softmax", "sigmoid")
+SCORINGS = ("softmax", "sigmoid", "topk_softmax")
 GROUP_SCORES = ("max", "top2")
 BALANCE_LOSSES = ("switch", "none")
 
 
 class Expert(nn.Module):
-    """One expert: c_proj(act(gate) * up) with c_fc = [gate; up] when gated, else c_proj(act(c_fc(x)))."""
+    """One expert: c_proj(act(gate) * up) with c_fc = [gate; up] when gated, else c_proj(act(c_fc(x)));
+    with ``limit`` > 0 (gated only), gpt-oss's clamped GLU: c_proj(act(gate.clamp(max=limit)) *
+    (up.clamp(-limit, limit) + 1))."""
 
-    def __init__(self, d_model: int, d_ff: int, *, activation: nn.Module, bias: bool, gated: bool) -> None:
+    def __init__(
+        self, d_model: int, d_ff: int, *, activation: nn.Module, bias: bool, gated: bool, limit: float = 0.0
+    ) -> None:
         super().__init__()
-        self.gated = gated
+        self.gated, self.limit = gated, limit
         self.c_fc = nn.Linear(d_model, 2 * d_ff if gated else d_ff, bias=bias)
         self.act = activation
         self.c_proj = nn.Linear(d_ff, d_model, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
         h = self.c_fc(x)
-        if self.gated:
-            gate, up = h.chunk(2, dim=-1)
-            return self.c_proj(self.act(gate) * up)
-        return self.c_proj(self.act(h))
+        if not self.gated:
+            return self.c_proj(self.act(h))
+        gate, up = h.chunk(2, dim=-1)  # (N, ff) each
+        if self.limit:
+            gate, up = gate.clamp(max=self.limit), up.clamp(-self.limit, self.limit) + 1
+        return self.c_proj(self.act(gate) * up)
 
 
 class Router(nn.Linear):
@@ -89,6 +102,19 @@ class Router(nn.Linear):
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """x (N, d) -> the logits (N, E) in x's dtype, the weights (N, k) in float32 and the chosen experts (N, k)."""
         logits = super().forward(x)
+        if self.scoring == "topk_softmax":
+            top, chosen = logits.float().topk(self.top_k, dim=-1)  # (N, k) each
+            weights = top.softmax(dim=-1)
+        else:
+            weights, chosen = self._choose(logits)
+        if self.normalize:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        if self.routed_scale != 1.0:
+            weights = weights * self.routed_scale
+        return logits, weights, chosen
+
+    def _choose(self, logits: Tensor) -> tuple[Tensor, Tensor]:
+        """The softmax or sigmoid rules: the chosen experts' scores (N, k) and the experts (N, k)."""
         scores = logits.float().softmax(dim=-1) if self.scoring == "softmax" else logits.float().sigmoid()
         choice = scores if self.score_bias is None else scores + self.score_bias
         if self.groups > 1:
@@ -102,12 +128,7 @@ class Router(nn.Linear):
             allowed = allowed[:, :, None].expand_as(grouped).reshape_as(choice)
             choice = choice.masked_fill(~allowed, float("-inf"))
         chosen = choice.topk(self.top_k, dim=-1, sorted=False).indices  # (N, k)
-        weights = scores.gather(1, chosen)
-        if self.normalize:
-            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
-        if self.routed_scale != 1.0:
-            weights = weights * self.routed_scale
-        return logits, weights, chosen
+        return scores.gather(1, chosen), chosen
 
 
 class MixtureOfExperts(nn.Module):
@@ -121,8 +142,18 @@ class MixtureOfExperts(nn.Module):
         {"experts": 4, "top_k": 2, "groups": 2, "group_top_k": 1, "normalize": False, "routed_scale": 2.5},
         {"experts": 5, "top_k": 2, "shared_ff": 12, "shared_gate": True, "expert_ff": 8},
         {"experts": 4, "top_k": 2, "score_bias": True, "scoring": "sigmoid", "router_bias": True},
+        {
+            "experts": 5,
+            "top_k": 3,
+            "scoring": "topk_softmax",
+            "normalize": False,
+            "router_bias": True,
+            "expert_bias": True,
+            "glu_limit": 0.5,
+        },
     ]
-    """What the conformance kit runs besides the defaults: top-1, dense experts, each routing rule, shared experts."""
+    """What the conformance kit runs besides the defaults: top-1, dense experts, each routing rule, shared experts,
+    gpt-oss's experts (a limit its random activations reach)."""
 
     def __init__(
         self,
@@ -143,6 +174,8 @@ class MixtureOfExperts(nn.Module):
         group_score: str = "max",
         score_bias: bool = False,
         router_bias: bool = False,
+        expert_bias: bool = False,
+        glu_limit: float = 0.0,
         shared_ff: int = 0,
         shared_gate: bool = False,
         balance_loss: str = "switch",
@@ -163,10 +196,9 @@ class MixtureOfExperts(nn.Module):
             score_bias=score_bias,
             bias=router_bias,
         )
-        self.experts = nn.ModuleList(
-            Expert(d_model, self.expert_ff, activation=activation, bias=bias, gated=gated) for _ in range(experts)
-        )
-        self.shared = Expert(d_model, shared_ff, activation=activation, bias=bias, gated=gated) if shared_ff else None
+        expert = {"activation": activation, "bias": bias or expert_bias, "gated": gated, "limit": glu_limit}
+        self.experts = nn.ModuleList(Expert(d_model, self.expert_ff, **expert) for _ in range(experts))
+        self.shared = Expert(d_model, shared_ff, **expert) if shared_ff else None
         self.shared_gate = nn.Linear(d_model, 1, bias=False) if shared_gate else None
         self._routing: tuple[Tensor, Tensor] | None = None  # the latest forward's probabilities and choices
 
@@ -182,6 +214,9 @@ class MixtureOfExperts(nn.Module):
         groups: int = 1,
         group_top_k: int = 1,
         group_score: str = "max",
+        score_bias: bool = False,
+        gated: bool = True,
+        glu_limit: float = 0.0,
         shared_ff: int = 0,
         shared_gate: bool = False,
         balance_loss: str = "switch",
@@ -210,6 +245,17 @@ class MixtureOfExperts(nn.Module):
             problems.append(f"group_score must be one of {', '.join(map(repr, GROUP_SCORES))}, got {group_score!r}")
         elif group_score == "top2" and groups > 1 and experts // groups < 2:
             problems.append(f"group_score 'top2' needs groups of at least 2 experts, got {experts // groups}")
+        if scoring == "topk_softmax" and (groups > 1 or score_bias):
+            problems.append(
+                "scoring 'topk_softmax' picks experts by their raw logits; group-limited selection (groups > 1) and "
+                "score_bias need every expert's score (scoring 'softmax' or 'sigmoid')"
+            )
+        if not glu_limit >= 0:
+            problems.append(f"glu_limit must be 0 (off) or a positive clamp, got {glu_limit}")
+        elif glu_limit and not gated:
+            problems.append(
+                "glu_limit clamps a gated expert's gate and up projections; set gated = true or glu_limit = 0"
+            )
         if shared_gate and not shared_ff:
             problems.append("shared_gate needs a shared expert (shared_ff > 0)")
         if balance_loss not in BALANCE_LOSSES:

@@ -1,4 +1,4 @@
-"""The built-in activations: GELU, its tanh approximation, ReLU and SiLU (their code:
+"""The built-in activations: GELU, its tanh and sigmoid approximations, ReLU and SiLU (their code:
 plugins/_activations.py).
 
 A plugin like any other, which registers each by reference (gptzoo.registry): listing them imports
@@ -15,4 +15,9 @@ def register_activations(register):
     register("relu", "gptzoo_plugins._activations:ReLU", doc="ReLU: max(x, 0).")
     register(
         "silu", "gptzoo_plugins._activations:SiLU", doc="SiLU / swish: x * sigmoid(x) (the gate of SwiGLU in Llama)."
+    )
+    register(
+        "quick_gelu",
+        "gptzoo_plugins._activations:QuickGELU",
+        doc="x * sigmoid(1.702 x), GELU's sigmoid approximation (HF quick_gelu; the gate of gpt-oss's SwiGLU).",
     )

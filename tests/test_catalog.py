@@ -94,7 +94,7 @@ def test_list_and_recipes_uses_name_the_recipes_of_an_entry(
     assert [r["name"] for r in run_json(capsys, "recipes", "--uses", "rmsnorm")] == users
     assert [r["name"] for r in run_json(capsys, "recipes", "--uses", "gptzoo-fake-rms:rmsnorm")] == []
     both = run_json(capsys, "recipes", "--uses", "rmsnorm", "--uses", "sliding_window")
-    assert [r["name"] for r in both] == ["mistral-7b", "phi-3-mini"]
+    assert [r["name"] for r in both] == ["gpt-oss-20b", "gpt-oss-tiny", "mistral-7b", "phi-3-mini"]
     assert [r["name"] for r in run_json(capsys, "recipes", "--uses", "gemma_rmsnorm", "--uses", "sliding_window")] == [
         "gemma2-2b",
         "gemma3-270m",

@@ -1,11 +1,12 @@
 """Hugging Face interop: read GPT-2, Llama, Gemma 2 and 3, Qwen2 and 3, Mistral, GPT-NeoX, Phi-3,
-OLMo 2, the mixtures of experts (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE) and DeepSeek-V2/V3 checkpoints
-into gptzoo models, derive their recipes from config.json, and export gptzoo models back (see
-family.py for how maps are owned).
+OLMo 2, the mixtures of experts (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, gpt-oss) and DeepSeek-V2/V3
+checkpoints into gptzoo models, derive their recipes from config.json, and export gptzoo models back
+(see family.py for how maps are owned).
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 from collections.abc import Iterable
@@ -24,6 +25,7 @@ from gptzoo.hf.files import locate, read_config, read_tensors, write_checkpoint
 from gptzoo.hf.gemma import Gemma2, Gemma3
 from gptzoo.hf.gpt2 import GPT2
 from gptzoo.hf.gpt_neox import GPTNeoX
+from gptzoo.hf.gpt_oss import GptOss
 from gptzoo.hf.llama import Llama
 from gptzoo.hf.mistral import Mistral
 from gptzoo.hf.mixtral import Mixtral
@@ -32,6 +34,7 @@ from gptzoo.hf.olmoe import Olmoe
 from gptzoo.hf.phi3 import Phi3
 from gptzoo.hf.qwen import Qwen2, Qwen3
 from gptzoo.hf.qwen_moe import Qwen2Moe, Qwen3Moe
+from gptzoo.hf.tensor_map import stack_slices
 from gptzoo.model.build import assemble, build_model
 from gptzoo.model.checkpoint import tokenizer_copies
 from gptzoo.model.gpt import GPT
@@ -59,6 +62,7 @@ FAMILIES: dict[str, Family] = {
         Olmoe(),
         DeepseekV2(),
         DeepseekV3(),
+        GptOss(),
     )
 }
 """config.json model_type -> family."""
@@ -220,23 +224,29 @@ def load_hf(
     reference = model.state_dict()
     dtype = dtype or torch.float32
     state, used, problems = {}, set(), []
+
+    @functools.cache
+    def finite(key: str) -> bool:  # once per tensor, which the slices of a stacked one share
+        return bool(torch.isfinite(tensors[key]).all())
+
     for ours, theirs, tmap in rows:
         missing = [key for key in theirs if key not in tensors]
         used.update(key for key in theirs if key in tensors)  # reported as wrong (if they are), not as unexpected
         if missing:
             problems += [f"missing tensor {key}" for key in missing]
             continue
-        expected = [tuple(t.shape) for t in tmap.save(torch.empty(reference[ours].shape, device="meta"))]
+        expected = tmap.shapes(tuple(reference[ours].shape))
         wrong = [
             f"{key} has shape {tuple(tensors[key].shape)}, expected {shape}"
             for key, shape in zip(theirs, expected, strict=True)
             if tuple(tensors[key].shape) != shape
         ]
-        wrong += [f"{key} holds NaN or infinite values" for key in theirs if not torch.isfinite(tensors[key]).all()]
+        wrong += [f"{key} holds NaN or infinite values" for key in theirs if not finite(key)]
         if wrong:
             problems += wrong
             continue
-        state[ours] = tmap.load([tensors[key] for key in theirs]).to(device=device or "cpu", dtype=dtype)
+        state[ours] = tmap.load([tmap.select(tensors[key]) for key in theirs]).to(device=device or "cpu", dtype=dtype)
+    problems = list(dict.fromkeys(problems))  # a stacked tensor's problem once, not once a slice
     problems += [f"unexpected tensor {key}" for key in sorted(set(tensors) - used)]
     if problems:
         raise CheckpointError(f"{path} does not fit {family.architecture} {recipe.name!r}: {first_few(problems)}")
@@ -293,7 +303,13 @@ def _export(model: GPT, out: Path, tokenizer_from: str | Path | None, registry: 
         config = transformers.AutoConfig.for_model(
             family.model_type, **config_fields, architectures=[family.architecture], dtype=model.wte.weight.dtype
         )
-        tensors = {key: t for ours, theirs, tmap in rows for key, t in zip(theirs, tmap.save(state[ours]), strict=True)}
+        saved = [
+            (tmap, key, t) for ours, theirs, tmap in rows for key, t in zip(theirs, tmap.save(state[ours]), strict=True)
+        ]
+        try:
+            tensors = stack_slices(saved)
+        except ValueError as exc:
+            raise CheckpointError(f"the {family.architecture} weight map is incomplete: {exc}") from None
         return write_checkpoint(out, config, tensors, copies)
     _, title, closest = min(reasons, key=lambda r: r[0])  # the first of the closest families
     others = [t for _, t, _ in reasons if t != title]

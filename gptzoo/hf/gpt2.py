@@ -41,9 +41,9 @@ def conv1d(*names: str, bias: bool) -> list[TensorMap]:
 
 
 def attention_maps(attn: Any) -> list[TensorMap] | None:
-    """c_attn and c_proj as Conv1D; GPT-2's attention has no window, softcap, qk-norm or other scale."""
+    """c_attn and c_proj as Conv1D; GPT-2's attention has no window, softcap, qk-norm, other scale or sinks."""
     plain_scale = attn.scale == 1.0 / math.sqrt(attn.head_dim)
-    if attn.window or attn.softcap or attn.qk_norm != "none" or not plain_scale:
+    if attn.window or attn.softcap or attn.qk_norm != "none" or not plain_scale or attn.sinks is not None:
         return None
     if (attn.c_attn.bias is None) != (attn.c_proj.bias is None):
         return None

@@ -45,8 +45,8 @@ NAMES = {"ln_1": "input_layernorm", "attn": "attention", "ln_2": "post_attention
 
 
 def attention_maps(attn: Any) -> list[TensorMap] | None:
-    """query_key_value holds each head's q, k and v rows together; no GQA, no qk-norm."""
-    if attn.n_kv_head != attn.n_head or attn.qk_norm != "none":
+    """query_key_value holds each head's q, k and v rows together; no GQA, no qk-norm, no sinks."""
+    if attn.n_kv_head != attn.n_head or attn.qk_norm != "none" or attn.sinks is not None:
         return None
     parts = (attn.n_head * attn.head_dim,) * 3
     maps = [

@@ -210,6 +210,8 @@ def attention_fields(attn: Any) -> dict[str, object]:
         fields["qk_norm"] = attn.qk_norm
     if attn.c_attn.bias is not None and attn.c_proj.bias is None:
         fields["qkv_bias"] = True
+    if attn.sinks is not None:
+        fields["sinks"] = True
     return fields
 
 
@@ -219,13 +221,14 @@ def kinds(linear: Any) -> tuple[str, ...]:
 
 
 def attention_maps(attn: Any) -> list[TensorMap]:
-    """c_attn split into q_proj, k_proj and v_proj; c_proj is o_proj."""
+    """c_attn split into q_proj, k_proj and v_proj; c_proj is o_proj; attention sinks are sinks (gpt-oss)."""
     q, kv = attn.n_head * attn.head_dim, attn.n_kv_head * attn.head_dim
     maps = [
         TensorMap(f"c_attn.{k}", (f"q_proj.{k}", f"k_proj.{k}", f"v_proj.{k}"), sizes=(q, kv, kv))
         for k in kinds(attn.c_attn)
     ]
-    return maps + [TensorMap(f"c_proj.{k}", (f"o_proj.{k}",)) for k in kinds(attn.c_proj)]
+    maps += [TensorMap(f"c_proj.{k}", (f"o_proj.{k}",)) for k in kinds(attn.c_proj)]
+    return maps + ([TensorMap("sinks", ("sinks",))] if attn.sinks is not None else [])
 
 
 def gated_mlp_maps(mlp: Any) -> list[TensorMap]:

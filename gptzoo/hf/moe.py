@@ -1,4 +1,4 @@
-"""What the mixture-of-experts families share (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE): where the experts'
+"""What the mixture-of-experts families share (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, gpt-oss): where the experts'
 tensors go, which config.json fields describe the routing, and which layers have experts.
 
 gptzoo's mixture of experts (the ``moe`` mlp, plugins/_moe.py) keeps the router as ``router``, expert e
@@ -44,6 +44,7 @@ FEATURES: dict[str, Any] = {
     "shared_gate": False,
     "gated": True,
     "expert_bias": False,
+    "glu_limit": 0.0,
     "own_width": False,
 }
 """The routing features a family may lack a field for, with the value a family without one has unless
@@ -70,6 +71,7 @@ def features(moe: Any) -> dict[str, Any]:
         "shared_gate": moe.shared_gate is not None,
         "gated": moe.experts[0].gated,
         "expert_bias": moe.experts[0].c_fc.bias is not None,
+        "glu_limit": moe.experts[0].limit,
         "own_width": moe.expert_ff != moe.d_ff,
     }
 

@@ -53,12 +53,12 @@ LAYOUT = (
         ),
     ),
     *rope_layouts("phi3", rope_fields("rope_theta", "partial_rotary_factor")),
-    builtin(  # qkv_proj is c_attn as it is; no qk-norm
+    builtin(  # qkv_proj is c_attn as it is; no qk-norm, no sinks
         "gptzoo_plugins._attentions:CausalSelfAttention",
         "phi3",
         lambda attn: (
             [TensorMap("c_attn.weight", ("qkv_proj.weight",)), TensorMap("c_proj.weight", ("o_proj.weight",))]
-            if no_biases(attn) and attn.qk_norm == "none"
+            if no_biases(attn) and attn.qk_norm == "none" and attn.sinks is None
             else None
         ),
         attention_fields,

@@ -17,7 +17,9 @@ class TensorMap:
     component. Several tensors of theirs are concatenated along dim 0 in the order given (q, k, v
     -> c_attn); ``groups`` is for a layout that interleaves the parts of a tensor (GPT-NeoX keeps the
     q, k and v rows of each head together); ``transpose`` is for layouts that store a linear weight
-    as [in, out] (GPT-2's Conv1D). The same description converts in both directions.
+    as [in, out] (GPT-2's Conv1D); ``stack`` is for a layout that stacks the same tensor of several
+    modules into one (the experts of a layer as one 3-D tensor): ours is one slice of theirs. The same
+    description converts in both directions.
     """
 
     ours: str
@@ -32,33 +34,50 @@ class TensorMap:
     """Theirs (their tensors concatenated, when there are several) holds ours' ``parts`` interleaved
     in this many groups along dim 0: group g is the g-th of ``groups`` equal slices of every part, in
     the parts' order. GPT-NeoX's query_key_value, whose rows are [q_h; k_h; v_h] for each head h, is
-    c_attn (parts (nh hs, nh hs, nh hs)) in nh groups. 1: no interleaving."""
+    c_attn (parts (nh hs, nh hs, nh hs)) in nh groups. With ``transpose``, theirs interleaves its
+    columns (gpt-oss's gate_up_proj [in, 2 ff] holds gate and up columns alternately). 1: no interleaving."""
+    stack: int = 0
+    """Theirs (one tensor) stacks ``stack`` tensors along a new dim 0, and ours is the one at ``index``:
+    :meth:`load` and :meth:`save` convert that slice (:meth:`select` takes it from the stacked tensor,
+    :func:`stack_slices` stacks the saved slices). 0: not stacked."""
+    index: int = 0
+    """With ``stack``: which slice of theirs ours is."""
 
     def __post_init__(self) -> None:
         if len(self.theirs) > 1 and (self.transpose or len(self.sizes) != len(self.theirs)):
             raise ValueError(f"{self.ours}: a map to several tensors needs one size each and no transpose")
         if self.groups < 1 or (self.groups > 1) != bool(self.parts):
             raise ValueError(f"{self.ours}: groups={self.groups} needs parts (and parts need groups > 1)")
-        if self.groups > 1 and (self.transpose or any(p % self.groups for p in self.parts)):
+        if self.groups > 1 and any(p % self.groups for p in self.parts):
             raise ValueError(
-                f"{self.ours}: each of parts {self.parts} must split into groups={self.groups} equal slices, "
-                "and interleaved tensors are not transposed"
+                f"{self.ours}: each of parts {self.parts} must split into groups={self.groups} equal slices"
             )
+        if self.stack and (len(self.theirs) > 1 or not 0 <= self.index < self.stack):
+            raise ValueError(f"{self.ours}: a slice of one stacked tensor needs 0 <= index < stack={self.stack}")
 
     def load(self, tensors: Sequence[Tensor]) -> Tensor:
-        """Their tensors -> ours."""
+        """Their tensors (with ``stack``: the slice :meth:`select` took) -> ours."""
         t = torch.cat(list(tensors), dim=0) if len(tensors) > 1 else tensors[0]
-        if self.groups > 1:
-            t = self._ungroup(t)
-        return t.t().contiguous() if self.transpose else t
+        if self.transpose:
+            t = t.t().contiguous()
+        return self._ungroup(t) if self.groups > 1 else t
 
     def save(self, t: Tensor) -> list[Tensor]:
-        """Ours -> their tensors."""
+        """Ours -> their tensors (with ``stack``: the slice at ``index``)."""
         if self.groups > 1:
             t = self._group(t)
         if len(self.theirs) > 1:
             return [part.contiguous() for part in t.split(list(self.sizes), dim=0)]
         return [t.t().contiguous() if self.transpose else t]
+
+    def select(self, t: Tensor) -> Tensor:
+        """Ours' slice of their stored tensor (the tensor itself when it is not stacked)."""
+        return t[self.index] if self.stack else t
+
+    def shapes(self, shape: tuple[int, ...]) -> list[tuple[int, ...]]:
+        """The shapes of their stored tensors for ours of ``shape`` (a stacked one whole)."""
+        saved = [tuple(t.shape) for t in self.save(torch.empty(shape, device="meta"))]
+        return [(self.stack, *s) for s in saved] if self.stack else saved
 
     def _check_rows(self, t: Tensor) -> None:
         if t.shape[0] != sum(self.parts):
@@ -77,3 +96,21 @@ class TensorMap:
         rest = t.shape[1:]
         slices = [p.reshape(self.groups, -1, *rest) for p in t.split(list(self.parts), dim=0)]
         return torch.cat(slices, dim=1).reshape(t.shape).contiguous()
+
+
+def stack_slices(rows: Sequence[tuple[TensorMap, str, Tensor]]) -> dict[str, Tensor]:
+    """Their tensors from (map, their key, what the map saved) rows: a stacked tensor from the slices
+    its maps saved, in index order; ValueError naming a stacked tensor whose slices are not all given."""
+    tensors: dict[str, Tensor] = {}
+    slices: dict[str, list[Tensor | None]] = {}
+    for tmap, key, t in rows:
+        if tmap.stack:
+            slices.setdefault(key, [None] * tmap.stack)[tmap.index] = t
+        else:
+            tensors[key] = t
+    for key, parts in slices.items():
+        missing = [i for i, part in enumerate(parts) if part is None]
+        if missing:
+            raise ValueError(f"{key}: no map gives its slices {missing}")
+        tensors[key] = torch.stack([part for part in parts if part is not None])
+    return tensors

@@ -106,6 +106,8 @@ def _attention(
 ) -> None:
     if type(cache) is not LayerKVCache and class_key(type(cache)) != WINDOW_CACHE:
         plan.refuse(f"{type(attn).__name__} decodes with a cache of its own class {type(cache).__name__}")
+    if getattr(attn, "sinks", None) is not None:
+        plan.refuse(f"{type(attn).__name__} has attention sinks (the plan's attend has no sink logit)")
     nh, nkv, hs = attn.n_head, attn.n_kv_head, attn.head_dim
     qkv = plan.buffer((nh + 2 * nkv) * hs)
     plan.call(attn.c_attn, src, qkv)

@@ -152,15 +152,24 @@ def test_tensor_map_groups_interleave_parts_as_gpt_neox_does() -> None:
     assert torch.equal(torch.cat(split.save(split.load([rows[:6], rows[6:]]))), rows)
 
 
+def test_a_transposed_tensor_map_interleaves_columns() -> None:
+    """gpt-oss's gate_up_proj [in, 2 ff]: gate and up columns alternate; ours is [gate; up] rows."""
+    fused = TensorMap("w", ("w",), transpose=True, parts=(3, 3), groups=3)
+    ours = torch.arange(12.0).reshape(6, 2)  # rows: gate 0..2, up 0..2
+    (theirs,) = fused.save(ours)
+    assert theirs.shape == (2, 6) and torch.equal(theirs[:, 0::2], ours[:3].t())
+    assert torch.equal(theirs[:, 1::2], ours[3:].t()) and torch.equal(fused.load([theirs]), ours)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
         ({"groups": 2}, r"w: groups=2 needs parts \(and parts need groups > 1\)"),
         ({"parts": (4, 4)}, r"w: groups=1 needs parts \(and parts need groups > 1\)"),
         ({"parts": (4, 6), "groups": 4}, r"each of parts \(4, 6\) must split into groups=4 equal slices"),
-        ({"parts": (4,), "groups": 2, "transpose": True}, "interleaved tensors are not transposed"),
+        ({"stack": 2, "index": 2}, r"w: a slice of one stacked tensor needs 0 <= index < stack=2"),
     ],
-    ids=["groups-without-parts", "parts-without-groups", "uneven-parts", "transposed"],
+    ids=["groups-without-parts", "parts-without-groups", "uneven-parts", "slice-outside-the-stack"],
 )
 def test_tensor_map_groups_are_checked(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):

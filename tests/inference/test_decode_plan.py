@@ -285,6 +285,42 @@ def test_an_attention_and_a_block_the_plan_cannot_describe_run_their_eager_forwa
     assert calls == [1, 2] * (2 + 2 * 8)  # two prefills, then each step eagerly and planned
 
 
+SINKS = "SlidingWindowAttention has attention sinks (the plan's attend has no sink logit)"
+
+
+@pytest.mark.parametrize("recipe", ["llama-tiny", "gpt-oss-tiny"])
+def test_attention_sinks_run_their_eager_forward_within_a_split_step_never_without_them(recipe: str) -> None:
+    """The plan has no sink logit: a strict plan refuses the model, a split one runs each attention with
+    sinks (a window of 3 keys and full attention) eagerly and gives the eager logits (gpt-oss-tiny: its
+    experts, which have no lowering, eagerly too)."""
+    model = tiny_model(
+        recipe,
+        "model.layer_pattern=['sliding', 'full']",
+        "model.layer_types.sliding.attention={name='sliding_window', window=3, sinks=true}",
+        "model.layer_types.full.attention={name='causal', sinks=true}",
+    )
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.sinks.normal_(std=2.0)
+    batch = prompts(model, batch=2, length=6)
+    cache = model.init_cache(2, 16)
+    with torch.no_grad(), matvec.native_decoding(model):
+        model(batch, cache)
+        step, why = compile_step(model, cache, 2)
+    assert step is None and why == SINKS
+    full = SINKS.replace("SlidingWindow", "CausalSelf")
+    moe = ["gptzoo_plugins._moe.MixtureOfExperts has no decode lowering"] if recipe == "gpt-oss-tiny" else []
+    parts = [SINKS, *moe, full, *moe]
+    mask = torch.ones_like(batch)
+    mask[0, :2] = 0
+    eager, planned = decode_both(model, batch, steps=8, mask=mask, eager_parts=parts)
+    assert_close(planned, eager)
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.sinks.zero_()  # a sink logit of 0 still takes its share: the sinks change the logits
+        assert (model(batch, attention_mask=mask)[:, -1] - eager[0]).abs().max().item() > 1e-3
+
+
 def test_a_plugin_attention_without_a_lowering_runs_its_eager_forward_with_its_own_cache(fake_site: FakeSite) -> None:
     """A ring-buffer window attention (a cache of its own class) on the split path, padded rows included."""
     fake_site.add("ring_window", "gz_ring", RING_WINDOW)

@@ -115,6 +115,50 @@ def test_qwen_routing_renormalizes_only_when_asked(normalize: bool) -> None:
     assert torch.allclose(sums, torch.ones_like(sums)) == normalize
 
 
+def test_gpt_oss_routing_is_the_softmax_of_the_top_k_logits() -> None:
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssTopKRouter
+
+    ours = moe(experts=7, top_k=3, scoring="topk_softmax", normalize=False, router_bias=True)
+    theirs = GptOssTopKRouter(SimpleNamespace(hidden_size=16, num_experts_per_tok=3, num_local_experts=7))
+    with torch.no_grad():
+        theirs.weight.copy_(ours.router.weight)
+        theirs.bias.copy_(ours.router.bias)
+    x = tokens()
+    same_routing(ours.router(x), theirs(x))
+    logits, weights, chosen = ours.router(x)
+    probs = logits.softmax(dim=-1)  # the same experts as softmax routing, the weights renormalized over them
+    torch.testing.assert_close(weights, probs.gather(1, chosen) / probs.gather(1, chosen).sum(-1, keepdim=True))
+
+
+def test_gpt_oss_experts_are_the_clamped_swiglu_with_biases() -> None:
+    """Each expert computes what transformers' GptOssExperts computes for it (gate and up interleaved
+    there), with a limit that the gate and up values cross."""
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
+
+    from gptzoo_plugins._activations import QuickGELU
+
+    torch.manual_seed(0)
+    ours = MixtureOfExperts(16, 12, activation=QuickGELU(), bias=False, experts=3, top_k=2, expert_bias=True,
+                            glu_limit=1.5)  # fmt: skip
+    for p in ours.parameters():
+        nn.init.normal_(p)
+    from transformers import GptOssConfig
+
+    theirs = GptOssExperts(GptOssConfig(intermediate_size=12, num_local_experts=3, hidden_size=16, swiglu_limit=1.5))
+    with torch.no_grad():
+        for e, expert in enumerate(ours.experts):
+            gate, up = expert.c_fc.weight.chunk(2)  # (ff, d) each
+            theirs.gate_up_proj[e] = torch.stack((gate.t(), up.t()), dim=-1).reshape(16, 24)
+            theirs.gate_up_proj_bias[e] = torch.stack(expert.c_fc.bias.chunk(2), dim=-1).reshape(24)
+            theirs.down_proj[e] = expert.c_proj.weight.t()
+            theirs.down_proj_bias[e] = expert.c_proj.bias
+    x = tokens(9)
+    h = ours.experts[0].c_fc(x)
+    assert (h[:, :12] > 1.5).any() and (h[:, 12:].abs() > 1.5).any()  # the clamps matter
+    _, weights, chosen = ours.router(x)
+    torch.testing.assert_close(ours(x[None])[0], theirs(x, chosen, weights))
+
+
 def test_each_token_runs_its_experts_only() -> None:
     """The output is the weighted sum of the chosen experts' outputs (and the gated shared expert's)."""
     module = moe(experts=5, top_k=2, shared_ff=8, shared_gate=True)
@@ -185,6 +229,8 @@ def test_list_shows_the_routing_parameters(capsys: pytest.CaptureFixture[str]) -
         "group_score": "max",
         "score_bias": False,
         "router_bias": False,
+        "expert_bias": False,
+        "glu_limit": 0.0,
         "shared_ff": 0,
         "shared_gate": False,
         "balance_loss": "switch",
@@ -198,7 +244,17 @@ def test_list_shows_the_routing_parameters(capsys: pytest.CaptureFixture[str]) -
         ("experts=6,groups=4", "groups must divide experts (6) into equal groups, got 4"),
         ("experts=8,groups=4,group_top_k=1,top_k=3", "group_top_k=1 groups of 2 experts hold fewer than top_k=3"),
         ("shared_gate=true", "shared_gate needs a shared expert (shared_ff > 0)"),
-        ('scoring="relu"', "scoring must be one of 'softmax', 'sigmoid', got 'relu'"),
+        ('scoring="relu"', "scoring must be one of 'softmax', 'sigmoid', 'topk_softmax', got 'relu'"),
+        (
+            'scoring="topk_softmax",score_bias=true',
+            "scoring 'topk_softmax' picks experts by their raw logits; group-limited selection (groups > 1) and "
+            "score_bias need every expert's score (scoring 'softmax' or 'sigmoid')",
+        ),
+        ("glu_limit=-1.0", "glu_limit must be 0 (off) or a positive clamp, got -1.0"),
+        (
+            "gated=false,glu_limit=7.0",
+            "glu_limit clamps a gated expert's gate and up projections; set gated = true or glu_limit = 0",
+        ),
     ],
 )
 def test_contradictory_routing_is_refused_before_allocation(params: str, problem: str) -> None:
