@@ -144,10 +144,25 @@ def signature_problem(entry: Entry, signature: inspect.Signature) -> str | None:
 def signature(entry: Entry) -> inspect.Signature | None:
     """The factory's signature; None for a callable without one (a builtin: the factory will judge)."""
     with running(entry, "has a signature that cannot be read"):
+        if _module_without_init(entry.factory):
+            return inspect.Signature()
         try:
             return inspect.signature(entry.factory)
         except (TypeError, ValueError):
             return None
+
+
+def _module_without_init(factory: object) -> bool:
+    """An nn.Module subclass that defines no ``__init__``: torch's own reads ``(*args, **kwargs)`` but
+    takes nothing (it refuses any keyword), so its factory takes no parameters. Only a class whose module
+    imported torch can be one, so this never imports torch itself."""
+    torch = sys.modules.get("torch")
+    return (
+        torch is not None
+        and isinstance(factory, type)
+        and issubclass(factory, torch.nn.Module)
+        and factory.__init__ is torch.nn.Module.__init__
+    )
 
 
 def takes(entry: Entry, arg: str) -> bool:

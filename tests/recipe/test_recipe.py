@@ -618,3 +618,37 @@ def test_every_command_that_takes_set_blames_a_bad_key_on_the_set_argument(
         "weight_decay, grad_clip, precision, compile, eval_every, eval_batches, checkpoint_every, keep_checkpoints, "
         "log_every, seed, and 5 more)"
     )
+
+
+NO_INIT = """
+import torch
+from torch import nn
+
+import gptzoo
+
+
+class Cube(nn.Module):
+    def forward(self, x):
+        return x**3
+
+
+@gptzoo.hookimpl
+def register_activations(register):
+    register("cube", Cube)
+"""
+"""An activation written as plugin authors often write one: an nn.Module without an __init__ of its own."""
+
+
+def test_a_module_without_its_own_init_takes_no_parameters(
+    fake_site: FakeSite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch's Module.__init__ reads (*args, **kwargs) but refuses every keyword: the recipe refuses one."""
+    monkeypatch.delenv("GPTZOO_NO_PLUGINS", raising=False)
+    fake_site.add("cube", "gptzoo_fake_cube", NO_INIT)
+    registry = gptzoo.get_registry()
+    assert load_recipe("gpt2-tiny", ["model.activation=cube"], registry=registry).model.activation.name == "cube"
+    with pytest.raises(RecipeError) as excinfo:
+        load_recipe("gpt2-tiny", ["model.activation=cube", "model.activation.power=2"], registry=registry)
+    assert excinfo.value.problems == [
+        "[model] activation.power: activation 'cube' has no parameter 'power' (it takes none)"
+    ]
