@@ -1,6 +1,7 @@
 """`gptzoo sweep`: specs checked whole before anything starts, matched variants, a sweep killed with SIGKILL
 and resumed equal to one run straight, divergence reported, the report and its plots; and the shipped
-norm-placement and position sweeps end to end at a reduced budget."""
+norm-placement, position and moe sweeps end to end at a reduced budget; the moe sweep's matched variants at a
+tiny budget, with their active and total parameters and expert-load balance in the report."""
 
 from __future__ import annotations
 
@@ -224,7 +225,7 @@ def test_parallel_jobs_give_the_sequential_results(tmp_path: Path, data: Path) -
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["norm-placement", "position"])
+@pytest.mark.parametrize("name", ["norm-placement", "position", "moe"])
 def test_shipped_sweeps_run_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str) -> None:
     out = tmp_path / name
     report = run_json(capsys, "sweep", name, "--out", str(out), "--budget", "steps=4")
@@ -241,6 +242,8 @@ def test_shipped_sweeps_run_end_to_end(tmp_path: Path, capsys: pytest.CaptureFix
         assert [e["refused"] is not None for e in learned["lengths"]] == [False, True, True]
         rope = next(row for row in report["variants"] if row["variant"] == "rope")
         assert [e["refused"] for e in rope["lengths"]] == [None, None, None]
+    if name == "moe":
+        expected = ["expert_load_max_mean_by_step.png", *expected]
     assert pngs == expected
     import matplotlib.image
 
@@ -361,3 +364,50 @@ def test_a_bad_data_source_is_a_spec_problem_and_command_line_data_stands_in(
         capsys, "sweep", str(spec), "--out", str(tmp_path / "out"), "--data", str(data), "--budget", "tokens=128"
     )
     assert [r["steps"] for r in report["runs"]] == [2, 2]  # 128 tokens of 2 x 32 per step
+
+
+MOE = {  # variant: (d_ff, total parameters, active parameters), from models built on the meta device
+    "dense": (512, 858_880, 858_880),
+    "e4-top1-active": (510, 2_433_248, 858_872),
+    "e4-top2-active": (255, 1_384_688, 859_384),
+    "e8-top1-active": (508, 4_518_016, 858_864),
+    "e8-top2-active": (254, 2_429_120, 859_376),
+    "e4-top1-total": (127, 858_352, 465_148),
+    "e4-top2-total": (127, 858_352, 596_216),
+    "e8-top1-total": (63, 858_336, 401_404),
+    "e8-top2-total": (63, 858_336, 466_680),
+}
+
+
+def test_the_moe_sweep_reports_active_and_total_parameters_and_the_expert_load(
+    tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The shipped spec on prepared data at 2 steps (one validation batch): every variant within 1% of the dense
+    model's active (or total) parameters, each reported with both counts, and the MoE variants' expert load per
+    layer."""
+    from gptzoo.sweep.names import shipped_sweeps
+
+    text = shipped_sweeps()["moe"].read_text(encoding="utf-8")
+    text = text.replace('prepare = "shakespeare"\ntokenizer = "bytes"', f'path = "{data}"').replace("16384", "1000")
+    text = text.replace("train.eval_batches=8", "train.eval_batches=1")
+    (tmp_path / "moe.toml").write_text(text, encoding="utf-8")
+    out = tmp_path / "out"
+    report = run_json(capsys, "sweep", str(tmp_path / "moe.toml"), "--out", str(out), "--budget", "steps=2")
+    rows = {row["variant"]: row for row in report["variants"]}
+    assert {
+        name: (row["matched"]["value"] if row["matched"] else 512, row["params"], row["active_params"])
+        for name, row in rows.items()
+    } == MOE
+    for name, (_, total, active) in MOE.items():
+        target = active if name.endswith("-active") or name == "dense" else total
+        assert abs(target / 858_880 - 1) < 0.01, name
+    assert rows["dense"]["balance"] == {}
+    for name in MOE.keys() - {"dense"}:
+        layers = rows[name]["balance"]["expert_load_max_mean"]
+        experts = int(name[1])
+        assert sorted(layers) == [f"blocks.{i}.mlp" for i in range(4)]
+        assert all(1.0 <= v <= experts for v in layers.values()), (name, layers)  # at most E / k, k >= 1
+    md = (out / "report.md").read_text()
+    assert "| variant | params | active | FLOPs/token |" in md and "expert_load max/mean |" in md
+    assert "| e8-top1-total (d_ff=63) | 858k | 401k |" in md
+    assert (out / "expert_load_max_mean_by_step.png").read_bytes().startswith(PNG)
