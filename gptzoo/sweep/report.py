@@ -158,8 +158,8 @@ def table_rows(
     """Column names and cells for the table (as text), losses formatted with ``loss``; an ``active`` column
     when some variant is sparse, and a ``max/mean`` one per statistic whose balance a variant logged."""
     names = balanced(rows)
-    shown = {"active"} if sparse(rows) else set()
-    columns = list(COLUMNS[:2]) + (["active"] if shown else []) + list(COLUMNS[2:-1])
+    active = sparse(rows)
+    columns = list(COLUMNS[:2]) + (["active"] if active else []) + list(COLUMNS[2:-1])
     columns += [f"{name.removesuffix(STAT_MAX_MEAN)} max/mean" for name in names]
     columns += (["to target"] if target is not None else []) + list(COLUMNS[-1:])
     cells = []
@@ -167,7 +167,7 @@ def table_rows(
         matched = row["matched"]
         name = row["variant"] + (f" ({matched['key'].removeprefix('model.')}={matched['value']})" if matched else "")
         line = [name, _si(row["params"])]
-        if shown:
+        if active:
             line.append(_si(row.get("active_params", row["params"])))
         line += [
             _si(row["train_flops_per_token"]),

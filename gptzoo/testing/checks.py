@@ -404,11 +404,14 @@ def check_stats(subject: Subject) -> str:
         problem = stat_problem(name, value)
         if problem is not None:
             raise Failed(f"stats(): {problem}")
+        shown = [round(v, 4) for v in value.reshape(-1)[:8].tolist()] if value.dim() else round(float(value), 4)
         if not torch.isfinite(value).all():
-            raise Failed(f"stats()[{name!r}] holds non-finite values: {show_plain(value)}")
-        if value.dim() == 1 and (bool((value < 0).any()) or abs(float(value.double().sum()) - 1) > 1e-4):
+            raise Failed(f"stats()[{name!r}] holds non-finite values: {shown}")
+        total = float(value.double().sum())
+        if value.dim() == 1 and (bool((value < 0).any()) or abs(total - 1) > 1e-4):
             raise Failed(
-                f"stats()[{name!r}] is 1-D but not a share: {show_plain(value)} (non-negative entries summing to 1)"
+                f"stats()[{name!r}] is 1-D but not a share: its entries {shown} sum to {total:.4g} (a share's are "
+                "non-negative and sum to 1)"
             )
         said.append(name if value.dim() == 0 else f"{name} ({value.numel()} shares)")
     return f"stats {', '.join(said) or 'none'}"
