@@ -88,6 +88,7 @@ def _plot(run: Path, path: Path, *, given: bool) -> Path:
         ax.legend()
         if balance:
             draw_balance(below, balance)
+            ax.label_outer()  # the step axis is the panel's below
         fig.tight_layout()
         write_figure(fig, path, kind, fix)
     finally:
