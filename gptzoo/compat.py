@@ -64,6 +64,21 @@ def binds(signature: inspect.Signature, n: int) -> bool:
     return True
 
 
+def takes_no_arguments(method: object) -> bool:
+    """Whether ``method`` is callable with no arguments: a member the contract calls so (a sampler's
+    ``reset``, contract 4; a component's ``stats``, contract 5) that wants some is a method of the
+    plugin's own that happens to share the name, e.g. one written before that contract: it is left alone."""
+    if not callable(method):
+        return False
+    try:
+        inspect.signature(method).bind()
+    except TypeError:
+        return False
+    except ValueError:  # a signature that cannot be read: called as the contract says
+        return True
+    return True
+
+
 def flops_per_sequence(old: Callable[..., Any]) -> Callable[..., Any]:
     """``flops(seq_len)`` counted one sequence of seq_len tokens; ``flops(batch, seq_len)`` counts
     batch of them. The FLOPs of a cache-less forward are linear in the batch (every sequence runs

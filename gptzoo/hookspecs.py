@@ -67,6 +67,14 @@ On the built module, for every kind but samplers (optional):
   auxiliary loss of a name is the mean over the components that report it (``GPT.aux_losses``);
   training adds their sum times ``[train] aux_loss_weight`` to the loss and logs each as
   ``aux_NAME`` in metrics.jsonl. A component reports what its forward computed and nothing else.
+- ``stats() -> dict[str, Tensor]`` (contract 5): statistics of its latest forward for a person to watch
+  while it trains, by name (an identifier, not a key the trainer's records have: :data:`RECORD_KEYS`),
+  each a float tensor, either a scalar or a 1-D share of a whole: non-negative, summing to 1 (a router's
+  fraction of the tokens' choices per expert). Training reads it after each micro-batch's forward and
+  logs, per component (keyed by its path in the model, ``blocks.3.mlp``), the mean over the logging
+  window: ``NAME`` for a scalar; for a share ``NAME_max_mean`` (its largest entry over its mean, 1.0
+  when perfectly even) and, when it has at most :data:`STAT_VECTOR_LIMIT` entries, ``NAME`` itself.
+  A ``stats`` that takes arguments is not this member and is left alone.
 - ``flops(batch, seq_len) -> dict[str, int]`` (contract 3 for norms, activations and positions; mlps
   and attentions must have it): as below. The model's FLOPs are the sum over every module of it that
   declares ``flops``, each counting only its own matmuls (not those of components nested in it), and
@@ -115,10 +123,19 @@ from typing import Any, Protocol
 import pluggy
 
 PROJECT = "gptzoo"
-CONTRACT_VERSION = 4
+CONTRACT_VERSION = 5
 """The version of the plugin contract this gptzoo implements (see the module docstring)."""
 CONTRACT_ATTRIBUTE = "gptzoo_contract"
 """The plugin module's attribute that declares the contract version it was written for (optional)."""
+
+RECORD_KEYS = frozenset(
+    ("step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "skipped", "time", "val_loss", "val_ppl")
+)
+"""The keys of a training record (metrics.jsonl) that a component's ``stats`` must not take (nor ``aux_*``)."""
+STAT_MAX_MEAN = "_max_mean"
+"""The suffix of a share's balance in a training record: ``expert_load_max_mean``."""
+STAT_VECTOR_LIMIT = 16
+"""A share reported by ``stats`` is logged whole when it has at most this many entries (else only its max/mean)."""
 
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
@@ -144,7 +161,7 @@ class Contract:
     only to a factory whose signature names them."""
     members: tuple[str, ...] = ()
     """Attributes and methods the built object must have."""
-    optional: tuple[str, ...] = ("reset_parameters", "active_parameters", "aux_losses", "flops", "decode_cost")
+    optional: tuple[str, ...] = ("reset_parameters", "active_parameters", "aux_losses", "stats", "flops", "decode_cost")
     """Methods the built object may have (see the module docstring)."""
     factory_optional: tuple[str, ...] = ("check", "examples")
     """Attributes the factory may have (see the module docstring)."""
@@ -175,7 +192,7 @@ CONTRACTS: dict[str, Contract] = {
             structural=(("d_model", "n_embd"), ("d_ff", "d_ff"), ("bias", "bias")),
             components=("activation",),
             members=("flops",),
-            optional=("c_proj", "reset_parameters", "active_parameters", "aux_losses", "decode_cost"),
+            optional=("c_proj", "reset_parameters", "active_parameters", "aux_losses", "stats", "decode_cost"),
         ),
         Contract(
             "position",
@@ -203,7 +220,7 @@ CONTRACTS: dict[str, Contract] = {
             ),
             builders=("norm",),
             members=("c_proj", "init_cache", "kv_bytes", "flops"),
-            optional=("reset_parameters", "active_parameters", "aux_losses", "decode_cost"),
+            optional=("reset_parameters", "active_parameters", "aux_losses", "stats", "decode_cost"),
         ),
         Contract(
             "sampler",
@@ -255,7 +272,7 @@ def register_norms(register: Register) -> None:
     layers only, since checkpoints differ on the two.
 
     Members: none.
-    Optional: ``reset_parameters``, ``active_parameters``, ``aux_losses``, ``flops``, ``decode_cost``.
+    Optional: ``reset_parameters``, ``active_parameters``, ``aux_losses``, ``stats``, ``flops``, ``decode_cost``.
     On the factory: ``check``, ``examples``.
     """
 
@@ -267,7 +284,7 @@ def register_activations(register: Register) -> None:
     Factory: ``factory(*, **params) -> Activation``. Forward: any shape -> same shape and dtype.
 
     Members: none.
-    Optional: ``reset_parameters``, ``active_parameters``, ``aux_losses``, ``flops``, ``decode_cost``.
+    Optional: ``reset_parameters``, ``active_parameters``, ``aux_losses``, ``stats``, ``flops``, ``decode_cost``.
     On the factory: ``check``, ``examples``.
     """
 
@@ -284,7 +301,7 @@ def register_mlps(register: Register) -> None:
     (each expert) gets that scaling. ``flops(batch, seq_len)`` as in the module docstring.
 
     Members: ``flops``.
-    Optional: ``c_proj``, ``reset_parameters``, ``active_parameters``, ``aux_losses``, ``decode_cost``.
+    Optional: ``c_proj``, ``reset_parameters``, ``active_parameters``, ``aux_losses``, ``stats``, ``decode_cost``.
     On the factory: ``check``, ``examples``.
     """
 
@@ -305,7 +322,7 @@ def register_positions(register: Register) -> None:
     through an AttentionContext, so one position module serves all layers.
 
     Members: ``max_positions``, ``embed``, ``rotary``, ``attn_bias``.
-    Optional: ``reset_parameters``, ``active_parameters``, ``aux_losses``, ``flops``, ``decode_cost``.
+    Optional: ``reset_parameters``, ``active_parameters``, ``aux_losses``, ``stats``, ``flops``, ``decode_cost``.
     On the factory: ``check``, ``examples``.
     """
 
@@ -331,7 +348,7 @@ def register_attentions(register: Register) -> None:
     as in the module docstring.
 
     Members: ``c_proj``, ``init_cache``, ``kv_bytes``, ``flops``.
-    Optional: ``reset_parameters``, ``active_parameters``, ``aux_losses``, ``decode_cost``.
+    Optional: ``reset_parameters``, ``active_parameters``, ``aux_losses``, ``stats``, ``decode_cost``.
     On the factory: ``check``, ``examples``.
     """
 

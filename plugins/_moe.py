@@ -30,7 +30,10 @@ A forward computes, for each expert that some token chose, its tokens only: a to
 top_k experts and the shared one, which is what ``flops`` and ``active_parameters`` count. Training: the
 Switch load-balancing loss ``balance_loss`` (E sum_e f_e P_e, f_e the fraction of the tokens' choices
 that went to expert e and P_e its mean routing probability; k when perfectly balanced), reported by
-``aux_losses`` and weighted by ``[train] aux_loss_weight`` (transformers' router_aux_loss_coef).
+``aux_losses`` and weighted by ``[train] aux_loss_weight`` (transformers' router_aux_loss_coef); and the
+expert load, the fraction of the tokens' choices that went to each expert (``stats``, contract 5), which
+training logs per layer with its max/mean (1.0: perfectly balanced; E / k when every token picks the
+same k experts: routing collapse).
 """
 
 from __future__ import annotations
@@ -201,6 +204,7 @@ class MixtureOfExperts(nn.Module):
         self.shared = Expert(d_model, shared_ff, **expert) if shared_ff else None
         self.shared_gate = nn.Linear(d_model, 1, bias=False) if shared_gate else None
         self._routing: tuple[Tensor, Tensor] | None = None  # the latest forward's probabilities and choices
+        self._chosen: Tensor | None = None  # the latest forward's chosen experts (N, k)
 
     @staticmethod
     def check(
@@ -276,6 +280,7 @@ class MixtureOfExperts(nn.Module):
             if self.shared_gate is not None:
                 shared = torch.sigmoid(self.shared_gate(x)) * shared
             out = out + shared
+        self._chosen = chosen
         if self.balance_loss != "none":
             self._routing = (logits.float().softmax(dim=-1), chosen)
         return out.reshape(shape)
@@ -292,6 +297,13 @@ class MixtureOfExperts(nn.Module):
         probs, chosen = self._routing
         fraction = torch.bincount(chosen.flatten(), minlength=probs.shape[-1]).to(probs.dtype) / chosen.shape[0]
         return {"balance": probs.shape[-1] * (fraction * probs.mean(dim=0)).sum()}
+
+    def stats(self) -> dict[str, Tensor]:
+        if self._chosen is None or self._chosen.is_meta:
+            return {}
+        chosen = self._chosen.flatten()
+        load = torch.bincount(chosen, minlength=len(self.experts)).float() / chosen.numel()
+        return {"expert_load": load}
 
     def flops(self, batch: int, seq_len: int) -> dict[str, int]:
         n = batch * seq_len

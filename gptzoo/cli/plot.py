@@ -1,4 +1,5 @@
-"""``gptzoo plot``: a run's loss, or a sweep's plots, drawn again."""
+"""``gptzoo plot``: a run's loss (and its components' balance: each MoE layer's expert load), or a sweep's plots,
+drawn again."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from gptzoo.sweep.names import SWEEP_RECORD
 
 def add_parser(sub: Subparsers, common: Parser) -> Parser:
     p = sub.add_parser(
-        "plot", parents=[common], help="draw a run's loss into a PNG, or a sweep's plots into its directory"
+        "plot",
+        parents=[common],
+        help="draw a run's loss (and each MoE layer's expert load) into a PNG, or a sweep's plots into its directory",
     )
     p.add_argument("run", help="a run directory (`gptzoo train --out`) or a sweep directory (`gptzoo sweep --out`)")
     p.add_argument("--out", metavar="PNG", help="default: RUN/loss.png (a run only)")

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from gptzoo import plugin_code
+from gptzoo.compat import takes_no_arguments
 from gptzoo.errors import GptzooError, PluginError, exception_text
 from gptzoo.interfaces import Sampler, SamplerFlag
 from gptzoo.recipe.validate import step_problems
@@ -40,20 +41,6 @@ def keywords_of(step: Sampler) -> tuple[str, ...]:
         return PASSED
     named = {p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
     return tuple(name for name in PASSED if name in named)
-
-
-def takes_no_arguments(method: object) -> bool:
-    """Whether ``method`` is callable with no arguments (a ``reset`` that wants some is not the
-    contract's, e.g. one of a step written before contract 4: the chain leaves it alone)."""
-    if not callable(method):
-        return False
-    try:
-        inspect.signature(method).bind()
-    except TypeError:
-        return False
-    except ValueError:  # a signature that cannot be read: called as the contract says
-        return True
-    return True
 
 
 @dataclass(frozen=True)

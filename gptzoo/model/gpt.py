@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 from torch import Tensor, nn
 
+from gptzoo.compat import takes_no_arguments
 from gptzoo.errors import CheckpointError, GptzooError
 from gptzoo.interfaces import AttentionContext, LayerKVCache, Position, Positions
 from gptzoo.model.kv_cache import KVCache
@@ -354,6 +355,16 @@ class GPT(nn.Module):
             for name, loss in module.aux_losses().items():
                 found.setdefault(name, []).append(loss)
         return {name: torch.stack(losses).mean() for name, losses in found.items()}
+
+    def stat_reporters(self) -> dict[str, nn.Module]:
+        """The modules that report statistics (contract 5: a ``stats()`` that takes no arguments), by their
+        path in the model (``blocks.3.mlp``); a ``stats`` that takes arguments is some other method."""
+        found = {}
+        for path, module in self.named_modules():
+            member = getattr(module, "stats", None)
+            if module is not self and callable(member) and takes_no_arguments(member):
+                found[path] = module
+        return found
 
     def components(self) -> list[nn.Module]:
         """The model's parts that factories built: the positions, each block's norms, attention and

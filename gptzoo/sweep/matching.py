@@ -1,5 +1,6 @@
 """Matched variants: one [model] key (by default d_ff) chosen so that a variant has the base's parameter
-count, or its training FLOPs per token, as the GLU-variants paper sizes SwiGLU's hidden layer (2/3 of
+count, its active parameters (those one token uses: a mixture of experts at a dense model's compute per
+token), or its training FLOPs per token, as the GLU-variants paper sizes SwiGLU's hidden layer (2/3 of
 the dense one's 4d). Computed from models built on the meta device (no weights), never hand-entered."""
 
 from __future__ import annotations
@@ -31,9 +32,13 @@ def parameters_of(model: GPT) -> int:
 def active_parameters(recipe: Recipe, registry: Registry) -> int:
     """Parameters one token of the recipe's model uses (its components' ``active_parameters``; all of a
     component's that declares none)."""
+    return active_parameters_of(build_model(recipe, device="meta", registry=registry))
+
+
+def active_parameters_of(model: GPT) -> int:
     from gptzoo.model.summary import parameter_counts
 
-    return parameter_counts(build_model(recipe, device="meta", registry=registry))["active"]
+    return int(parameter_counts(model)["active"])
 
 
 def train_flops(recipe: Recipe, registry: Registry) -> float:

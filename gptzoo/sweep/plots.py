@@ -1,6 +1,7 @@
 """A sweep's plots (PNG, into the sweep directory): validation loss against the step and against training
 FLOPs, every variant overlaid (the mean over seeds), and perplexity against the evaluation length when
-the sweep evaluates at several lengths (position encodings: who extrapolates)."""
+the sweep evaluates at several lengths (position encodings: who extrapolates), and the components' balance
+by step when the runs logged one (a mixture of experts' expert load: max/mean of its least balanced layer)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from gptzoo.hookspecs import STAT_MAX_MEAN
 from gptzoo.training.plot import write_figure
 
 VAL_BY_STEP = "val_loss_by_step.png"
@@ -21,6 +23,18 @@ LOSS_BY_KV = "val_loss_by_kv_bytes.png"
 def _mean_curve(runs: list[dict[str, Any]]) -> list[tuple[int, float]]:
     """The validation curve averaged over the runs at the steps they all reached."""
     curves = [dict((step, loss) for step, loss in r["val_curve"]) for r in runs if r["val_curve"]]
+    if not curves:
+        return []
+    steps = sorted(set.intersection(*(set(c) for c in curves)))
+    return [(s, statistics.fmean(c[s] for c in curves)) for s in steps]
+
+
+def _mean_balance(runs: list[dict[str, Any]], name: str) -> list[tuple[int, float]]:
+    """The least balanced layer's ``name`` by step (gptzoo.sweep.runner's balance_curve), averaged over the runs
+    at the steps they all logged."""
+    curves = [
+        dict((step, v) for step, v in r["balance_curve"][name]) for r in runs if r.get("balance_curve", {}).get(name)
+    ]
     if not curves:
         return []
     steps = sorted(set.intersection(*(set(c) for c in curves)))
@@ -78,6 +92,19 @@ def plot_sweep(out: Path, report: dict[str, Any]) -> list[Path]:
                     )
             ax.set_xscale("log")
         written.append(out / VAL_BY_FLOPS)
+    for name in sorted({n for runs in by_variant.values() for r in runs for n in r.get("balance_curve", {})}):
+        balance = {variant: _mean_balance(runs, name) for variant, runs in by_variant.items()}
+        with _figure(
+            out / f"{name}_by_step.png",
+            "step",
+            f"{name.removesuffix(STAT_MAX_MEAN)} max / mean, least balanced layer",
+            f"{report['sweep']}: balance (1 = even)",
+        ) as ax:
+            for variant, curve in balance.items():
+                if curve:
+                    ax.plot(*zip(*curve, strict=True), label=variant, linewidth=1)
+            ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+        written.append(out / f"{name}_by_step.png")
     kv = [(row["kv_bytes_per_token"], row["final_val_loss"], row["variant"]) for row in report["variants"]]
     kv = [(b, loss["mean"], name) for b, loss, name in kv if loss is not None]
     if len({b for b, _, _ in kv}) > 1:  # the variants' caches differ (e.g. MHA / GQA / MQA): quality against memory

@@ -17,6 +17,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from gptzoo.errors import GptzooError, terminal_text
+from gptzoo.hookspecs import STAT_MAX_MEAN
 from gptzoo.sweep.names import RESULTS, SPIKE
 from gptzoo.sweep.spec import SweepSpec
 from gptzoo.tables import WholeWords
@@ -68,11 +69,20 @@ def summarize(results: list[dict[str, Any]], order: list[str]) -> list[dict[str,
                 }
             )
         reached = [r["steps_to_target"] for r in done if r["steps_to_target"] is not None]
+        balance: dict[str, dict[str, float]] = {}
+        for stat in sorted({n for r in done for n in r.get("balance", {})}):
+            paths = sorted({p for r in done for p in r["balance"].get(stat, {})})
+            balance[stat] = {
+                p: statistics.fmean(r["balance"][stat][p] for r in done if p in r["balance"].get(stat, {}))
+                for p in paths
+            }
         rows.append(
             {
                 "variant": name,
                 "seeds": [r["seed"] for r in runs],
                 "params": first["params"],
+                "active_params": first.get("active_params", first["params"]),
+                "balance": balance,
                 "train_flops_per_token": first["train_flops_per_token"],
                 "kv_bytes_per_token": first["kv_bytes_per_token"],
                 "matched": first["matched"],
@@ -126,18 +136,40 @@ COLUMNS = (
 )
 
 
+def sparse(rows: list[dict[str, Any]]) -> bool:
+    """Whether some variant uses fewer parameters per token than it has (a mixture of experts)."""
+    return any(row.get("active_params", row["params"]) != row["params"] for row in rows)
+
+
+def balanced(rows: list[dict[str, Any]]) -> list[str]:
+    """The statistics whose balance (max/mean) some variant logged: gptzoo.training.stats."""
+    return sorted({name for row in rows for name in row.get("balance", {})})
+
+
+def worst(row: dict[str, Any], name: str) -> float | None:
+    """A variant's final balance of ``name`` at its least balanced component (mean over seeds)."""
+    values = row.get("balance", {}).get(name, {}).values()
+    return max(values) if values else None
+
+
 def table_rows(
     rows: list[dict[str, Any]], target: float | None, loss: str = ".4f"
 ) -> tuple[tuple[str, ...], list[list[str]]]:
-    """Column names and cells for the table (as text), losses formatted with ``loss``."""
-    columns = COLUMNS[:-1] + (("to target",) if target is not None else ()) + COLUMNS[-1:]
+    """Column names and cells for the table (as text), losses formatted with ``loss``; an ``active`` column
+    when some variant is sparse, and a ``max/mean`` one per statistic whose balance a variant logged."""
+    names = balanced(rows)
+    active = sparse(rows)
+    columns = list(COLUMNS[:2]) + (["active"] if active else []) + list(COLUMNS[2:-1])
+    columns += [f"{name.removesuffix(STAT_MAX_MEAN)} max/mean" for name in names]
+    columns += (["to target"] if target is not None else []) + list(COLUMNS[-1:])
     cells = []
     for row in rows:
         matched = row["matched"]
         name = row["variant"] + (f" ({matched['key'].removeprefix('model.')}={matched['value']})" if matched else "")
-        line = [
-            name,
-            _si(row["params"]),
+        line = [name, _si(row["params"])]
+        if active:
+            line.append(_si(row.get("active_params", row["params"])))
+        line += [
             _si(row["train_flops_per_token"]),
             _si(row["kv_bytes_per_token"]),
             _si(row["tokens_per_s"]["mean"]) if row["tokens_per_s"] else "-",
@@ -146,6 +178,7 @@ def table_rows(
             _pm(row["bits_per_byte"], loss),
             f"{row['max_grad_norm']:.2f}" if row["max_grad_norm"] is not None else "-",
         ]
+        line += ["-" if (w := worst(row, n)) is None else f"{w:.2f}" for n in names]
         if target is not None:
             reached = row["steps_to_target"]
             line.append(
@@ -153,7 +186,7 @@ def table_rows(
             )
         line.append(f"{row['diverged']}/{len(row['seeds'])}" + (" ⚠" if row["max_spike"] > SPIKE else ""))
         cells.append(line)
-    return columns, cells
+    return tuple(columns), cells
 
 
 def length_table(rows: list[dict[str, Any]]) -> tuple[list[int], list[list[str]]] | None:
@@ -247,7 +280,8 @@ def _md_table(columns: tuple[str, ...] | list[str], cells: list[list[str]]) -> s
 
 
 def markdown(report: dict[str, Any]) -> str:
-    columns, cells = table_rows(report["variants"], report["target_loss"])
+    rows = report["variants"]
+    columns, cells = table_rows(rows, report["target_loss"])
     m = report["machine"]
     took = f", {report['seconds'] / 60:.1f} minutes" if report["seconds"] else ""
     parts = [
@@ -259,7 +293,14 @@ def markdown(report: dict[str, Any]) -> str:
         "of the attention cache in float32 at the training length; final and best "
         "validation loss in nats per token; bits per byte from `gptzoo eval` on the validation split at the first "
         "evaluation length; max ‖g‖: the largest gradient norm before clipping; ⚠: a training loss spike of more "
-        f"than {SPIKE:g} nat; diverged: a non-finite loss, or a final validation loss {SPIKE:g} nat above the best.",
+        f"than {SPIKE:g} nat; diverged: a non-finite loss, or a final validation loss {SPIKE:g} nat above the best."
+        + (" active: the parameters one token uses (a mixture of experts: k of its E experts)." if sparse(rows) else "")
+        + (
+            " max/mean: the least balanced layer's share (expert load: the fraction of the tokens' choices per "
+            "expert), its largest entry over its mean over the last tenth of the run; 1.00 is perfectly even."
+            if balanced(rows)
+            else ""
+        ),
         _md_table(columns, cells),
     ]
     lengths = length_table(report["variants"])

@@ -20,6 +20,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -33,10 +34,11 @@ import torch
 
 from gptzoo.errors import GptzooError, Interrupted, NonFiniteError, RecipeError
 from gptzoo.flops import train_flops_per_token
+from gptzoo.hookspecs import STAT_MAX_MEAN
 from gptzoo.recipe import Recipe, override_recipe
 from gptzoo.registry import Registry, default_registry
 from gptzoo.sweep.display import RunBar
-from gptzoo.sweep.matching import parameters_of, train_flops
+from gptzoo.sweep.matching import active_parameters_of, parameters_of, train_flops
 from gptzoo.sweep.names import DATA, RESULTS, RUNS, SPIKE
 from gptzoo.sweep.names import SWEEP_RECORD as SPEC
 from gptzoo.sweep.spec import SweepSpec, Variant
@@ -146,7 +148,31 @@ def _curve_stats(records: list[dict[str, Any]], target: float | None) -> dict[st
         "tokens_per_s": sorted(speeds)[len(speeds) // 2] if speeds else None,
         "steps_to_target": reached,
         "skipped_steps": sum(1 for r in records if r.get("skipped")),
+        **_balance(records),
     }
+
+
+def _balance(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The components' balance (the records' ``NAME_max_mean`` tables, gptzoo.training.stats): ``balance``, per
+    statistic and component, its mean over the last tenth of the logged records (at least one), the run's
+    final balance; ``balance_curve``, per statistic, the worst component's by step."""
+    tables = [r for r in records if any(k.endswith(STAT_MAX_MEAN) for k in r)]
+    names = sorted({k for r in tables for k in r if k.endswith(STAT_MAX_MEAN)})
+    final, curves = {}, {}
+    for name in names:
+        logged = [(r["step"], r[name]) for r in tables if isinstance(r.get(name), dict)]
+        last: dict[str, list[float]] = {}
+        for _, table in logged[-max(1, len(logged) // 10) :]:
+            for path, value in table.items():
+                if isinstance(value, int | float):
+                    last.setdefault(path, []).append(value)
+        final[name] = {path: statistics.fmean(values) for path, values in last.items()}
+        curves[name] = [
+            [step, max(v for v in table.values() if isinstance(v, int | float))]
+            for step, table in logged
+            if any(isinstance(v, int | float) for v in table.values())
+        ]
+    return {"balance": final, "balance_curve": curves}
 
 
 def run_task(
@@ -232,6 +258,7 @@ def run_task(
         "reason": reason,
         "steps": task.recipe.train.max_steps,
         "params": parameters_of(meta),
+        "active_params": active_parameters_of(meta),
         "train_flops_per_token": train_flops_per_token(meta, seq_len),
         "tokens_per_step": tokens_per_step(task.recipe),
         "kv_bytes_per_token": kv_bytes_per_token(meta, seq_len, torch.float32),

@@ -55,6 +55,9 @@ optional ``examples`` (a list of dicts), whose variant is named in brackets:
 - ``accounting`` (a component that declares ``active_parameters`` or ``aux_losses``, contract 3): the
   first is an int between 0 and its parameters; the second, after a training forward, a dict of finite
   scalar tensors in the autograd graph.
+- ``stats`` (a component that declares it, contract 5): ``stats()`` takes no arguments and, after a
+  training forward, gives a dict of finite float tensors by identifier, each a scalar or a 1-D share
+  (non-negative, summing to 1), under names the training record leaves free.
 - ``decode_cost`` (a component that declares one, contract 3): ``decode_cost(cache_len, dtype)`` is
   ``{"flops": int, "bytes": int}``, its FLOPs are what FlopCounterMode counts of decoding one token
   after cache_len cached ones (an attention's step on its filled cache, a position's embedding and

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from gptzoo import plugin_code
+from gptzoo.compat import takes_no_arguments
 from gptzoo.errors import GptzooError, describe_exception, exception_text
 from gptzoo.hf import FAMILIES
 from gptzoo.hf.tensor_map import TensorMap
@@ -382,6 +383,38 @@ def check_accounting(subject: Subject) -> str:
                 raise Failed(f"aux_losses()[{name!r}] is not in the autograd graph; return the tensor forward computed")
         said.append(f"aux losses {', '.join(losses) or 'none'}")
     return "; ".join(said)
+
+
+def check_stats(subject: Subject) -> str:
+    """``stats()`` after a training forward is a dict of finite float tensors by identifier, each a scalar or
+    a 1-D share (non-negative, summing to 1), under names the training record leaves free (contract 5)."""
+    from gptzoo.training.stats import stat_problem
+
+    model, module = subject.module()
+    if not takes_no_arguments(module.stats):
+        raise Skipped("its stats takes arguments: a method of its own, not contract 5's stats(), which training calls")
+    module.train()
+    x = harness.model_input(subject.kind, PLAIN.n_embd, generator())
+    own_work(subject, model, module, x)
+    reported = module.stats()
+    if not (isinstance(reported, dict) and all(isinstance(k, str) for k in reported)):
+        raise Failed(f"stats() gave {show_plain(reported)}, not a dict of name -> tensor")
+    said = []
+    for name, value in reported.items():
+        problem = stat_problem(name, value)
+        if problem is not None:
+            raise Failed(f"stats(): {problem}")
+        shown = [round(v, 4) for v in value.reshape(-1)[:8].tolist()] if value.dim() else round(float(value), 4)
+        if not torch.isfinite(value).all():
+            raise Failed(f"stats()[{name!r}] holds non-finite values: {shown}")
+        total = float(value.double().sum())
+        if value.dim() == 1 and (bool((value < 0).any()) or abs(total - 1) > 1e-4):
+            raise Failed(
+                f"stats()[{name!r}] is 1-D but not a share: its entries {shown} sum to {total:.4g} (a share's are "
+                "non-negative and sum to 1)"
+            )
+        said.append(name if value.dim() == 0 else f"{name} ({value.numel()} shares)")
+    return f"stats {', '.join(said) or 'none'}"
 
 
 def check_decode_cost(subject: Subject) -> str:
@@ -793,6 +826,8 @@ def _checks(subject: Subject) -> Iterator[Planned]:
         yield add("flops", check_flops)  # required of mlps and attentions, optional for the others
     if declares(subject.entry, "active_parameters") or declares(subject.entry, "aux_losses"):
         yield add("accounting", check_accounting)
+    if declares(subject.entry, "stats"):
+        yield add("stats", check_stats)
     if declares(subject.entry, "decode_cost"):
         yield add("decode_cost", check_decode_cost)
     if kind == "attention":

@@ -1,4 +1,7 @@
-"""`gptzoo plot RUN_DIR`: the run's train and validation loss against the step, as a PNG."""
+"""`gptzoo plot RUN_DIR`: the run's train and validation loss against the step, as a PNG; below it, when the
+run logged components' shares (a mixture of experts' expert load, gptzoo.training.stats), a panel of each
+one's max/mean by step, per layer: 1.0 is a perfectly even load, E / k a router that sends every token to the
+same k of its E experts."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ from typing import Any
 
 from gptzoo.atomic import default_mode, write_problem
 from gptzoo.errors import GptzooError, Interrupted
+from gptzoo.hookspecs import STAT_MAX_MEAN
 from gptzoo.training import run_dir
 
 PLOTS = {
@@ -63,7 +67,11 @@ def _plot(run: Path, path: Path, *, given: bool) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=120)
+    balance = balance_curves(records)
+    if balance:
+        fig, (ax, below) = plt.subplots(2, 1, figsize=(8, 7.5), dpi=120, sharex=True, height_ratios=(3, 2))
+    else:
+        fig, ax = plt.subplots(figsize=(8, 4.5), dpi=120)
     try:
         if kind not in fig.canvas.get_supported_filetypes():
             raise GptzooError(
@@ -78,11 +86,39 @@ def _plot(run: Path, path: Path, *, given: bool) -> Path:
         ax.set_title(run.resolve().name)
         ax.grid(alpha=0.3)
         ax.legend()
+        if balance:
+            draw_balance(below, balance)
+            ax.label_outer()  # the step axis is the panel's below
         fig.tight_layout()
         write_figure(fig, path, kind, fix)
     finally:
         plt.close(fig)
     return path
+
+
+def balance_curves(records: list[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:
+    """Each component's balance by step (the records' ``NAME_max_mean`` tables, gptzoo.training.stats), labelled
+    by its path in the model, and by the statistic's name when the run logs more than one."""
+    names = sorted({k for r in records for k, v in r.items() if k.endswith(STAT_MAX_MEAN) and isinstance(v, dict)})
+    curves: dict[str, list[tuple[int, float]]] = {}
+    for name in names:
+        for r in records:
+            for where, value in (r.get(name) or {}).items():
+                if isinstance(value, int | float):
+                    label = where if len(names) == 1 else f"{where} {name.removesuffix(STAT_MAX_MEAN)}"
+                    curves.setdefault(label, []).append((r["step"], value))
+    return curves
+
+
+def draw_balance(ax: Any, curves: dict[str, list[tuple[int, float]]]) -> None:
+    """The panel of the components' balance: max/mean by step, one line per component, 1.0 marked."""
+    for label, curve in curves.items():
+        ax.plot(*zip(*curve, strict=True), label=label, linewidth=1)
+    ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+    ax.set_xlabel("step")
+    ax.set_ylabel("load max / mean (1 = balanced)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small", ncol=2)
 
 
 def write_figure(fig: Any, path: Path, kind: str, fix: str) -> None:

@@ -746,15 +746,25 @@ def _scalar(value: Any) -> bool:
     return value is None or isinstance(value, str | bool) or _finite(value)
 
 
+def _stat(value: Any) -> bool:
+    """A components' statistic in a record (gptzoo.training.stats): component path -> null, a finite number,
+    or a list of finite numbers."""
+    return isinstance(value, dict) and all(
+        isinstance(path, str) and (_scalar(v) or (isinstance(v, list) and all(_finite(x) for x in v)))
+        for path, v in value.items()
+    )
+
+
 def _usable(record: Any) -> bool:
-    """A metrics record, as :func:`append_metrics` writes them: a flat JSON object of scalars whose step is a
-    whole number (at most train.max_steps' limit) and whose losses are null or numbers in float32's range."""
+    """A metrics record, as :func:`append_metrics` writes them: a JSON object of scalars (and the components'
+    statistics, tables of them by component) whose step is a whole number (at most train.max_steps' limit) and
+    whose losses are null or numbers in float32's range."""
     return (
         isinstance(record, dict)
         and _whole(record.get("step"), 0)
         and record["step"] <= MAX_INT
         and all(record.get(k) is None or (_finite(record[k]) and abs(record[k]) <= LOSS_LIMIT) for k in _LOSSES)
-        and all(_scalar(v) for v in record.values())
+        and all(_scalar(v) or _stat(v) for v in record.values())
     )
 
 

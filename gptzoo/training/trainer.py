@@ -45,6 +45,7 @@ from gptzoo.tokenizer import Tokenizer, load_tokenizer
 from gptzoo.training import distributed, run_dir
 from gptzoo.training.data import TokenData, Windows, eval_batches, n_windows, rank_slice, shown, vocab_sha256
 from gptzoo.training.optim import lr_at, make_optimizer
+from gptzoo.training.stats import StatWindow
 from gptzoo.untrusted import check_utf8_path
 
 RESUMABLE_CHANGES = (
@@ -391,6 +392,8 @@ class Trainer:
         """The auxiliary losses of the latest step (aux_NAME: the mean over its micro-batches), for its record."""
         self.reports_aux = bool(self.model.declaring("aux_losses"))
         """Whether a component reports auxiliary losses: found once, not by walking the modules every micro-batch."""
+        self.stats = StatWindow(self.model.stat_reporters())
+        """The components' statistics since the last record (contract 5), found once."""
         self.resumed_from: Path | None = None
         state: dict[str, Any] | None = None
         if resume:
@@ -561,6 +564,7 @@ class Trainer:
                 reported = self.model.aux_losses() if self.reports_aux else {}
                 aux = {name: value / spec.grad_accum for name, value in reported.items()}
                 objective = loss + spec.aux_loss_weight * sum(aux.values()) if aux else loss
+                self.stats.add()
             (self.scaler.scale(objective) if self.scaler is not None else objective).backward()
             total += loss.detach()
             for name, value in aux.items():
@@ -670,6 +674,7 @@ class Trainer:
                             "mfu": mfu,
                             "skipped": not applied,
                             **self.aux,
+                            **self.stats.flush(self.procs),
                             "time": time.time(),
                         }
                     )

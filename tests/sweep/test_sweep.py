@@ -1,6 +1,7 @@
 """`gptzoo sweep`: specs checked whole before anything starts, matched variants, a sweep killed with SIGKILL
 and resumed equal to one run straight, divergence reported, the report and its plots; and the shipped
-norm-placement and position sweeps end to end at a reduced budget."""
+norm-placement, position and moe sweeps end to end at a reduced budget (the moe sweep's report with each
+variant's active and total parameters and expert-load balance), and the moe sweep's matched variants."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import pytest
 from tiny import TRAIN
 
 from gptzoo.cli import main
-from gptzoo.sweep.matching import match_variant, parameters, train_flops
+from gptzoo.sweep.matching import active_parameters, match_variant, parameters, train_flops
 from gptzoo.sweep.runner import run_sweep
 from gptzoo.sweep.spec import read_spec
 from gptzoo.training.data import prepare
@@ -224,7 +225,7 @@ def test_parallel_jobs_give_the_sequential_results(tmp_path: Path, data: Path) -
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["norm-placement", "position", "latent-attention"])
+@pytest.mark.parametrize("name", ["norm-placement", "position", "latent-attention", "moe"])
 def test_shipped_sweeps_run_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str) -> None:
     out = tmp_path / name
     report = run_json(capsys, "sweep", name, "--out", str(out), "--budget", "steps=4")
@@ -245,6 +246,9 @@ def test_shipped_sweeps_run_end_to_end(tmp_path: Path, capsys: pytest.CaptureFix
         expected = sorted([*expected, "val_loss_by_kv_bytes.png"])
         kv = {row["variant"]: row["kv_bytes_per_token"] for row in report["variants"]}
         assert (kv["mla-32"], kv["mla-64"]) == (kv["mqa"], kv["gqa"]) == (4 * 32 * 4, 4 * 64 * 4)
+    if name == "moe":
+        expected = ["expert_load_max_mean_by_step.png", *expected]
+        _check_moe_report(report, md)
     assert pngs == expected
     import matplotlib.image
 
@@ -365,3 +369,47 @@ def test_a_bad_data_source_is_a_spec_problem_and_command_line_data_stands_in(
         capsys, "sweep", str(spec), "--out", str(tmp_path / "out"), "--data", str(data), "--budget", "tokens=128"
     )
     assert [r["steps"] for r in report["runs"]] == [2, 2]  # 128 tokens of 2 x 32 per step
+
+
+MOE = {  # variant: (d_ff, total parameters, active parameters), from models built on the meta device
+    "dense": (512, 858_880, 858_880),
+    "e4-top1-active": (510, 2_433_248, 858_872),
+    "e4-top2-active": (255, 1_384_688, 859_384),
+    "e8-top1-active": (508, 4_518_016, 858_864),
+    "e8-top2-active": (254, 2_429_120, 859_376),
+    "e4-top1-total": (127, 858_352, 465_148),
+    "e4-top2-total": (127, 858_352, 596_216),
+    "e8-top1-total": (63, 858_336, 401_404),
+    "e8-top2-total": (63, 858_336, 466_680),
+}
+
+
+def test_the_moe_sweeps_variants_have_the_dense_models_active_or_total_parameters() -> None:
+    from gptzoo.registry import default_registry
+
+    registry, spec = default_registry(), read_spec("moe")
+    found = {
+        name: (recipe.model.d_ff, parameters(recipe, registry), active_parameters(recipe, registry))
+        for name, recipe in spec.recipes.items()
+    }
+    assert found == MOE
+    for name, (_, total, active) in MOE.items():
+        target = total if name.endswith("-total") else active
+        assert abs(target / 858_880 - 1) < 0.01, name
+
+
+def _check_moe_report(report: dict[str, Any], md: str) -> None:
+    """The moe sweep's tiny run reports every variant's active and total parameters, and the MoE variants'
+    expert load per layer (between 1, even, and E / k, collapsed)."""
+    rows = {row["variant"]: row for row in report["variants"]}
+    assert {
+        name: (row["matched"]["value"] if row["matched"] else 512, row["params"], row["active_params"])
+        for name, row in rows.items()
+    } == MOE
+    assert rows["dense"]["balance"] == {}
+    for name in MOE.keys() - {"dense"}:
+        layers = rows[name]["balance"]["expert_load_max_mean"]
+        assert sorted(layers) == [f"blocks.{i}.mlp" for i in range(4)]
+        assert all(1.0 <= v <= int(name[1]) for v in layers.values()), (name, layers)
+    assert "| variant | params | active | FLOPs/token |" in md and "expert_load max/mean |" in md
+    assert "| e8-top1-total (d_ff=63) | 858k | 401k |" in md

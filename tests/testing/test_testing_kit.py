@@ -414,3 +414,39 @@ def test_plugins_check_of_an_unknown_name_exits_2(fake_site: FakeSite, capsys: p
     assert " half_mapped," in captured.err and " gptzoo-fake-half_mapped," in captured.err
     assert captured.err.rstrip().endswith("components: KIND:NAME as `gptzoo list` shows them")
     assert "Traceback" not in captured.err and captured.out == ""
+
+
+UNEVEN_STATS = (
+    NORM_BASE
+    + '''
+
+class Uneven(Norm):
+    """A norm that reports a share that does not sum to 1."""
+
+    def stats(self):
+        return {"spread": torch.tensor([0.5, 0.7])}
+
+
+@gptzoo.hookimpl
+def register_norms(register):
+    register("uneven", Uneven)
+'''
+)
+
+
+def test_a_share_that_is_no_share_fails_the_stats_check_and_a_stats_of_its_own_is_skipped(
+    fake_site: FakeSite,
+) -> None:
+    results = {r.check: (r.status, r.detail) for r in _results(fake_site, UNEVEN_STATS, "norm", "uneven")}
+    assert results["stats"] == (
+        "failed",
+        "stats()['spread'] is 1-D but not a share: its entries [0.5, 0.7] sum to 1.2 (a share's are non-negative and "
+        "sum to 1)",
+    )
+    own = UNEVEN_STATS.replace("def stats(self):", "def stats(self, x):").replace('"uneven"', '"own_stats"')
+    results = {r.check: (r.status, r.detail) for r in _results(fake_site, own, "norm", "own_stats")}
+    assert results["stats"] == (
+        "skipped",
+        "its stats takes arguments: a method of its own, not contract 5's stats(), which training calls",
+    )
+    assert all(status != "failed" for status, _ in results.values()), results
