@@ -12,14 +12,16 @@ network): the checks every family's tests run, so that each family proves the sa
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import torch
 import transformers
+from cli_run import run_json
 
 import gptzoo
-from gptzoo.hf import export_hf, hf_recipe, load_hf
+from gptzoo.hf import check_recipe_matches, export_hf, hf_recipe, load_hf
 from gptzoo.inference.generate import generate
 from gptzoo.recipe import Recipe, validate
 
@@ -138,3 +140,31 @@ def check_export(model: gptzoo.GPT, ids: torch.Tensor, out: Path) -> None:
     again = load_hf(out)
     mine, theirs = model.state_dict(), again.state_dict()
     assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
+
+
+def official_counts(config: dict[str, Any]) -> tuple[int, int]:
+    """transformers' parameter count of an official config.json (on the meta device), and the parameters
+    one token uses: that, less the experts a token skips in each layer that has them (num_experts_per_tok
+    of each experts module's num_experts; an expert's share of the module, biases included)."""
+    hf = transformers.AutoConfig.for_model(**config)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(hf)
+    total = sum(p.numel() for p in model.parameters())
+    k = config["num_experts_per_tok"]
+    experts = [m for m in model.modules() if type(m).__name__.endswith("Experts")]
+    skipped = sum((m.num_experts - k) * sum(p.numel() for p in m.parameters()) // m.num_experts for m in experts)
+    return total, total - skipped
+
+
+def check_shipped_recipe(tmp_path: Path, name: str, config: dict[str, Any], capsys: Any) -> tuple[int, int]:
+    """The shipped recipe ``name`` is what gptzoo derives from the official config.json, and ``gptzoo build``
+    counts its total and active parameters as transformers does (:func:`official_counts`); returns them."""
+    path = tmp_path / name
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(config))
+    shipped, derived = gptzoo.load_recipe(name), hf_recipe(path)
+    assert shipped.model == derived.model
+    check_recipe_matches(shipped, derived, gptzoo.get_registry())
+    params = run_json(capsys, "build", name)["params"]
+    assert (params["total"], params["active"]) == official_counts(config)
+    return params["total"], params["active"]

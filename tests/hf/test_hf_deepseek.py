@@ -12,10 +12,10 @@ import pytest
 import torch
 import transformers
 from cli_run import run_json
-from hfparity import check_family, prompt, save_hf
+from hfparity import check_family, check_shipped_recipe, prompt, save_hf
 
 import gptzoo
-from gptzoo.hf import NoEquivalentError, check_recipe_matches, export_hf, hf_recipe, load_hf
+from gptzoo.hf import NoEquivalentError, export_hf, hf_recipe, load_hf
 from gptzoo.hf.compare import compare
 
 TINY = {
@@ -306,37 +306,14 @@ COUNTS = {
     "deepseek-v2-lite": (15_706_484_224, 2_661_150_208),
     "deepseek-v3": (671_026_404_352, 37_552_282_624),
 }
-"""(total, active per token) of each official config: transformers' count on the meta device, less the experts
-a token skips in each layer that has experts (3 matrices of hidden x moe_intermediate_size each)."""
-
-
-def config_counts(config: dict) -> tuple[int, int]:
-    hf = transformers.AutoConfig.for_model(**config)
-    with torch.device("meta"):
-        total = sum(p.numel() for p in transformers.AutoModelForCausalLM.from_config(hf).parameters())
-    sparse = config["num_hidden_layers"] - config["first_k_dense_replace"]
-    skipped = (
-        sparse
-        * (config["n_routed_experts"] - config["num_experts_per_tok"])
-        * 3
-        * config["hidden_size"]
-        * config["moe_intermediate_size"]
-    )
-    return total, total - skipped
+"""(total, active per token) of each official config: transformers' count, less the experts a token skips."""
 
 
 @pytest.mark.parametrize("name", OFFICIAL)
 def test_shipped_recipe_is_the_official_config_with_its_counts(
     tmp_path: Path, name: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    path = tmp_path / name
-    path.mkdir()
-    (path / "config.json").write_text(json.dumps(OFFICIAL[name]))
-    shipped, derived = gptzoo.load_recipe(name), hf_recipe(path)
-    assert shipped.model == derived.model
-    check_recipe_matches(shipped, derived, gptzoo.get_registry())
-    params = run_json(capsys, "build", name)["params"]
-    assert (params["total"], params["active"]) == config_counts(OFFICIAL[name]) == COUNTS[name]
+    assert check_shipped_recipe(tmp_path, name, OFFICIAL[name], capsys) == COUNTS[name]
 
 
 def test_recipes_uses_mla_lists_the_latent_attention_recipes(capsys: pytest.CaptureFixture[str]) -> None:

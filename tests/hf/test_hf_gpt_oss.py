@@ -12,11 +12,11 @@ import pytest
 import torch
 import transformers
 from cli_run import run_json
-from hfparity import check_family, prompt, save_hf
+from hfparity import check_family, check_shipped_recipe, prompt, save_hf
 
 import gptzoo
 from gptzoo.cli import main
-from gptzoo.hf import FAMILIES, NoEquivalentError, check_recipe_matches, hf_recipe, load_hf
+from gptzoo.hf import FAMILIES, NoEquivalentError, hf_recipe, load_hf
 from gptzoo.hf.compare import compare
 from gptzoo.hf.tensor_map import TensorMap, stack_slices
 
@@ -239,31 +239,10 @@ OFFICIAL = {  # openai/gpt-oss-20b's config.json, its MXFP4 quantization_config 
 }
 
 
-def config_counts(config: dict) -> tuple[int, int]:
-    """transformers' parameter count of the config (meta device), and the parameters one token uses:
-    that, less the (experts - top_k) experts it skips in each layer (an expert's share of the stacked
-    tensors, biases included)."""
-    hf = transformers.AutoConfig.for_model(**config)
-    with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(hf)
-    total = sum(p.numel() for p in model.parameters())
-    experts = config["num_local_experts"]
-    one = sum(p.numel() for p in model.model.layers[0].mlp.experts.parameters()) // experts
-    return total, total - config["num_hidden_layers"] * (experts - config["num_experts_per_tok"]) * one
-
-
 def test_shipped_recipe_is_the_official_config_with_its_counts(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    path = tmp_path / "gpt-oss-20b"
-    path.mkdir()
-    (path / "config.json").write_text(json.dumps(OFFICIAL))
-    shipped, derived = gptzoo.load_recipe("gpt-oss-20b"), hf_recipe(path)
-    assert shipped.model == derived.model
-    check_recipe_matches(shipped, derived, gptzoo.get_registry())
-    total, active = config_counts(OFFICIAL)
-    params = run_json(capsys, "build", "gpt-oss-20b")["params"]
-    assert (params["total"], params["active"]) == (total, active) == (20_914_757_184, 4_187_440_704)
+    assert check_shipped_recipe(tmp_path, "gpt-oss-20b", OFFICIAL, capsys) == (20_914_757_184, 4_187_440_704)
 
 
 def test_recipes_uses_moe_lists_the_gpt_oss_recipes(capsys: pytest.CaptureFixture[str]) -> None:

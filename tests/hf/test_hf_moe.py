@@ -12,10 +12,10 @@ import pytest
 import torch
 import transformers
 from cli_run import run_json
-from hfparity import check_family, prompt, save_hf
+from hfparity import check_family, check_shipped_recipe, prompt, save_hf
 
 import gptzoo
-from gptzoo.hf import FAMILIES, NoEquivalentError, check_recipe_matches, hf_recipe
+from gptzoo.hf import FAMILIES, NoEquivalentError, hf_recipe
 from gptzoo.hf.compare import compare
 
 TINY = {
@@ -204,33 +204,11 @@ OFFICIAL: dict[str, dict] = {
 }
 
 
-def config_counts(config: dict) -> tuple[int, int]:
-    """transformers' parameter count of the config (meta device), and the parameters one token uses:
-    that, less the (experts - top_k) experts it skips in each layer (3 matrices of hidden x expert width)."""
-    hf = transformers.AutoConfig.for_model(**config)
-    with torch.device("meta"):
-        total = sum(p.numel() for p in transformers.AutoModelForCausalLM.from_config(hf).parameters())
-    experts = next(config[k] for k in ("num_local_experts", "num_experts") if k in config)
-    width = config.get("moe_intermediate_size", config["intermediate_size"])
-    skipped = (
-        config["num_hidden_layers"] * (experts - config["num_experts_per_tok"]) * 3 * config["hidden_size"] * width
-    )
-    return total, total - skipped
-
-
 @pytest.mark.parametrize("name", OFFICIAL)
 def test_shipped_recipe_is_the_official_config_with_its_counts(
     tmp_path: Path, name: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    path = tmp_path / name
-    path.mkdir()
-    (path / "config.json").write_text(json.dumps(OFFICIAL[name]))
-    shipped, derived = gptzoo.load_recipe(name), hf_recipe(path)
-    assert shipped.model == derived.model
-    check_recipe_matches(shipped, derived, gptzoo.get_registry())
-    total, active = config_counts(OFFICIAL[name])
-    params = run_json(capsys, "build", name)["params"]
-    assert (params["total"], params["active"]) == (total, active) == COUNTS[name]
+    assert check_shipped_recipe(tmp_path, name, OFFICIAL[name], capsys) == COUNTS[name]
 
 
 COUNTS = {
