@@ -35,7 +35,7 @@ from gptzoo.hf.family import Fields, refuse, show
 from gptzoo.hf.layouts import builtin
 from gptzoo.hf.llama import ACTIVATIONS, Llama, kinds, plain_embeddings_and_logits, rope_position, sizes
 from gptzoo.hf.mistral import layers_text, schedule
-from gptzoo.hf.moe import MOE_LAYER, expert_maps, features, moe_component, moe_layout
+from gptzoo.hf.moe import MOE_LAYER, expert_maps, features, moe_component, moe_config, moe_layout
 from gptzoo.hf.tensor_map import TensorMap
 from gptzoo.recipe import Recipe
 
@@ -99,19 +99,18 @@ def v3_groups(given: Mapping[str, Any], fields: dict[str, Any]) -> dict[str, Any
 
 
 def moe_fields(moe: Any, names: Mapping[str, str], groups: Any) -> dict[str, Any]:
-    """config.json fields of an expert layer (export): each feature under its field, n_shared_experts from
-    the shared expert's width, and every feature without a field at the family's value, else under its own
-    name, which the family then refuses as a field it has no place for."""
+    """config.json fields of an expert layer (export): gptzoo.hf.moe.moe_config's under the family's rules
+    (``groups`` writes its group fields and gives the routing it fixes), and the shared expert as
+    n_shared_experts when it is a whole number of experts wide (else its width under its own name, refused)."""
     given = features(moe)
-    fields: dict[str, Any] = {MOE_LAYER: True, **{field: given[feature] for feature, field in names.items()}}
+    fields: dict[str, Any] = {}
+    rules = {**groups(given, fields), "groups": given["groups"], "group_top_k": given["group_top_k"]}
+    rules["own_width"] = given["own_width"]  # moe_intermediate_size says the experts' width, whatever d_ff is
     shared, width = given["shared_ff"], given["expert_ff"]
-    if shared % width:
-        fields["shared_ff"] = shared  # not a whole number of experts
-    else:
+    if shared % width == 0:
         fields["n_shared_experts"] = shared // width
-    rules = {"router_bias": False, "shared_gate": False, "gated": True, "expert_bias": False, **groups(given, fields)}
-    fields.update({feature: given[feature] for feature, value in rules.items() if given[feature] != value})
-    return fields
+        rules["shared_ff"] = shared
+    return {**moe_config(moe, names, rules), **fields}
 
 
 def layouts(layout: str, names: Mapping[str, str], groups: Any) -> tuple[Any, ...]:

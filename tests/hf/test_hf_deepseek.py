@@ -173,6 +173,26 @@ def test_a_scale_other_than_the_rope_scalings_is_refused_on_export(tmp_path: Pat
 
 
 @pytest.mark.parametrize(
+    ("feature", "field"),
+    [("glu_limit", "glu_limit=7.0"), ("expert_bias", "expert_bias=True"), ("scoring", "scoring='topk_softmax'")],
+)
+def test_an_expert_feature_deepseek_has_no_field_for_is_refused_on_export(
+    tmp_path: Path, feature: str, field: str
+) -> None:
+    config = transformers.DeepseekV2Config(**TINY, q_lora_rank=None, n_routed_experts=4, num_experts_per_tok=2)
+    model = load_hf(save_hf(tmp_path, "v2", config, wide=ROUTERS))
+    recipe = model.recipe.to_dict()
+    recipe.pop("provenance", None)
+    value = {"glu_limit": 7.0, "expert_bias": True, "scoring": "topk_softmax"}[feature]
+    recipe["model"]["mlp"] = {**recipe["model"]["mlp"], feature: value}
+    other = gptzoo.build_model(gptzoo.recipe.validate(recipe, "test", name="featured"), device="meta")
+    with pytest.raises(
+        NoEquivalentError, match=f"mlp 'moe' sets {field}, which DeepseekV2ForCausalLM has no field for"
+    ):
+        export_hf(other, tmp_path / "out")
+
+
+@pytest.mark.parametrize(
     ("field", "value", "message"),
     [
         ("num_key_value_heads", 1, r"num_key_value_heads=1 is not supported: DeepSeek-V3's latent attention"),
