@@ -72,6 +72,11 @@ class LatentKVCache:
         return self.latent[:, :end], self.k_rope[:, :, :end]
 
 
+def widths(head_dim: int, kv_rank: int = 0, nope_dim: int = 0, v_dim: int = 0) -> tuple[int, int, int]:
+    """kv_rank, nope_dim and v_dim with their defaults for 0: 4, 2 and 2 x head_dim (the rotary width)."""
+    return kv_rank or 4 * head_dim, nope_dim or 2 * head_dim, v_dim or 2 * head_dim
+
+
 def deinterleave(x: Tensor) -> Tensor:
     """Pairs (x0, x1), (x2, x3), ... -> (x0, x2, ..., x1, x3, ...): the rotate-half order of the same rotation."""
     return torch.cat((x[..., 0::2], x[..., 1::2]), dim=-1)
@@ -105,13 +110,20 @@ class LatentAttention(nn.Module):
     ) -> None:
         super().__init__()
         problems = self.check(
-            d_model=d_model, n_head=n_head, n_kv_head=n_kv_head, head_dim=head_dim, kv_rank=kv_rank, q_rank=q_rank
+            d_model=d_model,
+            n_head=n_head,
+            n_kv_head=n_kv_head,
+            head_dim=head_dim,
+            kv_rank=kv_rank,
+            q_rank=q_rank,
+            nope_dim=nope_dim,
+            v_dim=v_dim,
+            scale=scale,
         )
         if problems:
             raise ValueError("; ".join(problems))
-        self.n_head, self.rope_dim = n_head, head_dim
-        self.kv_rank, self.q_rank = kv_rank or 4 * head_dim, q_rank
-        self.nope_dim, self.v_dim = nope_dim or 2 * head_dim, v_dim or 2 * head_dim
+        self.n_head, self.rope_dim, self.q_rank = n_head, head_dim, q_rank
+        self.kv_rank, self.nope_dim, self.v_dim = widths(head_dim, kv_rank, nope_dim, v_dim)
         self.rope_interleave = rope_interleave
         self.scale = scale or 1.0 / math.sqrt(self.nope_dim + head_dim)
         qk = n_head * (self.nope_dim + head_dim)
@@ -148,7 +160,7 @@ class LatentAttention(nn.Module):
             )
         if head_dim % 2:
             problems.append(f"head_dim is mla's rotary width and must be even, got {head_dim}")
-        for name, value in (("kv_rank", kv_rank or 4 * head_dim), ("q_rank", q_rank)):
+        for name, value in (("kv_rank", widths(head_dim, kv_rank)[0]), ("q_rank", q_rank)):
             if value < 0 or (d_model and value > d_model):
                 problems.append(
                     f"{name} must be between 0 and the width n_embd ({d_model}) (a latent compresses x), got {value}"
@@ -176,15 +188,23 @@ class LatentAttention(nn.Module):
             q_rope, k_rope = ctx.rotary.apply(q_rope, k_rope)
         if cache is not None:
             latent, k_rope = cache.update(latent, k_rope, ctx.start)  # every token so far: (B, S, c), (B, 1, S, r)
-            if T == 1:
-                y = self.absorbed(q_nope, q_rope, latent, k_rope, ctx.mask)
-                return self.c_proj(y.transpose(1, 2).reshape(B, T, nh * v))
-        S = latent.shape[1]
+        if cache is not None and T == 1:
+            y = self.absorbed(q_nope, q_rope, latent, k_rope, ctx.mask)
+        else:
+            y = self.expanded(q_nope, q_rope, latent, k_rope, ctx)
+        return self.c_proj(y.transpose(1, 2).reshape(B, T, nh * v))  # y: (B, nh, T, v)
+
+    def expanded(self, q_nope: Tensor, q_rope: Tensor, latent: Tensor, k_rope: Tensor, ctx: AttentionContext) -> Tensor:
+        """Attention over every latent expanded by kv_b into each head's keys and values (as transformers
+        computes it): q_nope (B, nh, T, n), q_rope (B, nh, T, r), latent (B, S, c), k_rope (B, 1, S, r)
+        -> (B, nh, T, v)."""
+        (B, S, _), nh, n, r, v = latent.shape, self.n_head, self.nope_dim, self.rope_dim, self.v_dim
         k_nope, values = self.kv_b(latent).view(B, S, nh, n + v).transpose(1, 2).split((n, v), dim=-1)
         k = torch.cat((k_nope, k_rope.expand(B, nh, S, r)), dim=-1)  # (B, nh, S, n + r)
         q = torch.cat((q_nope, q_rope), dim=-1)  # (B, nh, T, n + r)
-        y = F.scaled_dot_product_attention(q, k, values, attn_mask=ctx.mask, is_causal=ctx.is_causal, scale=self.scale)
-        return self.c_proj(y.transpose(1, 2).reshape(B, T, nh * v))  # y: (B, nh, T, v)
+        return F.scaled_dot_product_attention(
+            q, k, values, attn_mask=ctx.mask, is_causal=ctx.is_causal, scale=self.scale
+        )
 
     def absorbed(self, q_nope: Tensor, q_rope: Tensor, latent: Tensor, k_rope: Tensor, mask: Tensor | None) -> Tensor:
         """Attention of one query per row over every cached latent without expanding them: q_nope (B, nh,
