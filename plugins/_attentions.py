@@ -29,8 +29,7 @@ Both take the parameters that modern families add, each off by default:
   may attend to nothing. As transformers 5's gpt_oss eager_attention_forward (s_aux): the sink is a
   last score column, after the scale, softcap and mask, dropped after the softmax. Computed
   explicitly (scaled_dot_product_attention has no such term), in every pass: with a window, with a
-  cache, one query at a time. The native decoding plan has no sink term: its lowering refuses such
-  an attention, which then runs this forward within the step (gptzoo.inference.lowerings).
+  cache, one query at a time (the native decoding step adds the same column: gptzoo.inference.lowerings).
 """
 
 from __future__ import annotations

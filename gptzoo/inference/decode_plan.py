@@ -25,7 +25,7 @@ sums (tests/inference/test_decode_plan.py).
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -35,7 +35,7 @@ from gptzoo.errors import GptzooError
 from gptzoo.inference.lowerings import Lowerings, Unsupported, rotary_tables
 from gptzoo.inference.matvec import KINDS, MAX_ROWS, kernel_threads
 from gptzoo.inference.native import abi, library
-from gptzoo.inference.plan import Buffer, PositionStep
+from gptzoo.inference.plan import Buffer, PositionStep, Route
 from gptzoo.interfaces import AttentionContext, Position, Positions
 from gptzoo.model.kv_cache import KVCache
 from gptzoo.registry import Registry, default_registry
@@ -86,6 +86,8 @@ class NativePlan:
         """The step in order: native operations, and the modules run eagerly between them."""
         self.keep: list[Tensor] = []
         """Every tensor an operation points to, alive as long as the plan."""
+        self.subplans: list[ctypes.Array] = []
+        """The operations of each expert of a mixture, which its operation points to."""
         self.before_step: list[Callable[[Positions], None]] = []
         """Run before each step with its positions: they rewrite the position-dependent tables."""
         self.scores = torch.empty(max_keys, dtype=torch.float32)
@@ -270,6 +272,7 @@ class NativePlan:
         scale: float,
         softcap: float,
         fused: bool,
+        sinks: Tensor | None = None,
     ) -> None:
         """gptzoo.inference.plan.DecodePlan.attend; the cache is (B, nkv, slots, hs) of the activations' dtype."""
         if self.biased is not None:
@@ -286,8 +289,14 @@ class NativePlan:
         n += (0 if mask is None else mask.shape[1],)
         if fused and softcap:
             raise Unsupported("a fused attention kernel with a softcap")
-        p = (qkv.ptr, keys, values, out.ptr, self.scores, mask)
-        self._op("attend", p=p, n=n, f=(scale, softcap), mode=abi.ATTEND_MODES["fused" if fused else "explicit"])
+        wkind = 0
+        if sinks is not None:
+            if fused or tuple(sinks.shape) != (nh,):
+                raise Unsupported(f"sinks of shape {tuple(sinks.shape)} for {nh} heads (explicit attention only)")
+            wkind = self._weight(sinks, "the attention sinks")
+        p = (qkv.ptr, keys, values, out.ptr, self.scores, mask, sinks)
+        mode = abi.ATTEND_MODES["fused" if fused else "explicit"]
+        self._op("attend", p=p, n=n, f=(scale, softcap), wkind=wkind, mode=mode)
 
     def activate(self, src: Buffer, dst: Buffer, name: str, *, gated: bool) -> None:
         """dst = act(src) or, gated, act(src's first half) * its second half."""
@@ -297,6 +306,69 @@ class NativePlan:
         self._op(
             "activate", p=(src.ptr, dst.ptr), n=(width, src.stride, dst.stride, int(gated)), mode=abi.ACTIVATIONS[name]
         )
+
+    def clamp(self, buf: Buffer, low: float, high: float, shift: float = 0.0) -> None:
+        """buf = clamp(buf, low, high) + shift, over the buffer's columns."""
+        self._op("clamp", p=(buf.ptr,), n=(buf.width, buf.stride), f=(low, high, shift))
+
+    def sigmoid_scale(self, gate: Buffer, src: Buffer, dst: Buffer) -> None:
+        """dst = sigmoid(gate) * src: ``gate`` one column, src and dst whole buffers of one width."""
+        self._whole(src, dst, same_width=True)
+        if gate.width != 1:
+            raise Unsupported(f"a gate of {gate.width} values per row (sigmoid_scale takes one)")
+        self._op("sigmoid_scale", p=(gate.ptr, src.ptr, dst.ptr), n=(dst.width, gate.stride))
+
+    def route(
+        self,
+        logits: Buffer,
+        *,
+        top_k: int,
+        scoring: str,
+        normalize: bool,
+        routed_scale: float = 1.0,
+        groups: int = 1,
+        group_top_k: int = 1,
+        group_score: str = "max",
+        score_bias: Tensor | None = None,
+    ) -> Route:
+        """gptzoo.inference.plan.DecodePlan.route."""
+        experts = logits.width
+        if scoring not in abi.SCORINGS or group_score not in abi.GROUP_SCORES:
+            raise Unsupported(f"a router scoring {scoring!r} with group score {group_score!r}")
+        if not 1 <= top_k <= experts or groups < 1 or experts % groups or not 1 <= group_top_k <= groups:
+            raise Unsupported(f"a router of top_k {top_k} over {experts} experts in {groups} groups")
+        if score_bias is not None:  # added in float32 whatever its dtype, as the eager forward promotes it
+            score_bias = score_bias.detach().float().contiguous()
+            self._weight(score_bias, "a router's score bias", (torch.float32,))
+        route = Route(torch.zeros(self.batch, top_k, dtype=torch.int64), torch.zeros(self.batch, top_k))
+        self._op(
+            "route",
+            p=(logits.ptr, score_bias, route.experts, route.weights),
+            n=(logits.stride, experts, top_k, groups, group_top_k, int(normalize), abi.GROUP_SCORES[group_score]),
+            f=(routed_scale,),
+            mode=abi.SCORINGS[scoring],
+        )
+        return route
+
+    def mixture(self, route: Route, experts: Sequence[nn.Module], src: Buffer, dst: Buffer) -> None:
+        """gptzoo.inference.plan.DecodePlan.mixture: each expert lowered into operations of its own (a
+        plan for the same rows, which the mixture runs on the rows that chose it)."""
+        self._whole(src, dst, same_width=True)
+        top_k = route.experts.shape[1]
+        inputs, outputs = self.buffer(src.width), self.buffer(dst.width)
+        table = torch.zeros(len(experts), 2, dtype=torch.int64)
+        for e, expert in enumerate(experts):
+            sub = NativePlan(self.batch, self.dtype, self.max_keys, self.key_mask, self.lowerings)
+            sub.lowerings.lower(sub, expert, inputs, outputs)
+            if sub.before_step or not sub.ops:
+                raise Unsupported(f"expert {e} ({type(expert).__name__}) has operations that depend on the position")
+            ops = (abi.Op * len(sub.ops))(*sub.ops)
+            self.keep.extend(sub.keep)
+            self.subplans.extend((*sub.subplans, ops))
+            table[e] = torch.tensor([ctypes.addressof(ops), len(sub.ops)])
+        sums = torch.zeros(self.batch, dst.width)
+        p = (src.ptr, dst.ptr, route.experts, route.weights, table, inputs.ptr, outputs.ptr, sums)
+        self._op("mixture", p=p, n=(dst.width, top_k, len(experts)))
 
     def softcap(self, buf: Buffer, cap: float) -> None:
         self._whole(buf)

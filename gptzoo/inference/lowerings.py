@@ -101,13 +101,59 @@ def lower_gated_mlp(plan: DecodePlan, mlp: Any, src: Buffer, dst: Buffer) -> Non
     plan.call(mlp.c_proj, h, dst)
 
 
+def lower_expert(plan: DecodePlan, expert: Any, src: Buffer, dst: Buffer) -> None:
+    """An expert of a mixture: a dense or gated mlp, the gated one's gate and up clamped by its limit."""
+    h, a = plan.buffer(expert.c_fc.out_features), plan.buffer(expert.c_proj.in_features)
+    plan.call(expert.c_fc, src, h)
+    if expert.limit:
+        plan.clamp(h.cols(0, a.width), float("-inf"), expert.limit)
+        plan.clamp(h.cols(a.width, a.width), -expert.limit, expert.limit, shift=1.0)
+    plan.call(expert.act, h, a, gated=expert.gated)
+    plan.call(expert.c_proj, a, dst)
+
+
+ROUTER = "gptzoo_plugins._moe:Router"
+
+
+def lower_moe(plan: DecodePlan, moe: Any, src: Buffer, dst: Buffer) -> None:
+    """A mixture of experts: the router's logits, its choice (plan.route), the chosen experts only
+    (plan.mixture), the shared expert (scaled by its gate) added."""
+    router = moe.router
+    if class_key(type(router)) != ROUTER or not runs_its_class_forward(router):
+        plan.refuse(
+            f"{type(moe).__name__}'s router is a {type(router).__name__}, not the Router its lowering describes"
+        )
+    logits = plan.buffer(router.out_features)
+    plan.linear(router.weight, None, router.bias, src, logits)
+    route = plan.route(
+        logits,
+        top_k=router.top_k,
+        scoring=router.scoring,
+        normalize=router.normalize,
+        routed_scale=router.routed_scale,
+        groups=router.groups,
+        group_top_k=router.group_top_k,
+        group_score=router.group_score,
+        score_bias=router.score_bias,
+    )
+    if moe.shared is None:
+        plan.mixture(route, moe.experts, src, dst)
+        return
+    routed, shared = plan.buffer(dst.width), plan.buffer(dst.width)
+    plan.mixture(route, moe.experts, src, routed)
+    plan.call(moe.shared, src, shared)
+    if moe.shared_gate is not None:
+        gate = plan.buffer(1)
+        plan.call(moe.shared_gate, src, gate)
+        plan.sigmoid_scale(gate, shared, shared)
+    plan.add(routed, shared, dst)
+
+
 def _attention(
     plan: DecodePlan, attn: Any, src: Buffer, dst: Buffer, position: PositionStep, cache: LayerKVCache, *, fused: bool
 ) -> None:
     if type(cache) is not LayerKVCache and class_key(type(cache)) != WINDOW_CACHE:
         plan.refuse(f"{type(attn).__name__} decodes with a cache of its own class {type(cache).__name__}")
-    if getattr(attn, "sinks", None) is not None:
-        plan.refuse(f"{type(attn).__name__} has attention sinks (the plan's attend has no sink logit)")
     nh, nkv, hs = attn.n_head, attn.n_kv_head, attn.head_dim
     qkv = plan.buffer((nh + 2 * nkv) * hs)
     plan.call(attn.c_attn, src, qkv)
@@ -119,8 +165,18 @@ def _attention(
     plan.rope(k, hs, position)
     y = plan.buffer(nh * hs)
     sizes = (nh, nkv, hs)
+    sinks = getattr(attn, "sinks", None)
     plan.attend(
-        qkv, sizes, cache.k, cache.v, y, window=attn.window, scale=attn.scale, softcap=attn.softcap, fused=fused
+        qkv,
+        sizes,
+        cache.k,
+        cache.v,
+        y,
+        window=attn.window,
+        scale=attn.scale,
+        softcap=attn.softcap,
+        fused=fused and sinks is None,
+        sinks=sinks,
     )
     plan.call(attn.c_proj, y, dst)
 
@@ -128,8 +184,8 @@ def _attention(
 def lower_causal_attention(
     plan: DecodePlan, attn: Any, src: Buffer, dst: Buffer, *, position: PositionStep, cache: LayerKVCache
 ) -> None:
-    """As its forward computes one query: explicitly with a softcap, and in float32 without a mask
-    (left padding), by scaled_dot_product_attention otherwise (CausalSelfAttention.attend)."""
+    """As its forward computes one query: explicitly with a softcap or sinks, and in float32 without a
+    mask (left padding), by scaled_dot_product_attention otherwise (CausalSelfAttention.attend)."""
     fused = not attn.softcap and (plan.dtype != torch.float32 or plan.key_mask is not None)
     _attention(plan, attn, src, dst, position, cache, fused=fused)
 
@@ -275,8 +331,11 @@ BUILTIN: dict[str, Lowering] = {
     "gptzoo_plugins._activations:GELUTanh": Lowering(activation("gelu_tanh")),
     "gptzoo_plugins._activations:ReLU": Lowering(activation("relu")),
     "gptzoo_plugins._activations:SiLU": Lowering(activation("silu")),
+    "gptzoo_plugins._activations:QuickGELU": Lowering(activation("quick_gelu")),
     "gptzoo_plugins._mlps:DenseMLP": Lowering(lower_dense_mlp),
     "gptzoo_plugins._mlps:GatedMLP": Lowering(lower_gated_mlp),
+    "gptzoo_plugins._moe:Expert": Lowering(lower_expert),
+    "gptzoo_plugins._moe:MixtureOfExperts": Lowering(lower_moe, ("_chosen_experts",)),
     "gptzoo_plugins._attentions:CausalSelfAttention": Lowering(lower_causal_attention, ATTENTION_DEPENDS),
     "gptzoo_plugins._attentions:EagerSelfAttention": Lowering(lower_eager_attention, ATTENTION_DEPENDS),
     **{

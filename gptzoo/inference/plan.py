@@ -1,11 +1,12 @@
 """What a component's lowering writes its share of a native CPU decoding step with: the plan
 (:class:`DecodePlan`, the protocol lowerings are typed against; gptzoo.inference.decode_plan
-implements it), its activation buffers (:class:`Buffer`) and a position encoding's share of a step
-(:class:`PositionStep`). A plugin's lowering (the ``register_decode_lowerings`` hook) imports them
-from here."""
+implements it), its activation buffers (:class:`Buffer`), a position encoding's share of a step
+(:class:`PositionStep`) and a router's choice of experts (:class:`Route`). A plugin's lowering (the
+``register_decode_lowerings`` hook) imports them from here."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -50,6 +51,15 @@ class PositionStep:
     each step) and whether they rotate in float32, or None without rotation."""
 
     rotary: tuple[Tensor, Tensor, bool] | None
+
+
+@dataclass(frozen=True)
+class Route:
+    """A router's choice for each row of a step (:meth:`DecodePlan.route`): the chosen experts (batch,
+    top_k) int64 in ascending order and their weights (batch, top_k) float32, rewritten by each step."""
+
+    experts: Tensor
+    weights: Tensor
 
 
 class DecodePlan(Protocol):
@@ -104,14 +114,49 @@ class DecodePlan(Protocol):
         scale: float,
         softcap: float,
         fused: bool,
+        sinks: Tensor | None = None,
     ) -> None:
         """Write this token's k and v into the cache (keys/values (B, nkv, slots, hs), key i in slot
         i % slots), then out = softmax(softcap(q K^T scale)) V over the last ``window`` keys (0: all)
         that are real tokens. ``qkv`` holds q (nh heads), k and v (nkv each); sizes (nh, nkv, hs);
-        ``fused``: round as scaled_dot_product_attention's CPU kernel, else as torch's operations one by one."""
+        ``fused``: round as scaled_dot_product_attention's CPU kernel, else as torch's operations one by
+        one; ``sinks`` (nh,): a sink logit per head, a key of its own in the softmax whose value is
+        dropped (explicit only)."""
 
     def activate(self, src: Buffer, dst: Buffer, name: str, *, gated: bool) -> None:
-        """dst = act(src), or gated: act(first half) * second half; name: gelu, gelu_tanh, relu or silu."""
+        """dst = act(src), or gated: act(first half) * second half; name: gelu, gelu_tanh, relu, silu or
+        quick_gelu."""
+
+    def clamp(self, buf: Buffer, low: float, high: float, shift: float = 0.0) -> None:
+        """buf = clamp(buf, low, high) + shift (part of a buffer: ``buf.cols``)."""
+
+    def sigmoid_scale(self, gate: Buffer, src: Buffer, dst: Buffer) -> None:
+        """dst = sigmoid(gate) * src, ``gate`` one value per row."""
+
+    def route(
+        self,
+        logits: Buffer,
+        *,
+        top_k: int,
+        scoring: str,
+        normalize: bool,
+        routed_scale: float = 1.0,
+        groups: int = 1,
+        group_top_k: int = 1,
+        group_score: str = "max",
+        score_bias: Tensor | None = None,
+    ) -> Route:
+        """Each row's top_k experts from a router's ``logits`` (one per expert) and their weights, in
+        float32, by the rules of gptzoo_plugins._moe's Router (scoring softmax, sigmoid or topk_softmax;
+        group-limited selection; ``score_bias`` (experts,) float32 for choosing only; ``normalize`` the
+        weights to sum 1; times ``routed_scale``)."""
+        ...
+
+    def mixture(self, route: Route, experts: Sequence[nn.Module], src: Buffer, dst: Buffer) -> None:
+        """dst = sum over each row's chosen experts of weight * expert(src), each product rounded to the
+        activations' dtype and added in ascending order of the experts; only the chosen experts run (each
+        on the rows that chose it), each described by the lowering of its class (a norm's or an mlp's:
+        src -> dst)."""
 
     def softcap(self, buf: Buffer, cap: float) -> None:
         """buf = tanh(buf / cap) * cap."""

@@ -285,14 +285,12 @@ def test_an_attention_and_a_block_the_plan_cannot_describe_run_their_eager_forwa
     assert calls == [1, 2] * (2 + 2 * 8)  # two prefills, then each step eagerly and planned
 
 
-SINKS = "SlidingWindowAttention has attention sinks (the plan's attend has no sink logit)"
-
-
 @pytest.mark.parametrize("recipe", ["llama-tiny", "gpt-oss-tiny"])
-def test_attention_sinks_run_their_eager_forward_within_a_split_step_never_without_them(recipe: str) -> None:
-    """The plan has no sink logit: a strict plan refuses the model, a split one runs each attention with
-    sinks (a window of 3 keys and full attention) eagerly and gives the eager logits (gpt-oss-tiny: its
-    experts, which have no lowering, eagerly too)."""
+def test_attention_sinks_decode_through_the_plan(recipe: str) -> None:
+    """A sink logit per head (a window of 3 keys and full attention, left-padded rows) in the plan's
+    softmax: the strict plan gives the eager logits in float32, and in bfloat16 exactly (the sinks make
+    the attention explicit: the same roundings as torch's operations); gpt-oss-tiny with its clamped
+    quick_gelu experts too."""
     model = tiny_model(
         recipe,
         "model.layer_pattern=['sliding', 'full']",
@@ -303,22 +301,90 @@ def test_attention_sinks_run_their_eager_forward_within_a_split_step_never_witho
         for block in model.blocks:
             block.attn.sinks.normal_(std=2.0)
     batch = prompts(model, batch=2, length=6)
-    cache = model.init_cache(2, 16)
-    with torch.no_grad(), matvec.native_decoding(model):
-        model(batch, cache)
-        step, why = compile_step(model, cache, 2)
-    assert step is None and why == SINKS
-    full = SINKS.replace("SlidingWindow", "CausalSelf")
-    moe = ["gptzoo_plugins._moe.MixtureOfExperts has no decode lowering"] if recipe == "gpt-oss-tiny" else []
-    parts = [SINKS, *moe, full, *moe]
     mask = torch.ones_like(batch)
     mask[0, :2] = 0
-    eager, planned = decode_both(model, batch, steps=8, mask=mask, eager_parts=parts)
+    eager, planned = decode_both(model, batch, steps=8, mask=mask)
     assert_close(planned, eager)
+    eager16, planned16 = decode_both(model.to(torch.bfloat16), batch, steps=8, mask=mask)
+    assert torch.equal(planned16, eager16)
     with torch.no_grad():
+        model.float()
         for block in model.blocks:
             block.attn.sinks.zero_()  # a sink logit of 0 still takes its share: the sinks change the logits
         assert (model(batch, attention_mask=mask)[:, -1] - eager[0]).abs().max().item() > 1e-3
+
+
+def moe_model(params: dict[str, object]) -> gptzoo.GPT:
+    """llama-tiny whose mlp is the moe mlp with ``params``, its routing made decisive (router weights
+    and score bias drawn wide, so no two experts tie) and its experts' activations large enough to
+    reach a clamp."""
+    table = ", ".join(f"{key}={json.dumps(value)}" for key, value in {"name": "moe", **params}.items())
+    model = tiny_model("llama-tiny", f"model.mlp={{{table}}}".replace("True", "true").replace("False", "false"))
+    with torch.no_grad():
+        for block in model.blocks:
+            block.mlp.router.weight.normal_(std=1.0)
+            if block.mlp.router.score_bias is not None:
+                block.mlp.router.score_bias.normal_(std=0.5)
+            for expert in block.mlp.experts:
+                expert.c_fc.weight.mul_(8.0)
+    return model
+
+
+MOE_CASES = {
+    "mixtral": {"experts": 5, "top_k": 2},
+    "dense experts, top-1": {"experts": 3, "top_k": 1, "gated": False},
+    "qwen2-moe": {"experts": 5, "top_k": 2, "normalize": False, "shared_ff": 12, "shared_gate": True, "expert_ff": 8},
+    "deepseek-v2": {"experts": 6, "top_k": 2, "groups": 3, "group_top_k": 2, "normalize": False, "routed_scale": 2.5},
+    "deepseek-v3": {
+        "experts": 8,
+        "top_k": 3,
+        "scoring": "sigmoid",
+        "groups": 4,
+        "group_top_k": 2,
+        "group_score": "top2",
+        "score_bias": True,
+        "shared_ff": 16,
+    },
+    "gpt-oss": {
+        "experts": 5,
+        "top_k": 3,
+        "scoring": "topk_softmax",
+        "normalize": False,
+        "router_bias": True,
+        "expert_bias": True,
+        "glu_limit": 0.5,
+    },
+}
+"""The families' routing rules and experts at test size."""
+
+
+@pytest.mark.parametrize("case", MOE_CASES)
+def test_a_mixture_of_experts_decodes_through_the_plan(case: str) -> None:
+    """The router's choice, the chosen experts and the shared one, in the strict plan: the eager logits
+    in float32 for left-padded rows, and the same tokens in bfloat16."""
+    model = moe_model(MOE_CASES[case])
+    batch = prompts(model, batch=2, length=6)
+    mask = torch.ones_like(batch)
+    mask[0, :2] = 0
+    eager, planned = decode_both(model, batch, steps=10, mask=mask)
+    assert_close(planned, eager)
+    eager16, planned16 = decode_both(model.to(torch.bfloat16), batch, steps=10, mask=mask)
+    assert torch.equal(planned16.argmax(-1), eager16.argmax(-1))
+    assert (planned16.float() - eager16.float()).abs().max().item() <= 0.02 * eager16.float().abs().max().item()
+
+
+def test_a_mixture_reads_only_the_experts_its_router_chose() -> None:
+    """An expert no token is routed to (its router logit far below the others) is never run: with NaN
+    weights it leaves the plan's logits finite and equal to the eager forward's, which skips it too."""
+    model = moe_model({"experts": 4, "top_k": 2, "router_bias": True})
+    with torch.no_grad():
+        for block in model.blocks:
+            block.mlp.router.bias.zero_()[0] = -1e4
+            for p in block.mlp.experts[0].parameters():
+                p.fill_(float("nan"))
+    eager, planned = decode_both(model, prompts(model, batch=2), steps=6)
+    assert torch.isfinite(planned).all()
+    assert_close(planned, eager)
 
 
 def test_a_plugin_attention_without_a_lowering_runs_its_eager_forward_with_its_own_cache(fake_site: FakeSite) -> None:

@@ -18,14 +18,33 @@ def _codes(*names: str) -> dict[str, int]:
 
 DTYPES = _codes("f32", "bf16", "i8")
 """The kernels' dtypes: float32, bfloat16 (activations and weights), int8 (weights)."""
-OPS = _codes("embed", "rmsnorm", "layernorm", "linear", "add", "rope", "attend", "activate", "softcap", "copy")
+OPS = _codes(
+    "embed",
+    "rmsnorm",
+    "layernorm",
+    "linear",
+    "add",
+    "rope",
+    "attend",
+    "activate",
+    "softcap",
+    "copy",
+    "clamp",
+    "sigmoid_scale",
+    "route",
+    "mixture",
+)
 """Operation name -> step.c's code."""
 RMS_MODES = _codes("plain", "scale_in_float32", "offset")
 """How an RMSNorm applies its weight: after rounding (Llama), before (OLMo 2), as 1 + w (Gemma)."""
-ACTIVATIONS = _codes("gelu", "gelu_tanh", "relu", "silu")
+ACTIVATIONS = _codes("gelu", "gelu_tanh", "relu", "silu", "quick_gelu")
 """The activations step.c computes."""
 ATTEND_MODES = _codes("explicit", "fused")
 """How the eager forward computes attention scores: step by step, or in one kernel."""
+SCORINGS = _codes("softmax", "sigmoid", "topk_softmax")
+"""How a router scores the experts (gptzoo_plugins._moe's module docstring)."""
+GROUP_SCORES = _codes("max", "top2")
+"""How a router scores a group of experts for group-limited selection."""
 ERRORS = {
     "token": (-2, "a token id outside the embedding table"),
     "memory": (-3, "out of memory"),
@@ -34,7 +53,7 @@ ERRORS = {
 }
 """What decode_step returns when an operation fails: name -> (code, meaning)."""
 
-LENGTHS = {"NP": 6, "NN": 12, "NF": 4}
+LENGTHS = {"NP": 8, "NN": 12, "NF": 4}
 """How many pointers, sizes and float parameters one operation has."""
 FIELDS = (("code", "int", None), ("kind", "int", None), ("wkind", "int", None), ("mode", "int", None))
 FIELDS += (("p", "void *", "NP"), ("n", "long", "NN"), ("f", "float", "NF"))
@@ -68,6 +87,8 @@ def header() -> str:
         + _enum("RMS_", RMS_MODES)
         + _enum("ACT_", ACTIVATIONS)
         + _enum("ATTEND_", ATTEND_MODES)
+        + _enum("SCORE_", SCORINGS)
+        + _enum("GROUP_", GROUP_SCORES)
         + "\n"
         + "".join(f"#define {name} {value}\n" for name, value in LENGTHS.items())
         + "\ntypedef struct {\n"

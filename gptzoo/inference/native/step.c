@@ -23,8 +23,14 @@
  * (F32 or BF16), wkind a weight's (F32, BF16 or I8). They come from gptzoo/inference/native/abi.py,
  * written as ops_generated.h (included by kernels.h) when the library is built. */
 
-static float activate(int code, float x) {
+/* act(x) computed in float32, rounded once by the caller; quick_gelu rounds as its three torch
+ * operations do in the activations' dtype (1.702 x, its sigmoid, the product). */
+static float activate(int code, int kind, float x) {
     switch (code) {
+    case ACT_QUICK_GELU: {
+        float t = round_to(kind, 1.702f * x);
+        return x * round_to(kind, 1.0f / (1.0f + expf(-t)));
+    }
     case ACT_GELU:
         return x * 0.5f * (1.0f + erff(x * (float)M_SQRT1_2));
     case ACT_GELU_TANH: {
@@ -132,7 +138,9 @@ static void rope(const op_t *o, long B) {
  * the offsets of q, k and v in a row, n4 heads, n5 kv heads, n6 head size; p1/p2 the cache's keys
  * and values (B, n5, n7 slots, n6), key i in slot i % n7; n8 the window (0: every key); p3 out
  * (B, n4 * n6); p4 float32 scratch for the scores (n9 of them); p5 NULL, or which keys are real
- * tokens (bool, B rows n10 apart: left padding is not attended to); f0 scale, f1 softcap (0: none).
+ * tokens (bool, B rows n10 apart: left padding is not attended to); p6 NULL, or a sink logit per head
+ * (wkind; explicit mode: a key column of its own in the softmax, whose value is dropped); f0 scale,
+ * f1 softcap (0: none).
  * This token's k and v are written to the cache first. Mode ATTEND_EXPLICIT rounds as torch's
  * operations do one by one (scores, scaled, capped; probabilities before the product with V);
  * ATTEND_FUSED as scaled_dot_product_attention's CPU kernel: scores in float32, the unnormalized
@@ -155,7 +163,8 @@ static int attend(const op_t *o, long B, long pos) {
         for (long h = 0; h < nh; h++) {
             size_t head = (size_t)((r * nkv + h / group) * slots);
             for (long i = 0; i < hs; i++) q[i] = load_act(o->kind, row, o->n[1] + h * hs + i);
-            float top = -INFINITY;
+            float sink = o->p[6] != NULL ? round_to(o->kind, load_act(o->wkind, o->p[6], h)) : -INFINITY;
+            float top = sink;
             const uint8_t *real = o->p[5] != NULL ? (const uint8_t *)o->p[5] + r * o->n[10] + first : NULL;
             for (long j = 0; j < n_keys; j++) {
                 if (real != NULL && !real[j]) {
@@ -174,6 +183,7 @@ static int attend(const op_t *o, long B, long pos) {
             }
             float total = 0.0f;
             for (long j = 0; j < n_keys; j++) total += scores[j] = expf(scores[j] - top);
+            if (o->p[6] != NULL) total += expf(sink - top);
             for (long i = 0; i < hs; i++) acc[i] = 0.0f;
             for (long j = 0; j < n_keys; j++) {
                 /* explicit: the probability rounded; fused: the unnormalized weight rounded, the sum divided out last */
@@ -243,13 +253,149 @@ static void activate_rows(const op_t *o, long B) {
 #if VW == 16
             if (n < 16 || !activate16(o->mode, in, out))
 #endif
-                for (long i = 0; i < n; i++) out[i] = activate(o->mode, in[i]);
+                for (long i = 0; i < n; i++) out[i] = activate(o->mode, o->kind, in[i]);
             for (long i = 0; i < n; i++) {
                 float a = round_to(o->kind, out[i]);
                 if (o->n[3]) a *= load_act(o->kind, o->p[0], r * o->n[1] + width + i0 + i);
                 store_act(o->kind, o->p[1], r * o->n[2] + i0 + i, a);
             }
         }
+}
+
+/* p0 the first feature of row 0, n0 features, n1 row stride: x = clamp(x, f0, f1) + f2, rounded (the
+ * sum; a clamp is exact). */
+static void clamp_rows(const op_t *o, long B) {
+    for (long r = 0; r < B; r++)
+        for (long i = 0; i < o->n[0]; i++) {
+            float x = load_act(o->kind, o->p[0], r * o->n[1] + i);
+            x = x < o->f[0] ? o->f[0] : x > o->f[1] ? o->f[1] : x;
+            store_act(o->kind, o->p[0], r * o->n[1] + i, o->f[2] != 0.0f ? x + o->f[2] : x);
+        }
+}
+
+/* p0 (B rows n1 apart) one gate per row, p1 src, p2 dst (B, n0): dst = sigmoid(gate), rounded, * src. */
+static void sigmoid_scale(const op_t *o, long B) {
+    for (long r = 0; r < B; r++) {
+        float g = round_to(o->kind, 1.0f / (1.0f + expf(-load_act(o->kind, o->p[0], r * o->n[1]))));
+        for (long i = 0; i < o->n[0]; i++)
+            store_act(o->kind, o->p[2], r * o->n[0] + i, g * load_act(o->kind, o->p[1], r * o->n[0] + i));
+    }
+}
+
+/* The index of the largest of n values not yet taken (the first of equal ones, as torch.topk on a CPU). */
+static long argmax_free(const float *x, const uint8_t *taken, long n) {
+    long best = -1;
+    for (long i = 0; i < n; i++)
+        if (!taken[i] && (best < 0 || x[i] > x[best])) best = i;
+    return best;
+}
+
+/* A router's choice of experts (gptzoo_plugins._moe.Router), in float32. p0 the logits (B rows n0 apart,
+ * the activations' dtype), p1 NULL or a score bias per expert (float32, for choosing only), p2 the
+ * chosen experts (int64, B x n2, in ascending order), p3 their weights (float32, B x n2); n1 experts,
+ * n2 top_k, n3 groups, n4 groups kept, n5 1: weights divided by their sum (+1e-20); mode the scoring
+ * (SCORE_), n6 the group score (GROUP_); f0 the routed scale. */
+static void route(const op_t *o, long B) {
+    long E = o->n[1], k = o->n[2], groups = o->n[3], size = E / groups;
+    float scores[E], choice[E], group_score[groups > 0 ? groups : 1], w[k];
+    uint8_t taken[E], kept[groups > 0 ? groups : 1];
+    long pick[k];
+    for (long r = 0; r < B; r++) {
+        for (long e = 0; e < E; e++) scores[e] = load_act(o->kind, o->p[0], r * o->n[0] + e);
+        if (o->mode == SCORE_SOFTMAX) {
+            float top = -INFINITY, total = 0.0f;
+            for (long e = 0; e < E; e++) top = scores[e] > top ? scores[e] : top;
+            for (long e = 0; e < E; e++) total += scores[e] = expf(scores[e] - top);
+            for (long e = 0; e < E; e++) scores[e] /= total;
+        } else if (o->mode == SCORE_SIGMOID) {
+            for (long e = 0; e < E; e++) scores[e] = 1.0f / (1.0f + expf(-scores[e]));
+        }
+        for (long e = 0; e < E; e++) {
+            choice[e] = o->p[1] != NULL ? scores[e] + ((const float *)o->p[1])[e] : scores[e];
+            taken[e] = 0;
+        }
+        if (groups > 1) {
+            for (long g = 0; g < groups; g++) {
+                long first = argmax_free(choice + g * size, taken + g * size, size);
+                group_score[g] = choice[g * size + first];
+                if (o->n[6] == GROUP_TOP2) {
+                    taken[g * size + first] = 1;
+                    group_score[g] += choice[g * size + argmax_free(choice + g * size, taken + g * size, size)];
+                    taken[g * size + first] = 0;
+                }
+            }
+            for (long e = 0; e < E; e++) taken[e] = 0;
+            for (long g = 0; g < groups; g++) kept[g] = 0;
+            for (long i = 0; i < o->n[4]; i++) kept[argmax_free(group_score, kept, groups)] = 1;
+            for (long e = 0; e < E; e++) taken[e] = !kept[e / size]; /* outside the kept groups: never chosen */
+        }
+        for (long i = 0; i < k; i++) taken[pick[i] = argmax_free(choice, taken, E)] = 1;
+        if (o->mode == SCORE_TOPK_SOFTMAX) { /* the softmax of the chosen logits */
+            float top = -INFINITY, total = 0.0f;
+            for (long i = 0; i < k; i++) top = scores[pick[i]] > top ? scores[pick[i]] : top;
+            for (long i = 0; i < k; i++) total += w[i] = expf(scores[pick[i]] - top);
+            for (long i = 0; i < k; i++) w[i] /= total;
+        } else {
+            for (long i = 0; i < k; i++) w[i] = scores[pick[i]];
+        }
+        if (o->n[5]) {
+            float total = 0.0f;
+            for (long i = 0; i < k; i++) total += w[i];
+            for (long i = 0; i < k; i++) w[i] /= total + 1e-20f;
+        }
+        if (o->f[0] != 1.0f)
+            for (long i = 0; i < k; i++) w[i] *= o->f[0];
+        for (long i = 1; i < k; i++) /* ascending experts: the order the eager forward adds them in */
+            for (long j = i; j > 0 && pick[j - 1] > pick[j]; j--) {
+                long e = pick[j];
+                float v = w[j];
+                pick[j] = pick[j - 1], w[j] = w[j - 1];
+                pick[j - 1] = e, w[j - 1] = v;
+            }
+        for (long i = 0; i < k; i++) {
+            ((int64_t *)o->p[2])[r * k + i] = pick[i];
+            ((float *)o->p[3])[r * k + i] = w[i];
+        }
+    }
+}
+
+int decode_step(const op_t *ops, long n_ops, long B, long pos, const int64_t *tokens, int threads, long *failed);
+
+/* The experts a route chose, each on the rows that chose it. p0 src, p1 dst (B, n0); p2/p3 the route's
+ * experts (ascending) and weights (B x n1); p4 each of the n2 experts' operations (int64 pairs: the
+ * address of its op_t array, its length), written for p5 (its input, B rows of n0) to p6 (its output);
+ * p7 float32 scratch (B, n0). Expert by expert in ascending order, the rows that chose it are gathered
+ * into p5's first rows and its operations run on them; each row adds weight * output, rounded, to its
+ * sum, rounded, as the eager forward's index_add_ does. */
+static int mixture(const op_t *o, long B, long pos, const int64_t *tokens, int threads) {
+    long d = o->n[0], k = o->n[1], E = o->n[2], rows[B], slots[B];
+    const int64_t *chosen = (const int64_t *)o->p[2], *table = (const int64_t *)o->p[4];
+    const float *weights = (const float *)o->p[3];
+    float *sum = (float *)o->p[7];
+    int size = o->kind == BF16 ? 2 : 4;
+    for (long i = 0; i < B * d; i++) sum[i] = 0.0f;
+    for (long e = 0; e < E; e++) {
+        long m = 0;
+        for (long r = 0; r < B; r++)
+            for (long i = 0; i < k; i++)
+                if (chosen[r * k + i] == e) {
+                    memcpy((char *)o->p[5] + m * d * size, (const char *)o->p[0] + r * d * size, d * size);
+                    rows[m] = r, slots[m++] = i;
+                }
+        if (m == 0) continue;
+        long inner;
+        int code = decode_step((const op_t *)(intptr_t)table[2 * e], table[2 * e + 1], m, pos, tokens, threads, &inner);
+        if (code != 0) return code;
+        for (long j = 0; j < m; j++) {
+            float w = weights[rows[j] * k + slots[j]];
+            for (long i = 0; i < d; i++) {
+                float y = round_to(o->kind, load_act(o->kind, o->p[6], j * d + i) * w);
+                sum[rows[j] * d + i] = round_to(o->kind, sum[rows[j] * d + i] + y);
+            }
+        }
+    }
+    for (long i = 0; i < B * d; i++) store_act(o->kind, o->p[1], i, sum[i]);
+    return 0;
 }
 
 /* Runs ``n_ops`` operations for B rows at position ``pos`` with token ids ``tokens`` (B), the
@@ -298,6 +444,18 @@ int decode_step(const op_t *ops, long n_ops, long B, long pos, const int64_t *to
                 float t = round_to(o->kind, tanhf(round_to(o->kind, load_act(o->kind, o->p[0], i) / o->f[0])));
                 store_act(o->kind, o->p[0], i, t * o->f[0]);
             }
+            break;
+        case OP_CLAMP:
+            clamp_rows(o, B);
+            break;
+        case OP_SIGMOID_SCALE:
+            sigmoid_scale(o, B);
+            break;
+        case OP_ROUTE:
+            route(o, B);
+            break;
+        case OP_MIXTURE:
+            code = mixture(o, B, pos, tokens, threads);
             break;
         case OP_COPY: /* p1 (B, n0) = p0 (B, n0) */
             if (o->p[1] != o->p[0]) memmove(o->p[1], o->p[0], (size_t)(B * o->n[0]) * (o->kind == BF16 ? 2 : 4));
