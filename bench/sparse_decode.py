@@ -12,7 +12,7 @@ against the read bandwidth measured here.
 transformers runs each of its experts implementations in ``--hf-experts`` (a loop over the chosen experts,
 "eager", and "grouped_mm", its default); the ratio is against the faster of them in that round.
 
-    python bench/sparse_decode.py [--families mixtral qwen3_moe olmoe deepseek_v2 deepseek_v3]
+    python bench/sparse_decode.py [--families mixtral qwen3_moe olmoe deepseek_v2 deepseek_v3 gpt_oss]
         [--rounds 3] [--new-tokens 64] [--dtype float32] [--hf-experts eager grouped_mm]
         [--dir /tmp/gptzoo-sparse] [--json]
 """
@@ -104,6 +104,19 @@ SHAPES: dict[str, tuple[type, dict]] = {
             "qk_rope_head_dim": 32,
             "v_head_dim": 64,
             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+    ),
+    "gpt_oss": (
+        transformers.GptOssConfig,
+        {
+            **COMMON,
+            "num_key_value_heads": 4,
+            "head_dim": 64,
+            "intermediate_size": 512,
+            "num_local_experts": 32,
+            "num_experts_per_tok": 4,
+            "sliding_window": 16,
+            "pad_token_id": 0,
         },
     ),
 }
