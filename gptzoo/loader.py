@@ -22,7 +22,7 @@ import torch
 
 from gptzoo.atomic import check_new_directory
 from gptzoo.defaults import precision
-from gptzoo.errors import GptzooError, Interrupted
+from gptzoo.errors import CheckpointError, GptzooError, Interrupted, suggest
 from gptzoo.hf import check_recipe_matches, hf_recipe, load_hf, locate
 from gptzoo.inference.quantize import kept_float, quantize_int8
 from gptzoo.model.build import build_model
@@ -281,7 +281,17 @@ def load_any(
                 "checkpoint or run directory (`gptzoo train`), a Hugging Face directory or a fetchable name"
             )
         return load_model(recipe, registry=registry, device=device, dtype=dtype)
-    return load_model(hf=text, overrides=overrides, registry=registry, device=device, dtype=dtype)
+    try:
+        return load_model(hf=text, overrides=overrides, registry=registry, device=device, dtype=dtype)
+    except CheckpointError as exc:
+        if path.exists():
+            raise
+        from gptzoo.fetch import FETCHABLE
+
+        hint = suggest(text, [*FETCHABLE, *shipped_recipes()])
+        if not hint:
+            raise
+        raise CheckpointError(f"{exc}{hint}") from None
 
 
 def build(
