@@ -198,7 +198,7 @@ def closest(name: str, available: Iterable[str], *, n: int = MAX_SUGGESTED) -> l
     near as the nearest (``gpt-2`` gives ``gpt2`` alone if it is there, else the few ``gpt2-...``), which must
     be near enough to be a slip (a third of the name's length, at least 1, or what difflib calls close)."""
     names = list(dict.fromkeys(available))
-    if not names:
+    if not names or not _normal(name):  # nothing typed is near everything
         return []
     ranked = sorted((distance(name, c), i, c) for i, c in enumerate(names))
     best, _, first = ranked[0]

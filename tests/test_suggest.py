@@ -30,7 +30,7 @@ def test_gpt_2_suggests_gpt2_first() -> None:
 
 
 def test_a_far_name_gets_no_suggestion() -> None:
-    assert closest("zzzz", ["norm", "mlp"]) == [] and suggest("x", []) == ""
+    assert closest("zzzz", ["norm", "mlp"]) == [] and suggest("x", []) == "" and closest("-", ["norm"]) == []
     assert closest("top_kk", ["top_p", "top_k"]) == ["top_k"]  # only the nearest, not the next
 
 
