@@ -13,7 +13,8 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -87,7 +88,8 @@ def resolve_recipe(
     if recipe is None and hf is None:
         raise GptzooError("give a RECIPE, or --hf DIR|NAME to derive one from a Hugging Face checkpoint")
     if recipe is None:
-        resolved = hf_recipe(hf, overrides, registry=registry)
+        with _near_names(hf):
+            resolved = hf_recipe(hf, overrides, registry=registry)
         return resolved, hf
     if isinstance(recipe, Recipe):
         resolved = override_recipe(recipe, overrides, registry=registry) if overrides else recipe
@@ -238,6 +240,21 @@ def names_recipe(source: str | Path, registry: Registry | None = None) -> bool:
     return (registry if registry is not None else default_registry()).recipe(text) is not None
 
 
+@contextmanager
+def _near_names(name: str | Path) -> Iterator[None]:
+    """A checkpoint name that names nothing (no directory, fetch name or hub name) gets the fetch names and
+    shipped recipes nearest it (gptzoo.errors.suggest): ``smolm2`` -> ``smollm2-135m``."""
+    try:
+        yield
+    except CheckpointError as exc:
+        from gptzoo.fetch import FETCHABLE
+
+        hint = "" if Path(name).exists() else suggest(str(name), [*FETCHABLE, *shipped_recipes()])
+        if not hint:
+            raise
+        raise CheckpointError(f"{exc}{hint}") from None
+
+
 def load_any(
     source: str | Path,
     *,
@@ -281,17 +298,7 @@ def load_any(
                 "checkpoint or run directory (`gptzoo train`), a Hugging Face directory or a fetchable name"
             )
         return load_model(recipe, registry=registry, device=device, dtype=dtype)
-    try:
-        return load_model(hf=text, overrides=overrides, registry=registry, device=device, dtype=dtype)
-    except CheckpointError as exc:
-        if path.exists():
-            raise
-        from gptzoo.fetch import FETCHABLE
-
-        hint = suggest(text, [*FETCHABLE, *shipped_recipes()])
-        if not hint:
-            raise
-        raise CheckpointError(f"{exc}{hint}") from None
+    return load_model(hf=text, overrides=overrides, registry=registry, device=device, dtype=dtype)
 
 
 def build(

@@ -51,11 +51,15 @@ def test_every_command_suggests(capsys: pytest.CaptureFixture[str], argv: list[s
     assert expected in run_error(capsys, *argv)
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [["eval", "smolm2", "--text", __file__], ["compare", "smolm2"], ["generate", "--hf", "smolm2", "--prompt", "a"]],
+)
 def test_a_mistyped_fetch_name_as_model_is_suggested(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, argv: list[str]
 ) -> None:
     monkeypatch.setenv("GPTZOO_OFFLINE", "1")
-    message = run_error(capsys, "eval", "smolm2", "--text", __file__)
+    message = run_error(capsys, *argv)
     assert message.startswith("error: 'smolm2' is not a local directory") and message.endswith(
         "; did you mean 'smollm2-135m'?"
     )
