@@ -159,15 +159,70 @@ def describe_exception(exc: BaseException) -> str:
     return text if isinstance(exc, GptzooError) else f"{type(exc).__name__}: {text}"
 
 
+MAX_SUGGESTED = 4
+"""How many of the closest names a did-you-mean lists."""
+
+_SEPARATORS = str.maketrans("", "", "-_. :/")
+
+
+def _normal(name: str) -> str:
+    """A name as a person may misspell it: any case, separators (``gpt-2``, ``gpt_2``, ``gpt2``) dropped."""
+    return name.casefold().translate(_SEPARATORS)
+
+
+def _edits(a: str, b: str) -> list[int]:
+    """Optimal string alignment distances from ``a`` to every prefix of ``b`` (insertions, deletions,
+    substitutions and adjacent transpositions cost 1): entry j is the distance to ``b[:j]``."""
+    prev2: list[int] = []
+    prev = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        row = [i] + [0] * len(b)
+        for j, cb in enumerate(b, 1):
+            row[j] = min(prev[j] + 1, row[j - 1] + 1, prev[j - 1] + (ca != cb))
+            if i > 1 and j > 1 and ca == b[j - 2] and a[i - 2] == cb:
+                row[j] = min(row[j], prev2[j - 2] + 1)
+        prev2, prev = prev, row
+    return prev
+
+
+def distance(name: str, candidate: str) -> tuple[int, int]:
+    """How far ``name`` is from ``candidate``, separators and case aside: the edit distance, or one more
+    than the distance to a beginning of ``candidate`` when that is closer (``gpt2`` is 1 from
+    ``gpt2-small``, ``smolm2`` 2 from ``smollm2-135m``); then the whole edit distance, which breaks ties."""
+    edits = _edits(_normal(name), _normal(candidate))
+    return min(edits[-1], min(edits[:-1], default=edits[-1]) + 1), edits[-1]
+
+
+def closest(name: str, available: Iterable[str], *, n: int = MAX_SUGGESTED) -> list[str]:
+    """The names of ``available`` nearest ``name`` (:func:`distance`), nearest first: at most ``n``, all as
+    near as the nearest (``gpt-2`` gives ``gpt2`` alone if it is there, else the few ``gpt2-...``), which must
+    be near enough to be a slip (a third of the name's length, at least 1, or what difflib calls close)."""
+    names = list(dict.fromkeys(available))
+    if not names or not _normal(name):  # nothing typed is near everything
+        return []
+    ranked = sorted((distance(name, c), i, c) for i, c in enumerate(names))
+    best, _, first = ranked[0]
+    if best[0] > max(1, len(_normal(name)) // 3) and not difflib.get_close_matches(name, [first], cutoff=0.6):
+        return []
+    return [c for d, _, c in ranked if d[0] == best[0]][:n]
+
+
+def suggest(name: str, available: Iterable[str]) -> str:
+    """``; did you mean 'a'?`` or ``; did you mean 'a', 'b' or 'c'?`` (:func:`closest`), or nothing."""
+    close = [repr(c) for c in closest(name, available)]
+    if not close:
+        return ""
+    listed = close[0] if len(close) == 1 else f"{', '.join(close[:-1])} or {close[-1]}"
+    return f"; did you mean {listed}?"
+
+
 def did_you_mean(name: str, available: Sequence[str], *, more: str = "") -> str:
-    """The tail of an 'unknown name' message: the closest match, then what is available: the first
-    MAX_LISTED names and how many others, followed by ``more`` (where to see them all)."""
-    close = difflib.get_close_matches(name, available, n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
+    """The tail of an 'unknown name' message: the closest names (:func:`suggest`), then what is available:
+    the first MAX_LISTED names and how many others, followed by ``more`` (where to see them all)."""
     listing = ", ".join(available[:MAX_LISTED]) if available else "nothing"
     if len(available) > MAX_LISTED:
         listing += f", and {len(available) - MAX_LISTED} more" + (f": {more}" if more else "")
-    return f"{hint} (available: {listing})"
+    return f"{suggest(name, available)} (available: {listing})"
 
 
 class NonFiniteError(GptzooError):

@@ -13,7 +13,8 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ import torch
 
 from gptzoo.atomic import check_new_directory
 from gptzoo.defaults import precision
-from gptzoo.errors import GptzooError, Interrupted
+from gptzoo.errors import CheckpointError, GptzooError, Interrupted, suggest
 from gptzoo.hf import check_recipe_matches, hf_recipe, load_hf, locate
 from gptzoo.inference.quantize import kept_float, quantize_int8
 from gptzoo.model.build import build_model
@@ -87,7 +88,8 @@ def resolve_recipe(
     if recipe is None and hf is None:
         raise GptzooError("give a RECIPE, or --hf DIR|NAME to derive one from a Hugging Face checkpoint")
     if recipe is None:
-        resolved = hf_recipe(hf, overrides, registry=registry)
+        with _near_names(hf):
+            resolved = hf_recipe(hf, overrides, registry=registry)
         return resolved, hf
     if isinstance(recipe, Recipe):
         resolved = override_recipe(recipe, overrides, registry=registry) if overrides else recipe
@@ -236,6 +238,21 @@ def names_recipe(source: str | Path, registry: Registry | None = None) -> bool:
     if text.endswith(".toml") or text in shipped_recipes():
         return True
     return (registry if registry is not None else default_registry()).recipe(text) is not None
+
+
+@contextmanager
+def _near_names(name: str | Path) -> Iterator[None]:
+    """A checkpoint name that names nothing (no directory, fetch name or hub name) gets the fetch names and
+    shipped recipes nearest it (gptzoo.errors.suggest): ``smolm2`` -> ``smollm2-135m``."""
+    try:
+        yield
+    except CheckpointError as exc:
+        from gptzoo.fetch import FETCHABLE
+
+        hint = "" if Path(name).exists() else suggest(str(name), [*FETCHABLE, *shipped_recipes()])
+        if not hint:
+            raise
+        raise CheckpointError(f"{exc}{hint}") from None
 
 
 def load_any(

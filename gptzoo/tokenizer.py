@@ -361,3 +361,44 @@ def load_tokenizer(name: str, *, hf_dir: str | Path | None = None) -> Tokenizer:
             raise GptzooError("recipe tokenizer 'hf' needs a checkpoint directory (--hf DIR)")
         return HFTokenizer.from_dir(hf_dir)
     raise GptzooError(f"unknown tokenizer {name!r}{did_you_mean(name, list(TOKENIZER_NAMES))}")
+
+
+def save_hf_tokenizer(name: str, directory: Path) -> dict[str, Path]:
+    """Write Hugging Face tokenizer files that encode as the built-in tokenizer ``name`` does, for an
+    export that transformers (and `gptzoo compare`/`eval`) loads whole; each file by name with its path.
+    ``"gpt2"``: GPT2Tokenizer from the offline BPE files (:func:`gpt2_bpe_files`), <|endoftext|> its BOS
+    and EOS; ``"bytes"``: a `tokenizers` byte-level model whose 256 ids are the bytes, no merges and no
+    special tokens. Any other name writes nothing (an "hf" tokenizer's files are copied, not made)."""
+    written = {}
+    for file, data in _hf_tokenizer_files(name).items():
+        (directory / file).write_bytes(data)
+        written[file] = directory / file
+    return written
+
+
+@functools.cache
+def _hf_tokenizer_files(name: str) -> dict[str, bytes]:
+    """The files of :func:`save_hf_tokenizer`, made once per process (GPT-2's take a few tenths of a second)."""
+    import json
+    import tempfile
+
+    from transformers import GPT2Tokenizer, PreTrainedTokenizerFast
+
+    with tempfile.TemporaryDirectory(prefix="gptzoo-tokenizer-") as made:
+        directory = Path(made)
+        if name == "gpt2":
+            vocab_bpe, encoder_json = gpt2_bpe_files()
+            vocab = json.loads(encoder_json.read_text(encoding="utf-8"))
+            lines = vocab_bpe.read_text(encoding="utf-8").splitlines()[1:]  # the first is a version line
+            merges = [cast(tuple[str, str], tuple(line.split())) for line in lines if line.strip()]
+            GPT2Tokenizer(vocab=vocab, merges=merges).save_pretrained(directory)
+        elif name == "bytes":
+            from tokenizers import Tokenizer as Fast
+            from tokenizers import decoders, models, pre_tokenizers
+            from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+            fast = Fast(models.BPE(vocab={char: byte for byte, char in bytes_to_unicode().items()}, merges=[]))
+            fast.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+            fast.decoder = decoders.ByteLevel()
+            PreTrainedTokenizerFast(tokenizer_object=fast).save_pretrained(directory)
+        return {path.name: path.read_bytes() for path in sorted(directory.iterdir())}

@@ -17,6 +17,7 @@ SUITE_PLUGINS = "gptzoo-sqrelu"
 one a test installs (tests/fakedist.py allows it). Whatever else is installed is not loaded, so the suite
 does not depend on it; `gptzoo plugins --check` is what tests installed plugins."""
 os.environ[ONLY_PLUGINS_ENV] = SUITE_PLUGINS
+os.environ["GPTZOO_STATUS_S"] = "0"  # no status lines of slow steps: a loaded machine must not change the output
 
 
 @pytest.fixture(scope="session")

@@ -44,3 +44,23 @@ def test_the_test_folders_mirror_the_package() -> None:
     homes = {p.name for p in (REPO / "gptzoo").iterdir() if p.is_dir() and not p.name.startswith("__")}
     assert sorted(folders - homes - {"plugins"}) == [], "tests/ has folders that name no folder of the package"
     assert list(tests.glob("*/__init__.py")) == []  # module names stay unique: pytest imports by basename
+
+
+def test_the_sweep_example_has_a_quick_budget(tmp_path: Path) -> None:
+    """The README's example spec as written: 4 runs of 400 steps of 1,024 tokens, each scored on the first
+    16,384 tokens of the val split (EVAL_TOKENS, the default it does not set) at each of its 3 lengths, not on
+    the whole split (500k tokens of Shakespeare, which took minutes a run)."""
+    from gptzoo.registry import default_registry
+    from gptzoo.sweep.runner import tasks, tokens_per_step
+    from gptzoo.sweep.spec import EVAL_TOKENS, read_spec
+
+    section = README[README.index("`gptzoo sweep SPEC` trains") :]
+    (tmp_path / "my-sweep.toml").write_text(re.search(r"```toml\n(.*?)```", section, re.S).group(1))
+    spec = read_spec(tmp_path / "my-sweep.toml")
+    runs = tasks(spec, tmp_path / "out", tmp_path / "data", default_registry())
+    assert [(t.variant, t.seed) for t in runs] == [
+        (v, s) for v in ("swiglu+lr=0.0003", "swiglu+lr=0.003") for s in (0, 1)
+    ]
+    assert {(t.recipe.train.max_steps, tokens_per_step(t.recipe)) for t in runs} == {(400, 1024)}
+    assert {(t.eval_max_tokens, t.eval_lengths) for t in runs} == {(EVAL_TOKENS, (128, 256, 512))}
+    assert EVAL_TOKENS == 16384

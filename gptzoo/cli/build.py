@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from gptzoo.cli.args import Parser, Subparsers, positive_int, recipe_parser
-from gptzoo.cli.console import Console, print_json
+from gptzoo.cli.console import Console, print_json, status
 from gptzoo.cli.library import command_registry, importing
 from gptzoo.cli.render import text
 
@@ -33,15 +33,19 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> None:
         from gptzoo.loader import build
         from gptzoo.model.summary import render_summary
 
-    summary = build(
-        args.recipe,
-        hf=args.hf,
-        overrides=args.overrides,
-        batch=args.batch,
-        seq_len=args.seq_len,
-        out=args.out,
-        registry=command_registry(err),
-    )
+    registry = command_registry(err)
+    name = args.hf if args.hf is not None else args.recipe
+    what = f"loading {name} into {args.out}" if args.hf is not None and args.out is not None else f"building {name}"
+    with status(err, what, quiet=args.json):
+        summary = build(
+            args.recipe,
+            hf=args.hf,
+            overrides=args.overrides,
+            batch=args.batch,
+            seq_len=args.seq_len,
+            out=args.out,
+            registry=registry,
+        )
     if args.json:
         print_json(out, summary)
         return

@@ -7,7 +7,7 @@ import argparse
 from rich.table import Table
 
 from gptzoo.cli.args import Parser, Subparsers, positive_int
-from gptzoo.cli.console import Console, print_json
+from gptzoo.cli.console import Console, print_json, status
 from gptzoo.cli.library import command_registry, importing
 from gptzoo.cli.model import model_parser, named
 from gptzoo.cli.render import text
@@ -52,15 +52,16 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> None:
         )
     hf = model.hf if model.name is None else model.name  # any other MODEL is a Hugging Face checkpoint's name
     recipe, source = resolve_recipe(model.recipe, hf=hf, overrides=args.overrides, registry=registry, need_weights=True)
-    result = compare(
-        source,
-        recipe,
-        prompts=args.prompt or [DEFAULT_PROMPT],
-        dtype=DTYPES[args.dtype],
-        new_tokens=args.new_tokens,
-        chat=args.chat,
-        registry=registry,
-    )
+    with status(err, f"comparing {source} with transformers (both models loaded and run)", quiet=args.json):
+        result = compare(
+            source,
+            recipe,
+            prompts=args.prompt or [DEFAULT_PROMPT],
+            dtype=DTYPES[args.dtype],
+            new_tokens=args.new_tokens,
+            chat=args.chat,
+            registry=registry,
+        )
     if args.json:
         print_json(out, result)
         return

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console as RichConsole
@@ -25,6 +29,51 @@ class Console(RichConsole):
 def warn(err: Console, message: str) -> None:
     """What a person should know that does not stop the command: one ``warning:`` line on stderr."""
     err.print(f"[yellow]warning:[/yellow] {text(message)}")
+
+
+SLOW_S = 2.0
+"""How long a step runs before its status line appears (a faster one says nothing), unless $GPTZOO_STATUS_S
+says otherwise (0: never; the test suite sets it so that a loaded machine does not change what a command prints)."""
+STATUS_ENV = "GPTZOO_STATUS_S"
+
+
+def slow_after() -> float | None:
+    """$GPTZOO_STATUS_S, or SLOW_S when it is unset or not a number; None for 0 (no status lines)."""
+    try:
+        seconds = float(os.environ.get(STATUS_ENV, SLOW_S))
+    except ValueError:
+        seconds = SLOW_S
+    return seconds if seconds > 0 else None
+
+
+@contextmanager
+def status(err: Console, what: str, *, quiet: bool = False) -> Iterator[None]:
+    """A slow step's status line on stderr: ``what...`` once it has run :func:`slow_after` seconds, then
+    ``what: 12.3 s`` when it ends; nothing for a faster step, nor when ``quiet`` (--json)."""
+    after = slow_after()
+    if quiet or after is None:
+        yield
+        return
+    start, lock, shown = time.monotonic(), threading.Lock(), []
+
+    def say() -> None:
+        with lock:
+            if not shown:
+                shown.append(True)
+                err.print(f"[dim]{text(what)}...[/dim]")
+
+    timer = threading.Timer(after, say)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        with lock:
+            if not shown:
+                shown.append(False)  # too late for the timer to print
+        if shown[0]:
+            err.print(f"[dim]{text(what)}: {time.monotonic() - start:.1f} s[/dim]")
 
 
 def print_json(out: Console, obj: Any) -> None:

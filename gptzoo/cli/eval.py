@@ -6,7 +6,7 @@ import argparse
 from contextlib import nullcontext
 
 from gptzoo.cli.args import Parser, Subparsers, lengths, positive_int
-from gptzoo.cli.console import Console, print_json
+from gptzoo.cli.console import Console, print_json, status
 from gptzoo.cli.library import command_registry, importing
 from gptzoo.cli.model import load_named, model_parser
 from gptzoo.defaults import PRECISIONS
@@ -57,8 +57,12 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> None:
         from gptzoo.evaluation.display import EvalProgress, render_eval
         from gptzoo.evaluation.perplexity import nothing_scored
 
-    loaded = load_named(args, command_registry(err), dtype=args.dtype)
-    with nullcontext() if args.json else EvalProgress(err) as progress:
+    loaded = load_named(args, command_registry(err), dtype=args.dtype, err=err)
+    scored = ", ".join([*(args.text or []), *(args.data or [])])
+    with (
+        status(err, f"scoring {scored}", quiet=args.json),
+        nullcontext() if args.json else EvalProgress(err) as progress,
+    ):
         report = eval_model(
             loaded,
             texts=args.text,

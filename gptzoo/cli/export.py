@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from gptzoo.cli.args import Parser, Subparsers
-from gptzoo.cli.console import Console, print_json
+from gptzoo.cli.console import Console, print_json, status
 from gptzoo.cli.library import command_registry, importing
 from gptzoo.cli.render import text
 
@@ -28,10 +29,14 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> None:
         from gptzoo.loader import load_any
 
     registry = command_registry(err)
-    loaded = load_any(args.model, registry=registry)
+    with status(err, f"loading {args.model}", quiet=args.json):
+        loaded = load_any(args.model, registry=registry)
     files = loaded.checkpoint if loaded.checkpoint is not None else loaded.hf_dir  # its tokenizer files, if any
-    path = export_hf(loaded.model, args.hf, tokenizer_from=files, registry=registry)
+    with status(err, f"converting to {args.hf}", quiet=args.json):
+        path = export_hf(loaded.model, args.hf, tokenizer_from=files, registry=registry)
+    newest = loaded.checkpoint is not None and loaded.checkpoint.resolve() != Path(args.model).resolve()
+    source = f"{loaded.source} (the newest of run {args.model})" if newest else loaded.source
     if args.json:
-        print_json(out, {"hf": str(path)})
+        print_json(out, {"hf": str(path), "weights": source})
         return
-    out.print(f"Hugging Face checkpoint written to {text(str(path))}")
+    out.print(f"Hugging Face checkpoint of {text(source)} written to {text(str(path))}")

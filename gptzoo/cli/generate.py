@@ -82,7 +82,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> None:
         from gptzoo.inference.sampling import flagged
 
     registry = args.registry  # built once, before the command line was parsed (it has the sampler flags)
-    loaded = load_named(args, registry, dtype=args.dtype, seed=args.seed, random=True)
+    loaded = load_named(args, registry, dtype=args.dtype, seed=args.seed, random=True, err=err)
     sampling = {entry.name: getattr(args, flag_dest(entry.name)) for entry, _ in flagged(registry)}
     plan = plan_generation(
         loaded.model,

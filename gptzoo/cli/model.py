@@ -9,10 +9,12 @@ directory it writes.)
 from __future__ import annotations
 
 import argparse
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gptzoo.cli.args import Parser, add_offline, add_set
+from gptzoo.cli.console import Console, status
 from gptzoo.errors import GptzooError
 
 if TYPE_CHECKING:
@@ -80,13 +82,19 @@ def named(args: argparse.Namespace, registry: Registry) -> Named:
 
 
 def load_named(
-    args: argparse.Namespace, registry: Registry, *, dtype: str, seed: int | None = None, random: bool = False
+    args: argparse.Namespace,
+    registry: Registry,
+    *,
+    dtype: str,
+    seed: int | None = None,
+    random: bool = False,
+    err: Console | None = None,
 ) -> Loaded:
     """The model the command line names (:func:`named`), with its ``--set`` overrides, in the precision
     ``dtype`` (``--dtype``, passed down as it is): MODEL through :func:`gptzoo.loader.load_any`, ``--hf``
     and ``--checkpoint`` (beside a recipe or not) through :func:`gptzoo.loader.load_model`. A recipe alone
     is read for its [weights] (load_any), or with ``random`` may have none: then its weights are random,
-    reproducibly with ``seed``, and the Loaded warns of it.
+    reproducibly with ``seed``, and the Loaded warns of it. A slow load says so on ``err`` (not with --json).
 
     Raises:
         GptzooError: as :func:`named`, load_any and load_model do.
@@ -94,15 +102,17 @@ def load_named(
     from gptzoo.loader import load_any, load_model
 
     model = named(args, registry)
-    if model.hf is None and model.checkpoint is None and not (random and model.recipe is not None):
-        source = model.recipe if model.recipe is not None else model.name
-        return load_any(source, overrides=args.overrides, registry=registry, dtype=dtype)
-    return load_model(
-        model.recipe,
-        hf=model.hf,
-        checkpoint=model.checkpoint,
-        overrides=args.overrides,
-        registry=registry,
-        dtype=dtype,
-        seed=seed,
-    )
+    shown = " ".join(str(n) for n in (model.recipe, model.name, model.hf, model.checkpoint) if n is not None)
+    with nullcontext() if err is None else status(err, f"loading {shown}", quiet=args.json):
+        if model.hf is None and model.checkpoint is None and not (random and model.recipe is not None):
+            source = model.recipe if model.recipe is not None else model.name
+            return load_any(source, overrides=args.overrides, registry=registry, dtype=dtype)
+        return load_model(
+            model.recipe,
+            hf=model.hf,
+            checkpoint=model.checkpoint,
+            overrides=args.overrides,
+            registry=registry,
+            dtype=dtype,
+            seed=seed,
+        )

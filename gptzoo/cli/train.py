@@ -37,7 +37,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> None:
     with importing():
         from gptzoo.loader import load_model
         from gptzoo.recipe import load_recipe
-        from gptzoo.training.display import TrainDisplay
+        from gptzoo.training.display import TrainDisplay, start_line
         from gptzoo.training.trainer import train
 
     try:
@@ -68,6 +68,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> None:
                 started=display.start,
                 stepped=display.step,
                 registry=registry,
+                planned=lambda plan: err.print(text(start_line(plan))),
             )
     if not main_process:
         return

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import tempfile
 from collections.abc import Iterable
 from dataclasses import fields
 from pathlib import Path
@@ -41,6 +42,7 @@ from gptzoo.model.gpt import GPT
 from gptzoo.recipe import COMPONENT_KEYS, ModelSpec, Recipe, apply_overrides, entry_of, recipe_tokenizer, validate
 from gptzoo.recipe.schema import LAYER_TYPES
 from gptzoo.registry import Entry, Registry, default_registry
+from gptzoo.tokenizer import save_hf_tokenizer
 from gptzoo.untrusted import WEIGHT_DTYPES, WEIGHT_DTYPES_TEXT, dtype_name, first_few
 
 FAMILIES: dict[str, Family] = {
@@ -260,8 +262,10 @@ def export_hf(
 ) -> Path:
     """Write config.json + model.safetensors that transformers loads with the same logits, and the
     Hugging Face tokenizer files of the directory ``tokenizer_from`` if it has them (the gptzoo
-    checkpoint the model came from: ``gptzoo build --hf`` copies them there). config.json's
-    bos_token_id and eos_token_id are those of the recipe's tokenizer (:func:`_special_token_ids`).
+    checkpoint the model came from: ``gptzoo build --hf`` copies them there), else, for a recipe's
+    "gpt2" or "bytes" tokenizer whose ids the model has, files that encode as it does
+    (gptzoo.tokenizer.save_hf_tokenizer). config.json's bos_token_id and eos_token_id are those of the
+    recipe's tokenizer (:func:`_special_token_ids`).
 
     The first family in FAMILIES' order (GPT-2, Llama, Gemma 3, Gemma 2, Qwen2, Qwen3, Mistral, GPT-NeoX,
     Phi-3, OLMo 2) that every component of the recipe has an equivalent in is written: each
@@ -310,7 +314,11 @@ def _export(model: GPT, out: Path, tokenizer_from: str | Path | None, registry: 
             tensors = stack_slices(saved)
         except ValueError as exc:
             raise CheckpointError(f"the {family.architecture} weight map is incomplete: {exc}") from None
-        return write_checkpoint(out, config, tensors, copies)
+        with tempfile.TemporaryDirectory(prefix="gptzoo-tokenizer-") as made:
+            if not copies and recipe.tokenizer is not None and recipe.tokenizer.name != "hf":
+                if recipe_tokenizer(recipe, None).vocab_size <= recipe.model.vocab_size:  # its ids are the model's
+                    copies = save_hf_tokenizer(recipe.tokenizer.name, Path(made))
+            return write_checkpoint(out, config, tensors, copies)
     _, title, closest = min(reasons, key=lambda r: r[0])  # the first of the closest families
     others = [t for _, t, _ in reasons if t != title]
     raise NoEquivalentError(f"{closest}; {', '.join(others)} differ at least as much" if others else closest)

@@ -21,3 +21,10 @@ class RunBar(TrainDisplay):
     def __call__(self, record: dict[str, Any]) -> None:
         if "val_loss" not in record:
             super().__call__(record)
+
+    def evaluating(self, done: int, total: int) -> None:
+        """The final checkpoint's evaluation: the bar counts its windows (gptzoo.evaluation's Progress)."""
+        if not self.started:  # a run trained before and only evaluated now
+            self.start(0)
+        description = f"{self.title} [dim]evaluating[/dim]"
+        self.progress.update(self.task, description=description, total=total, completed=done, stats="")

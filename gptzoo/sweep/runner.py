@@ -183,9 +183,11 @@ def run_task(
     threads: int = 0,
     procs: distributed.Processes | None = None,
     registry: Registry | None = None,
+    evaluating: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any] | None:
     """Train (or resume) one run, evaluate its final checkpoint, and write its result; the result.
-    ``log`` gets every metrics record, ``started`` the step the run starts from (gptzoo.training.trainer.train).
+    ``log`` gets every metrics record, ``started`` the step the run starts from (gptzoo.training.trainer.train),
+    ``evaluating`` the windows scored and their number as the evaluation goes.
     Under torchrun (``procs``) every process trains; only the first evaluates and writes (the others get None).
     A run killed after its last checkpoint is not trained again: its final validation loss is computed from
     that checkpoint if the kill came before it was logged."""
@@ -250,6 +252,7 @@ def run_task(
             max_tokens=task.eval_max_tokens,
             stride=task.eval_stride,
             registry=registry,
+            progress=evaluating,
         )
     result = {
         "variant": task.variant,
@@ -494,7 +497,9 @@ def _run(
         for k, task in enumerate(todo, start=done + 1):
             if display is not None and procs.is_main:
                 with display(task, k, total) as bar:
-                    result = run_task(task, log=bar, started=bar.start, procs=procs, registry=registry)
+                    result = run_task(
+                        task, log=bar, started=bar.start, procs=procs, registry=registry, evaluating=bar.evaluating
+                    )
             else:
                 result = run_task(task, procs=procs, registry=registry)
             if result is not None:

@@ -4,16 +4,36 @@ rate, tokens/s and MFU, and one line per evaluation."""
 from __future__ import annotations
 
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.text import Text
 
+if TYPE_CHECKING:
+    from gptzoo.training.trainer import Plan
+
 
 def _shown(value: float | None, spec: str) -> str:
     """A logged number; null is what a non-finite one became (JSON has no NaN)."""
     return "nan" if value is None else format(value, spec)
+
+
+def duration(seconds: float) -> str:
+    """A time estimate as a person says it: ``40 s``, ``9 min``, ``2.5 h``."""
+    if seconds < 90:
+        return f"{max(1, round(seconds))} s"
+    if seconds < 90 * 60:
+        return f"{round(seconds / 60)} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def start_line(plan: Plan) -> str:
+    """What `gptzoo train` says before its first step: the run directory, the steps and the estimated time."""
+    verb = f"resuming {plan.out} at step {plan.step:,} of" if plan.step else f"training into {plan.out}:"
+    return (
+        f"{verb} {plan.steps:,} steps of {plan.tokens_per_step:,} tokens, about {duration(plan.seconds)} ({plan.basis})"
+    )
 
 
 TIME_WIDTH = 7

@@ -104,6 +104,8 @@ def finite_or_none(value: Any) -> Any:
 Log = Callable[[dict[str, Any]], None]
 Started = Callable[[int], None]
 """Called with the step a run starts from, once every check has passed."""
+Planned = Callable[["Plan"], None]
+"""Called with what the run is about to do, just before ``Started``."""
 Stepped = Callable[[int], None]
 """Called with the step reached after each optimizer step (a progress display)."""
 
@@ -282,6 +284,41 @@ class Peak:
 
     def as_json(self) -> dict[str, Any]:
         return {"flops_per_s": self.flops_per_s, "source": self.source}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a run is about to do, said before its first step (`gptzoo train`'s start line)."""
+
+    out: Path
+    step: int
+    """Where it starts: 0, or a resumed checkpoint's step."""
+    steps: int
+    tokens_per_step: int
+    seconds: float
+    """The estimated time to ``steps``: at the tokens/s a resumed run last logged, else at ASSUMED_MFU of the peak."""
+    basis: str
+    """Where ``seconds`` comes from, in words."""
+
+
+ASSUMED_MFU = 0.3
+"""The share of the peak (:class:`Peak`) a new run's time is estimated at before it has measured its own speed:
+small models on CPUs reach 0.1 to 0.6 of a measured peak, so the estimate is good to a factor of 2 or 3."""
+
+
+def plan_of(trainer: Trainer) -> Plan:
+    """The run ``trainer`` is about to train: a resumed one at its last logged speed, a new one at ASSUMED_MFU."""
+    spec, per_step = trainer.spec, trainer.global_batch * trainer.seq_len
+    left = max(0, spec.max_steps - trainer.step) * per_step
+    logged = [r["tokens_per_s"] for r in run_dir.read_metrics(trainer.out) if r.get("tokens_per_s")]
+    if trainer.step and logged:
+        seconds, basis = left / logged[-1], f"at the {logged[-1]:,.0f} tokens/s it last logged"
+    else:
+        rate = ASSUMED_MFU * trainer.peak.flops_per_s / trainer.flops_per_token
+        peak = trainer.peak.flops_per_s
+        shown = f"{peak / 1e12:.3g} TFLOP/s" if peak >= 1e12 else f"{peak / 1e9:.3g} GFLOP/s"
+        seconds, basis = left / rate, f"at {ASSUMED_MFU:.0%} of the peak {shown}"
+    return Plan(trainer.out, trainer.step, spec.max_steps, per_step, seconds, basis)
 
 
 PEAK_TRIALS = 3
@@ -765,11 +802,13 @@ def train(
     started: Started | None = None,
     stepped: Stepped | None = None,
     registry: Registry | None = None,
+    planned: Planned | None = None,
 ) -> TrainResult:
     """Train ``recipe`` (from ``init``'s weights when given) into the run directory ``out``; every
     record also goes to ``log``, ``started`` learns the step the run starts from once every check
-    has passed, and ``stepped`` each step reached after it. Under torchrun, call it in every process
-    (the first one holds the lock).
+    has passed, and ``stepped`` each step reached after it; ``planned``, just before, what the run is about
+    to do (:class:`Plan`: steps, tokens, the estimated time; in the first process only). Under torchrun,
+    call it in every process (the first one holds the lock).
     ``hf_dir``: the Hugging Face directory ``init`` came from, whose tokenizer is a recipe's "hf" one
     (the data's is checked against it). ``registry`` builds the model (default:
     gptzoo.registry.default_registry()).
@@ -815,6 +854,8 @@ def train(
             try:
                 if procs.is_main:
                     trainer.begin()
+                    if planned is not None:
+                        planned(plan_of(trainer))
                 if started is not None:
                     started(trainer.step)
                 result = trainer.run(stepped)

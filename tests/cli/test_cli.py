@@ -171,7 +171,7 @@ def test_user_errors_exit_2_with_every_problem(tmp_path: Path, capsys: pytest.Ca
     assert "- [model] norm: unknown norm 'rmsnrom'; did you mean 'rmsnorm'?" in message
     assert "- [model] n_embd=100 is not divisible by n_head=12" in message
     assert run_error(capsys, "build", "gpt2-smal").startswith(
-        "error: gpt2-smal: unknown recipe 'gpt2-smal'; did you mean 'gpt2-small'?"
+        "error: gpt2-smal: unknown recipe 'gpt2-smal'; did you mean 'gpt2-small' or 'gpt2-small-postln'?"
     )
     message = run_error(capsys, "build", "gpt2-small", "--set", "model.n_layer=x", "--set", "oops")
     assert (
@@ -182,7 +182,7 @@ def test_user_errors_exit_2_with_every_problem(tmp_path: Path, capsys: pytest.Ca
     err = capsys.readouterr().err
     assert err.startswith("Traceback (most recent call last):") and "gptzoo.errors.RecipeError: gpt2-smal" in err
     assert err.endswith(
-        "error: gpt2-smal: unknown recipe 'gpt2-smal'; did you mean 'gpt2-small'? (available: "
+        "error: gpt2-smal: unknown recipe 'gpt2-smal'; did you mean 'gpt2-small' or 'gpt2-small-postln'? (available: "
         + err.split("(available: ")[-1]
     )
     assert run_error(capsys, "build", "gpt2-small", "--seq-len", "4096") == (

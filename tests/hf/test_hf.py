@@ -155,11 +155,13 @@ def test_export_round_trip(tmp_path: Path, recipe: str) -> None:
 
 
 def test_export_writes_the_tokenizers_own_special_ids(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    for recipe, overrides, ids in [
-        ("shakespeare-bytes", [], (None, None)),  # the bytes tokenizer has none (GPT2Config's default is 50256)
-        ("gpt2-tiny", [], (50256, 50256)),  # GPT-2's <|endoftext|>
-        ("llama-tiny", ["--set", "tokenizer.name=gpt2"], (None, None)),  # 50256 is not an id of vocab_size 512
-        ("llama-tiny", [], (None, None)),  # "hf", and no tokenizer files to read them from (LlamaConfig says 1, 2)
+    made = ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+    for recipe, overrides, ids, files in [
+        ("shakespeare-bytes", [], (None, None), made),  # the bytes tokenizer has none (GPT2Config's is 50256)
+        ("gpt2-tiny", [], (50256, 50256), made),  # GPT-2's <|endoftext|>
+        # 50256 is not an id of vocab_size 512: neither the id nor GPT-2's tokenizer files
+        ("llama-tiny", ["--set", "tokenizer.name=gpt2"], (None, None), made[:2]),
+        ("llama-tiny", [], (None, None), made[:2]),  # "hf", and no tokenizer files (LlamaConfig says 1, 2)
     ]:
         ck, out = tmp_path / f"ck-{recipe}-{len(overrides)}", tmp_path / f"hf-{recipe}-{len(overrides)}"
         assert main(["build", recipe, *overrides, "--out", str(ck), "--json"]) == 0
@@ -167,7 +169,7 @@ def test_export_writes_the_tokenizers_own_special_ids(tmp_path: Path, capsys: py
         capsys.readouterr()
         config = json.loads((out / "config.json").read_text())
         assert (config["bos_token_id"], config["eos_token_id"]) == ids, recipe
-        assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+        assert sorted(p.name for p in out.iterdir()) == files
 
 
 def test_export_copies_the_tokenizer_a_checkpoint_holds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

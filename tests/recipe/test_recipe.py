@@ -210,7 +210,9 @@ def test_extends_cycle(tmp_path: Path) -> None:
 
 
 def test_unknown_recipe_names_and_files(tmp_path: Path) -> None:
-    with pytest.raises(RecipeError, match=r"unknown recipe 'gpt2-smal'; did you mean 'gpt2-small'\?"):
+    with pytest.raises(
+        RecipeError, match=r"unknown recipe 'gpt2-smal'; did you mean 'gpt2-small' or 'gpt2-small-postln'\?"
+    ):
         load_recipe("gpt2-smal")
     with pytest.raises(RecipeError, match=r"no such recipe file"):
         load_recipe(tmp_path / "missing.toml")

@@ -413,3 +413,28 @@ def _check_moe_report(report: dict[str, Any], md: str) -> None:
         assert all(1.0 <= v <= int(name[1]) for v in layers.values()), (name, layers)
     assert "| variant | params | active | FLOPs/token |" in md and "expert_load max/mean |" in md
     assert "| e8-top1-total (d_ff=63) | 858k | 401k |" in md
+
+
+def test_a_run_shows_its_evaluation_as_it_goes(tmp_path: Path, data: Path) -> None:
+    """The bar counts the final evaluation's windows (after the steps), so a long evaluation does not look hung."""
+    import io
+
+    from rich.console import Console
+
+    from gptzoo.sweep.display import RunBar
+
+    seen: list[tuple[int, int]] = []
+
+    class Recording(RunBar):
+        def evaluating(self, done: int, total: int) -> None:
+            seen.append((done, total))
+            super().evaluating(done, total)
+
+    spec = read_spec(
+        write_spec(tmp_path / "spec", data, TWO.split('[[variants]]\nname = "post"')[0], seeds="[0]", steps=2)
+    )
+    console = Console(file=io.StringIO(), force_terminal=True, width=100)
+    run_sweep(spec, tmp_path / "out", display=lambda task, k, total: Recording(console, task.variant, 2))
+    total = seen[-1][1]
+    assert total > 1 and seen[-1] == (total, total) and all(t == total for _, t in seen)
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen)

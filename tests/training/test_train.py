@@ -419,3 +419,34 @@ def test_bfloat16_autocast_and_compile_train(docs: Path, tmp_path: Path, overrid
 def test_log_every_must_be_positive() -> None:
     with pytest.raises(gptzoo.RecipeError, match=r"\[train\] log_every=0 must be at least 1"):
         recipe("train.log_every=0")
+
+
+def test_cli_train_says_where_how_long_and_how_many_steps_first(
+    docs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before the first step: the run directory, the steps and their tokens, and the time at 30% of the peak
+    (a [train] peak_tflops makes it exact: 4 steps x 8 x 64 tokens x the FLOPs per token / (0.3 x 1 TFLOP/s)); a
+    resumed run estimates what is left at the tokens/s it last logged."""
+    from gptzoo.flops import train_flops_per_token
+    from gptzoo.training.display import duration
+
+    run = tmp_path / "run"
+    sets = [a for o in [*TINY, "train.max_steps=4", "train.peak_tflops=1e-6"] for a in ("--set", o)]
+    assert main(["train", "gpt2-tiny", *sets, "--data", str(docs), "--out", str(run)]) == 0
+    err = capsys.readouterr().err
+    recipe = gptzoo.load_recipe("gpt2-tiny", [*TINY, "train.max_steps=4"])
+    per_step = recipe.train.micro_batch_size * recipe.train.grad_accum * recipe.train.seq_len
+    flops = train_flops_per_token(gptzoo.build_model(recipe, device="meta"), recipe.train.seq_len)
+    seconds = 4 * per_step * flops / (0.3 * 1e6)
+    line = f"training into {run}: 4 steps of {per_step:,} tokens, about {duration(seconds)} "
+    line += "(at 30% of the peak 0.001 GFLOP/s)"
+    assert err.splitlines()[0] == line
+    sets[sets.index("train.max_steps=4")] = "train.max_steps=6"
+    assert main(["train", "gpt2-tiny", *sets, "--data", str(docs), "--out", str(run), "--resume"]) == 0
+    rate = [r["tokens_per_s"] for r in run_dir.read_metrics(run) if r.get("tokens_per_s") and r["step"] <= 4][-1]
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first == (
+        f"resuming {run} at step 4 of 6 steps of {per_step:,} tokens, about {duration(2 * per_step / rate)} "
+        f"(at the {rate:,.0f} tokens/s it last logged)"
+    )
+    assert duration(30) == "30 s" and duration(9 * 60 + 17) == "9 min" and duration(3 * 3600) == "3.0 h"
