@@ -18,7 +18,21 @@ def _codes(*names: str) -> dict[str, int]:
 
 DTYPES = _codes("f32", "bf16", "i8")
 """The kernels' dtypes: float32, bfloat16 (activations and weights), int8 (weights)."""
-OPS = _codes("embed", "rmsnorm", "layernorm", "linear", "add", "rope", "attend", "activate", "softcap", "copy")
+OPS = _codes(
+    "embed",
+    "rmsnorm",
+    "layernorm",
+    "linear",
+    "add",
+    "rope",
+    "attend",
+    "activate",
+    "softcap",
+    "copy",
+    "slice_heads",
+    "heads_linear",
+    "latent_attend",
+)
 """Operation name -> step.c's code."""
 RMS_MODES = _codes("plain", "scale_in_float32", "offset")
 """How an RMSNorm applies its weight: after rounding (Llama), before (OLMo 2), as 1 + w (Gemma)."""
