@@ -151,9 +151,12 @@ def lower_latent_attention(
     computes it: the queries (q, or q_a, q_norm, q_b), the latent and rotary key (kv_a, kv_norm on the
     latent), each head's rotary features (de-interleaved where stored interleaved) rotated with the rotary
     key, kv_b's key half folded into each head's query, latent_attend over the cached latents, kv_b's value
-    half, c_proj. The key half is applied as a product per head with a transposed copy of it, (nh, c,
-    nope_dim), which the plan keeps: memory of nh x c x nope_dim weights per layer (half of kv_b; 16.8 MB
-    a layer for DeepSeek-V3 in bfloat16), read faster than the strided rows of kv_b (threaded gemv)."""
+    half, c_proj. The key half is applied transposed (q_latent[h] = W_k[h]^T q_nope[h]) as a threaded gemv
+    per head of a transposed contiguous copy, (nh, c, nope_dim), which the plan keeps: nh x c x nope_dim
+    more weights per layer (half of kv_b; 16.8 MB a layer for DeepSeek-V3 in bfloat16), made once per
+    generation. Measured against an axpy over kv_b's own rows on the calling thread (DeepSeek-V2-Lite's
+    attention widths, 4 layers, float32, 64 cached tokens): 11.1 against 12.0 ms a step on 2 threads,
+    19.3 against 19.5 on one."""
     if class_key(type(cache)) != LATENT_CACHE:
         plan.refuse(f"{type(attn).__name__} decodes with a cache of class {type(cache).__name__}, not LatentKVCache")
     nh, n, r, v, c = attn.n_head, attn.nope_dim, attn.rope_dim, attn.v_dim, attn.kv_rank

@@ -301,14 +301,42 @@ static int heads_linear(const op_t *o, long B, int threads) {
     return code != 0 ? ERR_MEMORY : 0;
 }
 
-/* acc[0..n) += p * x[0..n) (x of the activations' kind), summed in float32. */
-static void axpy(float *acc, float p, const void *x, int kind, long n) {
-    if (kind == BF16) {
-        const uint16_t *h = (const uint16_t *)x;
-        for (long i = 0; i < n; i++) acc[i] += p * bf16_to_f32(h[i]);
-    } else {
-        const float *f = (const float *)x;
-        for (long i = 0; i < n; i++) acc[i] += p * f[i];
+#if VW == 16
+static inline vf vset1(float x) { return _mm512_set1_ps(x); }
+static inline void vstore(float *p, vf v) { _mm512_storeu_ps(p, v); }
+#elif VW == 8
+static inline vf vset1(float x) { return _mm256_set1_ps(x); }
+static inline void vstore(float *p, vf v) { _mm256_storeu_ps(p, v); }
+#else
+static inline vf vset1(float x) { return x; }
+static inline void vstore(float *p, vf v) { *p = v; }
+#endif
+
+/* VW elements of an activation tensor of ``kind`` from element i, as float32. */
+static inline vf load_kind(int kind, const void *x, long i) {
+    return kind == BF16 ? load_bf16((const uint16_t *)x + i) : load_f32((const float *)x + i);
+}
+
+#define HEADS 4 /* heads per pass over a cached latent: independent accumulators */
+#define KEY_BLOCK 64 /* cached latents per pass of the weighted sum (in L1 for every head) */
+
+/* out[k] = dot(q + k * stride, x) over n features for k < nq <= HEADS (q float32, x of ``kind``). */
+static void head_dots(const float *q, long stride, int nq, const void *x, int kind, long n, float *out) {
+    vf acc[HEADS];
+    const float *qs[HEADS];
+    for (int k = 0; k < HEADS; k++) {
+        acc[k] = vzero();
+        qs[k] = q + (k < nq ? k : 0) * stride;
+    }
+    long i = 0;
+    for (; i + VW <= n; i += VW) {
+        vf xv = load_kind(kind, x, i);
+        for (int k = 0; k < HEADS; k++) acc[k] = vfma(load_f32(qs[k] + i), xv, acc[k]);
+    }
+    for (int k = 0; k < nq; k++) {
+        float s = vsum(acc[k]);
+        for (long t = i; t < n; t++) s += qs[k][t] * load_act(kind, x, t);
+        out[k] = s;
     }
 }
 
@@ -321,7 +349,8 @@ static void axpy(float *acc, float p, const void *x, int kind, long n) {
  * k_rope_j, times the scale, softmax in float32 over the real keys, out = the weighted sum of the
  * latents; rounded where the eager step rounds in the activations' dtype (each product, their sum, the
  * scaled scores, the probabilities, the weighted sum). Each cached latent is read once for the scores
- * of every head and once for their sums. Returns 0, ERR_CACHE or ERR_MEMORY. */
+ * of HEADS heads, and the weighted sums go KEY_BLOCK latents at a time, HEADS heads at a time, so the
+ * latents are read from memory about once. Returns 0, ERR_CACHE or ERR_MEMORY. */
 static int latent_attend(const op_t *o, long B, long pos) {
     long c = o->n[2], rd = o->n[3], nh = o->n[4], slots = o->n[5], n_keys = pos + 1, hw = rd + c;
     if (n_keys > slots) return ERR_CACHE;
@@ -342,14 +371,17 @@ static int latent_attend(const op_t *o, long B, long pos) {
         const uint8_t *real = o->p[5] != NULL ? (const uint8_t *)o->p[5] + r * o->n[6] : NULL;
         for (long j = 0; j < n_keys; j++) {
             const char *latent = L + (size_t)(j * c) * size, *key = K + (size_t)(j * rd) * size;
-            for (long h = 0; h < nh; h++) {
-                if (real != NULL && !real[j]) {
-                    scores[h * n_keys + j] = -INFINITY;
-                    continue;
+            for (long h = 0; h < nh; h += HEADS) {
+                int nq = nh - h < HEADS ? (int)(nh - h) : HEADS;
+                float a[HEADS], b[HEADS];
+                if (real == NULL || real[j]) {
+                    head_dots(q + h * hw + rd, hw, nq, latent, kind, c, a);
+                    head_dots(q + h * hw, hw, nq, key, kind, rd, b);
                 }
-                float a = round_to(kind, dot_f32(q + h * hw + rd, latent, kind, c));
-                float b = round_to(kind, dot_f32(q + h * hw, key, kind, rd));
-                scores[h * n_keys + j] = round_to(kind, round_to(kind, a + b) * o->f[0]);
+                for (int k = 0; k < nq; k++)
+                    scores[(h + k) * n_keys + j] = real != NULL && !real[j]
+                        ? -INFINITY
+                        : round_to(kind, round_to(kind, round_to(kind, a[k]) + round_to(kind, b[k])) * o->f[0]);
             }
         }
         for (long h = 0; h < nh; h++) {
@@ -359,11 +391,29 @@ static int latent_attend(const op_t *o, long B, long pos) {
             for (long j = 0; j < n_keys; j++) s[j] = round_to(kind, s[j] / total);
         }
         for (long i = 0; i < nh * c; i++) acc[i] = 0.0f;
-        for (long j = 0; j < n_keys; j++)
-            for (long h = 0; h < nh; h++) {
-                float p = scores[h * n_keys + j];
-                if (p != 0.0f) axpy(acc + h * c, p, L + (size_t)(j * c) * size, kind, c);
-            }
+        long full = c - c % VW;
+        for (long j0 = 0; j0 < n_keys; j0 += KEY_BLOCK) {
+            long j1 = j0 + KEY_BLOCK < n_keys ? j0 + KEY_BLOCK : n_keys;
+            for (long i = 0; i < full; i += VW)
+                for (long h = 0; h < nh; h += HEADS) {
+                    int nq = nh - h < HEADS ? (int)(nh - h) : HEADS;
+                    const float *p[HEADS];
+                    vf sum[HEADS];
+                    for (int k = 0; k < HEADS; k++) {
+                        p[k] = scores + (h + (k < nq ? k : 0)) * n_keys;
+                        sum[k] = load_f32(acc + (h + (k < nq ? k : 0)) * c + i);
+                    }
+                    for (long j = j0; j < j1; j++) {
+                        vf x = load_kind(kind, L + (size_t)(j * c) * size, i);
+                        for (int k = 0; k < HEADS; k++) sum[k] = vfma(vset1(p[k][j]), x, sum[k]);
+                    }
+                    for (int k = 0; k < nq; k++) vstore(acc + (h + k) * c + i, sum[k]);
+                }
+            for (long h = 0; h < nh; h++)
+                for (long j = j0; j < j1; j++)
+                    for (long i = full; i < c; i++)
+                        acc[h * c + i] += scores[h * n_keys + j] * load_act(kind, L + (size_t)(j * c) * size, i);
+        }
         for (long i = 0; i < nh * c; i++) store_act(kind, o->p[4], r * nh * c + i, acc[i]);
     }
     free(scores), free(acc), free(q);
