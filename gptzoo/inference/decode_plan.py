@@ -416,6 +416,56 @@ class NativePlan:
         self.before_step.append(embed)
         self.add(dst, rows, dst)
 
+    def slice_heads(
+        self, src: Buffer, dst: Buffer, heads: int, width: int, *, src_step: int, dst_step: int, deinterleave: bool
+    ) -> None:
+        """gptzoo.inference.plan.DecodePlan.slice_heads (``width`` even where it de-interleaves)."""
+        self._heads(src, heads, width, src_step)
+        self._heads(dst, heads, width, dst_step)
+        if deinterleave and width % 2:
+            raise Unsupported(f"{width} interleaved rotary features (an odd number)")
+        n = (heads, width, src.stride, src_step, dst.stride, dst_step)
+        self._op("slice_heads", p=(src.ptr, dst.ptr), n=n, mode=int(deinterleave))
+
+    def heads_linear(self, weight: Tensor, src: Buffer, dst: Buffer, *, src_step: int, dst_step: int) -> None:
+        """gptzoo.inference.plan.DecodePlan.heads_linear: ``weight`` (heads, out, in) of the activations'
+        dtype on the CPU, each head's (out, in) block contiguous."""
+        if weight.dim() != 3 or weight.device.type != "cpu" or weight.dtype != self.dtype:
+            raise Unsupported(f"per-head weights of shape {tuple(weight.shape)} in {weight.dtype} on {weight.device}")
+        heads, out, width = weight.shape
+        if weight.stride(2) != 1 or weight.stride(1) != width:
+            raise Unsupported(f"per-head weights whose rows are not contiguous (strides {weight.stride()})")
+        self._heads(src, heads, width, src_step)
+        self._heads(dst, heads, out, dst_step)
+        n = (heads, out, width, weight.stride(0), src.stride, src_step, dst.stride, dst_step)
+        self._op("heads_linear", p=(weight, src.ptr, dst.ptr), n=n, wkind=KINDS[weight.dtype])
+
+    def latent_attend(
+        self, q: Buffer, kv: Buffer, latent: Tensor, k_rope: Tensor, out: Buffer, *, heads: int, scale: float
+    ) -> None:
+        """gptzoo.inference.plan.DecodePlan.latent_attend; the cache tensors of the activations' dtype."""
+        if self.biased is not None:
+            raise Unsupported(self.biased)
+        rank, rope_dim = latent.shape[-1], k_rope.shape[-1]
+        for cache in (latent, k_rope):
+            self._weight(cache, "the latent cache")
+        slots = latent.shape[1]
+        if tuple(latent.shape) != (self.batch, slots, rank) or tuple(k_rope.shape) != (self.batch, 1, slots, rope_dim):
+            raise Unsupported(f"a latent cache of shapes {tuple(latent.shape)} and {tuple(k_rope.shape)}")
+        if q.width != heads * (rope_dim + rank) or kv.width != rank + rope_dim or not out.whole:
+            raise Unsupported("latent attention buffers of unexpected widths")
+        if out.width != heads * rank:
+            raise Unsupported(f"a latent attention's output of width {out.width} for {heads} heads of {rank}")
+        mask = self.key_mask
+        n = (q.stride, kv.stride, rank, rope_dim, heads, slots, 0 if mask is None else mask.shape[1])
+        self._op("latent_attend", p=(q.ptr, kv.ptr, latent, k_rope, out.ptr, mask), n=n, f=(scale,))
+
+    @staticmethod
+    def _heads(buf: Buffer, heads: int, width: int, step: int) -> None:
+        """``heads`` runs of ``width`` columns, ``step`` apart, must lie within ``buf``."""
+        if heads < 1 or width < 1 or step < width or (heads - 1) * step + width > buf.width:
+            raise Unsupported(f"{heads} heads of {width} columns, {step} apart, in a buffer of width {buf.width}")
+
     @staticmethod
     def _whole(*buffers: Buffer, same_width: bool = False) -> None:
         if not all(b.whole for b in buffers):

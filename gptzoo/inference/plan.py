@@ -172,3 +172,25 @@ class DecodePlan(Protocol):
         operation: a plan that cannot split refuses it here, a split one refuses each :meth:`attend`
         (every attention then runs its eager forward, whose context holds the bias)."""
         ...
+
+    def slice_heads(
+        self, src: Buffer, dst: Buffer, heads: int, width: int, *, src_step: int, dst_step: int, deinterleave: bool
+    ) -> None:
+        """For each head h, dst's ``width`` columns from h * dst_step = src's from h * src_step (src and
+        dst may be the same columns); ``deinterleave``: rotary features stored as pairs (x0, x1), (x2,
+        x3), ... (DeepSeek's) into the rotate-half order (x0, x2, ..., x1, x3, ...). A copy, rounding nothing."""
+
+    def heads_linear(self, weight: Tensor, src: Buffer, dst: Buffer, *, src_step: int, dst_step: int) -> None:
+        """A product of its own weight per head: for each h of weight (heads, out, in), dst's ``out``
+        columns from h * dst_step = weight[h] @ src's ``in`` columns from h * src_step, rounded once.
+        ``weight``'s rows are contiguous; its heads may lie apart in a larger tensor (a view)."""
+
+    def latent_attend(
+        self, q: Buffer, kv: Buffer, latent: Tensor, k_rope: Tensor, out: Buffer, *, heads: int, scale: float
+    ) -> None:
+        """Multi-head latent attention's absorbed step (gptzoo_plugins._mla): write this token's latent
+        and rotated key (``kv``: c then r columns) into the cache (``latent`` (B, slots, c), ``k_rope``
+        (B, 1, slots, r)) at the step's position; then for each head of ``q`` (its r rotated rotary
+        features, then its c latent query W_k^T q_nope) out's c columns = softmax((q_latent . latent_j +
+        q_rope . k_rope_j) * scale) weighted sum of the latents, over the keys that are real tokens;
+        rounded where LatentAttention.absorbed rounds (softmax in float32)."""

@@ -33,6 +33,9 @@ OPS = _codes(
     "sigmoid_scale",
     "route",
     "mixture",
+    "slice_heads",
+    "heads_linear",
+    "latent_attend",
 )
 """Operation name -> step.c's code."""
 RMS_MODES = _codes("plain", "scale_in_float32", "offset")

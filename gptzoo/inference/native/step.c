@@ -398,6 +398,174 @@ static int mixture(const op_t *o, long B, long pos, const int64_t *tokens, int t
     return 0;
 }
 
+/* Per head: dst's n1 columns from h * n5 = src's n1 columns from h * n3, for n0 heads; n2/n4 the
+ * src/dst row strides; p0 src, p1 dst (they may be the same columns). Mode 1 de-interleaves: the pairs
+ * (x0, x1), (x2, x3), ... become (x0, x2, ..., x1, x3, ...), the rotate-half order of rotary features
+ * stored interleaved (DeepSeek's). A copy: nothing is rounded. */
+static void slice_heads(const op_t *o, long B) {
+    long width = o->n[1], half = width / 2;
+    float xs[width > 0 ? width : 1];
+    for (long r = 0; r < B; r++)
+        for (long h = 0; h < o->n[0]; h++) {
+            long at = r * o->n[2] + h * o->n[3], to = r * o->n[4] + h * o->n[5];
+            for (long i = 0; i < width; i++) xs[i] = load_act(o->kind, o->p[0], at + i);
+            for (long i = 0; i < width; i++)
+                store_act(o->kind, o->p[1], to + i, o->mode == 1 ? xs[i < half ? 2 * i : 2 * (i - half) + 1] : xs[i]);
+        }
+}
+
+/* Per head, a product of its own weight: for each of n0 heads h, dst's n1 columns from h * n7 =
+ * W[h] (n1, n2; row-major, heads n3 elements apart, wkind) times src's n2 columns from h * n5; n4/n6
+ * the src/dst row strides; p0 W, p1 src, p2 dst. Each head is one gemv (threaded, rounded once), its
+ * rows of src gathered into a contiguous block first when B > 1. Returns 0 or ERR_MEMORY. */
+static int heads_linear(const op_t *o, long B, int threads) {
+    long heads = o->n[0], out = o->n[1], in = o->n[2];
+    size_t size = o->kind == BF16 ? 2 : 4, wsize = o->wkind == BF16 ? 2 : 4;
+    char *x = NULL, *y = NULL;
+    if (B > 1) {
+        x = malloc(size * (size_t)(B * in));
+        y = malloc(size * (size_t)(B * out));
+        if (x == NULL || y == NULL) {
+            free(x), free(y);
+            return ERR_MEMORY;
+        }
+    }
+    int code = 0;
+    for (long h = 0; h < heads && code == 0; h++) {
+        const char *W = (const char *)o->p[0] + (size_t)(h * o->n[3]) * wsize;
+        const char *src = (const char *)o->p[1] + (size_t)(h * o->n[5]) * size;
+        char *dst = (char *)o->p[2] + (size_t)(h * o->n[7]) * size;
+        if (B == 1) {
+            code = gemv(o->wkind, W, NULL, NULL, o->kind, src, o->kind, dst, 1, out, in, threads);
+            continue;
+        }
+        for (long r = 0; r < B; r++) memcpy(x + (size_t)(r * in) * size, src + (size_t)(r * o->n[4]) * size, in * size);
+        code = gemv(o->wkind, W, NULL, NULL, o->kind, x, o->kind, y, B, out, in, threads);
+        for (long r = 0; r < B; r++) memcpy(dst + (size_t)(r * o->n[6]) * size, y + (size_t)(r * out) * size, out * size);
+    }
+    free(x), free(y);
+    return code != 0 ? ERR_MEMORY : 0;
+}
+
+#if VW == 16
+static inline vf vset1(float x) { return _mm512_set1_ps(x); }
+static inline void vstore(float *p, vf v) { _mm512_storeu_ps(p, v); }
+#elif VW == 8
+static inline vf vset1(float x) { return _mm256_set1_ps(x); }
+static inline void vstore(float *p, vf v) { _mm256_storeu_ps(p, v); }
+#else
+static inline vf vset1(float x) { return x; }
+static inline void vstore(float *p, vf v) { *p = v; }
+#endif
+
+/* VW elements of an activation tensor of ``kind`` from element i, as float32. */
+static inline vf load_kind(int kind, const void *x, long i) {
+    return kind == BF16 ? load_bf16((const uint16_t *)x + i) : load_f32((const float *)x + i);
+}
+
+#define HEADS 4 /* heads per pass over a cached latent: independent accumulators */
+#define KEY_BLOCK 64 /* cached latents per pass of the weighted sum (in L1 for every head) */
+
+/* out[k] = dot(q + k * stride, x) over n features for k < nq <= HEADS (q float32, x of ``kind``). */
+static void head_dots(const float *q, long stride, int nq, const void *x, int kind, long n, float *out) {
+    vf acc[HEADS];
+    const float *qs[HEADS];
+    for (int k = 0; k < HEADS; k++) {
+        acc[k] = vzero();
+        qs[k] = q + (k < nq ? k : 0) * stride;
+    }
+    long i = 0;
+    for (; i + VW <= n; i += VW) {
+        vf xv = load_kind(kind, x, i);
+        for (int k = 0; k < HEADS; k++) acc[k] = vfma(load_f32(qs[k] + i), xv, acc[k]);
+    }
+    for (int k = 0; k < nq; k++) {
+        float s = vsum(acc[k]);
+        for (long t = i; t < n; t++) s += qs[k][t] * load_act(kind, x, t);
+        out[k] = s;
+    }
+}
+
+/* Multi-head latent attention's absorbed step (plugins/_mla.py, LatentAttention.absorbed), one query
+ * per head over the cached latents. p0 the queries (row 0; n0 its row stride): per head its n3 rotated
+ * rotary features, then its n2 latent query (W_k^T q_nope); p1 this token's normalized latent (n2) and
+ * rotated key (n3) (row 0, n1 its row stride), written into the cache first: p2 the latents (B, n5
+ * slots, n2), p3 the rotary keys (B, 1, n5, n3); p4 out (B, n4 heads x n2); p5 NULL, or which keys are
+ * real tokens (bool, B rows n6 apart); f0 the scale. Per head: scores q_lat . latent_j + q_rope .
+ * k_rope_j, times the scale, softmax in float32 over the real keys, out = the weighted sum of the
+ * latents; rounded where the eager step rounds in the activations' dtype (each product, their sum, the
+ * scaled scores, the probabilities, the weighted sum). Each cached latent is read once for the scores
+ * of HEADS heads, and the weighted sums go KEY_BLOCK latents at a time, HEADS heads at a time, so the
+ * latents are read from memory about once. Returns 0, ERR_CACHE or ERR_MEMORY. */
+static int latent_attend(const op_t *o, long B, long pos) {
+    long c = o->n[2], rd = o->n[3], nh = o->n[4], slots = o->n[5], n_keys = pos + 1, hw = rd + c;
+    if (n_keys > slots) return ERR_CACHE;
+    int kind = o->kind;
+    size_t size = kind == BF16 ? 2 : 4;
+    float *scores = malloc(sizeof(float) * (size_t)(nh * n_keys)), *acc = malloc(sizeof(float) * (size_t)(nh * c));
+    float *q = malloc(sizeof(float) * (size_t)(nh * hw));
+    if (scores == NULL || acc == NULL || q == NULL) {
+        free(scores), free(acc), free(q);
+        return ERR_MEMORY;
+    }
+    for (long r = 0; r < B; r++) {
+        char *L = (char *)o->p[2] + (size_t)(r * slots * c) * size, *K = (char *)o->p[3] + (size_t)(r * slots * rd) * size;
+        const char *kv = (const char *)o->p[1] + (size_t)(r * o->n[1]) * size;
+        memcpy(L + (size_t)(pos * c) * size, kv, c * size);
+        memcpy(K + (size_t)(pos * rd) * size, kv + c * size, rd * size);
+        for (long i = 0; i < nh * hw; i++) q[i] = load_act(kind, o->p[0], r * o->n[0] + i);
+        const uint8_t *real = o->p[5] != NULL ? (const uint8_t *)o->p[5] + r * o->n[6] : NULL;
+        for (long j = 0; j < n_keys; j++) {
+            const char *latent = L + (size_t)(j * c) * size, *key = K + (size_t)(j * rd) * size;
+            for (long h = 0; h < nh; h += HEADS) {
+                int nq = nh - h < HEADS ? (int)(nh - h) : HEADS;
+                float a[HEADS], b[HEADS];
+                if (real == NULL || real[j]) {
+                    head_dots(q + h * hw + rd, hw, nq, latent, kind, c, a);
+                    head_dots(q + h * hw, hw, nq, key, kind, rd, b);
+                }
+                for (int k = 0; k < nq; k++)
+                    scores[(h + k) * n_keys + j] = real != NULL && !real[j]
+                        ? -INFINITY
+                        : round_to(kind, round_to(kind, round_to(kind, a[k]) + round_to(kind, b[k])) * o->f[0]);
+            }
+        }
+        for (long h = 0; h < nh; h++) {
+            float *s = scores + h * n_keys, top = -INFINITY, total = 0.0f;
+            for (long j = 0; j < n_keys; j++) top = s[j] > top ? s[j] : top;
+            for (long j = 0; j < n_keys; j++) total += s[j] = expf(s[j] - top);
+            for (long j = 0; j < n_keys; j++) s[j] = round_to(kind, s[j] / total);
+        }
+        for (long i = 0; i < nh * c; i++) acc[i] = 0.0f;
+        long full = c - c % VW;
+        for (long j0 = 0; j0 < n_keys; j0 += KEY_BLOCK) {
+            long j1 = j0 + KEY_BLOCK < n_keys ? j0 + KEY_BLOCK : n_keys;
+            for (long i = 0; i < full; i += VW)
+                for (long h = 0; h < nh; h += HEADS) {
+                    int nq = nh - h < HEADS ? (int)(nh - h) : HEADS;
+                    const float *p[HEADS];
+                    vf sum[HEADS];
+                    for (int k = 0; k < HEADS; k++) {
+                        p[k] = scores + (h + (k < nq ? k : 0)) * n_keys;
+                        sum[k] = load_f32(acc + (h + (k < nq ? k : 0)) * c + i);
+                    }
+                    for (long j = j0; j < j1; j++) {
+                        vf x = load_kind(kind, L + (size_t)(j * c) * size, i);
+                        for (int k = 0; k < HEADS; k++) sum[k] = vfma(vset1(p[k][j]), x, sum[k]);
+                    }
+                    for (int k = 0; k < nq; k++) vstore(acc + (h + k) * c + i, sum[k]);
+                }
+            for (long h = 0; h < nh; h++)
+                for (long j = j0; j < j1; j++)
+                    for (long i = full; i < c; i++)
+                        acc[h * c + i] += scores[h * n_keys + j] * load_act(kind, L + (size_t)(j * c) * size, i);
+        }
+        for (long i = 0; i < nh * c; i++) store_act(kind, o->p[4], r * nh * c + i, acc[i]);
+    }
+    free(scores), free(acc), free(q);
+    return 0;
+}
+
 /* Runs ``n_ops`` operations for B rows at position ``pos`` with token ids ``tokens`` (B), the
  * products on ``threads`` threads. Returns 0, or a negative ERR_ code; *failed is the operation. */
 int decode_step(const op_t *ops, long n_ops, long B, long pos, const int64_t *tokens, int threads, long *failed) {
@@ -459,6 +627,15 @@ int decode_step(const op_t *ops, long n_ops, long B, long pos, const int64_t *to
             break;
         case OP_COPY: /* p1 (B, n0) = p0 (B, n0) */
             if (o->p[1] != o->p[0]) memmove(o->p[1], o->p[0], (size_t)(B * o->n[0]) * (o->kind == BF16 ? 2 : 4));
+            break;
+        case OP_SLICE_HEADS:
+            slice_heads(o, B);
+            break;
+        case OP_HEADS_LINEAR:
+            code = heads_linear(o, B, threads);
+            break;
+        case OP_LATENT_ATTEND:
+            code = latent_attend(o, B, pos);
             break;
         default:
             return ERR_UNKNOWN;
