@@ -123,6 +123,11 @@ SHAPES: dict[str, tuple[type, dict]] = {
 """Each family's shape: 12 layers of width 1024, 16 heads, a vocabulary of 32000, experts making 0.5-1 B in all."""
 
 
+ROUTER_STD = {"deepseek_v3": 2 / COMMON["hidden_size"] ** 0.5}
+"""Router weights' spread where 1 is too wide: sigmoid scores of logits of spread 32 saturate to 1.0, and
+experts tied at 1.0 are chosen by how each side breaks ties (torch.topk's order is unspecified)."""
+
+
 def checkpoint(family: str, root: Path) -> Path:
     """The family's random checkpoint (routers drawn wide, so that routing rests on margins), made once."""
     path = root / family
@@ -133,7 +138,7 @@ def checkpoint(family: str, root: Path) -> Path:
         with torch.no_grad():
             for key, p in model.named_parameters():
                 if key.endswith("gate.weight") or key.endswith("router.weight"):
-                    p.normal_()
+                    p.normal_(std=ROUTER_STD.get(family, 1.0))
         model.save_pretrained(path)
     return path
 

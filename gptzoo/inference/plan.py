@@ -149,7 +149,9 @@ class DecodePlan(Protocol):
         """Each row's top_k experts from a router's ``logits`` (one per expert) and their weights, in
         float32, by the rules of gptzoo_plugins._moe's Router (scoring softmax, sigmoid or topk_softmax;
         group-limited selection; ``score_bias`` (experts,) float32 for choosing only; ``normalize`` the
-        weights to sum 1; times ``routed_scale``)."""
+        weights to sum 1; times ``routed_scale``). Of experts with equal scores the lower index is
+        chosen first (torch.topk leaves ties unordered: the eager forward may choose the other, which only
+        a saturated or coarsely rounded router produces)."""
         ...
 
     def mixture(self, route: Route, experts: Sequence[nn.Module], src: Buffer, dst: Buffer) -> None:

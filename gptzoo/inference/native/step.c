@@ -282,7 +282,8 @@ static void sigmoid_scale(const op_t *o, long B) {
     }
 }
 
-/* The index of the largest of n values not yet taken (the first of equal ones, as torch.topk on a CPU). */
+/* The index of the largest of n values not yet taken, the first of equal ones (torch.topk leaves the
+ * order of ties unspecified: experts tied at the k-th place may be chosen otherwise than by the eager forward). */
 static long argmax_free(const float *x, const uint8_t *taken, long n) {
     long best = -1;
     for (long i = 0; i < n; i++)
