@@ -357,15 +357,19 @@ class NativePlan:
         top_k = route.experts.shape[1]
         inputs, outputs = self.buffer(src.width), self.buffer(dst.width)
         table = torch.zeros(len(experts), 2, dtype=torch.int64)
+        sub = NativePlan(self.batch, self.dtype, self.max_keys, self.key_mask, self.lowerings)  # every expert's
         for e, expert in enumerate(experts):
-            sub = NativePlan(self.batch, self.dtype, self.max_keys, self.key_mask, self.lowerings)
+            first = len(sub.ops)
             sub.lowerings.lower(sub, expert, inputs, outputs)
-            if sub.before_step or not sub.ops:
+            if sub.before_step:
                 raise Unsupported(f"expert {e} ({type(expert).__name__}) has operations that depend on the position")
-            ops = (abi.Op * len(sub.ops))(*sub.ops)
-            self.keep.extend(sub.keep)
-            self.subplans.extend((*sub.subplans, ops))
-            table[e] = torch.tensor([ctypes.addressof(ops), len(sub.ops)])
+            if len(sub.ops) == first:
+                raise Unsupported(f"expert {e} ({type(expert).__name__}) lowers to no operation")
+            ops = (abi.Op * (len(sub.ops) - first))(*sub.ops[first:])
+            self.subplans.append(ops)
+            table[e] = torch.tensor([ctypes.addressof(ops), len(ops)])
+        self.keep.extend(sub.keep)
+        self.subplans.extend(sub.subplans)
         sums = torch.zeros(self.batch, dst.width)
         p = (src.ptr, dst.ptr, route.experts, route.weights, table, inputs.ptr, outputs.ptr, sums)
         self._op("mixture", p=p, n=(dst.width, top_k, len(experts)))
