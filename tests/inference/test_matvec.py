@@ -48,11 +48,17 @@ def test_bfloat16_products_are_float32_sums_rounded_once(out_features: int, in_f
     assert ((got.float() - exact).abs() <= step + 1e-6 * in_features).all()
 
 
-def test_threads_do_not_change_a_single_bit(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("out_features", "rows"), [(1000, 4), (200, 1), (37, 3)])
+def test_threads_do_not_change_a_single_bit(
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, out_features: int, rows: int
+) -> None:
+    """The rows of W per chunk follow the thread count (a few hundred rows still split evenly); the
+    numbers do not."""
     g = torch.Generator().manual_seed(0)
-    w, x = torch.randn(1000, 300, generator=g), torch.randn(4, 300, generator=g)
+    w, x = torch.randn(out_features, 300, generator=g).to(dtype), torch.randn(rows, 300, generator=g).to(dtype)
     results = []
-    for threads in (1, 2, 3):
+    for threads in (1, 2, 3, 5):
         monkeypatch.setattr(matvec, "_tuner", ThreadTuner(threads))  # current: threads
         with torch.no_grad():
             results.append(native_linear(x, w, None, None))

@@ -68,7 +68,8 @@ static inline void prefetch_ahead(const void *p, long row_bytes) {
         }                                                                                         \
     }
 
-#define CHUNK 64 /* rows of W per unit of work */
+#define CHUNK 64 /* the most rows of W per unit of work */
+#define CHUNKS_PER_THREAD 8 /* units of work per thread, at least, where CHUNK-row ones would be fewer */
 #define XROWS 4       /* rows of x per pass over rows of W */
 #define BATCH_ROWS 32 /* rows of x per pass over a chunk of W */
 
@@ -163,7 +164,7 @@ typedef struct {
     const int16_t *xq; /* int8 weights: x in int16 per block, or NULL */
     const float *xs;   /* and the blocks' scales */
     void *y;
-    long M, out, in, chunks;
+    long M, out, in, rows, chunks; /* rows of W per chunk, and how many chunks */
 } job_t;
 
 /* the products of a chunk of W with x rows m .. m + nx - 1 (nx <= BATCH_ROWS), into dots */
@@ -189,7 +190,7 @@ static void float_dots(const job_t *j, long m, long nx, float *dots, long o0, lo
 }
 
 static void run_chunk(const job_t *j, long c) {
-    long o0 = c * CHUNK, o1 = o0 + CHUNK < j->out ? o0 + CHUNK : j->out;
+    long o0 = c * j->rows, o1 = o0 + j->rows < j->out ? o0 + j->rows : j->out;
     float dots[BATCH_ROWS * CHUNK];
     for (long m = 0; m < j->M;) {
         long nx = 1;
@@ -324,7 +325,12 @@ int gemv(int wkind, const void *W, const float *scale, const void *bias, int xki
         quantize_q16(xf, M * in, xq, xs);
 #endif
     }
-    job_t j = {wkind, xkind, ykind, W, bias, x, scale, xf, xq, xs, y, M, out, in, (out + CHUNK - 1) / CHUNK};
+    /* chunks of ROWS to CHUNK rows, CHUNKS_PER_THREAD a thread where W has the rows: a product of a few
+     * hundred rows in 64-row chunks would leave one thread with a chunk more than the other */
+    long units = (threads > 1 ? threads : 1) * (long)CHUNKS_PER_THREAD;
+    long rows = (out + units - 1) / units;
+    rows = rows < ROWS ? ROWS : rows > CHUNK ? CHUNK : (rows + ROWS - 1) / ROWS * ROWS;
+    job_t j = {wkind, xkind, ykind, W, bias, x, scale, xf, xq, xs, y, M, out, in, rows, (out + rows - 1) / rows};
     int want = threads - 1 < j.chunks - 1 ? threads - 1 : (int)(j.chunks - 1);
     if (want <= 0 || pthread_mutex_trylock(&call_lock) != 0) { /* alone, or another thread's job runs */
         for (long c = 0; c < j.chunks; c++) run_chunk(&j, c);
