@@ -167,3 +167,25 @@ def test_no_number_of_the_sweep_table_is_split_across_lines(width: int) -> None:
     lines = out.getvalue().splitlines()
     for number in ("1.23M", "7.4M", "12.3k", "2.346", "±.012", "12.34", "1234", "(3/3)", "0/3"):
         assert any(number in line for line in lines), (number, out.getvalue())
+
+
+def test_the_eval_table_names_one_text_in_its_title_and_several_in_a_column() -> None:
+    """One text (the usual case): its path in the title, not folded into a narrow column on every row
+    (the README's `eval runs/shakespeare --data data/shakespeare-bytes` showed `data/sh`, `akespea`, ...)."""
+    from gptzoo.evaluation.display import render_eval
+
+    def rendered(report: dict[str, Any]) -> list[str]:
+        out = io.StringIO()
+        render_eval(report, Console(file=out, width=80, color_system=None))
+        return out.getvalue().splitlines()
+
+    one = eval_report()
+    lines = rendered(one)
+    path = one["scores"][0]["text"]
+    assert path in "".join(lines[:3]).replace(" ", "") or path in " ".join(lines[:3])
+    assert headers("\n".join(lines))[0] == "length"
+    two = eval_report()
+    two["scores"][1] = {**two["scores"][1], "text": "notes.txt"}
+    lines = rendered(two)
+    assert headers("\n".join(lines))[0] == "text"
+    assert any("notes" in line for line in lines)

@@ -56,12 +56,15 @@ def _ci(ci: list[float] | None) -> str:
 
 def render_eval(report: dict[str, Any], out: Console) -> None:
     limit = f", positions up to {report['max_positions']}" if report["max_positions"] is not None else ""
+    texts = {s["text"] for s in report["scores"]}
+    one_text = len(texts) == 1  # said once in the title, not folded into a narrow column on every row
     table = Table(
         title=f"{_text(report['recipe'])} ({_text(report['weights'])}, {report['dtype']}): context "
-        f"{report['context_length']}{limit}",
+        f"{report['context_length']}{limit}" + (f"; text {_text(next(iter(texts)))}" if one_text else ""),
         title_justify="left",
     )
-    table.add_column("text", overflow="fold")
+    if not one_text:
+        table.add_column("text", overflow="fold")
     for name in ("length", "tokens", "loss", "95% CI", "perplexity", "bits/byte"):
         table.add_column(name, justify="right", overflow="fold")
     refused = []
@@ -71,7 +74,7 @@ def render_eval(report: dict[str, Any], out: Console) -> None:
             continue
         length = str(s["length"]) if s["longest"] == s["length"] else f"{s['length']} (text {s['longest']})"
         table.add_row(
-            _text(s["text"]),
+            *([] if one_text else [_text(s["text"])]),
             length,
             f"{s['tokens']:,}",
             f"{s['loss']:.4f}",

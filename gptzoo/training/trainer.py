@@ -314,9 +314,11 @@ def plan_of(trainer: Trainer) -> Plan:
     if trainer.step and logged:
         seconds, basis = left / logged[-1], f"at the {logged[-1]:,.0f} tokens/s it last logged"
     else:
-        rate = ASSUMED_MFU * trainer.peak.flops_per_s / trainer.flops_per_token
+        procs = trainer.procs.world_size  # each process reaches its own peak
+        rate = ASSUMED_MFU * trainer.peak.flops_per_s * procs / trainer.flops_per_token
         peak = trainer.peak.flops_per_s
         shown = f"{peak / 1e12:.3g} TFLOP/s" if peak >= 1e12 else f"{peak / 1e9:.3g} GFLOP/s"
+        shown += f" in each of {procs} processes" if procs > 1 else ""
         seconds, basis = left / rate, f"at {ASSUMED_MFU:.0%} of the peak {shown}"
     return Plan(trainer.out, trainer.step, spec.max_steps, per_step, seconds, basis)
 

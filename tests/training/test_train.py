@@ -450,3 +450,30 @@ def test_cli_train_says_where_how_long_and_how_many_steps_first(
         f"(at the {rate:,.0f} tokens/s it last logged)"
     )
     assert duration(30) == "30 s" and duration(9 * 60 + 17) == "9 min" and duration(3 * 3600) == "3.0 h"
+
+
+def test_the_start_line_of_several_processes_counts_each_ones_peak(tmp_path: Path) -> None:
+    """Under torchrun every process reaches its own peak: 2 processes take half the time of 1 (the README's
+    2-process run was estimated at 21 min and took 7 when the estimate counted one process's peak)."""
+    from types import SimpleNamespace
+
+    from gptzoo.training.trainer import Plan, plan_of
+
+    def plan(world_size: int) -> Plan:
+        trainer = SimpleNamespace(
+            spec=SimpleNamespace(max_steps=100),
+            global_batch=8,
+            seq_len=64,
+            step=0,
+            out=tmp_path,
+            peak=SimpleNamespace(flops_per_s=1e9),
+            flops_per_token=1e6,
+            procs=SimpleNamespace(world_size=world_size),
+        )
+        return plan_of(trainer)
+
+    one, two = plan(1), plan(2)
+    assert one.seconds == pytest.approx(100 * 8 * 64 * 1e6 / (0.3 * 1e9))
+    assert two.seconds == pytest.approx(one.seconds / 2)
+    assert one.basis == "at 30% of the peak 1 GFLOP/s"
+    assert two.basis == "at 30% of the peak 1 GFLOP/s in each of 2 processes"
