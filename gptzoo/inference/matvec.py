@@ -38,11 +38,17 @@ ACTIVATIONS = (torch.float32, torch.bfloat16)
 class ThreadTuner:
     """The kernels' thread count, chosen from step times: mostly the one measured faster, with a
     step of the other from the second step on and then every EXPLORE_EVERY steps, so that a
-    change in the machine's load is noticed. The thread count never changes the numbers."""
+    change in the machine's load is noticed. A trial that loses clearly (by LOSING_MARGIN) doubles
+    the wait before the next one, up to EXPLORE_MOST steps: on a quiet machine a trial of one
+    thread costs a step at half speed. A change of the faster count starts the waits over. The
+    thread count never changes the numbers."""
 
     EXPLORE_EVERY = 64
-    """Steps between two trials of the other thread count (a trial costs: it is usually slower)."""
-    TRIAL_STEPS = 1
+    """Steps between two trials of the other thread count at first, and after the faster one changed."""
+    EXPLORE_MOST = 512
+    """The longest wait between two trials."""
+    LOSING_MARGIN = 1.25
+    """A trial whose step took this many times the faster count's loses clearly."""
 
     def __init__(self, most: int) -> None:
         self.choices = [most, 1] if most > 1 else [1]
@@ -50,6 +56,8 @@ class ThreadTuner:
         """thread count -> its latest smoothed step time"""
         self.current = self.choices[0]
         self._steps = 0
+        self._wait = self.EXPLORE_EVERY
+        self._next_trial = 1  # the first trial right after step 1
 
     @property
     def best(self) -> int:
@@ -58,15 +66,24 @@ class ThreadTuner:
 
     def record(self, seconds: float) -> None:
         """Account one decoding step of ``seconds`` at :attr:`current` threads; choose the next."""
+        best_before = self.best
+        trial = self.current != best_before
         old = self.seconds.get(self.current)
         self.seconds[self.current] = seconds if old is None else 0.7 * old + 0.3 * seconds
         self._steps += 1
         if len(self.choices) == 1:
             return
         best = self.best
-        other = next(c for c in self.choices if c != best)
-        trial = 0 < self._steps % self.EXPLORE_EVERY <= self.TRIAL_STEPS  # the first trial right after step 1
-        self.current = other if trial else best
+        if best != best_before:
+            self._wait = self.EXPLORE_EVERY
+        elif trial and seconds > self.LOSING_MARGIN * self.seconds[best]:
+            self._wait = min(2 * self._wait, self.EXPLORE_MOST)
+        if trial or best != best_before:
+            self._next_trial = self._steps - 1 + self._wait  # the wait counts from this step
+        if self._steps == self._next_trial:
+            self.current = next(c for c in self.choices if c != best)
+        else:
+            self.current = best
 
 
 class _NativeLinear:

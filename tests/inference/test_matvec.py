@@ -140,6 +140,28 @@ def test_tuner_settles_on_the_faster_thread_count_and_keeps_checking() -> None:
     assert ThreadTuner(1).choices == [1]
 
 
+def test_tuner_tries_less_often_while_trials_lose_and_follows_a_change_at_once() -> None:
+    """On a quiet machine a trial of one thread costs a step at half speed: each losing trial doubles
+    the wait (64 steps at first, up to 512). When two threads slow down (another process took a core),
+    the tuner moves to one thread without waiting for a trial, and the waits start over."""
+    tuner = ThreadTuner(2)
+    cost = {2: 0.010, 1: 0.020}
+    trials = []
+    for step in range(1600):
+        if tuner.current == 1:
+            trials.append(step)
+        tuner.record(cost[tuner.current])
+    assert trials[0] == 1  # the first trial at once: both counts measured
+    assert [b - a for a, b in zip(trials, trials[1:], strict=False)] == [128, 256, 512, 512]
+    cost[2] = 0.060  # a competing process: two threads now wait for each other
+    chosen = []
+    for _ in range(200):
+        chosen.append(tuner.current)
+        tuner.record(cost[tuner.current])
+    assert chosen[:3] == [2, 2, 1] or chosen[:2] == [2, 1]  # moved once the smoothed time passed one thread's
+    assert chosen[3:].count(1) > 0.9 * len(chosen[3:]) and 2 in chosen[3:]  # still trying two threads
+
+
 def test_int8_rows_round_to_the_nearest_of_127_steps() -> None:
     g = torch.Generator().manual_seed(1)
     linear = nn.Linear(70, 130, bias=True)
