@@ -196,6 +196,7 @@ def measure(name: str, precision: str, args: argparse.Namespace, bandwidth: floa
     if gguf is not None and gguf.exists():
         llama = Llama(gguf, n_ctx=max(args.prefill, len(prompt) + n) + 8, repack=not args.no_repack)
         sides["llama.cpp"] = {"decode": lambda: llama.greedy(prompt, n), "prefill": lambda: llama.prefill(long_prompt)}
+    load_at_start = os.getloadavg()[0]
     tokens, times = {}, {side: {"decode": [], "prefill": []} for side in sides}
     with torch.no_grad():
         for side, run in sides.items():  # warm-up, and the tokens to compare
@@ -212,6 +213,8 @@ def measure(name: str, precision: str, args: argparse.Namespace, bandwidth: floa
         "weight_bytes_per_token": weight_bytes,
         "bandwidth_bound_tokens_per_s": bandwidth / weight_bytes,
         "decode_tokens_per_s": {s: n / statistics.median(t["decode"]) for s, t in times.items()},
+        "decode_tokens_per_s_by_round": {s: [n / seconds for seconds in t["decode"]] for s, t in times.items()},
+        "load_at_start_and_end": [load_at_start, os.getloadavg()[0]],
         "prefill_tokens_per_s": {s: len(long_prompt) / statistics.median(t["prefill"]) for s, t in times.items()},
         "same_tokens_as_gptzoo": {s: tokens[s] == tokens["gptzoo"] for s in sides if s != "gptzoo"},
         "gguf": gguf.name if llama is not None else None,
@@ -279,21 +282,29 @@ def main() -> None:
         f"{'with' if args.load else 'no'} competing load"
     )
     print(
-        "| model | precision | side | decode tokens/s | vs transformers | vs llama.cpp | % of bound | prefill tok/s |"
+        "| model | precision | side | decode tokens/s | vs transformers | vs llama.cpp | gptzoo / side by round "
+        "| % of bound | prefill tok/s | load |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         decode, prefill = r["decode_tokens_per_s"], r["prefill_tokens_per_s"]
+        rounds = r["decode_tokens_per_s_by_round"]
+        load = "{:.2f} / {:.2f}".format(*r["load_at_start_and_end"])
         for side, tps in decode.items():
             vs_hf = f"{tps / decode['transformers']:.2f}x" if "transformers" in decode else "-"
             vs_llama = f"{tps / decode['llama.cpp']:.2f}x" if "llama.cpp" in decode else "-"
+            by_round = (
+                "-"
+                if side == "gptzoo"
+                else ", ".join(f"{ours / it:.2f}x" for ours, it in zip(rounds["gptzoo"], rounds[side], strict=True))
+            )
             same = "" if side == "gptzoo" else ("" if r["same_tokens_as_gptzoo"][side] else " (other tokens)")
             print(
-                f"| {r['model']} | {r['precision']} | {side}{same} | {tps:.1f} | {vs_hf} | {vs_llama} | "
-                f"{100 * tps / r['bandwidth_bound_tokens_per_s']:.0f}% | {prefill[side]:.0f} |"
+                f"| {r['model']} | {r['precision']} | {side}{same} | {tps:.1f} | {vs_hf} | {vs_llama} | {by_round} | "
+                f"{100 * tps / r['bandwidth_bound_tokens_per_s']:.0f}% | {prefill[side]:.0f} | {load} |"
             )
         if "perplexity" in r:
-            print(f"| {r['model']} | {r['precision']} | perplexity | {r['perplexity']} | | | | |")
+            print(f"| {r['model']} | {r['precision']} | perplexity | {r['perplexity']} | | | | | | |")
 
 
 if __name__ == "__main__":
