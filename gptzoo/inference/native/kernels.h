@@ -44,6 +44,10 @@ static inline float round_to(int kind, float v) { return kind == BF16 ? bf16_to_
 typedef __m512 vf;
 static inline vf vzero(void) { return _mm512_setzero_ps(); }
 static inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+static inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
+static inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+static inline vf vset1(float x) { return _mm512_set1_ps(x); }
+static inline void vstore(float *p, vf v) { _mm512_storeu_ps(p, v); }
 static inline float vsum(vf v) { return _mm512_reduce_add_ps(v); }
 static inline vf load_f32(const float *p) { return _mm512_loadu_ps(p); }
 static inline vf load_bf16(const uint16_t *p) {
@@ -58,6 +62,10 @@ static inline vf load_i8(const int8_t *p) {
 typedef __m256 vf;
 static inline vf vzero(void) { return _mm256_setzero_ps(); }
 static inline vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+static inline vf vadd(vf a, vf b) { return _mm256_add_ps(a, b); }
+static inline vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+static inline vf vset1(float x) { return _mm256_set1_ps(x); }
+static inline void vstore(float *p, vf v) { _mm256_storeu_ps(p, v); }
 static inline float vsum(vf v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -79,6 +87,10 @@ static inline vf load_i8(const int8_t *p) {
 typedef float vf;
 static inline vf vzero(void) { return 0.0f; }
 static inline vf vfma(vf a, vf b, vf c) { return a * b + c; }
+static inline vf vadd(vf a, vf b) { return a + b; }
+static inline vf vmul(vf a, vf b) { return a * b; }
+static inline vf vset1(float x) { return x; }
+static inline void vstore(float *p, vf v) { *p = v; }
 static inline float vsum(vf v) { return v; }
 static inline vf load_f32(const float *p) { return *p; }
 static inline vf load_bf16(const uint16_t *p) { return bf16_to_f32(*p); }

@@ -145,6 +145,38 @@ static void rope(const op_t *o, long B) {
  * operations do one by one (scores, scaled, capped; probabilities before the product with V);
  * ATTEND_FUSED as scaled_dot_product_attention's CPU kernel: scores in float32, the unnormalized
  * weights rounded for the product with V, times the reciprocal of their float32 sum at the end. */
+#define SUM_VECTORS 4 /* vectors of the output kept in registers across the keys */
+
+/* acc[i] = sum over keys j < n (in order) of w[j] * V_j[i], i < hs, skipping w[j] == 0; V_j (``kind``) at
+ * V + ((head + (first + j) % slots) * hs) elements. Each term a product rounded, then a sum rounded, as
+ * a scalar loop would; SUM_VECTORS vectors of acc stay in registers over all the keys. */
+static void weighted_sum(float *acc, const float *w, const char *V, int kind, size_t head, long first, long n,
+                         long slots, long hs) {
+    int size = kind == BF16 ? 2 : 4;
+    long i0 = 0;
+#if VW > 1
+    for (; i0 + SUM_VECTORS * VW <= hs; i0 += SUM_VECTORS * VW) {
+        vf sum[SUM_VECTORS];
+        for (int k = 0; k < SUM_VECTORS; k++) sum[k] = vzero();
+        for (long j = 0; j < n; j++) {
+            if (w[j] == 0.0f) continue;
+            vf p = vset1(w[j]);
+            const char *v = V + ((head + (first + j) % slots) * hs + i0) * size;
+            for (int k = 0; k < SUM_VECTORS; k++)
+                sum[k] = vadd(sum[k], vmul(p, kind == BF16 ? load_bf16((const uint16_t *)v + k * VW)
+                                                          : load_f32((const float *)v + k * VW)));
+        }
+        for (int k = 0; k < SUM_VECTORS; k++) vstore(acc + i0 + k * VW, sum[k]);
+    }
+#endif
+    for (long i = i0; i < hs; i++) acc[i] = 0.0f;
+    for (long j = 0; j < n && i0 < hs; j++) {
+        if (w[j] == 0.0f) continue;
+        const char *v = V + (head + (first + j) % slots) * hs * size;
+        for (long i = i0; i < hs; i++) acc[i] += w[j] * load_act(kind, v, i);
+    }
+}
+
 static int attend(const op_t *o, long B, long pos) {
     long nh = o->n[4], nkv = o->n[5], hs = o->n[6], slots = o->n[7], window = o->n[8];
     long first = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
@@ -184,14 +216,10 @@ static int attend(const op_t *o, long B, long pos) {
             float total = 0.0f;
             for (long j = 0; j < n_keys; j++) total += scores[j] = expf(scores[j] - top);
             if (o->p[6] != NULL) total += expf(sink - top);
-            for (long i = 0; i < hs; i++) acc[i] = 0.0f;
-            for (long j = 0; j < n_keys; j++) {
-                /* explicit: the probability rounded; fused: the unnormalized weight rounded, the sum divided out last */
-                float p = round_to(o->kind, o->mode == ATTEND_FUSED ? scores[j] : scores[j] / total);
-                if (p == 0.0f) continue;
-                const char *v = V + (head + (first + j) % slots) * hs * size;
-                for (long i = 0; i < hs; i++) acc[i] += p * load_act(o->kind, v, i);
-            }
+            /* explicit: the probability rounded; fused: the unnormalized weight rounded, the sum divided out last */
+            for (long j = 0; j < n_keys; j++)
+                scores[j] = round_to(o->kind, o->mode == ATTEND_FUSED ? scores[j] : scores[j] / total);
+            weighted_sum(acc, scores, V, o->kind, head, first, n_keys, slots, hs);
             if (o->mode == ATTEND_FUSED) {
                 float reciprocal = 1.0f / total;
                 for (long i = 0; i < hs; i++) acc[i] *= reciprocal;
@@ -447,17 +475,6 @@ static int heads_linear(const op_t *o, long B, int threads) {
     free(x), free(y);
     return code != 0 ? ERR_MEMORY : 0;
 }
-
-#if VW == 16
-static inline vf vset1(float x) { return _mm512_set1_ps(x); }
-static inline void vstore(float *p, vf v) { _mm512_storeu_ps(p, v); }
-#elif VW == 8
-static inline vf vset1(float x) { return _mm256_set1_ps(x); }
-static inline void vstore(float *p, vf v) { _mm256_storeu_ps(p, v); }
-#else
-static inline vf vset1(float x) { return x; }
-static inline void vstore(float *p, vf v) { *p = v; }
-#endif
 
 /* VW elements of an activation tensor of ``kind`` from element i, as float32. */
 static inline vf load_kind(int kind, const void *x, long i) {
