@@ -423,14 +423,16 @@ def run_sweep(
         raise GptzooError("under torchrun each run already uses every process; leave out --jobs")
     started = time.time()
     try:
-        _agree(
+        distributed.agree(
             procs,
             lambda: _check_runs(spec, registry),
             lambda: _check_lengths(spec, registry),
             lambda: None if spec.data_path is None else _check_data(spec, Path(spec.data_path)),
         )
         with run_dir.locked(out) if procs.is_main else nullcontext():
-            _agree(procs, lambda: _check_out(out, spec, identity, resume))  # under the lock: no sweep races it
+            distributed.agree(
+                procs, lambda: _check_out(out, spec, identity, resume)
+            )  # under the lock: no sweep races it
             report = _run(spec, out, identity, jobs, registry, say, display, procs, started)
         distributed.stop(procs)
         return report
@@ -440,22 +442,6 @@ def run_sweep(
     except BaseException:
         distributed.stop(procs, wait=False)
         raise
-
-
-def _agree(procs: distributed.Processes, *checks: Callable[[], object]) -> None:
-    """Run the checks in the first process; every process raises the first one's error."""
-    problem = None
-    if procs.is_main:
-        try:
-            for check in checks:
-                check()
-        except GptzooError as exc:
-            problem = exc
-    shared = distributed.share(None if problem is None else str(problem), procs)
-    if problem is not None:
-        raise problem
-    if shared is not None:
-        raise GptzooError(str(shared))
 
 
 def _run(
@@ -482,7 +468,7 @@ def _run(
         if spec.data_path is None:
             _check_data(spec, prepared[0])
 
-    _agree(procs, setup)
+    distributed.agree(procs, setup)
     data = Path(str(distributed.share(str(prepared[0]) if prepared else None, procs)))
     every = tasks(spec, out, data, registry)
     missing = distributed.share([i for i, t in enumerate(every) if not t.result.is_file()], procs)

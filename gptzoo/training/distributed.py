@@ -10,11 +10,14 @@ block gathered only while it runs), as the recipe's ``train.parallel`` says.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from gptzoo.errors import GptzooError
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,23 @@ def share(value: object, procs: Processes) -> object:
     box = [value]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def agree(procs: Processes, *checks: Callable[[], object]) -> None:
+    """Run the checks in the first process, which owns the run directory; every process raises its error.
+    (Checking for themselves, the others would race its first writes there.)"""
+    problem = None
+    if procs.is_main:
+        try:
+            for check in checks:
+                check()
+        except GptzooError as exc:
+            problem = exc
+    shared = share(None if problem is None else str(problem), procs)
+    if problem is not None:
+        raise problem
+    if shared is not None:
+        raise GptzooError(str(shared))
 
 
 def replicate(model: nn.Module, procs: Processes, parallel: str) -> nn.Module:

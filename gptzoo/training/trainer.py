@@ -851,7 +851,7 @@ def train(
                     log(entry)
 
         with run_dir.locked(out) if procs.is_main else nullcontext():  # the run directory appears here
-            check_out(out, resume=resume)
+            distributed.agree(procs, lambda: check_out(out, resume=resume))  # the others would race its writes
             trainer = Trainer(recipe, tokens, out, procs, resume=resume, init=init, log=record, registry=registry)
             try:
                 if procs.is_main:
