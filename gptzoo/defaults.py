@@ -16,13 +16,14 @@ SEED_LIMIT = 2**64
 @dataclass(frozen=True)
 class Precision:
     """A precision a model runs in (``dtype=`` of gptzoo.load_model, ``--dtype``): the dtype of its
-    weights, activations and KV cache, and whether its Linear layers hold weight-only int8."""
+    weights, activations and KV cache, and whether its Linear layers hold quantized weights."""
 
     name: str
     dtype: str
     """The torch dtype, by name."""
-    int8: bool = False
-    """Every plain nn.Linear becomes an Int8Linear (gptzoo.inference.quantize); the rest stays in ``dtype``."""
+    quantized: bool = False
+    """Every plain nn.Linear becomes the module gptzoo.inference.quantize.QUANTIZED has for this precision's
+    name (int8: an Int8Linear, int4: an Int4Linear); the rest stays in ``dtype``."""
 
 
 PRECISIONS = {
@@ -30,11 +31,12 @@ PRECISIONS = {
     for p in (
         Precision("float32", "float32"),
         Precision("bfloat16", "bfloat16"),
-        Precision("int8", "float32", int8=True),
+        Precision("int8", "float32", quantized=True),
+        Precision("int4", "float32", quantized=True),
     )
 }
 """Every precision by name; ``generate --dtype`` and ``eval --dtype`` take each."""
-DTYPE_NAMES = tuple(name for name, p in PRECISIONS.items() if not p.int8)
+DTYPE_NAMES = tuple(name for name, p in PRECISIONS.items() if not p.quantized)
 """The precisions that are plain dtypes: what ``compare --dtype`` takes (transformers runs them too) and
 ``build`` sizes weights and KV cache in (gptzoo.model.summary.DTYPES)."""
 

@@ -88,7 +88,7 @@ On the built module, for every kind but samplers (optional):
 On the built module's class, for every kind but samplers (optional):
 
 - ``int8: bool | tuple[str, ...]`` (contract 4): which of the nn.Linear modules inside it ``--dtype
-  int8`` may quantize (gptzoo.inference.quantize): True, the default, every one; False none (they
+  int8`` (and ``--dtype int4``) may quantize (gptzoo.inference.quantize): True, the default, every one; False none (they
   stay in the model's dtype); a tuple of their paths inside the component (``("q", "kv_a")``) those
   only. An Int8Linear's ``weight`` reads as the dequantized float32 weight, so a component that reads
   its linears' weights keeps working; one that cannot run on an Int8Linear declares it here, else

@@ -25,7 +25,7 @@ from gptzoo.atomic import check_new_directory
 from gptzoo.defaults import precision
 from gptzoo.errors import CheckpointError, GptzooError, Interrupted, suggest
 from gptzoo.hf import check_recipe_matches, hf_recipe, load_hf, locate
-from gptzoo.inference.quantize import kept_float, quantize_int8
+from gptzoo.inference.quantize import kept_float, quantize, unfit
 from gptzoo.model.build import build_model
 from gptzoo.model.checkpoint import FILES as CHECKPOINT_FILES
 from gptzoo.model.checkpoint import load_checkpoint, save_checkpoint, tokenizer_files
@@ -121,8 +121,9 @@ def load_model(
         device: where the weights go; ``"meta"`` builds the structure only and reads no weights
             (not for a checkpoint, which is read whole).
         dtype: the precision of the returned model (gptzoo.defaults.PRECISIONS), by name or torch
-            dtype: ``"float32"``, ``"bfloat16"``, or ``"int8"`` (float32 with every Linear layer's
-            weights in int8, gptzoo.inference.quantize); default: float32 (or the checkpoint's own).
+            dtype: ``"float32"``, ``"bfloat16"``, ``"int8"`` or ``"int4"`` (float32 with every Linear
+            layer's weights in int8 or in 4-bit blocks, gptzoo.inference.quantize); default: float32 (or the
+            checkpoint's own).
         seed: makes random weights reproducible (the global RNG is left as it was).
         recipe_weights: read a recipe's own [weights] hf; False gives it freshly initialized weights.
 
@@ -145,8 +146,9 @@ def load_model(
     )
     if chosen is None:
         return loaded
-    if chosen.int8:
-        return replace(loaded, precision=chosen.name, warnings=(*loaded.warnings, *_quantized(loaded.model, registry)))
+    if chosen.quantized:
+        quantized = _quantized(loaded.model, chosen.name, registry)
+        return replace(loaded, precision=chosen.name, warnings=(*loaded.warnings, *quantized))
     return replace(loaded, precision=chosen.name)
 
 
@@ -156,12 +158,13 @@ INT8_REMEDY = (
 )
 
 
-def _quantized(model: GPT, registry: Registry | None) -> tuple[str, ...]:
-    """Quantize ``model`` to int8 and run one token through it (a component that cannot run on an
-    Int8Linear is refused here, naming it, not in the middle of a generation); what a person should
-    know: the linears its components keep in float."""
+def _quantized(model: GPT, precision: str, registry: Registry | None) -> tuple[str, ...]:
+    """Quantize ``model`` to ``precision`` and run one token through it (a component that cannot run on a
+    quantized linear is refused here, naming it, not in the middle of a generation); what a person should
+    know: the linears kept in float, as their components declare or for their shape."""
     kept = kept_float(model)
-    quantize_int8(model)
+    unfitting = [path for path in unfit(model, precision) if path not in kept]
+    quantize(model, precision)
     device = model.wte.weight.device
     if device.type != "meta":
         try:
@@ -170,17 +173,25 @@ def _quantized(model: GPT, registry: Registry | None) -> tuple[str, ...]:
         except GptzooError:
             raise
         except Exception as exc:
-            when = "under --dtype int8 (its nn.Linear modules quantized)"
+            when = f"under --dtype {precision} (its nn.Linear modules quantized)"
             failure = failure_of(exc, registry or default_registry(), while_=when, remedy=INT8_REMEDY)
             if failure is None:
                 raise
             raise failure from exc
-    if not kept:
-        return ()
-    return (
-        f"int8: {len(kept)} linear{'s' if len(kept) > 1 else ''} kept in float as their components declare: "
-        f"{', '.join(kept[:4])}{' and more' if len(kept) > 4 else ''}",
-    )
+    notes = []
+    if kept:
+        notes.append(f"{_count(kept)} kept in float as their components declare: {_some(kept)}")
+    if unfitting:
+        notes.append(f"{_count(unfitting)} kept in float, their inputs not whole blocks of 32: {_some(unfitting)}")
+    return tuple(f"{precision}: {note}" for note in notes)
+
+
+def _count(paths: list[str]) -> str:
+    return f"{len(paths)} linear{'s' if len(paths) > 1 else ''}"
+
+
+def _some(paths: list[str]) -> str:
+    return f"{', '.join(paths[:4])}{' and more' if len(paths) > 4 else ''}"
 
 
 def _load_model(

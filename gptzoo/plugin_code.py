@@ -308,7 +308,7 @@ def forward_problem(kind: str, module: nn.Module) -> str | None:
 
 def linear_paths(module: nn.Module) -> list[str]:
     """The paths of the plain nn.Linear modules inside ``module`` (``attn.c_attn``), in order: what
-    ``--dtype int8`` may quantize (gptzoo.inference.quantize)."""
+    ``--dtype int8`` and ``int4`` may quantize (gptzoo.inference.quantize)."""
     from torch import nn  # something was built: torch is loaded
 
     return [path for path, child in module.named_modules() if type(child) is nn.Linear]

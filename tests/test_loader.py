@@ -63,36 +63,38 @@ def test_load_model_needs_exactly_one_source(ck: Path) -> None:
     assert loaded.source == f"checkpoint {ck}" and loaded.recipe.generate.max_new_tokens == 3
 
 
-def test_load_model_in_int8_quantizes_every_linear_layer_as_the_command_line_does(
-    ck: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("precision", ["int8", "int4"])
+def test_load_model_quantized_replaces_every_linear_layer_as_the_command_line_does(
+    ck: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], precision: str
 ) -> None:
     from gptzoo.inference.generate import generate
-    from gptzoo.inference.quantize import Int8Linear, quantize_int8
+    from gptzoo.inference.quantize import QUANTIZED, quantize
 
+    module = QUANTIZED[precision]
     ids = torch.tensor([[15496, 11, 995]])
     composed = gptzoo.load_model(checkpoint=ck, dtype=torch.float32).model.eval()
-    quantize_int8(composed)  # what `generate --dtype int8` composed before the library could
+    quantize(composed, precision)  # what `generate --dtype int8` composed before the library could
     expected = composed(ids)
-    for loaded in (gptzoo.load_model(checkpoint=ck, dtype="int8"), gptzoo.load_any(ck, dtype="int8")):
-        linear = [type(m) for m in loaded.model.modules() if isinstance(m, (torch.nn.Linear, Int8Linear))]
-        assert linear == [Int8Linear] * 9 and loaded.precision == "int8"  # 4 per block and the head
-        assert loaded.model.wte.weight.dtype == torch.float32
+    for loaded in (gptzoo.load_model(checkpoint=ck, dtype=precision), gptzoo.load_any(ck, dtype=precision)):
+        linear = [type(m) for m in loaded.model.modules() if isinstance(m, (torch.nn.Linear, module))]
+        assert linear == [module] * 9 and loaded.precision == precision  # 4 per block and the head
+        assert loaded.model.wte.weight.dtype == torch.float32 and not loaded.warnings
         assert torch.equal(loaded.model.eval()(ids), expected)
     assert gptzoo.load_model(checkpoint=ck, dtype=torch.bfloat16).precision == "bfloat16"
     assert gptzoo.load_model(checkpoint=ck).precision is None  # the checkpoint's own dtype
     result = run_json(
-        capsys, "generate", str(ck), "--prompt", "Hello, world", "--max-new-tokens", "4", "--dtype", "int8"
+        capsys, "generate", str(ck), "--prompt", "Hello, world", "--max-new-tokens", "4", "--dtype", precision
     )
     assert result["tokens"][0] == generate(composed, [ids[0].tolist()], 4)[0]
     text = tmp_path / "text.txt"
     text.write_text("Hello, world! " * 20, encoding="utf-8")
-    report = run_json(capsys, "eval", str(ck), "--text", str(text), "--lengths", "16", "--dtype", "int8")
-    assert report["dtype"] == "int8" and report["model"] == str(ck)
+    report = run_json(capsys, "eval", str(ck), "--text", str(text), "--lengths", "16", "--dtype", precision)
+    assert report["dtype"] == precision and report["model"] == str(ck)
 
 
-@pytest.mark.parametrize("dtype", ["float64", torch.float16, "int4"])
+@pytest.mark.parametrize("dtype", ["float64", torch.float16, "int3"])
 def test_a_dtype_that_names_no_precision_lists_them(ck: Path, dtype: object) -> None:
-    message = f"dtype {dtype!r} is not a precision gptzoo runs models in; give float32, bfloat16 or int8"
+    message = f"dtype {dtype!r} is not a precision gptzoo runs models in; give float32, bfloat16, int8 or int4"
     for load in (gptzoo.load_model, gptzoo.load_any):
         with pytest.raises(GptzooError) as excinfo:
             load(checkpoint=ck, dtype=dtype) if load is gptzoo.load_model else load(ck, dtype=dtype)

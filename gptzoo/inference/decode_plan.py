@@ -33,7 +33,7 @@ from torch import Tensor, nn
 
 from gptzoo.errors import GptzooError
 from gptzoo.inference.lowerings import Lowerings, Unsupported, rotary_tables
-from gptzoo.inference.matvec import KINDS, MAX_ROWS, kernel_threads
+from gptzoo.inference.matvec import KINDS, MAX_ROWS, Q4_BLOCK, QUANTIZED, kernel_threads
 from gptzoo.inference.native import abi, library
 from gptzoo.inference.plan import Buffer, PositionStep, Route
 from gptzoo.interfaces import AttentionContext, Position, Positions
@@ -123,10 +123,13 @@ class NativePlan:
     def _weight(self, tensor: Tensor, what: str, dtypes: tuple[torch.dtype, ...] | None = None) -> int:
         """The kernels' code of a weight's dtype; it must be a contiguous CPU tensor of one of ``dtypes``
         (default: the activations')."""
-        dtypes = dtypes or (self.dtype,)
+        self._check(tensor, what, dtypes or (self.dtype,))
+        return KINDS[tensor.dtype]
+
+    @staticmethod
+    def _check(tensor: Tensor, what: str, dtypes: tuple[torch.dtype, ...]) -> None:
         if tensor.device.type != "cpu" or tensor.dtype not in dtypes or not tensor.is_contiguous():
             raise Unsupported(f"{what} is {tensor.dtype} on {tensor.device}, the plan needs {dtypes[0]} on the CPU")
-        return KINDS[tensor.dtype]
 
     @property
     def eager(self) -> list[EagerPart]:
@@ -202,15 +205,20 @@ class NativePlan:
 
     def linear(self, weight: Tensor, scale: Tensor | None, bias: Tensor | None, src: Buffer, dst: Buffer) -> None:
         """dst = src W^T (* scale) + bias: W (dst.width, src.width) in the activations' dtype, or int8
-        with a float32 scale per row."""
+        with a float32 scale per row, or 4-bit blocks (dst.width, src.width / 2) uint8 with a float16 scale
+        per block (gptzoo.inference.quantize.Int4Linear)."""
         self._whole(src, dst)
-        int8 = scale is not None
-        wkind = self._weight(weight, "a linear layer's weight", (torch.int8,) if int8 else None)
-        if int8:
-            self._weight(scale, "an int8 weight's scale", (torch.float32,))
+        if scale is None:
+            wkind, width = self._weight(weight, "a linear layer's weight"), src.width
+        else:
+            wkind = self._weight(weight, "a quantized weight", tuple(QUANTIZED))
+            self._check(scale, "a quantized weight's scale", (QUANTIZED[weight.dtype],))
+            width = src.width // 2 if weight.dtype == torch.uint8 else src.width
+            if weight.dtype == torch.uint8 and src.width % Q4_BLOCK:
+                raise Unsupported(f"4-bit blocks of {Q4_BLOCK} over an input of {src.width}")
         if bias is not None:
             self._weight(bias, "a linear layer's bias")
-        if tuple(weight.shape) != (dst.width, src.width):
+        if tuple(weight.shape) != (dst.width, width):
             raise Unsupported(f"a weight of shape {tuple(weight.shape)} between widths {src.width} and {dst.width}")
         self._op("linear", p=(weight, scale, bias, src.ptr, dst.ptr), n=(dst.width, src.width), wkind=wkind)
 

@@ -60,7 +60,7 @@ def lower_identity(plan: DecodePlan, identity: nn.Identity, src: Buffer, dst: Bu
     plan.copy(src, dst)
 
 
-def lower_int8_linear(plan: DecodePlan, linear: Any, src: Buffer, dst: Buffer) -> None:
+def lower_quantized_linear(plan: DecodePlan, linear: Any, src: Buffer, dst: Buffer) -> None:
     plan.linear(linear.qweight, linear.scale, linear.bias, src, dst)
 
 
@@ -376,7 +376,8 @@ class Lowering:
 BUILTIN: dict[str, Lowering] = {
     class_key(nn.Linear): Lowering(lower_linear),
     class_key(nn.Identity): Lowering(lower_identity),
-    "gptzoo.inference.quantize:Int8Linear": Lowering(lower_int8_linear),
+    "gptzoo.inference.quantize:Int8Linear": Lowering(lower_quantized_linear),
+    "gptzoo.inference.quantize:Int4Linear": Lowering(lower_quantized_linear),
     "gptzoo_plugins._norms:LayerNorm": Lowering(lower_layernorm),
     "gptzoo_plugins._norms:RMSNorm": Lowering(lower_rmsnorm),
     "gptzoo_plugins._norms:GemmaRMSNorm": Lowering(lower_gemma_rmsnorm),

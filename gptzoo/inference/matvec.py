@@ -30,8 +30,17 @@ from gptzoo.inference.native.abi import DTYPES
 MAX_ROWS = 32
 """The most rows the kernels take; longer inputs (a prefill) go to torch's matrix-matrix kernels."""
 
-KINDS = {torch.float32: DTYPES["f32"], torch.bfloat16: DTYPES["bf16"], torch.int8: DTYPES["i8"]}
-"""Tensor dtype -> the kernels' code for it (gptzoo.inference.native.abi)."""
+KINDS = {
+    torch.float32: DTYPES["f32"],
+    torch.bfloat16: DTYPES["bf16"],
+    torch.int8: DTYPES["i8"],
+    torch.uint8: DTYPES["q4"],
+}
+"""Tensor dtype -> the kernels' code for it (gptzoo.inference.native.abi): uint8 weights hold 4-bit blocks."""
+QUANTIZED = {torch.int8: torch.float32, torch.uint8: torch.float16}
+"""A quantized weight's dtype -> its scales' (int8: one per row; 4-bit blocks: one per block)."""
+Q4_BLOCK = 32
+"""Weights per 4-bit block (gptzoo.inference.quantize.Int4Linear)."""
 ACTIVATIONS = (torch.float32, torch.bfloat16)
 
 
@@ -118,7 +127,8 @@ def native_linear(x: Tensor, weight: Tensor, bias: Tensor | None, scale: Tensor 
     """x W^T (* scale) + b through the kernels, or None where they do not apply: no kernels, a
     tensor off the CPU, more than MAX_ROWS rows, gradients or autocast wanted, dtypes they lack
     (they take contiguous weights of the input's dtype, or int8 ones with a float32 ``scale`` per
-    output, and a bias of the input's dtype)."""
+    output, or 4-bit blocks packed two to a uint8 with a float16 ``scale`` per block, and a bias of
+    the input's dtype)."""
     lib = library()  # built once, then cached
     if lib is None or x.dtype not in ACTIVATIONS or x.device.type != "cpu":
         return None
@@ -126,7 +136,12 @@ def native_linear(x: Tensor, weight: Tensor, bias: Tensor | None, scale: Tensor 
     rows = x.numel() // in_features if in_features else 0
     if not 0 < rows <= MAX_ROWS or torch.is_grad_enabled() or torch.is_autocast_enabled("cpu"):
         return None
-    if weight.dtype != (torch.int8 if scale is not None else x.dtype) or not weight.is_contiguous():
+    if scale is None:
+        if weight.dtype != x.dtype or not weight.is_contiguous():
+            return None
+    elif QUANTIZED.get(weight.dtype) != scale.dtype or not (weight.is_contiguous() and scale.is_contiguous()):
+        return None
+    if weight.dtype == torch.uint8 and (in_features != 2 * weight.shape[1] or in_features % Q4_BLOCK):
         return None
     if bias is not None and (bias.dtype != x.dtype or not bias.is_contiguous()):
         return None

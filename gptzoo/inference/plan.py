@@ -67,7 +67,8 @@ class DecodePlan(Protocol):
     operations over (batch, width) activation buffers (gptzoo.inference.decode_plan builds one per
     generation, native/step.c runs it; docs/plugins.md, "Fast CPU decoding"). Each operation rounds
     where the eager forward rounds in the activations' dtype; weights must be contiguous CPU tensors
-    of that dtype (int8 with a float32 scale per row for ``linear``)."""
+    of that dtype (for ``linear`` also int8 with a float32 scale per row, or 4-bit blocks with a float16
+    scale per block: gptzoo.inference.quantize)."""
 
     batch: int
     dtype: torch.dtype

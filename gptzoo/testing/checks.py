@@ -23,7 +23,7 @@ from gptzoo.compat import takes_no_arguments
 from gptzoo.errors import GptzooError, describe_exception, exception_text
 from gptzoo.hf import FAMILIES
 from gptzoo.hf.tensor_map import TensorMap
-from gptzoo.inference.quantize import Int8Linear, quantize_int8
+from gptzoo.inference.quantize import Int8Linear, quantize
 from gptzoo.inference.sampling import SamplerChain, pick_problem
 from gptzoo.interfaces import Positions
 from gptzoo.registry import Entry, Registry, show_plain
@@ -310,7 +310,7 @@ def check_int8(subject: Subject) -> str:
     with torch.no_grad():
         expected = forward(subject, model, module, x).float()
     q_model, q_module, target = in_copy(subject)
-    quantize_int8(target)
+    quantize(target, "int8")
     quantized = sum(type(m) is Int8Linear for m in q_module.modules())
     try:
         with torch.no_grad():

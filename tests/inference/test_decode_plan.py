@@ -14,6 +14,7 @@ import pytest
 import torch
 from fakedist import RING_WINDOW, UNITNORM_CLASS, UNITNORM_DECODE_OPS, FakeSite, unitnorm
 from tiny import tiny_model
+from torch import nn
 
 import gptzoo
 import gptzoo_plugins
@@ -24,7 +25,7 @@ from gptzoo.inference import matvec
 from gptzoo.inference.decode_plan import compile_step
 from gptzoo.inference.generate import SPLIT, DecodePath, EagerComponent, generate, plan_generation
 from gptzoo.inference.native import library
-from gptzoo.inference.quantize import quantize_int8
+from gptzoo.inference.quantize import quantize
 from gptzoo.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.skipif(library() is None, reason="no C compiler for the native kernels")
@@ -131,11 +132,12 @@ def test_left_padded_rows_decode_as_the_eager_forward(name: str, dtype: str) -> 
     assert torch.equal(planned.argmax(-1), eager.argmax(-1))
 
 
-def test_int8_weights() -> None:
-    model = tiny_model(*MODELS["llama"])
-    quantize_int8(model)
+@pytest.mark.parametrize("precision", ["int8", "int4"])
+def test_quantized_weights(precision: str) -> None:
+    model = tiny_model(*MODELS["llama"], "model.d_ff=192")  # every linear's input in whole blocks of 32
+    assert quantize(model, precision) == 9 and not any(type(m) is nn.Linear for m in model.modules())
     eager, planned = decode_both(model, prompts(model), steps=8)
-    # the products read x in int16 blocks: a last-bit change upstream can move an input by one step
+    # int8's products read x in int16 blocks: a last-bit change upstream can move an input by one step
     assert (planned - eager).abs().max().item() <= 1e-4 * eager.abs().max().item()
     assert torch.equal(planned.argmax(-1), eager.argmax(-1))
 

@@ -15,7 +15,7 @@ import gptzoo
 from gptzoo.inference import matvec
 from gptzoo.inference.decode_plan import compile_step
 from gptzoo.inference.native import library
-from gptzoo.inference.quantize import quantize_int8
+from gptzoo.inference.quantize import quantize
 from gptzoo_plugins._mla import LatentAttention
 
 pytestmark = pytest.mark.skipif(library() is None, reason="no C compiler for the native kernels")
@@ -158,7 +158,7 @@ def test_a_position_bias_is_refused_by_a_strict_plan_and_runs_the_attention_eage
 def test_int8_weights_decode_through_the_lowering() -> None:
     """kv_b quantized too: both sides absorb its dequantized weight, the other products read int8."""
     model = deepseek("v3")
-    quantize_int8(model)
+    quantize(model, "int8")
     eager, planned = decode_both(model, prompts(model), steps=8)
     assert (planned - eager).abs().max().item() <= 1e-4 * eager.abs().max().item()
     assert torch.equal(planned.argmax(-1), eager.argmax(-1))

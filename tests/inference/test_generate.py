@@ -15,7 +15,7 @@ import gptzoo
 from gptzoo.cli import main
 from gptzoo.hf import load_hf
 from gptzoo.inference.generate import IncrementalDecoder, generate, generate_text
-from gptzoo.inference.quantize import quantize_int8
+from gptzoo.inference.quantize import quantize
 from gptzoo.inference.sampling import SamplerChain, chain_spec
 from gptzoo.tokenizer import load_tokenizer
 
@@ -180,7 +180,7 @@ def test_cli_generate_int8_runs_the_quantized_model(tmp_path: Path, capsys: pyte
     argv = ["generate", "--checkpoint", str(tmp_path / "ck"), "--prompt", "Hi there", "--max-new-tokens", "8"]
     assert main([*argv, "--dtype", "int8", "--json"]) == 0
     got = json.loads(capsys.readouterr().out)["tokens"][0]
-    quantize_int8(model)
+    quantize(model, "int8")
     tokenizer = load_tokenizer("bytes")
     expected = generate(model, [tokenizer.encode("Hi there")], 8, vocab_size=tokenizer.vocab_size)[0]
     assert got == expected and len(got) == 8

@@ -13,7 +13,7 @@ from gptzoo.inference import matvec
 from gptzoo.inference.generate import generate
 from gptzoo.inference.matvec import MAX_ROWS, ThreadTuner, native_decoding, native_linear
 from gptzoo.inference.native import library, unavailable_reason
-from gptzoo.inference.quantize import Int8Linear, quantize_int8
+from gptzoo.inference.quantize import Int8Linear, quantize
 
 pytestmark = pytest.mark.skipif(library() is None, reason=f"native kernels unavailable: {unavailable_reason()}")
 
@@ -185,7 +185,7 @@ def test_int8_rows_round_to_the_nearest_of_127_steps() -> None:
 def test_int8_model_generates_what_its_dequantized_twin_does() -> None:
     model = tiny_model("llama-tiny")
     quantized = tiny_model("llama-tiny")
-    assert quantize_int8(quantized) == sum(type(m) is nn.Linear for m in model.modules())
+    assert quantize(quantized, "int8") == sum(type(m) is nn.Linear for m in model.modules())
     with torch.no_grad():
         for m, q in zip(model.modules(), quantized.modules(), strict=True):
             if isinstance(q, Int8Linear):  # the float model gets exactly the int8 weights

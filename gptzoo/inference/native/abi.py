@@ -16,8 +16,8 @@ def _codes(*names: str) -> dict[str, int]:
     return {name: code for code, name in enumerate(names)}
 
 
-DTYPES = _codes("f32", "bf16", "i8")
-"""The kernels' dtypes: float32, bfloat16 (activations and weights), int8 (weights)."""
+DTYPES = _codes("f32", "bf16", "i8", "q4")
+"""The kernels' dtypes: float32, bfloat16 (activations and weights), int8 and 4-bit blocks (weights)."""
 OPS = _codes(
     "embed",
     "rmsnorm",

@@ -1,6 +1,7 @@
 /* Matrix-vector products for CPU decoding: y[m, o] = scale[o] * dot(W[o, :], x[m, :]) + bias[o].
  *
- * W is (out, in), row-major, float32, bfloat16 or int8 (int8 with a float32 scale per row); x is
+ * W is (out, in), row-major, float32, bfloat16 or int8 (int8 with a float32 scale per row), or in 4-bit
+ * blocks (Q4, below); x is
  * (M, in) float32 or bfloat16; y is (M, out) float32 or bfloat16 (rounded to nearest even once, after
  * the bias is added in float32). Each output is one dot product summed by one thread in a fixed
  * order, so the result does not depend on the number of threads. Rows are handed out to threads in
@@ -79,6 +80,43 @@ DEFINE_DOTS(dots_i8, int8_t, load_i8, scalar_i8, 1)
 DEFINE_DOTS(dots_f32_rows, float, load_f32, scalar_f32, XROWS)
 DEFINE_DOTS(dots_bf16_rows, uint16_t, load_bf16, scalar_bf16, XROWS)
 DEFINE_DOTS(dots_i8_rows, int8_t, load_i8, scalar_i8, XROWS)
+
+#define QK 32 /* weights per 4-bit block */
+/* Q4, llama.cpp's Q4_0 layout: a row of W is in / QK blocks of QK / 2 bytes, byte j of a block holding
+ * the codes q (0..15) of its weights j (low 4 bits) and j + QK / 2 (high); weight = (q - 8) * d, d the
+ * block's float16 scale (S, in / QK a row). dots[m * CHUNK + o - o0] = dot(W[o, :], x[m, :]) for
+ * m < nx: each block's products summed, then times d, then added, in the same order whatever nx. */
+static void dots_q4(const uint8_t *W, const uint16_t *S, const float *x, long nx, float *dots, long o0, long o1,
+                    long in) {
+    long blocks = in / QK, row_bytes = in / 2;
+    for (long m = 0; m < nx; m++, x += in)
+        for (long o = o0; o < o1; o += ROWS) {
+            int r = o1 - o < ROWS ? (int)(o1 - o) : ROWS;
+            const uint8_t *w[ROWS];
+            const uint16_t *s[ROWS];
+            vf acc[ROWS];
+            for (int k = 0; k < ROWS; k++) {
+                long row = o + (k < r ? k : 0);
+                w[k] = W + row * row_bytes, s[k] = S + row * blocks;
+                acc[k] = vzero();
+            }
+            for (long b = 0; b < blocks; b++) {
+                const float *xb = x + b * QK;
+                for (int k = 0; k < ROWS; k++) {
+                    const uint8_t *q = w[k] + b * (QK / 2);
+                    if (b % 4 == 0) prefetch_ahead(q, row_bytes);
+                    vf part = vzero(), lo, hi;
+                    for (int h = 0; h < QK / 2; h += VW) {
+                        load_q4(q + h, &lo, &hi);
+                        part = vfma(lo, load_f32(xb + h), part);
+                        part = vfma(hi, load_f32(xb + QK / 2 + h), part);
+                    }
+                    acc[k] = vfma(vset1(f16_to_f32(s[k][b])), part, acc[k]);
+                }
+            }
+            for (int k = 0; k < r; k++) dots[m * CHUNK + o - o0 + k] = vsum(acc[k]);
+        }
+}
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
 /* bfloat16 weights and inputs: vdpbf16ps multiplies pairs exactly and sums them in float32 */
@@ -160,7 +198,8 @@ static void quantize_q16(const float *x, long n, int16_t *xq, float *xs) {
 typedef struct {
     int wkind, xkind, ykind;
     const void *W, *bias, *x;
-    const float *scale, *xf;
+    const float *scale, *xf; /* scale: int8 weights' per row, or NULL */
+    const uint16_t *qscale;  /* Q4 weights: their blocks' scales */
     const int16_t *xq; /* int8 weights: x in int16 per block, or NULL */
     const float *xs;   /* and the blocks' scales */
     void *y;
@@ -170,6 +209,10 @@ typedef struct {
 /* the products of a chunk of W with x rows m .. m + nx - 1 (nx <= BATCH_ROWS), into dots */
 static void float_dots(const job_t *j, long m, long nx, float *dots, long o0, long o1) {
     const float *x = j->xf + m * j->in;
+    if (j->wkind == Q4) {
+        dots_q4((const uint8_t *)j->W, j->qscale, x, nx, dots, o0, o1, j->in);
+        return;
+    }
     if (nx == 1) {
         if (j->wkind == F32) dots_f32((const float *)j->W, x, 1, dots, o0, o1, j->in);
         else if (j->wkind == BF16) dots_bf16((const uint16_t *)j->W, x, 1, dots, o0, o1, j->in);
@@ -303,8 +346,9 @@ static void start_workers(int n) {
     }
 }
 
-/* Returns 0, or -1 when memory for the float32 copy of x cannot be allocated. */
-int gemv(int wkind, const void *W, const float *scale, const void *bias, int xkind, const void *x, int ykind,
+/* scale: int8 weights' float32 per row, Q4 weights' float16 per block (in must be a multiple of QK), else
+ * NULL. Returns 0, or -1 when memory for the float32 copy of x cannot be allocated. */
+int gemv(int wkind, const void *W, const void *scale, const void *bias, int xkind, const void *x, int ykind,
          void *y, long M, long out, long in, int threads) {
     float *xf = NULL; /* x in float32, which every product but bfloat16 pairs reads */
     if (!(HAVE_PAIRS && wkind == BF16 && xkind == BF16)) {
@@ -330,7 +374,9 @@ int gemv(int wkind, const void *W, const float *scale, const void *bias, int xki
     long units = (threads > 1 ? threads : 1) * (long)CHUNKS_PER_THREAD;
     long rows = (out + units - 1) / units;
     rows = rows < ROWS ? ROWS : rows > CHUNK ? CHUNK : (rows + ROWS - 1) / ROWS * ROWS;
-    job_t j = {wkind, xkind, ykind, W, bias, x, scale, xf, xq, xs, y, M, out, in, rows, (out + rows - 1) / rows};
+    const float *row_scale = wkind == I8 ? scale : NULL;
+    const uint16_t *qscale = wkind == Q4 ? scale : NULL;
+    job_t j = {wkind, xkind, ykind, W, bias, x, row_scale, xf, qscale, xq, xs, y, M, out, in, rows, (out + rows - 1) / rows};
     int want = threads - 1 < j.chunks - 1 ? threads - 1 : (int)(j.chunks - 1);
     if (want <= 0 || pthread_mutex_trylock(&call_lock) != 0) { /* alone, or another thread's job runs */
         for (long c = 0; c < j.chunks; c++) run_chunk(&j, c);

@@ -25,6 +25,26 @@ static inline uint16_t f32_to_bf16(float f) {
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
+/* A float16 (IEEE half) as float32: a 4-bit weight block's scale. */
+static inline float f16_to_f32(uint16_t h) {
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
+    if (exp == 31) u = sign | 0x7f800000u | man << 13; /* infinity, NaN */
+    else if (exp != 0) u = sign | (exp + 112) << 23 | man << 13;
+    else if (man == 0) u = sign;
+    else { /* subnormal: normalize */
+        exp = 113;
+        while (!(man & 0x400u)) man <<= 1, exp--;
+        u = sign | exp << 23 | (man & 0x3ffu) << 13;
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+#endif
+}
+
 /* Element i of an activation tensor of kind F32 or BF16, as float32. */
 static inline float load_act(int kind, const void *p, long i) {
     return kind == BF16 ? bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
@@ -57,6 +77,14 @@ static inline vf load_bf16(const uint16_t *p) {
 static inline vf load_i8(const int8_t *p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
 }
+/* The 4-bit codes in VW bytes, less 8: lo from the low halves, hi from the high (a table lookup:
+ * vpermps reads the low 4 bits of each index) */
+static inline void load_q4(const uint8_t *p, vf *lo, vf *hi) {
+    const __m512 table = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+    __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+    *lo = _mm512_permutexvar_ps(b, table);
+    *hi = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), table);
+}
 #elif defined(__AVX2__) && defined(__FMA__)
 #define VW 8
 typedef __m256 vf;
@@ -82,6 +110,14 @@ static inline vf load_i8(const int8_t *p) {
     memcpy(&bytes, p, 8);
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_cvtsi64_si128(bytes)));
 }
+static inline void load_q4(const uint8_t *p, vf *lo, vf *hi) {
+    int64_t bytes;
+    memcpy(&bytes, p, 8);
+    __m256i b = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(bytes));
+    __m256 eight = _mm256_set1_ps(8.0f);
+    *lo = _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_and_si256(b, _mm256_set1_epi32(15))), eight);
+    *hi = _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4)), eight);
+}
 #else
 #define VW 1
 typedef float vf;
@@ -95,6 +131,10 @@ static inline float vsum(vf v) { return v; }
 static inline vf load_f32(const float *p) { return *p; }
 static inline vf load_bf16(const uint16_t *p) { return bf16_to_f32(*p); }
 static inline vf load_i8(const int8_t *p) { return (float)*p; }
+static inline void load_q4(const uint8_t *p, vf *lo, vf *hi) {
+    *lo = (float)(*p & 15) - 8.0f;
+    *hi = (float)(*p >> 4) - 8.0f;
+}
 #endif
 
 static inline float scalar_f32(const float *p) { return *p; }
@@ -102,7 +142,7 @@ static inline float scalar_bf16(const uint16_t *p) { return bf16_to_f32(*p); }
 static inline float scalar_i8(const int8_t *p) { return (float)*p; }
 
 /* y (M, out) = scale * (W x) + bias for x (M, in); see gemv.c. */
-int gemv(int wkind, const void *W, const float *scale, const void *bias, int xkind, const void *x, int ykind,
+int gemv(int wkind, const void *W, const void *scale, const void *bias, int xkind, const void *x, int ykind,
          void *y, long M, long out, long in, int threads);
 
 #endif

@@ -20,7 +20,7 @@
 
 /* The codes (OP_, RMS_, ACT_, ATTEND_, ERR_) and one operation, op_t: its p pointers, n sizes and f
  * parameters, whose meaning per code is written at each case below; kind the activations' dtype
- * (F32 or BF16), wkind a weight's (F32, BF16 or I8). They come from gptzoo/inference/native/abi.py,
+ * (F32 or BF16), wkind a weight's (F32, BF16, I8 or Q4). They come from gptzoo/inference/native/abi.py,
  * written as ops_generated.h (included by kernels.h) when the library is built. */
 
 /* act(x) computed in float32, rounded once by the caller; quick_gelu rounds as its three torch
@@ -612,7 +612,7 @@ int decode_step(const op_t *ops, long n_ops, long B, long pos, const int64_t *to
             layernorm(o, B);
             break;
         case OP_LINEAR: /* p0 W (n0, n1), p1 scale, p2 bias, p3 x (B, n1), p4 y (B, n0) */
-            if (gemv(o->wkind, o->p[0], (const float *)o->p[1], o->p[2], o->kind, o->p[3], o->kind, o->p[4], B,
+            if (gemv(o->wkind, o->p[0], o->p[1], o->p[2], o->kind, o->p[3], o->kind, o->p[4], B,
                      o->n[0], o->n[1], threads) != 0)
                 return ERR_MEMORY;
             break;

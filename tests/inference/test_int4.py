@@ -1,0 +1,139 @@
+"""--dtype int4: llama.cpp's Q4_0 blocks, bit for bit; the kernels' products equal the dequantized
+weights' to float32 rounding, whatever the threads; a model generates what its dequantized twin does;
+a linear that does not split into whole blocks stays in float, and the load says so."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from tiny import tiny_model
+from torch import nn
+
+import gptzoo
+from gptzoo.inference import matvec
+from gptzoo.inference.generate import generate
+from gptzoo.inference.matvec import MAX_ROWS, ThreadTuner, native_linear
+from gptzoo.inference.native import library, unavailable_reason
+from gptzoo.inference.quantize import Int4Linear, quantize
+
+native = pytest.mark.skipif(library() is None, reason=f"native kernels unavailable: {unavailable_reason()}")
+
+
+def _linear(out_features: int, in_features: int, seed: int, bias: bool = True) -> nn.Linear:
+    g = torch.Generator().manual_seed(seed)
+    linear = nn.Linear(in_features, out_features, bias=bias)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(out_features, in_features, generator=g))
+        if bias:
+            linear.bias.copy_(torch.randn(out_features, generator=g))
+    return linear
+
+
+def test_blocks_are_llama_cpps_q4_0_bit_for_bit() -> None:
+    """Scales and codes equal gguf-py's Q4_0 (llama.cpp's reference quantizer), including an all-zero
+    block and a block whose largest magnitudes tie (the first one sets the scale's sign)."""
+    quants = pytest.importorskip("gguf.quants")
+    from gguf import GGMLQuantizationType
+
+    linear = _linear(40, 96, seed=1, bias=False)
+    with torch.no_grad():
+        linear.weight[3, :32] = 0
+        linear.weight[4, 32:64] = 0.25
+        linear.weight[4, 40], linear.weight[4, 50] = -2.0, 2.0  # a tie: -2 comes first
+        linear.weight[5, 64:] *= 1e-3
+    q = Int4Linear.from_linear(linear)
+    reference = quants.quantize(linear.weight.detach().numpy(), GGMLQuantizationType.Q4_0).reshape(40, 3, 18)
+    scales = reference[..., :2].copy().view(np.float16)[..., 0]
+    assert np.array_equal(scales, q.scale.numpy()) and np.array_equal(reference[..., 2:].reshape(40, 48), q.qweight)
+    assert q.scale[4, 1].item() == 0.25 and q.scale[3, 0].item() == 0.0  # -2 / -8; a zero block stays zero
+    dequantized = quants.dequantize(reference.reshape(40, 54), GGMLQuantizationType.Q4_0)
+    assert np.array_equal(dequantized, q.weight.numpy())
+    assert q.codes().min() >= 0 and q.codes().max() == 15
+    # each weight within a step of its block's scale: half a step on the grid -8d .. 7d, up to one where
+    # the largest magnitude's opposite (8|d|) is clamped to 7|d| (and d is rounded to float16)
+    steps = q.scale.float().abs().repeat_interleave(32, dim=1)
+    error = (q.weight - linear.weight.detach()).abs()
+    assert (error <= steps * 1.01).all() and error.max() > 0.6 * steps.max()
+
+
+@native
+@pytest.mark.parametrize(("out_features", "in_features"), [(1, 32), (37, 64), (130, 96), (200, 640)])
+@pytest.mark.parametrize("rows", [1, 3, MAX_ROWS])
+def test_products_equal_the_dequantized_weights(out_features: int, in_features: int, rows: int) -> None:
+    q = Int4Linear.from_linear(_linear(out_features, in_features, seed=in_features))
+    x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(rows))
+    with torch.no_grad():
+        got = native_linear(x, q.qweight, q.bias, q.scale)
+        many = q(x.repeat(MAX_ROWS + 1, 1))[:rows]  # more rows than the kernels take: dequantized slices
+    exact = (x.double() @ q.weight.double().T + q.bias.double()).float()
+    assert got is not None and got.shape == (rows, out_features)
+    torch.testing.assert_close(got, exact, rtol=1e-5, atol=1e-5 * in_features**0.5)
+    torch.testing.assert_close(many, exact, rtol=1e-5, atol=1e-5 * in_features**0.5)
+
+
+@native
+def test_bfloat16_activations_round_once() -> None:
+    q = Int4Linear.from_linear(_linear(130, 96, seed=2).bfloat16())
+    x = torch.randn(3, 96, generator=torch.Generator().manual_seed(3)).bfloat16()
+    with torch.no_grad():
+        got = native_linear(x, q.qweight, q.bias, q.scale)
+    exact = (x.double() @ q.weight.double().T + q.bias.double()).float()
+    assert got is not None and got.dtype == torch.bfloat16
+    assert ((got.float() - exact).abs() <= exact.abs() * 2**-8 + 1e-5).all()
+
+
+@native
+@pytest.mark.parametrize(("out_features", "rows"), [(1000, 4), (200, 1), (37, 3)])
+def test_threads_do_not_change_a_single_bit(monkeypatch: pytest.MonkeyPatch, out_features: int, rows: int) -> None:
+    q = Int4Linear.from_linear(_linear(out_features, 320, seed=0, bias=False))
+    x = torch.randn(rows, 320, generator=torch.Generator().manual_seed(1))
+    results = []
+    for threads in (1, 2, 3, 5):
+        monkeypatch.setattr(matvec, "_tuner", ThreadTuner(threads))
+        with torch.no_grad():
+            results.append(native_linear(x, q.qweight, None, q.scale))
+    assert all(torch.equal(results[0], r) for r in results[1:])
+
+
+@native
+def test_what_the_kernels_do_not_take_is_refused() -> None:
+    q = Int4Linear.from_linear(_linear(8, 64, seed=0))
+    with torch.no_grad():
+        assert native_linear(torch.randn(1, 64), q.qweight, q.bias, q.scale.float()) is None  # scales not float16
+        assert native_linear(torch.randn(1, 96), q.qweight, q.bias, q.scale) is None  # width not 2 per byte
+        assert native_linear(torch.randn(1, 48), torch.zeros(8, 24, dtype=torch.uint8), None, q.scale) is None
+
+
+def test_a_model_generates_what_its_dequantized_twin_does() -> None:
+    model, quantized = tiny_model("llama-tiny", "model.d_ff=192"), tiny_model("llama-tiny", "model.d_ff=192")
+    assert quantize(quantized, "int4") == sum(type(m) is nn.Linear for m in model.modules())
+    with torch.no_grad():
+        for m, q in zip(model.modules(), quantized.modules(), strict=True):
+            if isinstance(q, Int4Linear):
+                m.weight.copy_(q.weight)
+    prompts = [[3, 1, 4, 1, 5]]
+    assert generate(quantized, prompts, 12) == generate(model, prompts, 12)
+
+
+def test_linears_without_whole_blocks_stay_in_float_and_the_load_says_so() -> None:
+    """Width 48: the attention and MLP inputs (48) are not whole blocks of 32; the MLP's down
+    projection (input 192) and the head (input 48) too but the first."""
+    loaded = gptzoo.load_model("gpt2-tiny", overrides=["model.n_embd=48", "model.d_ff=192"], dtype="int4", seed=0)
+    kinds = {path: type(m).__name__ for path, m in loaded.model.named_modules() if hasattr(m, "in_features")}
+    assert kinds["blocks.0.mlp.c_proj"] == "Int4Linear" and kinds["blocks.0.attn.c_attn"] == "Linear"
+    assert loaded.precision == "int4"
+    assert any(
+        w.startswith("int4: ") and "kept in float, their inputs not whole blocks of 32: blocks.0.attn.c_attn" in w
+        for w in loaded.warnings
+    ), loaded.warnings
+    x = torch.randint(0, 256, (1, 5))
+    with torch.no_grad():
+        assert torch.isfinite(loaded.model(x)).all()
+
+
+def test_the_fallback_product_is_f_linear_of_the_dequantized_weight() -> None:
+    q = Int4Linear.from_linear(_linear(70, 64, seed=4))
+    x = torch.randn(2, 64, requires_grad=True)  # gradients wanted: never the kernels
+    torch.testing.assert_close(q(x), F.linear(x, q.weight, q.bias))
