@@ -2,12 +2,13 @@
 
 For each model (an HF directory from ``gptzoo fetch NAME``) and precision, the three sides load the
 same weights — llama.cpp from GGUF files that llama.cpp's own ``convert_hf_to_gguf.py`` made of
-that directory (``NAME-f32.gguf``, ``NAME-bf16.gguf``, ``NAME-q8_0.gguf`` in ``--gguf-dir``) — and
+that directory (``NAME-f32.gguf``, ``NAME-bf16.gguf``, ``NAME-q8_0.gguf`` in ``--gguf-dir``, and
+``NAME-q4_0.gguf``, which its quantizer makes of the F32 file with every tensor Q4_0) — and
 decode the same prompt ids greedily, batch 1, ``--new-tokens`` tokens, no EOS stop, alternating
 runs, median. Reported: decode tokens/s, prefill tokens/s of a ``--prefill``-token prompt, whether
 the greedy tokens agree, and the memory-bandwidth bound (read bandwidth measured here over the
 bytes of weights one token reads). ``int8`` runs gptzoo's weight-only int8 against llama.cpp's
-Q8_0 (transformers has no CPU int8 path to compare).
+Q8_0, ``int4`` gptzoo's Q4_0 blocks against llama.cpp's Q4_0 (transformers has no CPU path for either).
 
 ``--load`` runs a competing CPU-bound process (a one-thread matmul loop) during the measurement,
 as when another job shares the cores. ``--perplexity`` adds each precision's perplexity on held-out
@@ -15,7 +16,7 @@ text (Python's own documentation, pydoc_data.topics), gptzoo's (in one forward, 
 through the decoding path) and llama.cpp's.
 
     python bench/cpu_decode.py --gguf-dir DIR [--models smollm2-135m gemma3-270m]
-        [--precisions float32 bfloat16 int8] [--runs 3] [--new-tokens 128] [--prefill 512]
+        [--precisions float32 bfloat16 int8 int4] [--runs 3] [--new-tokens 128] [--prefill 512]
         [--load] [--perplexity] [--json]
 
 llama.cpp comes from ``llama-cpp-python`` (built from source, bench/README.md); without it, the
@@ -46,7 +47,7 @@ from gptzoo.inference.matvec import native_decoding
 from gptzoo.inference.native import cpu_flags
 from gptzoo.loader import load_model
 
-GGUF_TYPES = {"float32": "f32", "bfloat16": "bf16", "int8": "q8_0"}
+GGUF_TYPES = {"float32": "f32", "bfloat16": "bf16", "int8": "q8_0", "int4": "q4_0"}
 PROMPT = "The quick brown fox jumps over the lazy dog. Once upon a time, in a small village by the sea, there"
 LOAD_SCRIPT = """import os, torch
 torch.set_num_threads(1)
@@ -176,7 +177,7 @@ def measure(name: str, precision: str, args: argparse.Namespace, bandwidth: floa
         "prefill": lambda: ours(torch.tensor([long_prompt]), ours.init_cache(1, len(long_prompt)), logits_to_keep=1),
     }
     hf = None
-    if not chosen.int8:  # transformers has no CPU int8 path
+    if not chosen.quantized:  # transformers has no CPU int8 or 4-bit path
         hf = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=getattr(torch, chosen.dtype)).eval()
         ids = torch.tensor([prompt])
         sides["transformers"] = {
@@ -235,9 +236,9 @@ def measure(name: str, precision: str, args: argparse.Namespace, bandwidth: floa
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--gguf-dir", type=Path, help="where NAME-f32.gguf, NAME-bf16.gguf, NAME-q8_0.gguf are")
+    parser.add_argument("--gguf-dir", type=Path, help="where NAME-f32.gguf, NAME-bf16.gguf, NAME-q8_0.gguf, NAME-q4_0.gguf are")
     parser.add_argument("--models", nargs="+", default=["smollm2-135m", "gemma3-270m"])
-    parser.add_argument("--precisions", nargs="+", default=["float32", "bfloat16", "int8"], choices=list(GGUF_TYPES))
+    parser.add_argument("--precisions", nargs="+", default=list(GGUF_TYPES), choices=list(GGUF_TYPES))
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--prompt-tokens", type=int, default=14)

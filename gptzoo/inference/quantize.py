@@ -36,42 +36,39 @@ SLICE_ROWS = 4096
 """Rows of weight dequantized at a time for a long input (bounds the temporary memory)."""
 
 
-class Int8Linear(nn.Module):
-    """y = (x @ q^T) * scale + b, q int8 (out, in), scale float32 (out,), b in the input's dtype."""
+class QuantizedLinear(nn.Module):
+    """A linear layer whose weight is held quantized: ``qweight`` and its ``scale`` (as a subclass
+    lays them out), a bias in the input's dtype. Few-row inputs go through the native kernels;
+    longer ones (a prefill) through torch, SLICE_ROWS dequantized rows at a time."""
 
     uses_native_kernels = True
     """Few-row inputs go through gptzoo.inference.matvec's kernels (which native_decoding tunes)."""
 
-    def __init__(self, qweight: Tensor, scale: Tensor, bias: Tensor | None) -> None:
+    def __init__(self, qweight: Tensor, scale: Tensor, bias: Tensor | None, in_features: int) -> None:
         super().__init__()
         self.register_buffer("qweight", qweight)
         self.register_buffer("scale", scale)
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
-        self.out_features, self.in_features = qweight.shape
+        self.out_features, self.in_features = qweight.shape[0], in_features
 
-    @classmethod
-    def from_linear(cls, linear: nn.Linear) -> Int8Linear:
-        w = linear.weight.detach().float()
-        scale = w.abs().amax(dim=1) / 127
-        scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # an all-zero row stays zero
-        qweight = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
-        bias = None if linear.bias is None else linear.bias.detach().clone()
-        return cls(qweight, scale, bias)
+    def dequantized(self, start: int, stop: int) -> Tensor:
+        """Rows start..stop-1 of the weight as float32."""
+        raise NotImplementedError
 
     @property
     def weight(self) -> Tensor:
         """The weight as float32 (out, in), dequantized on each read: for a component that reads its
         linear's weight itself (an MoE slicing it per expert, an attention absorbing a projection into
         another); slower than calling the linear, which never reads it."""
-        return self.qweight.float() * self.scale[:, None]
+        return self.dequantized(0, self.out_features)
 
     def forward(self, x: Tensor) -> Tensor:
         y = native_linear(x, self.qweight, self.bias, self.scale)
         if y is not None:
             return y
         parts = [
-            F.linear(x, q.to(x.dtype) * s[:, None].to(x.dtype))
-            for q, s in zip(self.qweight.split(SLICE_ROWS), self.scale.split(SLICE_ROWS), strict=True)
+            F.linear(x, self.dequantized(start, min(start + SLICE_ROWS, self.out_features)).to(x.dtype))
+            for start in range(0, self.out_features, SLICE_ROWS)
         ]
         y = torch.cat(parts, dim=-1)
         return y if self.bias is None else y + self.bias
@@ -80,21 +77,27 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
-class Int4Linear(nn.Module):
+class Int8Linear(QuantizedLinear):
+    """y = (x @ q^T) * scale + b, q int8 (out, in), scale float32 (out,), b in the input's dtype."""
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> Int8Linear:
+        w = linear.weight.detach().float()
+        scale = w.abs().amax(dim=1) / 127
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # an all-zero row stays zero
+        qweight = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+        bias = None if linear.bias is None else linear.bias.detach().clone()
+        return cls(qweight, scale, bias, linear.in_features)
+
+    def dequantized(self, start: int, stop: int) -> Tensor:
+        return self.qweight[start:stop].float() * self.scale[start:stop, None]
+
+
+class Int4Linear(QuantizedLinear):
     """y = x @ W^T + b, W in llama.cpp's Q4_0 blocks along each row: weight = (q - 8) * d, q a 4-bit
     code, d the float16 scale of its block of Q4_BLOCK. ``qweight`` (out, in / 2) uint8 holds, for
     block k of a row, bytes j < 16 with the codes of weights 32k + j (low 4 bits) and 32k + 16 + j
     (high); ``scale`` (out, in / 32) float16; b in the input's dtype."""
-
-    uses_native_kernels = True
-    """Few-row inputs go through gptzoo.inference.matvec's kernels (which native_decoding tunes)."""
-
-    def __init__(self, qweight: Tensor, scale: Tensor, bias: Tensor | None) -> None:
-        super().__init__()
-        self.register_buffer("qweight", qweight)
-        self.register_buffer("scale", scale)
-        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
-        self.out_features, self.in_features = qweight.shape[0], 2 * qweight.shape[1]
 
     @staticmethod
     def fits(linear: nn.Linear) -> bool:
@@ -113,39 +116,19 @@ class Int4Linear(nn.Module):
         inverse = torch.where(d != 0, 1 / d, torch.zeros_like(d))
         q = torch.floor(blocks * inverse + 8.5).clamp_(max=15).to(torch.uint8)
         half = Q4_BLOCK // 2
-        packed = q[..., :half] | (q[..., half:] << 4)
+        packed = (q[..., :half] | (q[..., half:] << 4)).reshape(out, width // 2).contiguous()
         bias = None if linear.bias is None else linear.bias.detach().clone()
-        return cls(packed.reshape(out, width // 2).contiguous(), d.squeeze(2).to(torch.float16), bias)
+        return cls(packed, d.squeeze(2).to(torch.float16), bias, width)
 
-    def codes(self) -> Tensor:
-        """The 4-bit codes (out, in), 0..15."""
-        blocks = self.qweight.view(self.out_features, -1, Q4_BLOCK // 2)
-        return torch.cat([blocks & 15, blocks >> 4], dim=2).view(self.out_features, self.in_features)
-
-    @property
-    def weight(self) -> Tensor:
-        """The weight as float32 (out, in), dequantized on each read (see Int8Linear.weight)."""
-        return self.dequantized(0, self.out_features)
+    def codes(self, start: int = 0, stop: int | None = None) -> Tensor:
+        """The 4-bit codes (0..15) of rows start..stop-1."""
+        stop = self.out_features if stop is None else stop
+        blocks = self.qweight[start:stop].view(stop - start, -1, Q4_BLOCK // 2)
+        return torch.cat([blocks & 15, blocks >> 4], dim=2).view(stop - start, self.in_features)
 
     def dequantized(self, start: int, stop: int) -> Tensor:
-        """Rows start..stop-1 of the weight as float32."""
-        blocks = self.qweight[start:stop].view(stop - start, -1, Q4_BLOCK // 2)
-        q = torch.cat([blocks & 15, blocks >> 4], dim=2).float() - 8
+        q = self.codes(start, stop).float().view(stop - start, -1, Q4_BLOCK) - 8
         return (q * self.scale[start:stop, :, None].float()).view(stop - start, self.in_features)
-
-    def forward(self, x: Tensor) -> Tensor:
-        y = native_linear(x, self.qweight, self.bias, self.scale)
-        if y is not None:
-            return y
-        parts = [
-            F.linear(x, self.dequantized(start, min(start + SLICE_ROWS, self.out_features)).to(x.dtype))
-            for start in range(0, self.out_features, SLICE_ROWS)
-        ]
-        y = torch.cat(parts, dim=-1)
-        return y if self.bias is None else y + self.bias
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
 QUANTIZED = {"int8": Int8Linear, "int4": Int4Linear}
