@@ -236,7 +236,9 @@ def measure(name: str, precision: str, args: argparse.Namespace, bandwidth: floa
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--gguf-dir", type=Path, help="where NAME-f32.gguf, NAME-bf16.gguf, NAME-q8_0.gguf, NAME-q4_0.gguf are")
+    parser.add_argument(
+        "--gguf-dir", type=Path, help="where NAME-f32.gguf, NAME-bf16.gguf, NAME-q8_0.gguf, NAME-q4_0.gguf are"
+    )
     parser.add_argument("--models", nargs="+", default=["smollm2-135m", "gemma3-270m"])
     parser.add_argument("--precisions", nargs="+", default=list(GGUF_TYPES), choices=list(GGUF_TYPES))
     parser.add_argument("--runs", type=int, default=3)

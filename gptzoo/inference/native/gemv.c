@@ -149,7 +149,7 @@ static void dots_bf16_pairs(const uint16_t *W, const uint16_t *x, float *dots, l
 #define HAVE_PAIRS 0
 #endif
 
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define QBLOCK 64 /* inputs per float32 scale of their int16 copy */
 /* int8 weights and x as int16 in blocks of QBLOCK (xq, with scale xs per block): vpdpwssd sums
  * pairs of exact int8 x int16 products in int32 (at most 4 per lane per block: no overflow), each
@@ -179,17 +179,113 @@ static void dots_i8_q16(const int8_t *W, const int16_t *xq, const float *xs, flo
     }
 }
 
-/* x (M, in) -> int16 per block of QBLOCK (the largest magnitude of a block to 32767) and the scales. */
+/* x (M, in) -> int16 per block of QBLOCK (the largest magnitude of a block to 32767, to nearest, ties to
+ * even) and the scales. */
 static void quantize_q16(const float *x, long n, int16_t *xq, float *xs) {
     for (long b = 0; b < n; b += QBLOCK) {
-        float top = 0.0f;
-        for (long i = b; i < b + QBLOCK; i++) top = fabsf(x[i]) > top ? fabsf(x[i]) : top;
-        float inv = top > 0.0f ? 32767.0f / top : 0.0f;
-        xs[b / QBLOCK] = top / 32767.0f;
-        for (long i = b; i < b + QBLOCK; i++) xq[i] = (int16_t)lrintf(x[i] * inv);
+        __m512 v[QBLOCK / 16], top = _mm512_setzero_ps();
+        for (int i = 0; i < QBLOCK / 16; i++) {
+            v[i] = _mm512_loadu_ps(x + b + 16 * i);
+            top = _mm512_max_ps(top, _mm512_abs_ps(v[i]));
+        }
+        float most = _mm512_reduce_max_ps(top);
+        __m512 inv = _mm512_set1_ps(most > 0.0f ? 32767.0f / most : 0.0f);
+        xs[b / QBLOCK] = most / 32767.0f;
+        for (int i = 0; i < QBLOCK / 16; i++)
+            _mm256_storeu_si256((__m256i *)(xq + b + 16 * i), _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(v[i], inv))));
     }
 }
 #define HAVE_Q16 1
+
+/* 4-bit weights against x in int8 per block of QK (scale dx = its largest magnitude / 127, as
+ * llama.cpp's Q8_0 rounds it), two blocks at a time: vpdpbusd sums pairs of exact code x int8
+ * products in int32, which go to float32 times the blocks' dw * dx; the codes' offset of 8 is taken
+ * off as dw times 8 dx sum(x) per block, 16 blocks at a time.
+ * x's layout (xq, per row of x, QK * PAIRS bytes) follows the codes as the nibbles of two blocks' 32
+ * bytes come out, low halves then high: for blocks 2p and 2p + 1, x(2p)[0..15], x(2p+1)[0..15],
+ * x(2p)[16..31], x(2p+1)[16..31] (an odd last block's partner all zeros); xd per pair holds the
+ * 16 lanes' dx (lanes 0-3 and 8-11 block 2p's, the others 2p + 1's); xo per block 8 dx sum(x). */
+#define PAIRS(in) (((in) / QK + 1) / 2)
+static void quantize_q8_pairs(const float *x, long in, int8_t *xq, float *xd, float *xo) {
+    long blocks = in / QK;
+    for (long p = 0; p < PAIRS(in); p++)
+        for (int h = 0; h < 2; h++) {
+            long b = 2 * p + h;
+            int8_t *lo = xq + p * 2 * QK + h * (QK / 2), *hi = lo + QK;
+            float d = 0.0f;
+            if (b < blocks) { /* to nearest, ties to even (llama.cpp's SIMD quantize_row_q8_0) */
+                __m512 a = _mm512_loadu_ps(x + b * QK), c = _mm512_loadu_ps(x + b * QK + QK / 2);
+                float top = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(c)));
+                d = top / 127.0f;
+                __m512 inv = _mm512_set1_ps(d > 0.0f ? 1.0f / d : 0.0f);
+                __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, inv)), qc = _mm512_cvtps_epi32(_mm512_mul_ps(c, inv));
+                _mm_storeu_si128((__m128i *)lo, _mm512_cvtepi32_epi8(qa));
+                _mm_storeu_si128((__m128i *)hi, _mm512_cvtepi32_epi8(qc));
+                xo[b] = 8.0f * d * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(qa, qc));
+            } else {
+                memset(lo, 0, QK / 2), memset(hi, 0, QK / 2);
+            }
+            for (int k = 0; k < 4; k++) xd[p * 16 + h * 4 + k] = d, xd[p * 16 + 8 + h * 4 + k] = d;
+        }
+}
+
+static void dots_q4_q8(const uint8_t *W, const uint16_t *S, const int8_t *xq, const float *xd, const float *xo,
+                       float *dots, long o0, long o1, long in) {
+    long blocks = in / QK, full = blocks / 2, row_bytes = in / 2;
+    /* the pair's 32 bytes twice, the second copy shifted by 4 bits: low halves, then high halves */
+    const __m512i shifts = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4), nibble = _mm512_set1_epi8(15);
+    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1);
+    for (long o = o0; o < o1; o += ROWS) {
+        int r = o1 - o < ROWS ? (int)(o1 - o) : ROWS;
+        const uint8_t *w[ROWS];
+        const uint16_t *s[ROWS];
+        __m512 acc[ROWS];
+        for (int k = 0; k < ROWS; k++) {
+            long row = o + (k < r ? k : 0);
+            w[k] = W + row * row_bytes, s[k] = S + row * blocks;
+            acc[k] = _mm512_setzero_ps();
+        }
+        for (long g = 0; g < full; g += 8) { /* 8 pairs: their 16 scales in one vector a row */
+            long n = full - g < 8 ? full - g : 8;
+            __m512 dw[ROWS];
+            __mmask16 m = (__mmask16)((1u << (2 * n)) - 1);
+            __m512 offsets = _mm512_maskz_loadu_ps(m, xo + 2 * g);
+            for (int k = 0; k < ROWS; k++) { /* the codes' offset: - dw 8 dx sum(x) a block */
+                dw[k] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, s[k] + 2 * g));
+                acc[k] = _mm512_fnmadd_ps(dw[k], offsets, acc[k]);
+            }
+            for (long j = 0; j < n; j++) {
+                long p = g + j;
+                __m512i xv = _mm512_loadu_si512(xq + p * 2 * QK);
+                __m512 xs = _mm512_loadu_ps(xd + p * 16);
+                __m512i pick = _mm512_add_epi32(spread, _mm512_set1_epi32(2 * (int)j));
+                for (int k = 0; k < ROWS; k++) {
+                    const uint8_t *q = w[k] + p * QK;
+                    if (p % 2 == 0) prefetch_ahead(q, row_bytes);
+                    __m512i codes = _mm512_and_si512(
+                        _mm512_srlv_epi64(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)q)), shifts), nibble);
+                    __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, xv);
+                    __m512 scale = _mm512_mul_ps(_mm512_permutexvar_ps(pick, dw[k]), xs);
+                    acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), scale, acc[k]);
+                }
+            }
+        }
+        if (blocks % 2) { /* the odd last block: its 16 bytes and its scale (its partner's x is zero) */
+            __m512i xv = _mm512_loadu_si512(xq + full * 2 * QK);
+            __m512 xs = _mm512_loadu_ps(xd + full * 16);
+            for (int k = 0; k < ROWS; k++) {
+                __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(w[k] + full * QK)));
+                v = _mm512_inserti64x4(v, _mm512_castsi512_si256(v), 1);
+                __m512i codes = _mm512_and_si512(_mm512_srlv_epi64(v, shifts), nibble);
+                __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, xv);
+                __m512 d = _mm512_set1_ps(f16_to_f32(s[k][blocks - 1]));
+                acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(d, xs), acc[k]);
+                acc[k] = _mm512_mask3_fnmadd_ps(d, _mm512_set1_ps(xo[blocks - 1]), acc[k], 1);
+            }
+        }
+        for (int k = 0; k < r; k++) dots[o - o0 + k] = _mm512_reduce_add_ps(acc[k]);
+    }
+}
 #else
 #define QBLOCK 1
 #define HAVE_Q16 0
@@ -202,6 +298,8 @@ typedef struct {
     const uint16_t *qscale;  /* Q4 weights: their blocks' scales */
     const int16_t *xq; /* int8 weights: x in int16 per block, or NULL */
     const float *xs;   /* and the blocks' scales */
+    const int8_t *xq8; /* Q4 weights: x in int8 per block, as quantize_q8_pairs lays it out, or NULL */
+    const float *xd, *xo; /* and its scales and offsets */
     void *y;
     long M, out, in, rows, chunks; /* rows of W per chunk, and how many chunks */
 } job_t;
@@ -244,6 +342,12 @@ static void run_chunk(const job_t *j, long c) {
         } else if (j->xq != NULL) {
 #if HAVE_Q16
             dots_i8_q16((const int8_t *)j->W, j->xq + m * j->in, j->xs + m * (j->in / QBLOCK), dots, o0, o1, j->in);
+#endif
+        } else if (j->xq8 != NULL) {
+#if HAVE_Q16
+            long pairs = PAIRS(j->in);
+            dots_q4_q8((const uint8_t *)j->W, j->qscale, j->xq8 + m * pairs * 2 * QK, j->xd + m * pairs * 16,
+                       j->xo + m * (j->in / QK), dots, o0, o1, j->in);
 #endif
         } else {
             nx = j->M - m < BATCH_ROWS ? j->M - m : BATCH_ROWS;
@@ -358,6 +462,22 @@ int gemv(int wkind, const void *W, const void *scale, const void *bias, int xkin
     }
     int16_t *xq = NULL;
     float *xs = NULL;
+    int8_t *xq8 = NULL;
+    float *xd = NULL, *xo = NULL;
+    if (HAVE_Q16 && wkind == Q4 && in > 0) {
+#if HAVE_Q16
+        long pairs = PAIRS(in);
+        xq8 = malloc((size_t)(M * pairs * 2 * QK));
+        xd = malloc(sizeof(float) * (size_t)(M * pairs * 16));
+        xo = malloc(sizeof(float) * (size_t)(M * (in / QK)));
+        if (xq8 == NULL || xd == NULL || xo == NULL) {
+            free(xq8), free(xd), free(xo), free(xf);
+            return -1;
+        }
+        for (long m = 0; m < M; m++)
+            quantize_q8_pairs(xf + m * in, in, xq8 + m * pairs * 2 * QK, xd + m * pairs * 16, xo + m * (in / QK));
+#endif
+    }
     if (HAVE_Q16 && wkind == I8 && in % QBLOCK == 0 && in > 0) {
         xq = malloc(sizeof(int16_t) * (size_t)(M * in));
         xs = malloc(sizeof(float) * (size_t)(M * in / QBLOCK));
@@ -376,11 +496,12 @@ int gemv(int wkind, const void *W, const void *scale, const void *bias, int xkin
     rows = rows < ROWS ? ROWS : rows > CHUNK ? CHUNK : (rows + ROWS - 1) / ROWS * ROWS;
     const float *row_scale = wkind == I8 ? scale : NULL;
     const uint16_t *qscale = wkind == Q4 ? scale : NULL;
-    job_t j = {wkind, xkind, ykind, W, bias, x, row_scale, xf, qscale, xq, xs, y, M, out, in, rows, (out + rows - 1) / rows};
+    job_t j = {wkind, xkind, ykind, W, bias, x, row_scale, xf, qscale, xq, xs, xq8, xd, xo, y, M, out, in, rows,
+               (out + rows - 1) / rows};
     int want = threads - 1 < j.chunks - 1 ? threads - 1 : (int)(j.chunks - 1);
     if (want <= 0 || pthread_mutex_trylock(&call_lock) != 0) { /* alone, or another thread's job runs */
         for (long c = 0; c < j.chunks; c++) run_chunk(&j, c);
-        free(xf), free(xq), free(xs);
+        free(xf), free(xq), free(xs), free(xq8), free(xd), free(xo);
         return 0;
     }
     start_workers(want);
@@ -396,6 +517,6 @@ int gemv(int wkind, const void *W, const void *scale, const void *bias, int xkin
     long spins = 0;
     while (atomic_load_explicit(&pending, memory_order_acquire) > 0) relax(&spins);
     pthread_mutex_unlock(&call_lock);
-    free(xf), free(xq), free(xs);
+    free(xf), free(xq), free(xs), free(xq8), free(xd), free(xo);
     return 0;
 }
