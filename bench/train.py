@@ -1,7 +1,7 @@
 """Training speed, gptzoo vs Hugging Face transformers, side by side in one process.
 
-GPT-2 small's shape (HF initializes the weights; gptzoo loads the very same tensors), the same
-plain loop for both: forward, float32 cross-entropy on the logits, backward, gradient clipping,
+GPT-2 small's shape (HF initializes the weights; gptzoo loads the very same tensors; HF's dropout off,
+as gptzoo has none), the same plain loop for both: forward, float32 cross-entropy on the logits, backward, gradient clipping,
 fused AdamW step. Same batch, same tokens. Steps alternate between the two models after a warm-up
 step each; the median step time gives tokens/s, and MFU is the achieved training FLOP/s (6N +
 attention, gptzoo.flops's count x 3) over a measured peak matmul FLOP/s in the same precision.
@@ -89,7 +89,8 @@ def main() -> None:
         print("| precision | HF tokens/s | gptzoo tokens/s | gptzoo / HF | HF MFU | gptzoo MFU | measured peak |")
         print("| --- | --- | --- | --- | --- | --- | --- |", flush=True)
     for precision in args.precision:
-        hf = transformers.GPT2LMHeadModel(transformers.GPT2Config())
+        # no dropout, as gptzoo's models have none: the same function on both sides
+        hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
         with tempfile.TemporaryDirectory() as tmp:
             hf.save_pretrained(tmp)
             ours = load_hf(tmp)
