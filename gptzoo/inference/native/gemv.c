@@ -86,6 +86,15 @@ DEFINE_DOTS(dots_i8_rows, int8_t, load_i8, scalar_i8, XROWS)
  * the codes q (0..15) of its weights j (low 4 bits) and j + QK / 2 (high); weight = (q - 8) * d, d the
  * block's float16 scale (S, in / QK a row). dots[m * CHUNK + o - o0] = dot(W[o, :], x[m, :]) for
  * m < nx: each block's products summed, then times d, then added, in the same order whatever nx. */
+/* The codes and scales of rows o .. o + ROWS - 1 of a Q4 weight (rows past r repeat row o). */
+static inline void q4_rows(const uint8_t *W, const uint16_t *S, long o, int r, long in, const uint8_t **w,
+                           const uint16_t **s) {
+    for (int k = 0; k < ROWS; k++) {
+        long row = o + (k < r ? k : 0);
+        w[k] = W + row * (in / 2), s[k] = S + row * (in / QK);
+    }
+}
+
 static void dots_q4(const uint8_t *W, const uint16_t *S, const float *x, long nx, float *dots, long o0, long o1,
                     long in) {
     long blocks = in / QK, row_bytes = in / 2;
@@ -95,11 +104,8 @@ static void dots_q4(const uint8_t *W, const uint16_t *S, const float *x, long nx
             const uint8_t *w[ROWS];
             const uint16_t *s[ROWS];
             vf acc[ROWS];
-            for (int k = 0; k < ROWS; k++) {
-                long row = o + (k < r ? k : 0);
-                w[k] = W + row * row_bytes, s[k] = S + row * blocks;
-                acc[k] = vzero();
-            }
+            q4_rows(W, S, o, r, in, w, s);
+            for (int k = 0; k < ROWS; k++) acc[k] = vzero();
             for (long b = 0; b < blocks; b++) {
                 const float *xb = x + b * QK;
                 for (int k = 0; k < ROWS; k++) {
@@ -240,11 +246,8 @@ static void dots_q4_q8(const uint8_t *W, const uint16_t *S, const int8_t *xq, co
         const uint8_t *w[ROWS];
         const uint16_t *s[ROWS];
         __m512 acc[ROWS];
-        for (int k = 0; k < ROWS; k++) {
-            long row = o + (k < r ? k : 0);
-            w[k] = W + row * row_bytes, s[k] = S + row * blocks;
-            acc[k] = _mm512_setzero_ps();
-        }
+        q4_rows(W, S, o, r, in, w, s);
+        for (int k = 0; k < ROWS; k++) acc[k] = _mm512_setzero_ps();
         for (long g = 0; g < full; g += 8) { /* 8 pairs: their 16 scales in one vector a row */
             long n = full - g < 8 ? full - g : 8;
             __m512 dw[ROWS];
