@@ -1,10 +1,11 @@
 """Training speed, gptzoo vs Hugging Face transformers, side by side in one process.
 
 GPT-2 small's shape (HF initializes the weights; gptzoo loads the very same tensors; HF's dropout off,
-as gptzoo has none), the same plain loop for both: forward, float32 cross-entropy on the logits, backward, gradient clipping,
-fused AdamW step. Same batch, same tokens. Steps alternate between the two models after a warm-up
-step each; the median step time gives tokens/s, and MFU is the achieved training FLOP/s (6N +
-attention, gptzoo.flops's count x 3) over a measured peak matmul FLOP/s in the same precision.
+as gptzoo has none), the same plain loop for both: forward, float32 cross-entropy on the logits,
+backward, gradient clipping, fused AdamW step. Same batch, same tokens. Steps alternate between the
+two models after a warm-up step each; the median step time gives tokens/s, and MFU is the achieved
+training FLOP/s (6N + attention, gptzoo.flops's count x 3) over a measured peak matmul FLOP/s in the
+same precision.
 
     python bench/train.py [--batch 4] [--seq-len 128] [--steps 3] [--precision float32 bfloat16]
     [--compile] [--device cuda] [--json]
