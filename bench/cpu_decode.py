@@ -259,55 +259,68 @@ def main() -> None:
     transformers.utils.logging.disable_progress_bar()
     bandwidth = read_bandwidth()
     load = subprocess.Popen([sys.executable, "-c", LOAD_SCRIPT]) if args.load else None
-    try:
-        rows = [measure(name, p, args, bandwidth) for name in args.models for p in args.precisions]
-    finally:
-        if load is not None:
-            load.kill()
-    result = {
-        "cpu_flags": cpu_flags(),
-        "cpu": next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if "model name" in line), "?")
-        if os.path.exists("/proc/cpuinfo")
-        else "?",
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "read_bandwidth_GBps": bandwidth / 1e9,
-        "competing_load": args.load,
-        "rows": rows,
-    }
-    if args.json:
-        print(json.dumps(result, indent=2))
-        return
-    print(
-        f"{result['cpu']}, {result['threads']} threads, torch {torch.__version__}, transformers "
+    header = (
+        f"{cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}, transformers "
         f"{transformers.__version__}; read bandwidth {bandwidth / 1e9:.1f} GB/s; "
         f"{'with' if args.load else 'no'} competing load"
     )
-    print(
-        "| model | precision | side | decode tokens/s | vs transformers | vs llama.cpp | gptzoo / side by round "
-        "| % of bound | prefill tok/s | load |"
-    )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for r in rows:
-        decode, prefill = r["decode_tokens_per_s"], r["prefill_tokens_per_s"]
-        rounds = r["decode_tokens_per_s_by_round"]
-        load = "{:.2f} / {:.2f}".format(*r["load_at_start_and_end"])
-        for side, tps in decode.items():
-            vs_hf = f"{tps / decode['transformers']:.2f}x" if "transformers" in decode else "-"
-            vs_llama = f"{tps / decode['llama.cpp']:.2f}x" if "llama.cpp" in decode else "-"
-            by_round = (
-                "-"
-                if side == "gptzoo"
-                else ", ".join(f"{ours / it:.2f}x" for ours, it in zip(rounds["gptzoo"], rounds[side], strict=True))
-            )
-            same = "" if side == "gptzoo" else ("" if r["same_tokens_as_gptzoo"][side] else " (other tokens)")
-            print(
-                f"| {r['model']} | {r['precision']} | {side}{same} | {tps:.1f} | {vs_hf} | {vs_llama} | {by_round} | "
-                f"{100 * tps / r['bandwidth_bound_tokens_per_s']:.0f}% | {prefill[side]:.0f} | {load} |"
-            )
-        if "perplexity" in r:
-            print(f"| {r['model']} | {r['precision']} | perplexity | {r['perplexity']} | | | | | | |")
+    if not args.json:  # each row as soon as it is measured: a run cut short keeps what it measured
+        print(header)
+        print(
+            "| model | precision | side | decode tokens/s | vs transformers | vs llama.cpp | gptzoo / side by round "
+            "| % of bound | prefill tok/s | load |"
+        )
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |", flush=True)
+    rows = []
+    try:
+        for name in args.models:
+            for precision in args.precisions:
+                rows.append(measure(name, precision, args, bandwidth))
+                if not args.json:
+                    print_row(rows[-1])
+    finally:
+        if load is not None:
+            load.kill()
+    if args.json:
+        result = {
+            "cpu_flags": cpu_flags(),
+            "cpu": cpu_name(),
+            "threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "read_bandwidth_GBps": bandwidth / 1e9,
+            "competing_load": args.load,
+            "rows": rows,
+        }
+        print(json.dumps(result, indent=2))
+
+
+def cpu_name() -> str:
+    if not os.path.exists("/proc/cpuinfo"):
+        return "?"
+    return next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if "model name" in line), "?")
+
+
+def print_row(r: dict) -> None:
+    decode, prefill = r["decode_tokens_per_s"], r["prefill_tokens_per_s"]
+    rounds = r["decode_tokens_per_s_by_round"]
+    load = "{:.2f} / {:.2f}".format(*r["load_at_start_and_end"])
+    for side, tps in decode.items():
+        vs_hf = f"{tps / decode['transformers']:.2f}x" if "transformers" in decode else "-"
+        vs_llama = f"{tps / decode['llama.cpp']:.2f}x" if "llama.cpp" in decode else "-"
+        by_round = (
+            "-"
+            if side == "gptzoo"
+            else ", ".join(f"{ours / it:.2f}x" for ours, it in zip(rounds["gptzoo"], rounds[side], strict=True))
+        )
+        same = "" if side == "gptzoo" else ("" if r["same_tokens_as_gptzoo"][side] else " (other tokens)")
+        print(
+            f"| {r['model']} | {r['precision']} | {side}{same} | {tps:.1f} | {vs_hf} | {vs_llama} | {by_round} | "
+            f"{100 * tps / r['bandwidth_bound_tokens_per_s']:.0f}% | {prefill[side]:.0f} | {load} |"
+        )
+    if "perplexity" in r:
+        print(f"| {r['model']} | {r['precision']} | perplexity | {r['perplexity']} | | | | | | |")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":
