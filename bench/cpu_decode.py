@@ -259,13 +259,12 @@ def main() -> None:
     transformers.utils.logging.disable_progress_bar()
     bandwidth = read_bandwidth()
     load = subprocess.Popen([sys.executable, "-c", LOAD_SCRIPT]) if args.load else None
-    header = (
-        f"{cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}, transformers "
-        f"{transformers.__version__}; read bandwidth {bandwidth / 1e9:.1f} GB/s; "
-        f"{'with' if args.load else 'no'} competing load"
-    )
     if not args.json:  # each row as soon as it is measured: a run cut short keeps what it measured
-        print(header)
+        print(
+            f"{cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}, transformers "
+            f"{transformers.__version__}; read bandwidth {bandwidth / 1e9:.1f} GB/s; "
+            f"{'with' if args.load else 'no'} competing load"
+        )
         print(
             "| model | precision | side | decode tokens/s | vs transformers | vs llama.cpp | gptzoo / side by round "
             "| % of bound | prefill tok/s | load |"

@@ -54,11 +54,12 @@ def main() -> None:
                 [(w, scale)] if args.hot else [weight(fmt, out, inp)[:2] for _ in range(max(1, CACHE_BYTES // nbytes))]
             )
             x, y = torch.randn(1, inp).to(act), torch.empty(1, out, dtype=act)
+            repeats = 200 if args.hot else 1
             for threads in args.threads:
                 passes = []
                 for _ in range(3):
                     start = time.perf_counter()
-                    for _ in range(200 if args.hot else 1):
+                    for _ in range(repeats):
                         for cw, cs in copies:
                             lib.gemv(
                                 KINDS[cw.dtype],
@@ -74,7 +75,7 @@ def main() -> None:
                                 inp,
                                 threads,
                             )
-                    passes.append((time.perf_counter() - start) / (len(copies) * (200 if args.hot else 1)))
+                    passes.append((time.perf_counter() - start) / (len(copies) * repeats))
                 t = min(passes)
                 rates = f"{nbytes / t / 1e9:.1f} | {out * inp / t / 1e9:.1f}"
                 print(f"| {fmt} | {out} x {inp} | {threads} | {t * 1e6:.1f} | {rates} |", flush=True)

@@ -82,10 +82,6 @@ DEFINE_DOTS(dots_bf16_rows, uint16_t, load_bf16, scalar_bf16, XROWS)
 DEFINE_DOTS(dots_i8_rows, int8_t, load_i8, scalar_i8, XROWS)
 
 #define QK 32 /* weights per 4-bit block */
-/* Q4, llama.cpp's Q4_0 layout: a row of W is in / QK blocks of QK / 2 bytes, byte j of a block holding
- * the codes q (0..15) of its weights j (low 4 bits) and j + QK / 2 (high); weight = (q - 8) * d, d the
- * block's float16 scale (S, in / QK a row). dots[m * CHUNK + o - o0] = dot(W[o, :], x[m, :]) for
- * m < nx: each block's products summed, then times d, then added, in the same order whatever nx. */
 /* The codes and scales of rows o .. o + ROWS - 1 of a Q4 weight (rows past r repeat row o). */
 static inline void q4_rows(const uint8_t *W, const uint16_t *S, long o, int r, long in, const uint8_t **w,
                            const uint16_t **s) {
@@ -95,6 +91,10 @@ static inline void q4_rows(const uint8_t *W, const uint16_t *S, long o, int r, l
     }
 }
 
+/* Q4, llama.cpp's Q4_0 layout: a row of W is in / QK blocks of QK / 2 bytes, byte j of a block holding
+ * the codes q (0..15) of its weights j (low 4 bits) and j + QK / 2 (high); weight = (q - 8) * d, d the
+ * block's float16 scale (S, in / QK a row). dots[m * CHUNK + o - o0] = dot(W[o, :], x[m, :]) for
+ * m < nx: each block's products summed, then times d, then added, in the same order whatever nx. */
 static void dots_q4(const uint8_t *W, const uint16_t *S, const float *x, long nx, float *dots, long o0, long o1,
                     long in) {
     long blocks = in / QK, row_bytes = in / 2;
@@ -277,8 +277,8 @@ static void dots_q4_q8(const uint8_t *W, const uint16_t *S, const int8_t *xq, co
             __m512i xv = _mm512_loadu_si512(xq + full * 2 * QK);
             __m512 xs = _mm512_loadu_ps(xd + full * 16);
             for (int k = 0; k < ROWS; k++) {
-                __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(w[k] + full * QK)));
-                v = _mm512_inserti64x4(v, _mm512_castsi512_si256(v), 1);
+                __m256i half = _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(w[k] + full * QK)));
+                __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(half), half, 1);
                 __m512i codes = _mm512_and_si512(_mm512_srlv_epi64(v, shifts), nibble);
                 __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, xv);
                 __m512 d = _mm512_set1_ps(f16_to_f32(s[k][blocks - 1]));
