@@ -3,12 +3,15 @@
 For each model (an HF directory from ``gptzoo fetch NAME``) and precision, the three sides load the
 same weights — llama.cpp from GGUF files that llama.cpp's own ``convert_hf_to_gguf.py`` made of
 that directory (``NAME-f32.gguf``, ``NAME-bf16.gguf``, ``NAME-q8_0.gguf`` in ``--gguf-dir``, and
-``NAME-q4_0.gguf``, which its quantizer makes of the F32 file with every tensor Q4_0) — and
+``NAME-q4_1.gguf``, which its quantizer makes of the F32 file with every tensor Q4_1 but the head,
+Q8_0: gptzoo's int4 mix) — and
 decode the same prompt ids greedily, batch 1, ``--new-tokens`` tokens, no EOS stop, alternating
 runs, median. Reported: decode tokens/s, prefill tokens/s of a ``--prefill``-token prompt, whether
 the greedy tokens agree, and the memory-bandwidth bound (read bandwidth measured here over the
 bytes of weights one token reads). ``int8`` runs gptzoo's weight-only int8 against llama.cpp's
-Q8_0, ``int4`` gptzoo's Q4_0 blocks against llama.cpp's Q4_0 (transformers has no CPU path for either).
+Q8_0, ``int4`` gptzoo's Q4_1 blocks and int8 head against llama.cpp's Q4_1 with a Q8_0 head
+(transformers has no CPU path for either); ``--gguf-type int4=q4_0`` compares with another GGUF
+(``NAME-q4_0.gguf``) instead.
 
 ``--load`` runs a competing CPU-bound process (a one-thread matmul loop) during the measurement,
 as when another job shares the cores. ``--perplexity`` adds each precision's perplexity on held-out
@@ -17,7 +20,7 @@ through the decoding path) and llama.cpp's.
 
     python bench/cpu_decode.py --gguf-dir DIR [--models smollm2-135m gemma3-270m]
         [--precisions float32 bfloat16 int8 int4] [--runs 3] [--new-tokens 128] [--prefill 512]
-        [--load] [--perplexity] [--json]
+        [--gguf-type PRECISION=TYPE ...] [--load] [--perplexity] [--json]
 
 llama.cpp comes from ``llama-cpp-python`` (built from source, bench/README.md); without it, the
 llama.cpp columns stay empty.
@@ -47,7 +50,7 @@ from gptzoo.inference.matvec import native_decoding
 from gptzoo.inference.native import cpu_flags
 from gptzoo.loader import load_model
 
-GGUF_TYPES = {"float32": "f32", "bfloat16": "bf16", "int8": "q8_0", "int4": "q4_0"}
+GGUF_TYPES = {"float32": "f32", "bfloat16": "bf16", "int8": "q8_0", "int4": "q4_1"}
 PROMPT = "The quick brown fox jumps over the lazy dog. Once upon a time, in a small village by the sea, there"
 LOAD_SCRIPT = """import os, torch
 torch.set_num_threads(1)
@@ -192,7 +195,7 @@ def measure(name: str, precision: str, args: argparse.Namespace, bandwidth: floa
             )[0, len(prompt) :].tolist(),
             "prefill": lambda: hf(torch.tensor([long_prompt]), logits_to_keep=1),
         }
-    gguf = args.gguf_dir / f"{name}-{GGUF_TYPES[precision]}.gguf" if args.gguf_dir else None
+    gguf = args.gguf_dir / f"{name}-{args.gguf_types[precision]}.gguf" if args.gguf_dir else None
     llama = None
     if gguf is not None and gguf.exists():
         llama = Llama(gguf, n_ctx=max(args.prefill, len(prompt) + n) + 8, repack=not args.no_repack)
@@ -237,7 +240,14 @@ def measure(name: str, precision: str, args: argparse.Namespace, bandwidth: floa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--gguf-dir", type=Path, help="where NAME-f32.gguf, NAME-bf16.gguf, NAME-q8_0.gguf, NAME-q4_0.gguf are"
+        "--gguf-dir", type=Path, help="where NAME-f32.gguf, NAME-bf16.gguf, NAME-q8_0.gguf, NAME-q4_1.gguf are"
+    )
+    parser.add_argument(
+        "--gguf-type",
+        action="append",
+        default=[],
+        metavar="PRECISION=TYPE",
+        help="llama.cpp's file for a precision: NAME-TYPE.gguf (e.g. int4=q4_0)",
     )
     parser.add_argument("--models", nargs="+", default=["smollm2-135m", "gemma3-270m"])
     parser.add_argument("--precisions", nargs="+", default=list(GGUF_TYPES), choices=list(GGUF_TYPES))
@@ -255,6 +265,7 @@ def main() -> None:
     )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    args.gguf_types = GGUF_TYPES | dict(pair.split("=", 1) for pair in args.gguf_type)
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     bandwidth = read_bandwidth()

@@ -68,16 +68,18 @@ def test_load_model_quantized_replaces_every_linear_layer_as_the_command_line_do
     ck: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], precision: str
 ) -> None:
     from gptzoo.inference.generate import generate
-    from gptzoo.inference.quantize import QUANTIZED, quantize
+    from gptzoo.inference.quantize import HEAD, QuantizedLinear, module_for, quantize
 
-    module = QUANTIZED[precision]
     ids = torch.tensor([[15496, 11, 995]])
     composed = gptzoo.load_model(checkpoint=ck, dtype=torch.float32).model.eval()
     quantize(composed, precision)  # what `generate --dtype int8` composed before the library could
     expected = composed(ids)
     for loaded in (gptzoo.load_model(checkpoint=ck, dtype=precision), gptzoo.load_any(ck, dtype=precision)):
-        linear = [type(m) for m in loaded.model.modules() if isinstance(m, (torch.nn.Linear, module))]
-        assert linear == [module] * 9 and loaded.precision == precision  # 4 per block and the head
+        linear = {
+            p: type(m) for p, m in loaded.model.named_modules() if isinstance(m, (torch.nn.Linear, QuantizedLinear))
+        }
+        assert len(linear) == 9 and loaded.precision == precision  # 4 per block and the head
+        assert linear == {path: module_for(precision, path) for path in linear} and HEAD in linear
         assert loaded.model.wte.weight.dtype == torch.float32 and not loaded.warnings
         assert torch.equal(loaded.model.eval()(ids), expected)
     assert gptzoo.load_model(checkpoint=ck, dtype=torch.bfloat16).precision == "bfloat16"

@@ -46,8 +46,8 @@ def add_parser(sub: Subparsers, common: Parser) -> Parser:
         "--dtype",
         choices=tuple(PRECISIONS),
         default="float32",
-        help="int8: every Linear layer's weights in int8 (a float32 scale per row), int4: in llama.cpp's Q4_0 blocks "
-        "(32 4-bit weights and a float16 scale); the rest in float32",
+        help="int8: every Linear layer's weights in int8 (a float32 scale per row), int4: in llama.cpp's Q4_1 blocks "
+        "(32 4-bit weights, a float16 scale and minimum) and the output head in int8; the rest in float32",
     )
     return p
 

@@ -33,7 +33,7 @@ from torch import Tensor, nn
 
 from gptzoo.errors import GptzooError
 from gptzoo.inference.lowerings import Lowerings, Unsupported, rotary_tables
-from gptzoo.inference.matvec import KINDS, MAX_ROWS, Q4_BLOCK, QUANTIZED, kernel_threads
+from gptzoo.inference.matvec import KINDS, MAX_ROWS, Q4_BLOCK, QUANTIZED, kernel_threads, scale_shape
 from gptzoo.inference.native import abi, library
 from gptzoo.inference.plan import Buffer, PositionStep, Route
 from gptzoo.interfaces import AttentionContext, Position, Positions
@@ -206,7 +206,7 @@ class NativePlan:
     def linear(self, weight: Tensor, scale: Tensor | None, bias: Tensor | None, src: Buffer, dst: Buffer) -> None:
         """dst = src W^T (* scale) + bias: W (dst.width, src.width) in the activations' dtype, or int8
         with a float32 scale per row, or 4-bit blocks (dst.width, src.width / 2) uint8 with a float16 scale
-        per block (gptzoo.inference.quantize.Int4Linear)."""
+        and minimum per block (gptzoo.inference.quantize.Int4Linear; shapes: matvec.scale_shape)."""
         self._whole(src, dst)
         if scale is None:
             wkind, width = self._weight(weight, "a linear layer's weight"), src.width
@@ -216,6 +216,8 @@ class NativePlan:
             width = src.width // 2 if weight.dtype == torch.uint8 else src.width
             if weight.dtype == torch.uint8 and src.width % Q4_BLOCK:
                 raise Unsupported(f"4-bit blocks of {Q4_BLOCK} over an input of {src.width}")
+            if tuple(scale.shape) != scale_shape(weight, src.width):
+                raise Unsupported(f"scales of shape {tuple(scale.shape)} for a weight of {tuple(weight.shape)}")
         if bias is not None:
             self._weight(bias, "a linear layer's bias")
         if tuple(weight.shape) != (dst.width, width):

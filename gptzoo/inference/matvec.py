@@ -38,9 +38,20 @@ KINDS = {
 }
 """Tensor dtype -> the kernels' code for it (gptzoo.inference.native.abi): uint8 weights hold 4-bit blocks."""
 QUANTIZED = {torch.int8: torch.float32, torch.uint8: torch.float16}
-"""A quantized weight's dtype -> its scales' (int8: one per row; 4-bit blocks: one per block)."""
+"""A quantized weight's dtype -> its scales' (int8: one per row; 4-bit blocks: a scale and a minimum per
+block)."""
 Q4_BLOCK = 32
 """Weights per 4-bit block (gptzoo.inference.quantize.Int4Linear)."""
+
+
+def scale_shape(weight: Tensor, in_features: int) -> tuple[int, ...]:
+    """The shape the kernels read a quantized weight's scales in: int8 (out,), 4-bit blocks (out, 2,
+    in / Q4_BLOCK), a row's scales then its minimums."""
+    if weight.dtype == torch.uint8:
+        return (weight.shape[0], 2, in_features // Q4_BLOCK)
+    return (weight.shape[0],)
+
+
 ACTIVATIONS = (torch.float32, torch.bfloat16)
 
 
@@ -127,7 +138,7 @@ def native_linear(x: Tensor, weight: Tensor, bias: Tensor | None, scale: Tensor 
     """x W^T (* scale) + b through the kernels, or None where they do not apply: no kernels, a
     tensor off the CPU, more than MAX_ROWS rows, gradients or autocast wanted, dtypes they lack
     (they take contiguous weights of the input's dtype, or int8 ones with a float32 ``scale`` per
-    output, or 4-bit blocks packed two to a uint8 with a float16 ``scale`` per block, and a bias of
+    output, or 4-bit blocks packed two to a uint8 with float16 ``scale`` (scale_shape), and a bias of
     the input's dtype)."""
     lib = library()  # built once, then cached
     if lib is None or x.dtype not in ACTIVATIONS or x.device.type != "cpu":
@@ -142,6 +153,8 @@ def native_linear(x: Tensor, weight: Tensor, bias: Tensor | None, scale: Tensor 
     elif QUANTIZED.get(weight.dtype) != scale.dtype or not (weight.is_contiguous() and scale.is_contiguous()):
         return None
     if weight.dtype == torch.uint8 and (in_features != 2 * weight.shape[1] or in_features % Q4_BLOCK):
+        return None
+    if scale is not None and tuple(scale.shape) != scale_shape(weight, in_features):
         return None
     if bias is not None and (bias.dtype != x.dtype or not bias.is_contiguous()):
         return None

@@ -10,11 +10,11 @@ with a float32 scale: 15 bits per block, finer than bfloat16's 8 per element, at
 instructions of widening every weight to float32); longer inputs (a prefill) dequantize a slice of
 rows at a time and use torch's matrix-matrix kernels.
 
-``--dtype int4`` makes every plain nn.Linear an :class:`Int4Linear` instead: llama.cpp's Q4_0,
-blocks of 32 weights along the input, each 32 4-bit codes and a float16 scale (4.5 bits a weight,
-9/32 of bfloat16's bytes), rounded exactly as llama.cpp's reference quantizer rounds them, so that a
-Q4_0 GGUF's blocks and these are the same numbers. A linear whose input width is not a multiple of
-32 stays in float (said when the model loads).
+``--dtype int4`` makes every plain nn.Linear but the output head an :class:`Int4Linear` instead:
+llama.cpp's Q4_1 blocks, 32 weights along the input, each 32 4-bit codes with a float16 scale and
+minimum (5 bits a weight, 5/16 of bfloat16's bytes), each block's scale and minimum searched for the
+least squared error (:func:`q4_blocks`); the head becomes an Int8Linear (:data:`HEADS`). A linear
+whose input width is not a multiple of 32 stays in float (said when the model loads).
 
 A component decides which of its linears may be quantized with a class attribute ``int8``
 (contract 4, gptzoo.hookspecs), which both precisions obey: True (the default) lets every nn.Linear
@@ -94,10 +94,11 @@ class Int8Linear(QuantizedLinear):
 
 
 class Int4Linear(QuantizedLinear):
-    """y = x @ W^T + b, W in llama.cpp's Q4_0 blocks along each row: weight = (q - 8) * d, q a 4-bit
-    code, d the float16 scale of its block of Q4_BLOCK. ``qweight`` (out, in / 2) uint8 holds, for
-    block k of a row, bytes j < 16 with the codes of weights 32k + j (low 4 bits) and 32k + 16 + j
-    (high); ``scale`` (out, in / 32) float16; b in the input's dtype."""
+    """y = x @ W^T + b, W in llama.cpp's Q4_1 blocks along each row: weight = q * d + m, q a 4-bit code,
+    d and m the float16 scale and minimum of its block of Q4_BLOCK. ``qweight`` (out, in / 2) uint8
+    holds, for block k of a row, bytes j < 16 with the codes of weights 32k + j (low 4 bits) and
+    32k + 16 + j (high); ``scale`` (out, 2, in / 32) float16 a row's scales, then its minimums; b in
+    the input's dtype."""
 
     @staticmethod
     def fits(linear: nn.Linear) -> bool:
@@ -106,19 +107,16 @@ class Int4Linear(QuantizedLinear):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> Int4Linear:
-        """llama.cpp's quantize_row_q4_0_ref: per block, d = (the weight of largest magnitude, the first
-        of equals) / -8 and q = min(15, floor(w / d + 8.5)), d kept in float16."""
+        """The blocks of :func:`q4_blocks`, about QUANTIZE_WEIGHTS weights at a time."""
         w = linear.weight.detach().float()
         out, width = w.shape
-        blocks = w.reshape(out, width // Q4_BLOCK, Q4_BLOCK)
-        top = blocks.gather(2, blocks.abs().argmax(dim=2, keepdim=True))
-        d = top / -8
-        inverse = torch.where(d != 0, 1 / d, torch.zeros_like(d))
-        q = torch.floor(blocks * inverse + 8.5).clamp_(max=15).to(torch.uint8)
+        rows = max(1, QUANTIZE_WEIGHTS // width)
+        parts = [q4_blocks(w[start : start + rows]) for start in range(0, out, rows)]
+        q = torch.cat([codes for codes, _ in parts])
         half = Q4_BLOCK // 2
         packed = (q[..., :half] | (q[..., half:] << 4)).reshape(out, width // 2).contiguous()
         bias = None if linear.bias is None else linear.bias.detach().clone()
-        return cls(packed, d.squeeze(2).to(torch.float16), bias, width)
+        return cls(packed, torch.cat([scale for _, scale in parts]), bias, width)
 
     def codes(self, start: int = 0, stop: int | None = None) -> Tensor:
         """The 4-bit codes (0..15) of rows start..stop-1."""
@@ -127,12 +125,59 @@ class Int4Linear(QuantizedLinear):
         return torch.cat([blocks & 15, blocks >> 4], dim=2).view(stop - start, self.in_features)
 
     def dequantized(self, start: int, stop: int) -> Tensor:
-        q = self.codes(start, stop).float().view(stop - start, -1, Q4_BLOCK) - 8
-        return (q * self.scale[start:stop, :, None].float()).view(stop - start, self.in_features)
+        q = self.codes(start, stop).float().view(stop - start, -1, Q4_BLOCK)
+        scale = self.scale[start:stop].float()
+        return (q * scale[:, 0, :, None] + scale[:, 1, :, None]).view(stop - start, self.in_features)
+
+
+QUANTIZE_WEIGHTS = 1 << 18
+"""Weights Int4Linear.from_linear searches at a time (a few MB of temporaries: in the cache, not the memory)."""
+
+RANGES = tuple(14 + 0.2 * k for k in range(11))
+"""The code ranges q4_blocks tries a block's weights over, besides its minimum to maximum as 15 steps."""
+
+
+def q4_blocks(w: Tensor) -> tuple[Tensor, Tensor]:
+    """Rows of float32 weights (rows, in) as 4-bit blocks of Q4_BLOCK: the codes (rows, in / 32, 32) uint8
+    and the float16 scales and minimums (rows, 2, in / 32) of the weights q * d + m nearest each block's
+    (least squares). A block's candidates: its minimum to maximum in 15 steps (llama.cpp's Q4_1 reference
+    quantizer), and, for each range of RANGES, the codes of that many steps from the minimum with the d
+    and m that fit those codes best (as llama.cpp's K-quants search theirs); each candidate's d and m are
+    rounded to float16 and the codes taken again, and the one of least squared error wins."""
+    x = w.reshape(w.shape[0], -1, Q4_BLOCK)
+    lo, hi = x.amin(2, keepdim=True), x.amax(2, keepdim=True)
+    span, sums = hi - lo, x.sum(2, keepdim=True)
+
+    def rounded(d: Tensor, m: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        d, m = d.half().float(), m.half().float()
+        q = torch.round((x - m) * torch.where(d != 0, 1 / d, 0)).clamp_(0, 15)
+        return q, d, m, (q * d + m - x).square_().sum(2, keepdim=True)
+
+    best = rounded(span / 15, lo)
+    for steps in RANGES:
+        q = torch.round((x - lo) * torch.where(span > 0, steps / span, 0)).clamp_(0, 15)
+        sq, sqq, sqx = q.sum(2, keepdim=True), q.square().sum(2, keepdim=True), (q * x).sum(2, keepdim=True)
+        det = Q4_BLOCK * sqq - sq * sq
+        d = (Q4_BLOCK * sqx - sq * sums) / torch.where(det > 0, det, 1)
+        d = torch.where(det > 0, d, span / 15)
+        candidate = rounded(d, torch.where(det > 0, (sums - d * sq) / Q4_BLOCK, lo))
+        better = candidate[3] < best[3]
+        best = tuple(torch.where(better, new, old) for new, old in zip(candidate, best, strict=True))
+    q, d, m, _ = best
+    return q.to(torch.uint8), torch.stack([d.squeeze(2), m.squeeze(2)], dim=1).to(torch.float16)
 
 
 QUANTIZED = {"int8": Int8Linear, "int4": Int4Linear}
 """Weight-only precision -> the module each plain nn.Linear becomes."""
+
+HEADS = {"int4": Int8Linear}
+"""Weight-only precision -> the module its model's output head (``lm_head``) becomes, where not QUANTIZED's:
+4-bit logits cost perplexity that the rest of a model in 4 bits does not (SmolLM2-135M +2.3% with the
+head in blocks of 16, Gemma 3 270M +6%; bench/README.md), so int4 holds its head in int8, as llama.cpp's
+4-bit mixes hold theirs in Q6_K."""
+
+HEAD = "lm_head"
+"""The path of a model's output head."""
 
 
 def join(prefix: str, name: str) -> str:
@@ -151,19 +196,24 @@ def kept_float(model: nn.Module) -> list[str]:
     return [path for path in linear_paths(model) if path in kept]
 
 
+def module_for(precision: str, path: str) -> type[QuantizedLinear]:
+    """The module the linear at ``path`` becomes in ``precision`` (HEADS for the head, else QUANTIZED)."""
+    return HEADS.get(precision, QUANTIZED[precision]) if path == HEAD else QUANTIZED[precision]
+
+
 def unfit(model: nn.Module, precision: str) -> list[str]:
     """The paths of the plain linears of ``model`` whose shape ``precision`` cannot hold (int4: an input
     width that is not a multiple of its blocks), which stay in float."""
-    module = QUANTIZED[precision]
-    fits = getattr(module, "fits", None)
-    if fits is None:
-        return []
-    return [path for path in linear_paths(model) if not fits(model.get_submodule(path))]
+    return [
+        path
+        for path in linear_paths(model)
+        if not getattr(module_for(precision, path), "fits", lambda _: True)(model.get_submodule(path))
+    ]
 
 
 def quantize(model: nn.Module, precision: str) -> int:
-    """Replace every plain nn.Linear of ``model`` (in place) by the module of ``precision`` (QUANTIZED),
-    but those its components keep in float (:func:`kept_float`) and those it cannot hold
+    """Replace every plain nn.Linear of ``model`` (in place) by the module of ``precision`` (QUANTIZED, the
+    head HEADS), but those its components keep in float (:func:`kept_float`) and those it cannot hold
     (:func:`unfit`); return how many were replaced.
 
     Raises:
@@ -183,6 +233,6 @@ def quantize(model: nn.Module, precision: str) -> int:
             f"the weights of {', '.join(broken[:3])}{' and more' if len(broken) > 3 else ''} hold NaN or infinity "
             f"(e.g. from a diverged training run), which {precision} would round away; check the weights"
         )
-    for _, parent, name, linear in linears:
-        setattr(parent, name, QUANTIZED[precision].from_linear(linear))
+    for path, parent, name, linear in linears:
+        setattr(parent, name, module_for(precision, path).from_linear(linear))
     return len(linears)

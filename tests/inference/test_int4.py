@@ -1,7 +1,8 @@
-"""--dtype int4: llama.cpp's Q4_0 blocks, bit for bit; the kernels' products equal the dequantized
-weights' within what rounding x to int8 per block of 32 moves them (as llama.cpp's Q8_0 does, where the
-CPU has AVX512-VNNI; elsewhere in float32), whatever the threads; a model generates what its dequantized twin does;
-a linear that does not split into whole blocks stays in float, and the load says so."""
+"""--dtype int4: llama.cpp's Q4_1 blocks, their scales and minimums searched, the head in int8; the
+kernels' products equal the dequantized weights' within what rounding x to int8 per block of 32 moves
+them (as llama.cpp's Q8_0 does, where the CPU has AVX512-VNNI; elsewhere in float32), whatever the
+threads; a model generates what its dequantized twin does; a linear that does not split into whole
+blocks stays in float, and the load says so."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from gptzoo.inference import matvec
 from gptzoo.inference.generate import generate
 from gptzoo.inference.matvec import MAX_ROWS, ThreadTuner, native_linear
 from gptzoo.inference.native import library, unavailable_reason
-from gptzoo.inference.quantize import Int4Linear, quantize
+from gptzoo.inference.quantize import Int4Linear, Int8Linear, QuantizedLinear, quantize
 
 native = pytest.mark.skipif(library() is None, reason=f"native kernels unavailable: {unavailable_reason()}")
 
@@ -32,31 +33,57 @@ def _linear(out_features: int, in_features: int, seed: int, bias: bool = True) -
     return linear
 
 
-def test_blocks_are_llama_cpps_q4_0_bit_for_bit() -> None:
-    """Scales and codes equal gguf-py's Q4_0 (llama.cpp's reference quantizer), including an all-zero
-    block and a block whose largest magnitudes tie (the first one sets the scale's sign)."""
+def test_blocks_are_llama_cpps_q4_1_layout() -> None:
+    """Codes, scales and minimums in Q4_1's order: gguf-py dequantizes the blocks, written as a Q4_1
+    GGUF tensor holds them (d, m, 16 bytes of codes), to the module's weight, bit for bit."""
     quants = pytest.importorskip("gguf.quants")
     from gguf import GGMLQuantizationType
 
-    linear = _linear(40, 96, seed=1, bias=False)
-    with torch.no_grad():
-        linear.weight[3, :32] = 0
-        linear.weight[4, 32:64] = 0.25
-        linear.weight[4, 40], linear.weight[4, 50] = -2.0, 2.0  # a tie: -2 comes first
-        linear.weight[5, 64:] *= 1e-3
-    q = Int4Linear.from_linear(linear)
-    reference = quants.quantize(linear.weight.detach().numpy(), GGMLQuantizationType.Q4_0).reshape(40, 3, 18)
-    scales = reference[..., :2].copy().view(np.float16)[..., 0]
-    assert np.array_equal(scales, q.scale.numpy()) and np.array_equal(reference[..., 2:].reshape(40, 48), q.qweight)
-    assert q.scale[4, 1].item() == 0.25 and q.scale[3, 0].item() == 0.0  # -2 / -8; a zero block stays zero
-    dequantized = quants.dequantize(reference.reshape(40, 54), GGMLQuantizationType.Q4_0)
+    q = Int4Linear.from_linear(_linear(40, 96, seed=1, bias=False))
+    scales = q.scale.view(40, 2, 3).permute(0, 2, 1).contiguous().view(torch.uint8).view(40, 3, 4)
+    blocks = torch.cat([scales, q.qweight.view(40, 3, 16)], dim=2).reshape(40, 60).numpy()
+    dequantized = quants.dequantize(blocks, GGMLQuantizationType.Q4_1)
     assert np.array_equal(dequantized, q.weight.numpy())
-    assert q.codes().min() >= 0 and q.codes().max() == 15
-    # each weight within a step of its block's scale: half a step on the grid -8d .. 7d, up to one where
-    # the largest magnitude's opposite (8|d|) is clamped to 7|d| (and d is rounded to float16)
-    steps = q.scale.float().abs().repeat_interleave(32, dim=1)
-    error = (q.weight - linear.weight.detach()).abs()
-    assert (error <= steps * 1.01).all() and error.max() > 0.6 * steps.max()
+    assert q.codes().min() == 0 and q.codes().max() == 15
+
+
+def test_weights_on_a_q4_1_grid_come_back_exactly() -> None:
+    """Weights that are q * d + m of float16 d and m (a model that was itself a Q4_1 GGUF, as
+    SmolLM2-135M's weights here are) quantize to themselves; a block of equal weights too. Blocks whose
+    codes span 14 (the low or the high end unused, as a K-quant's may) come back within a float16
+    rounding of their minimum (their grid starts at the smallest weight, which float16 may not hold)."""
+    g = torch.Generator().manual_seed(5)
+    d = (torch.rand(24, 4, 1, generator=g) * 0.1).half().float()
+    m = -torch.rand(24, 4, 1, generator=g).half().float()
+    codes = torch.randint(0, 16, (24, 4, 32), generator=g).float()
+    codes[..., 0], codes[..., 1] = 0, 15
+    codes[:8], codes[8:16] = codes[:8].clamp(min=1), codes[8:16].clamp(max=14)
+    w = (codes * d + m).reshape(24, 128)
+    w[16, :32] = 0.75
+    linear = nn.Linear(128, 24, bias=False)
+    with torch.no_grad():
+        linear.weight.copy_(w)
+    got = Int4Linear.from_linear(linear).weight
+    assert torch.equal(got[16:], w[16:])
+    assert ((got[:16] - w[:16]).abs() <= (m[:16].abs() + d[:16]).repeat_interleave(32, 1).view(16, 128) * 2**-11).all()
+
+
+def test_the_search_never_does_worse_than_minimum_to_maximum() -> None:
+    """Per block, the squared error is at most that of llama.cpp's Q4_1 reference rounding (d = (max -
+    min) / 15, m = min), and clearly less over a Gaussian weight; each weight lies within its block's
+    span."""
+    linear = _linear(64, 256, seed=6, bias=False)
+    w = linear.weight.detach()
+    blocks = w.view(64, 8, 32)
+    lo, hi = blocks.amin(2, keepdim=True), blocks.amax(2, keepdim=True)
+    d, m = ((hi - lo) / 15).half().float(), lo.half().float()
+    reference = (torch.round((blocks - m) / d).clamp(0, 15) * d + m).view(64, 256)
+    got = Int4Linear.from_linear(linear).weight
+    error = (got - w).square().view(64, 8, 32).sum(2)
+    reference_error = (reference - w).square().view(64, 8, 32).sum(2)
+    assert (error <= reference_error * (1 + 1e-6)).all()
+    assert error.sum() < 0.85 * reference_error.sum()
+    assert ((got - w).abs() <= (hi - lo).repeat_interleave(32, dim=2).view(64, 256) / 15).all()
 
 
 def _exact_and_bound(q: Int4Linear, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -114,6 +141,7 @@ def test_what_the_kernels_do_not_take_is_refused() -> None:
     q = Int4Linear.from_linear(_linear(8, 64, seed=0))
     with torch.no_grad():
         assert native_linear(torch.randn(1, 64), q.qweight, q.bias, q.scale.float()) is None  # scales not float16
+        assert native_linear(torch.randn(1, 64), q.qweight, q.bias, q.scale[:, 0].contiguous()) is None  # no minimums
         assert native_linear(torch.randn(1, 96), q.qweight, q.bias, q.scale) is None  # width not 2 per byte
         assert native_linear(torch.randn(1, 48), torch.zeros(8, 24, dtype=torch.uint8), None, q.scale) is None
 
@@ -121,9 +149,10 @@ def test_what_the_kernels_do_not_take_is_refused() -> None:
 def test_a_model_generates_what_its_dequantized_twin_does() -> None:
     model, quantized = tiny_model("llama-tiny", "model.d_ff=192"), tiny_model("llama-tiny", "model.d_ff=192")
     assert quantize(quantized, "int4") == sum(type(m) is nn.Linear for m in model.modules())
+    assert type(quantized.lm_head) is Int8Linear and type(quantized.blocks[0].mlp.c_proj) is Int4Linear
     with torch.no_grad():
         for m, q in zip(model.modules(), quantized.modules(), strict=True):
-            if isinstance(q, Int4Linear):
+            if isinstance(q, QuantizedLinear):
                 m.weight.copy_(q.weight)
     prompts = [[3, 1, 4, 1, 5]]
     assert generate(quantized, prompts, 12) == generate(model, prompts, 12)
@@ -131,10 +160,11 @@ def test_a_model_generates_what_its_dequantized_twin_does() -> None:
 
 def test_linears_without_whole_blocks_stay_in_float_and_the_load_says_so() -> None:
     """Width 48: the attention and MLP inputs (48) are not whole blocks of 32; the MLP's down
-    projection (input 192) and the head (input 48) too but the first."""
+    projection (input 192) is, and the head (input 48) is held in int8, which takes any width."""
     loaded = gptzoo.load_model("gpt2-tiny", overrides=["model.n_embd=48", "model.d_ff=192"], dtype="int4", seed=0)
     kinds = {path: type(m).__name__ for path, m in loaded.model.named_modules() if hasattr(m, "in_features")}
     assert kinds["blocks.0.mlp.c_proj"] == "Int4Linear" and kinds["blocks.0.attn.c_attn"] == "Linear"
+    assert kinds["lm_head"] == "Int8Linear"
     assert loaded.precision == "int4"
     assert any(
         w.startswith("int4: ") and "kept in float, their inputs not whole blocks of 32: blocks.0.attn.c_attn" in w

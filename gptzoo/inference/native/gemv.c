@@ -82,19 +82,21 @@ DEFINE_DOTS(dots_bf16_rows, uint16_t, load_bf16, scalar_bf16, XROWS)
 DEFINE_DOTS(dots_i8_rows, int8_t, load_i8, scalar_i8, XROWS)
 
 #define QK 32 /* weights per 4-bit block */
-/* The codes and scales of rows o .. o + ROWS - 1 of a Q4 weight (rows past r repeat row o). */
+/* The codes and the scales-then-minimums of rows o .. o + ROWS - 1 of a Q4 weight (rows past r repeat
+ * row o). */
 static inline void q4_rows(const uint8_t *W, const uint16_t *S, long o, int r, long in, const uint8_t **w,
                            const uint16_t **s) {
     for (int k = 0; k < ROWS; k++) {
         long row = o + (k < r ? k : 0);
-        w[k] = W + row * (in / 2), s[k] = S + row * (in / QK);
+        w[k] = W + row * (in / 2), s[k] = S + row * 2 * (in / QK);
     }
 }
 
-/* Q4, llama.cpp's Q4_0 layout: a row of W is in / QK blocks of QK / 2 bytes, byte j of a block holding
- * the codes q (0..15) of its weights j (low 4 bits) and j + QK / 2 (high); weight = (q - 8) * d, d the
- * block's float16 scale (S, in / QK a row). dots[m * CHUNK + o - o0] = dot(W[o, :], x[m, :]) for
- * m < nx: each block's products summed, then times d, then added, in the same order whatever nx. */
+/* Q4, llama.cpp's Q4_1 blocks: a row of W is in / QK blocks of QK / 2 bytes, byte j of a block holding
+ * the codes q (0..15) of its weights j (low 4 bits) and j + QK / 2 (high); weight = q * d + m, d and m
+ * the block's float16 scale and minimum (S, a row's in / QK scales then its in / QK minimums).
+ * dots[m * CHUNK + o - o0] = dot(W[o, :], x[m, :]) for m < nx: per block d sum(q x) + m sum(x), added
+ * in the same order whatever nx. */
 static void dots_q4(const uint8_t *W, const uint16_t *S, const float *x, long nx, float *dots, long o0, long o1,
                     long in) {
     long blocks = in / QK, row_bytes = in / 2;
@@ -108,6 +110,8 @@ static void dots_q4(const uint8_t *W, const uint16_t *S, const float *x, long nx
             for (int k = 0; k < ROWS; k++) acc[k] = vzero();
             for (long b = 0; b < blocks; b++) {
                 const float *xb = x + b * QK;
+                vf sum = vzero();
+                for (int h = 0; h < QK; h += VW) sum = vadd(sum, load_f32(xb + h));
                 for (int k = 0; k < ROWS; k++) {
                     const uint8_t *q = w[k] + b * (QK / 2);
                     if (b % 4 == 0) prefetch_ahead(q, row_bytes);
@@ -118,6 +122,7 @@ static void dots_q4(const uint8_t *W, const uint16_t *S, const float *x, long nx
                         part = vfma(hi, load_f32(xb + QK / 2 + h), part);
                     }
                     acc[k] = vfma(vset1(f16_to_f32(s[k][b])), part, acc[k]);
+                    acc[k] = vfma(vset1(f16_to_f32(s[k][blocks + b])), sum, acc[k]);
                 }
             }
             for (int k = 0; k < r; k++) dots[m * CHUNK + o - o0 + k] = vsum(acc[k]);
@@ -205,12 +210,12 @@ static void quantize_q16(const float *x, long n, int16_t *xq, float *xs) {
 
 /* 4-bit weights against x in int8 per block of QK (scale dx = its largest magnitude / 127, as
  * llama.cpp's Q8_0 rounds it), two blocks at a time: vpdpbusd sums pairs of exact code x int8
- * products in int32, which go to float32 times the blocks' dw * dx; the codes' offset of 8 is taken
- * off as dw times 8 dx sum(x) per block, 16 blocks at a time.
+ * products in int32, which go to float32 times the blocks' dw * dx; the blocks' minimums add
+ * m dx sum(x) per block, 16 blocks at a time.
  * x's layout (xq, per row of x, QK * PAIRS bytes) follows the codes as the nibbles of two blocks' 32
  * bytes come out, low halves then high: for blocks 2p and 2p + 1, x(2p)[0..15], x(2p+1)[0..15],
  * x(2p)[16..31], x(2p+1)[16..31] (an odd last block's partner all zeros); xd per pair holds the
- * 16 lanes' dx (lanes 0-3 and 8-11 block 2p's, the others 2p + 1's); xo per block 8 dx sum(x). */
+ * 16 lanes' dx (lanes 0-3 and 8-11 block 2p's, the others 2p + 1's); xo per block dx sum(x). */
 #define PAIRS(in) (((in) / QK + 1) / 2)
 static void quantize_q8_pairs(const float *x, long in, int8_t *xq, float *xd, float *xo) {
     long blocks = in / QK;
@@ -227,7 +232,7 @@ static void quantize_q8_pairs(const float *x, long in, int8_t *xq, float *xd, fl
                 __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, inv)), qc = _mm512_cvtps_epi32(_mm512_mul_ps(c, inv));
                 _mm_storeu_si128((__m128i *)lo, _mm512_cvtepi32_epi8(qa));
                 _mm_storeu_si128((__m128i *)hi, _mm512_cvtepi32_epi8(qc));
-                xo[b] = 8.0f * d * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(qa, qc));
+                xo[b] = d * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(qa, qc));
             } else {
                 memset(lo, 0, QK / 2), memset(hi, 0, QK / 2);
             }
@@ -252,10 +257,10 @@ static void dots_q4_q8(const uint8_t *W, const uint16_t *S, const int8_t *xq, co
             long n = full - g < 8 ? full - g : 8;
             __m512 dw[ROWS];
             __mmask16 m = (__mmask16)((1u << (2 * n)) - 1);
-            __m512 offsets = _mm512_maskz_loadu_ps(m, xo + 2 * g);
-            for (int k = 0; k < ROWS; k++) { /* the codes' offset: - dw 8 dx sum(x) a block */
+            __m512 xsum = _mm512_maskz_loadu_ps(m, xo + 2 * g);
+            for (int k = 0; k < ROWS; k++) { /* the minimums: m dx sum(x) a block */
                 dw[k] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, s[k] + 2 * g));
-                acc[k] = _mm512_fnmadd_ps(dw[k], offsets, acc[k]);
+                acc[k] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, s[k] + blocks + 2 * g)), xsum, acc[k]);
             }
             for (long j = 0; j < n; j++) {
                 long p = g + j;
@@ -283,7 +288,8 @@ static void dots_q4_q8(const uint8_t *W, const uint16_t *S, const int8_t *xq, co
                 __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, xv);
                 __m512 d = _mm512_set1_ps(f16_to_f32(s[k][blocks - 1]));
                 acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(d, xs), acc[k]);
-                acc[k] = _mm512_mask3_fnmadd_ps(d, _mm512_set1_ps(xo[blocks - 1]), acc[k], 1);
+                acc[k] = _mm512_mask3_fmadd_ps(_mm512_set1_ps(f16_to_f32(s[k][2 * blocks - 1])),
+                                               _mm512_set1_ps(xo[blocks - 1]), acc[k], 1);
             }
         }
         for (int k = 0; k < r; k++) dots[o - o0 + k] = _mm512_reduce_add_ps(acc[k]);
@@ -298,11 +304,11 @@ typedef struct {
     int wkind, xkind, ykind;
     const void *W, *bias, *x;
     const float *scale, *xf; /* scale: int8 weights' per row, or NULL */
-    const uint16_t *qscale;  /* Q4 weights: their blocks' scales */
+    const uint16_t *qscale;  /* Q4 weights: their blocks' scales and minimums */
     const int16_t *xq; /* int8 weights: x in int16 per block, or NULL */
     const float *xs;   /* and the blocks' scales */
     const int8_t *xq8; /* Q4 weights: x in int8 per block, as quantize_q8_pairs lays it out, or NULL */
-    const float *xd, *xo; /* and its scales and offsets */
+    const float *xd, *xo; /* and its scales and its blocks' sums */
     void *y;
     long M, out, in, rows, chunks; /* rows of W per chunk, and how many chunks */
 } job_t;
@@ -453,8 +459,8 @@ static void start_workers(int n) {
     }
 }
 
-/* scale: int8 weights' float32 per row, Q4 weights' float16 per block (in must be a multiple of QK), else
- * NULL. Returns 0, or -1 when memory for the float32 copy of x cannot be allocated. */
+/* scale: int8 weights' float32 per row, Q4 weights' float16 scales then minimums per block, a row's
+ * 2 in / QK (in must be a multiple of QK), else NULL. Returns 0, or -1 when memory for the float32 copy of x cannot be allocated. */
 int gemv(int wkind, const void *W, const void *scale, const void *bias, int xkind, const void *x, int ykind,
          void *y, long M, long out, long in, int threads) {
     float *xf = NULL; /* x in float32, which every product but bfloat16 pairs reads */

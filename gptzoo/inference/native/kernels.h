@@ -25,7 +25,7 @@ static inline uint16_t f32_to_bf16(float f) {
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-/* A float16 (IEEE half) as float32: a 4-bit weight block's scale. */
+/* A float16 (IEEE half) as float32: a 4-bit weight block's scale or minimum. */
 static inline float f16_to_f32(uint16_t h) {
 #if defined(__F16C__)
     return _cvtsh_ss(h);
@@ -77,10 +77,10 @@ static inline vf load_bf16(const uint16_t *p) {
 static inline vf load_i8(const int8_t *p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
 }
-/* The 4-bit codes in VW bytes, less 8: lo from the low halves, hi from the high (a table lookup:
+/* The 4-bit codes (0..15) in VW bytes: lo from the low halves, hi from the high (a table lookup:
  * vpermps reads the low 4 bits of each index) */
 static inline void load_q4(const uint8_t *p, vf *lo, vf *hi) {
-    const __m512 table = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+    const __m512 table = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
     *lo = _mm512_permutexvar_ps(b, table);
     *hi = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), table);
@@ -114,9 +114,8 @@ static inline void load_q4(const uint8_t *p, vf *lo, vf *hi) {
     int64_t bytes;
     memcpy(&bytes, p, 8);
     __m256i b = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(bytes));
-    __m256 eight = _mm256_set1_ps(8.0f);
-    *lo = _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_and_si256(b, _mm256_set1_epi32(15))), eight);
-    *hi = _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4)), eight);
+    *lo = _mm256_cvtepi32_ps(_mm256_and_si256(b, _mm256_set1_epi32(15)));
+    *hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4));
 }
 #else
 #define VW 1
@@ -132,8 +131,8 @@ static inline vf load_f32(const float *p) { return *p; }
 static inline vf load_bf16(const uint16_t *p) { return bf16_to_f32(*p); }
 static inline vf load_i8(const int8_t *p) { return (float)*p; }
 static inline void load_q4(const uint8_t *p, vf *lo, vf *hi) {
-    *lo = (float)(*p & 15) - 8.0f;
-    *hi = (float)(*p >> 4) - 8.0f;
+    *lo = (float)(*p & 15);
+    *hi = (float)(*p >> 4);
 }
 #endif
 
