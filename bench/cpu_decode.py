@@ -224,16 +224,17 @@ def measure(name: str, precision: str, args: argparse.Namespace, bandwidth: floa
         "gguf": gguf.name if llama is not None else None,
     }
     if args.perplexity:
-        ids = held_out_ids(tokenizer, args.prefill * 2)[args.prefill :]  # text the prefill did not use
+        size = args.prefill  # windows of text the prefill did not use
+        text = held_out_ids(tokenizer, size * (args.windows + 1))
+        windows = [text[size * k : size * (k + 1)] for k in range(1, args.windows + 1)]
         row["perplexity"] = {
-            "gptzoo": math.exp(ours_nll(ours, ids)),
-            "gptzoo decoded": math.exp(ours_decoded_nll(ours, ids)),
+            "gptzoo": math.exp(statistics.mean(ours_nll(ours, ids) for ids in windows)),
+            "gptzoo decoded, first window": math.exp(ours_decoded_nll(ours, windows[0])),
         }
         if gguf is not None and gguf.exists():
             del llama, sides["llama.cpp"]
-            row["perplexity"]["llama.cpp"] = math.exp(
-                Llama(gguf, n_ctx=len(ids) + 8, logits_all=True, repack=not args.no_repack).nll(ids)
-            )
+            scorer = Llama(gguf, n_ctx=size + 8, logits_all=True, repack=not args.no_repack)
+            row["perplexity"]["llama.cpp"] = math.exp(statistics.mean(scorer.nll(ids) for ids in windows))
     return row
 
 
@@ -257,6 +258,9 @@ def main() -> None:
     parser.add_argument("--prefill", type=int, default=512)
     parser.add_argument("--load", action="store_true", help="run a competing one-thread matmul loop meanwhile")
     parser.add_argument("--perplexity", action="store_true", help="also perplexity on held-out text")
+    parser.add_argument(
+        "--windows", type=int, default=1, help="--perplexity over this many windows of --prefill tokens (default 1)"
+    )
     parser.add_argument(
         "--no-repack",
         action="store_true",

@@ -172,9 +172,9 @@ QUANTIZED = {"int8": Int8Linear, "int4": Int4Linear}
 
 HEADS = {"int4": Int8Linear}
 """Weight-only precision -> the module its model's output head (``lm_head``) becomes, where not QUANTIZED's:
-4-bit logits cost perplexity that the rest of a model in 4 bits does not (SmolLM2-135M +2.3% with the
-head in blocks of 16, Gemma 3 270M +6%; bench/README.md), so int4 holds its head in int8, as llama.cpp's
-4-bit mixes hold theirs in Q6_K."""
+a head in 4-bit blocks costs more perplexity than the rest of the model in them (SmolLM2-135M +5.3%,
+Gemma 3 270M +6.1%, against 0.0% and -0.6% for everything else; bench/README.md), so int4 holds its
+head in int8, as llama.cpp's 4-bit mixes hold theirs in Q6_K."""
 
 HEAD = "lm_head"
 """The path of a model's output head."""

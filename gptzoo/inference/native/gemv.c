@@ -214,8 +214,8 @@ static void quantize_q16(const float *x, long n, int16_t *xq, float *xs) {
  * m dx sum(x) per block, 16 blocks at a time.
  * x's layout (xq, per row of x, QK * PAIRS bytes) follows the codes as the nibbles of two blocks' 32
  * bytes come out, low halves then high: for blocks 2p and 2p + 1, x(2p)[0..15], x(2p+1)[0..15],
- * x(2p)[16..31], x(2p+1)[16..31] (an odd last block's partner all zeros); xd per pair holds the
- * 16 lanes' dx (lanes 0-3 and 8-11 block 2p's, the others 2p + 1's); xo per block dx sum(x). */
+ * x(2p)[16..31], x(2p+1)[16..31] (an odd last block's partner all zeros); xd per block dx, xo per
+ * block dx sum(x). */
 #define PAIRS(in) (((in) / QK + 1) / 2)
 static void quantize_q8_pairs(const float *x, long in, int8_t *xq, float *xd, float *xo) {
     long blocks = in / QK;
@@ -223,20 +223,19 @@ static void quantize_q8_pairs(const float *x, long in, int8_t *xq, float *xd, fl
         for (int h = 0; h < 2; h++) {
             long b = 2 * p + h;
             int8_t *lo = xq + p * 2 * QK + h * (QK / 2), *hi = lo + QK;
-            float d = 0.0f;
             if (b < blocks) { /* to nearest, ties to even (llama.cpp's SIMD quantize_row_q8_0) */
                 __m512 a = _mm512_loadu_ps(x + b * QK), c = _mm512_loadu_ps(x + b * QK + QK / 2);
                 float top = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(c)));
-                d = top / 127.0f;
+                float d = top / 127.0f;
                 __m512 inv = _mm512_set1_ps(d > 0.0f ? 1.0f / d : 0.0f);
                 __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, inv)), qc = _mm512_cvtps_epi32(_mm512_mul_ps(c, inv));
                 _mm_storeu_si128((__m128i *)lo, _mm512_cvtepi32_epi8(qa));
                 _mm_storeu_si128((__m128i *)hi, _mm512_cvtepi32_epi8(qc));
                 xo[b] = d * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(qa, qc));
+                xd[b] = d;
             } else {
                 memset(lo, 0, QK / 2), memset(hi, 0, QK / 2);
             }
-            for (int k = 0; k < 4; k++) xd[p * 16 + h * 4 + k] = d, xd[p * 16 + 8 + h * 4 + k] = d;
         }
 }
 
@@ -255,17 +254,16 @@ static void dots_q4_q8(const uint8_t *W, const uint16_t *S, const int8_t *xq, co
         for (int k = 0; k < ROWS; k++) acc[k] = _mm512_setzero_ps();
         for (long g = 0; g < full; g += 8) { /* 8 pairs: their 16 scales in one vector a row */
             long n = full - g < 8 ? full - g : 8;
-            __m512 dw[ROWS];
+            __m512 scales[ROWS]; /* dw dx, a lane a block */
             __mmask16 m = (__mmask16)((1u << (2 * n)) - 1);
-            __m512 xsum = _mm512_maskz_loadu_ps(m, xo + 2 * g);
+            __m512 xsum = _mm512_maskz_loadu_ps(m, xo + 2 * g), dx = _mm512_maskz_loadu_ps(m, xd + 2 * g);
             for (int k = 0; k < ROWS; k++) { /* the minimums: m dx sum(x) a block */
-                dw[k] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, s[k] + 2 * g));
+                scales[k] = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, s[k] + 2 * g)), dx);
                 acc[k] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, s[k] + blocks + 2 * g)), xsum, acc[k]);
             }
             for (long j = 0; j < n; j++) {
                 long p = g + j;
                 __m512i xv = _mm512_loadu_si512(xq + p * 2 * QK);
-                __m512 xs = _mm512_loadu_ps(xd + p * 16);
                 __m512i pick = _mm512_add_epi32(spread, _mm512_set1_epi32(2 * (int)j));
                 for (int k = 0; k < ROWS; k++) {
                     const uint8_t *q = w[k] + p * QK;
@@ -273,21 +271,19 @@ static void dots_q4_q8(const uint8_t *W, const uint16_t *S, const int8_t *xq, co
                     __m512i codes = _mm512_and_si512(
                         _mm512_srlv_epi64(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)q)), shifts), nibble);
                     __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, xv);
-                    __m512 scale = _mm512_mul_ps(_mm512_permutexvar_ps(pick, dw[k]), xs);
-                    acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), scale, acc[k]);
+                    acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_permutexvar_ps(pick, scales[k]), acc[k]);
                 }
             }
         }
         if (blocks % 2) { /* the odd last block: its 16 bytes and its scale (its partner's x is zero) */
             __m512i xv = _mm512_loadu_si512(xq + full * 2 * QK);
-            __m512 xs = _mm512_loadu_ps(xd + full * 16);
             for (int k = 0; k < ROWS; k++) {
                 __m256i half = _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(w[k] + full * QK)));
                 __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(half), half, 1);
                 __m512i codes = _mm512_and_si512(_mm512_srlv_epi64(v, shifts), nibble);
                 __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, xv);
-                __m512 d = _mm512_set1_ps(f16_to_f32(s[k][blocks - 1]));
-                acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(d, xs), acc[k]);
+                __m512 scale = _mm512_set1_ps(f16_to_f32(s[k][blocks - 1]) * xd[blocks - 1]);
+                acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), scale, acc[k]);
                 acc[k] = _mm512_mask3_fmadd_ps(_mm512_set1_ps(f16_to_f32(s[k][2 * blocks - 1])),
                                                _mm512_set1_ps(xo[blocks - 1]), acc[k], 1);
             }
@@ -355,7 +351,7 @@ static void run_chunk(const job_t *j, long c) {
         } else if (j->xq8 != NULL) {
 #if HAVE_Q16
             long pairs = PAIRS(j->in);
-            dots_q4_q8((const uint8_t *)j->W, j->qscale, j->xq8 + m * pairs * 2 * QK, j->xd + m * pairs * 16,
+            dots_q4_q8((const uint8_t *)j->W, j->qscale, j->xq8 + m * pairs * 2 * QK, j->xd + m * (j->in / QK),
                        j->xo + m * (j->in / QK), dots, o0, o1, j->in);
 #endif
         } else {
@@ -477,14 +473,14 @@ int gemv(int wkind, const void *W, const void *scale, const void *bias, int xkin
 #if HAVE_Q16
         long pairs = PAIRS(in);
         xq8 = malloc((size_t)(M * pairs * 2 * QK));
-        xd = malloc(sizeof(float) * (size_t)(M * pairs * 16));
+        xd = malloc(sizeof(float) * (size_t)(M * (in / QK)));
         xo = malloc(sizeof(float) * (size_t)(M * (in / QK)));
         if (xq8 == NULL || xd == NULL || xo == NULL) {
             free(xq8), free(xd), free(xo), free(xf);
             return -1;
         }
         for (long m = 0; m < M; m++)
-            quantize_q8_pairs(xf + m * in, in, xq8 + m * pairs * 2 * QK, xd + m * pairs * 16, xo + m * (in / QK));
+            quantize_q8_pairs(xf + m * in, in, xq8 + m * pairs * 2 * QK, xd + m * (in / QK), xo + m * (in / QK));
 #endif
     }
     if (HAVE_Q16 && wkind == I8 && in % QBLOCK == 0 && in > 0) {
