@@ -51,6 +51,11 @@ class QuantizedLinear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         self.out_features, self.in_features = qweight.shape[0], in_features
 
+    @staticmethod
+    def fits(linear: nn.Linear) -> bool:
+        """Whether this format can hold the linear's weight (every shape, unless a subclass says otherwise)."""
+        return True
+
     def dequantized(self, start: int, stop: int) -> Tensor:
         """Rows start..stop-1 of the weight as float32."""
         raise NotImplementedError
@@ -204,11 +209,7 @@ def module_for(precision: str, path: str) -> type[QuantizedLinear]:
 def unfit(model: nn.Module, precision: str) -> list[str]:
     """The paths of the plain linears of ``model`` whose shape ``precision`` cannot hold (int4: an input
     width that is not a multiple of its blocks), which stay in float."""
-    return [
-        path
-        for path in linear_paths(model)
-        if not getattr(module_for(precision, path), "fits", lambda _: True)(model.get_submodule(path))
-    ]
+    return [path for path in linear_paths(model) if not module_for(precision, path).fits(model.get_submodule(path))]
 
 
 def quantize(model: nn.Module, precision: str) -> int:

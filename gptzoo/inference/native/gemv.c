@@ -456,7 +456,8 @@ static void start_workers(int n) {
 }
 
 /* scale: int8 weights' float32 per row, Q4 weights' float16 scales then minimums per block, a row's
- * 2 in / QK (in must be a multiple of QK), else NULL. Returns 0, or -1 when memory for the float32 copy of x cannot be allocated. */
+ * 2 in / QK (in must be a multiple of QK), else NULL. Returns 0, or -1 when memory for the float32
+ * copy of x cannot be allocated. */
 int gemv(int wkind, const void *W, const void *scale, const void *bias, int xkind, const void *x, int ykind,
          void *y, long M, long out, long in, int threads) {
     float *xf = NULL; /* x in float32, which every product but bfloat16 pairs reads */
