@@ -1,14 +1,19 @@
 """Training speed, gptzoo vs Hugging Face transformers, side by side in one process.
 
 GPT-2 small's shape (HF initializes the weights; gptzoo loads the very same tensors; HF's dropout off,
-as gptzoo has none), the same plain loop for both: forward, float32 cross-entropy on the logits,
-backward, gradient clipping, fused AdamW step. Same batch, same tokens. Steps alternate between the
+as gptzoo has none), the same plain loop for both: forward, the mean float32 cross-entropy of the
+logits, backward, gradient clipping, fused AdamW step. Same batch, same tokens. Each side computes its
+loss as its library trains: HF as its ForCausalLMLoss does (the logits cast to float32, then
+F.cross_entropy), gptzoo with its trainer's loss_of (gptzoo.training.loss, blockwise). Steps alternate between the
 two models after a warm-up step each; the median step time gives tokens/s, and MFU is the achieved
 training FLOP/s (6N + attention, gptzoo.flops's count x 3) over a measured peak matmul FLOP/s in the
 same precision.
 
     python bench/train.py [--batch 4] [--seq-len 128] [--steps 3] [--precision float32 bfloat16]
-    [--compile] [--device cuda] [--json]
+    [--compile] [--keep-freed-memory] [--device cuda] [--json]
+
+--keep-freed-memory sets glibc's malloc as ``gptzoo train`` sets it on a CPU
+(gptzoo.training.host_memory): for the whole process, so for both sides.
 """
 
 from __future__ import annotations
@@ -26,14 +31,22 @@ import transformers
 
 from gptzoo.flops import TRAIN_FORWARD_RATIO, forward_flops
 from gptzoo.hf import load_hf
-from gptzoo.training.trainer import autocast, measure_peak_flops
+from gptzoo.training.host_memory import keep_freed_memory
+from gptzoo.training.trainer import autocast, loss_of, measure_peak_flops
 
 PRECISIONS = ("float32", "bfloat16")
 
 
+def hf_loss(model: transformers.PreTrainedModel, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The mean float32 cross-entropy as transformers' ForCausalLMLoss computes it."""
+    logits = model(x).logits
+    return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1))
+
+
 def step_fn(
     model: torch.nn.Module,
-    logits_of: Callable[[torch.Tensor], torch.Tensor],
+    loss_fn: Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], torch.Tensor],
+    forward: torch.nn.Module,
     x: torch.Tensor,
     y: torch.Tensor,
     precision: str,
@@ -43,8 +56,7 @@ def step_fn(
 
     def step() -> float:
         with autocast(precision, device):
-            logits = logits_of(x)
-        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1))
+            loss = loss_fn(forward, x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -71,10 +83,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--precision", nargs="+", choices=PRECISIONS, default=list(PRECISIONS))
     parser.add_argument("--compile", action="store_true", help="torch.compile both models")
+    parser.add_argument(
+        "--keep-freed-memory", action="store_true", help="malloc as gptzoo train sets it on a CPU, for both sides"
+    )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     device = torch.device(args.device)
+    kept = keep_freed_memory() if args.keep_freed_memory else False
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     torch.manual_seed(0)
@@ -84,7 +100,7 @@ def main() -> None:
     if not args.json:
         print(
             f"GPT-2 small shape, batch {args.batch} x {args.seq_len} tokens, fused AdamW, {args.device}, "
-            f"compile={args.compile}; "
+            f"compile={args.compile}, freed memory kept={kept}; "
             f"torch {torch.__version__}, transformers {transformers.__version__}, {torch.get_num_threads()} threads"
         )
         print("| precision | HF tokens/s | gptzoo tokens/s | gptzoo / HF | HF MFU | gptzoo MFU | measured peak |")
@@ -99,8 +115,8 @@ def main() -> None:
         hf_fwd = torch.compile(hf) if args.compile else hf
         ours_fwd = torch.compile(ours) if args.compile else ours
         steps = {
-            "hf": step_fn(hf, lambda t, forward=hf_fwd: forward(t).logits, x, y, precision, device),
-            "gptzoo": step_fn(ours, ours_fwd, x, y, precision, device),
+            "hf": step_fn(hf, hf_loss, hf_fwd, x, y, precision, device),
+            "gptzoo": step_fn(ours, loss_of, ours_fwd, x, y, precision, device),
         }
         first = {name: step() for name, step in steps.items()}  # warm-up (and compilation)
         times: dict[str, list[float]] = {name: [] for name in steps}
@@ -138,6 +154,7 @@ def main() -> None:
         "batch": args.batch,
         "seq_len": args.seq_len,
         "compile": args.compile,
+        "freed_memory_kept": kept,
         "rows": rows,
     }
     if args.json:

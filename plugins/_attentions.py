@@ -5,7 +5,8 @@ q, k and v come from one fused projection ``c_attn`` (d -> (nh + 2 nkv) hs, q ro
 then v), as in nanoGPT and GPT-2 (gptzoo.hf's layouts split or interleave it as each checkpoint format
 stores it). Two registered variants differ only in how scores are computed:
 
-- causal: torch.nn.functional.scaled_dot_product_attention (fused kernels where available);
+- causal: scaled_dot_product_attention (gptzoo.model.sdpa: torch's fused kernels, with a float32 backward for
+  bfloat16 training on a CPU);
 - eager: the explicit softmax(Q K^T / sqrt(d_k) + M) V, M the causal mask (plus any position bias).
 
 Both take the parameters that modern families add, each off by default:
@@ -39,11 +40,11 @@ import math
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gptzoo.flops import linear_flops
 from gptzoo.interfaces import AttentionContext, LayerKVCache
+from gptzoo.model.sdpa import scaled_dot_product_attention
 
 QK_NORMS = ("none", "head", "full")
 """Where ``qk_norm`` normalizes: not at all, over each head, over the whole projection."""
@@ -277,7 +278,7 @@ class CausalSelfAttention(nn.Module):
             return explicit_attention(q, k, v, ctx, self.scale, self.softcap, self.sinks)
         if q.shape[2] == 1 and ctx.mask is None and q.device.type == "cpu" and q.dtype == torch.float32:
             return one_query_attention(q, k, v, self.scale)
-        return F.scaled_dot_product_attention(
+        return scaled_dot_product_attention(
             q, k, v, attn_mask=ctx.mask, is_causal=ctx.is_causal, scale=self.scale, enable_gqa=k.shape[1] != q.shape[1]
         )
 

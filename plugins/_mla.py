@@ -32,11 +32,11 @@ import math
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gptzoo.flops import linear_flops
 from gptzoo.interfaces import AttentionContext
+from gptzoo.model.sdpa import scaled_dot_product_attention
 
 
 class LatentKVCache:
@@ -202,9 +202,7 @@ class LatentAttention(nn.Module):
         k_nope, values = self.kv_b(latent).view(B, S, nh, n + v).transpose(1, 2).split((n, v), dim=-1)
         k = torch.cat((k_nope, k_rope.expand(B, nh, S, r)), dim=-1)  # (B, nh, S, n + r)
         q = torch.cat((q_nope, q_rope), dim=-1)  # (B, nh, T, n + r)
-        return F.scaled_dot_product_attention(
-            q, k, values, attn_mask=ctx.mask, is_causal=ctx.is_causal, scale=self.scale
-        )
+        return scaled_dot_product_attention(q, k, values, attn_mask=ctx.mask, is_causal=ctx.is_causal, scale=self.scale)
 
     def absorbed(self, q_nope: Tensor, q_rope: Tensor, latent: Tensor, k_rope: Tensor, mask: Tensor | None) -> Tensor:
         """Attention of one query per row over every cached latent without expanding them: q_nope (B, nh,

@@ -51,6 +51,16 @@ def _fresh_default_registry() -> None:
     gptzoo.registry.default_registry.cache_clear()
 
 
+@pytest.fixture(autouse=True)
+def kept_freed_memory(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """A CPU training run sets malloc to keep freed memory for the rest of its process (host_memory): in the
+    suite's one long process that would outlive the test, so each in-process run records the call here instead
+    (tests/training/test_host_memory.py tests the real call in processes of their own)."""
+    calls: list[str] = []
+    monkeypatch.setattr("gptzoo.training.trainer.keep_freed_memory", lambda: bool(calls.append("kept")))
+    return calls
+
+
 @pytest.fixture
 def fake_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeSite]:
     """A directory of fake plugin distributions on sys.path (in this process) for one test."""

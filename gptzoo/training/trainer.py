@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from gptzoo.errors import CheckpointError, GptzooError, Interrupted, NonFiniteError, RecipeError, exception_text
@@ -44,6 +43,8 @@ from gptzoo.registry import Registry
 from gptzoo.tokenizer import Tokenizer, load_tokenizer
 from gptzoo.training import distributed, run_dir
 from gptzoo.training.data import TokenData, Windows, eval_batches, n_windows, rank_slice, shown, vocab_sha256
+from gptzoo.training.host_memory import keep_freed_memory
+from gptzoo.training.loss import cross_entropy
 from gptzoo.training.optim import lr_at, make_optimizer
 from gptzoo.training.stats import StatWindow
 from gptzoo.untrusted import check_utf8_path
@@ -369,9 +370,8 @@ def measure_peak_flops(device: torch.device, precision: str) -> float:
 
 
 def loss_of(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy, computed in float32."""
-    logits = model(x)
-    return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1))
+    """Mean next-token cross-entropy, computed in float32 (:func:`gptzoo.training.loss.cross_entropy`)."""
+    return cross_entropy(model(x), y)
 
 
 def mean_loss(
@@ -422,6 +422,8 @@ class Trainer:
         self.val = data.val
         n_windows(self.val, self.seq_len)  # val.bin must hold a window: say so now, not at the first evaluation
         self.peak = peak_of(spec, procs.device)
+        if procs.device.type == "cpu":
+            keep_freed_memory()  # every step reallocates the same tensors: reuse their pages (host_memory)
         torch.manual_seed(spec.seed)
         model = init if init is not None else build_model(recipe, registry=registry)
         self.model = model.to(procs.device)
