@@ -123,7 +123,7 @@ from typing import Any, Protocol
 import pluggy
 
 PROJECT = "gptzoo"
-CONTRACT_VERSION = 5
+CONTRACT_VERSION = 6
 """The version of the plugin contract this gptzoo implements (see the module docstring)."""
 CONTRACT_ATTRIBUTE = "gptzoo_contract"
 """The plugin module's attribute that declares the contract version it was written for (optional)."""
@@ -238,9 +238,9 @@ CONTRACTS: dict[str, Contract] = {
 KINDS = tuple(CONTRACTS)
 """The component kinds."""
 
-SUBSYSTEM_HOOKS = ("register_hf_layouts", "register_decode_lowerings", "register_recipes")
+SUBSYSTEM_HOOKS = ("register_hf_layouts", "register_decode_lowerings", "register_adapter_parts", "register_recipes")
 """The hooks through which a plugin tells a subsystem about a component class (its Hugging Face layouts,
-its decode lowering) or ships what the recipe loader finds by name (its recipes and sweep specs), beside the
+its decode lowering, its projections' adapter parts) or ships what the recipe loader finds by name (its recipes and sweep specs), beside the
 one hook per kind that registers components."""
 
 
@@ -420,6 +420,31 @@ def register_hf_layouts(register: RegisterHFLayout) -> None:
     A plugin may register layouts for any class, its own or another's. Before contract 2 a component
     answered for itself with ``hf_weights(layout)`` and ``hf_config(layout)`` methods: those still work,
     with one GptzooWarning per class.
+    """
+
+
+class RegisterAdapterParts(Protocol):
+    def __call__(self, component: type | str, parts: dict[str, Callable[[Any], Any]]) -> None: ...
+
+
+@hookspec
+def register_adapter_parts(register: RegisterAdapterParts) -> None:
+    """Name the parts of a component's fused projections, so that low-rank adapters can target each part
+    (contract 6; gptzoo.adapters.targets).
+
+    Every plain ``nn.Linear`` inside a block's component is a target without this hook, named by its
+    attribute path (``attn.q_a``, ``mlp.experts.c_fc`` for that projection of every expert). A projection
+    that computes several things at once (q, k and v in one matrix) may be split into named row ranges:
+
+    ``register(component, parts)``:
+        component: the class that owns the projections (a subclass uses its nearest base class's), or
+            its reference ``"module:Class"``.
+        parts: attribute name -> ``split(module) -> [(name, rows), ...]``, the parts of that projection
+            in row order, their rows adding up to its out_features (-1: the rest of them), e.g.
+            ``{"c_attn": lambda a: [("q", a.n_head * a.head_dim), ("kv", -1)], "c_proj": lambda a: [("o", -1)]}``.
+
+    A plugin's split replaces gptzoo's for the same class. A split whose rows do not add up is refused,
+    naming the class, when a model is adapted.
     """
 
 

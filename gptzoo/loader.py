@@ -152,6 +152,39 @@ def load_model(
     return replace(loaded, precision=chosen.name)
 
 
+def with_precision(loaded: Loaded, dtype: str | torch.dtype | None, registry: Registry | None = None) -> Loaded:
+    """A loaded model (in float32) in the precision ``dtype`` names, as :func:`load_model` gives it; None: as it is."""
+    if dtype is None:
+        return loaded
+    chosen = precision(dtype)
+    if chosen.quantized:
+        quantized = _quantized(loaded.model, chosen.name, registry)
+        return replace(loaded, precision=chosen.name, warnings=(*loaded.warnings, *quantized))
+    loaded.model.to(getattr(torch, chosen.dtype))
+    return replace(loaded, precision=chosen.name)
+
+
+def with_adapter(
+    loaded: Loaded, adapter: str | Path, registry: Registry | None = None, *, merge: bool = False
+) -> Loaded:
+    """The model with a LoRA adapter in peft's format (a directory peft or `gptzoo finetune` wrote) merged into
+    its weights, or with ``merge=False`` as a low-rank side path that computes what peft's unmerged layers do
+    (gptzoo.adapters.peft_format); ``[NAME=]DIR``, the name only labels it.
+
+    Raises:
+        CheckpointError: the adapter cannot be read, is not LoRA, or does not fit the model.
+    """
+    from gptzoo.adapters.peft_format import attach_peft, merge_peft, read_peft
+
+    name, _, directory = str(adapter).rpartition("=") if "=" in str(adapter) else ("", "", str(adapter))
+    if loaded.model.recipe is None:
+        loaded.model.recipe = loaded.recipe
+    read = read_peft(Path(directory).expanduser())
+    (merge_peft if merge else attach_peft)(loaded.model, read, registry)
+    label = f"{name} ({directory})" if name else directory
+    return replace(loaded, source=f"{loaded.source} with adapter {label}")
+
+
 INT8_REMEDY = (
     "declare int8 = False on it, or the names of the linears it may have quantized (gptzoo.hookspecs, contract 4), "
     "or load it in float32 or bfloat16"
@@ -287,6 +320,8 @@ def load_any(
 
     text = str(source)
     path = Path(text)
+    if path.is_dir() and (path / "adapter.json").is_file():  # a fine-tuning run: its base with its adapter
+        return _finetuned(path, registry=registry, device=device, dtype=dtype)
     if path.is_dir():
         if all((path / f).is_file() for f in CHECKPOINT_FILES):
             return load_model(checkpoint=path, overrides=overrides, registry=registry, device=device, dtype=dtype)
@@ -310,6 +345,20 @@ def load_any(
             )
         return load_model(recipe, registry=registry, device=device, dtype=dtype)
     return load_model(hf=text, overrides=overrides, registry=registry, device=device, dtype=dtype)
+
+
+def _finetuned(
+    run: Path, *, registry: Registry | None, device: torch.device | str | None, dtype: str | torch.dtype | None
+) -> Loaded:
+    """A `gptzoo finetune` run as a model: the base its adapter.json names, with RUN/adapter merged."""
+    from gptzoo.adapters.finetune import ADAPTER, read_spec
+
+    spec = read_spec(run)
+    assert spec is not None
+    if not (run / ADAPTER).is_dir():
+        raise GptzooError(f"fine-tuning run {run} has no {ADAPTER}/ yet: it is written when the run ends; resume it")
+    base = load_any(spec.base, registry=registry, device=device)
+    return with_precision(with_adapter(base, run / ADAPTER, registry), dtype, registry)
 
 
 def build(

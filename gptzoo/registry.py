@@ -271,6 +271,9 @@ class Registry:
         """Every plugin's registered Hugging Face layouts, in registration order (register_hf_layouts)."""
         self.recipes: list[PluginRecipe] = []
         """Every plugin's registered recipes and sweep specs, in registration order (register_recipes)."""
+        self.adapter_parts: list[dict[str, dict[str, Callable[[Any], Any]]]] = []
+        """Every plugin's splits of fused projections into adapter targets, in registration order, each
+        {class key: {attribute: split}} (register_adapter_parts; gptzoo.adapters.targets reads them)."""
 
     def get(self, kind: str, name: str) -> Entry:
         """The entry a bare or qualified name means; an UnknownComponentError or
@@ -407,6 +410,8 @@ class Registry:
         layouts: list[HFLayout] = []
         _call(pm.hook.register_hf_layouts, plugin, lambda: _layout_stager(provenance, layouts))
         self._check_layouts(layouts)
+        parts: dict[str, dict[str, Callable[[Any], Any]]] = {}
+        _call(pm.hook.register_adapter_parts, plugin, lambda: _parts_stager(provenance, parts))
         recipes: list[PluginRecipe] = []
         _call(pm.hook.register_recipes, plugin, lambda: _recipe_stager(provenance, recipes))
         self._check_recipes(recipes)
@@ -429,6 +434,8 @@ class Registry:
         self.lowerings.update(placed)
         self.hf_layouts += layouts
         self.recipes += recipes
+        if parts:
+            self.adapter_parts.append(parts)
 
     def _check_recipes(self, recipes: list[PluginRecipe]) -> None:
         """One plugin's recipes: each name once per kind (recipe, sweep) within the plugin's distribution."""
@@ -714,12 +721,7 @@ def _layout_stager(provenance: Provenance, staged: list[HFLayout]) -> tuple[Call
     ) -> None:
         call.check()
         what = f"{provenance} registered a Hugging Face layout"
-        target = _component(component)
-        if target is None:
-            raise RegistryError(
-                f"{what} for {show_plain(component)}, which is neither a class nor a reference 'module:Class'; "
-                "pass the component's class"
-            )
+        target = _class_of(component, what)
         if not isinstance(layout, str) or not NAME.fullmatch(layout):
             raise RegistryError(f"{what} with a layout that is not a name: {show_plain(layout)}; e.g. 'llama'")
         for name, value, may_be_none in (("weights", weights, False), ("config", config, True)):
@@ -737,6 +739,40 @@ def _layout_stager(provenance: Provenance, staged: list[HFLayout]) -> tuple[Call
             raise RegistryError(f"{what} with an override that is not a bool: {show_plain(override)}")
         children = tuple(c if isinstance(c, str) else tuple(c) for c in children)
         staged.append(HFLayout(target, layout, weights, config, children, override, provenance))
+
+    register.__qualname__ = "register"
+    return register, call.close
+
+
+def _class_of(component: object, what: str) -> type | Reference:
+    """The class a layout or adapter parts are registered for (:func:`_component`), or a RegistryError saying
+    ``what`` was registered for something else."""
+    target = _component(component)
+    if target is None:
+        raise RegistryError(
+            f"{what} for {show_plain(component)}, which is neither a class nor a reference 'module:Class'; "
+            "pass the component's class"
+        )
+    return target
+
+
+def _parts_stager(
+    provenance: Provenance, staged: dict[str, dict[str, Callable[[Any], Any]]]
+) -> tuple[Callable[..., None], Callable[[], None]]:
+    """The ``register`` of one ``register_adapter_parts`` call, and what closes it when the hook returns."""
+    call = _HookCall(provenance, "register_adapter_parts")
+
+    def register(component: type | str, parts: dict[str, Callable[[Any], Any]]) -> None:
+        call.check()
+        what = f"{provenance} registered adapter parts"
+        target = _class_of(component, what)
+        if not isinstance(parts, dict) or not all(
+            isinstance(k, str) and k.isidentifier() and callable(v) for k, v in parts.items()
+        ):
+            raise RegistryError(
+                f"{what} for {class_key(target)} that are not {{attribute: split function}}: {show_plain(parts)}"
+            )
+        staged.setdefault(class_key(target), {}).update(parts)
 
     register.__qualname__ = "register"
     return register, call.close

@@ -61,6 +61,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> None:
             new_tokens=args.new_tokens,
             chat=args.chat,
             registry=registry,
+            adapter=args.adapter,
         )
     if args.json:
         print_json(out, result)

@@ -9,6 +9,7 @@ from gptzoo.cli.args import Parser, Subparsers
 from gptzoo.cli.console import Console, print_json, status
 from gptzoo.cli.library import command_registry, importing
 from gptzoo.cli.render import text
+from gptzoo.errors import GptzooError
 
 
 def add_parser(sub: Subparsers, common: Parser) -> Parser:
@@ -20,17 +21,28 @@ def add_parser(sub: Subparsers, common: Parser) -> Parser:
         "checkpoint), or any other MODEL (README: Naming a model)",
     )
     p.add_argument("--hf", required=True, metavar="OUT", help="the new Hugging Face checkpoint directory")
+    p.add_argument(
+        "--adapter", metavar="DIR", help="a LoRA adapter in peft's format to merge into the weights (with --merge)"
+    )
+    p.add_argument("--merge", action="store_true", help="write the weights with --adapter merged into them")
     return p
 
 
 def run(args: argparse.Namespace, out: Console, err: Console) -> None:
     with importing():
         from gptzoo.hf import export_hf
-        from gptzoo.loader import load_any
+        from gptzoo.loader import load_any, with_adapter
 
+    if (args.adapter is None) != (not args.merge):
+        raise GptzooError(
+            "--adapter DIR --merge writes the weights with the adapter merged into them: give both (an adapter is "
+            "already in peft's format, which peft and vLLM load beside the base)"
+        )
     registry = command_registry(err)
     with status(err, f"loading {args.model}", quiet=args.json):
         loaded = load_any(args.model, registry=registry)
+        if args.adapter is not None:
+            loaded = with_adapter(loaded, args.adapter, registry, merge=True)
     files = loaded.checkpoint if loaded.checkpoint is not None else loaded.hf_dir  # its tokenizer files, if any
     with status(err, f"converting to {args.hf}", quiet=args.json):
         path = export_hf(loaded.model, args.hf, tokenizer_from=files, registry=registry)

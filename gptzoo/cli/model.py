@@ -39,6 +39,11 @@ def model_parser(overrides: str) -> Parser:
         "local HF cache; beside a recipe MODEL, the weights that recipe must fit",
     )
     parser.add_argument("--checkpoint", metavar="DIR", help="MODEL as a gptzoo checkpoint directory")
+    parser.add_argument(
+        "--adapter",
+        metavar="[NAME=]DIR",
+        help="a LoRA adapter in peft's format (a directory peft or `gptzoo finetune` wrote), merged into the weights",
+    )
     add_set(parser, overrides)
     add_offline(parser)
     return parser
@@ -99,20 +104,26 @@ def load_named(
     Raises:
         GptzooError: as :func:`named`, load_any and load_model do.
     """
-    from gptzoo.loader import load_any, load_model
+    from gptzoo.loader import load_any, load_model, with_adapter, with_precision
 
     model = named(args, registry)
+    adapter = getattr(args, "adapter", None)
+    weights = None if adapter is not None else dtype  # an adapter merges into the float32 weights first
     shown = " ".join(str(n) for n in (model.recipe, model.name, model.hf, model.checkpoint) if n is not None)
     with nullcontext() if err is None else status(err, f"loading {shown}", quiet=args.json):
         if model.hf is None and model.checkpoint is None and not (random and model.recipe is not None):
             source = model.recipe if model.recipe is not None else model.name
-            return load_any(source, overrides=args.overrides, registry=registry, dtype=dtype)
-        return load_model(
-            model.recipe,
-            hf=model.hf,
-            checkpoint=model.checkpoint,
-            overrides=args.overrides,
-            registry=registry,
-            dtype=dtype,
-            seed=seed,
-        )
+            loaded = load_any(source, overrides=args.overrides, registry=registry, dtype=weights)
+        else:
+            loaded = load_model(
+                model.recipe,
+                hf=model.hf,
+                checkpoint=model.checkpoint,
+                overrides=args.overrides,
+                registry=registry,
+                dtype=weights,
+                seed=seed,
+            )
+        if adapter is None:
+            return loaded
+        return with_precision(with_adapter(loaded, adapter, registry), dtype, registry)

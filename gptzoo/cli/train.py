@@ -51,6 +51,11 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> None:
     except KeyboardInterrupt:
         raise Interrupted("before the first step; nothing was written") from None
     run = args.out if args.out is not None else Path("runs") / recipe.name  # an empty --out is refused by train
+    if args.resume and (Path(run) / "adapter.json").is_file():
+        raise GptzooError(
+            f"{run} is a fine-tuning run (adapters on a frozen base, {Path(run) / 'adapter.json'}); resume it with "
+            f"gptzoo finetune BASE --out {run} --resume"
+        )
     main_process = first_process(args)  # under torchrun, only rank 0 reports
     init, hf_dir = (loaded.model, loaded.hf_dir) if loaded is not None else (None, None)
     if args.json or not main_process:

@@ -35,7 +35,7 @@ from gptzoo.hf.olmoe import Olmoe
 from gptzoo.hf.phi3 import Phi3
 from gptzoo.hf.qwen import Qwen2, Qwen3
 from gptzoo.hf.qwen_moe import Qwen2Moe, Qwen3Moe
-from gptzoo.hf.tensor_map import stack_slices
+from gptzoo.hf.tensor_map import TensorMap, stack_slices
 from gptzoo.model.build import assemble, build_model
 from gptzoo.model.checkpoint import tokenizer_copies
 from gptzoo.model.gpt import GPT
@@ -291,34 +291,47 @@ def _export(model: GPT, out: Path, tokenizer_from: str | Path | None, registry: 
     recipe = model.recipe
     if recipe is None:
         raise GptzooError("the model has no recipe; build it with gptzoo.build_model or load a checkpoint")
+    family, config_fields, rows = equivalent(recipe, registry)
+    copies = tokenizer_copies(tokenizer_from)
+    config_fields.update(_special_token_ids(recipe, Path(tokenizer_from) if copies else None))
+    state = model.state_dict()
+    config = transformers.AutoConfig.for_model(
+        family.model_type, **config_fields, architectures=[family.architecture], dtype=model.wte.weight.dtype
+    )
+    saved = [
+        (tmap, key, t) for ours, theirs, tmap in rows for key, t in zip(theirs, tmap.save(state[ours]), strict=True)
+    ]
+    try:
+        tensors = stack_slices(saved)
+    except ValueError as exc:
+        raise CheckpointError(f"the {family.architecture} weight map is incomplete: {exc}") from None
+    with tempfile.TemporaryDirectory(prefix="gptzoo-tokenizer-") as made:
+        if not copies and recipe.tokenizer is not None and recipe.tokenizer.name != "hf":
+            if recipe_tokenizer(recipe, None).vocab_size <= recipe.model.vocab_size:  # its ids are the model's
+                copies = save_hf_tokenizer(recipe.tokenizer.name, Path(made))
+        return write_checkpoint(out, config, tensors, copies)
+
+
+def equivalent(
+    recipe: Recipe, registry: Registry
+) -> tuple[Family, dict[str, Any], list[tuple[str, tuple[str, ...], TensorMap]]]:
+    """The family a model of ``recipe`` exports to (the first in FAMILIES' order that expresses every
+    component), its config.json fields and its tensor map (of a model built on the meta device).
+
+    Raises:
+        NoEquivalentError: none does; the message is the closest family's reasons.
+    """
     components: list[tuple[Entry, nn.Module]] = []
     skeleton = assemble(recipe, registry, torch.device("meta"), components)
     reasons: list[tuple[int, str, str]] = []
     for family in FAMILIES.values():
         try:
             config_fields = family.config(recipe, skeleton, components, registry)
-            rows = family.tensor_map(model, registry)
+            rows = family.tensor_map(skeleton, registry)
         except NoEquivalentError as exc:
             reasons.append((len(exc.reasons), family.title, str(exc)))
             continue
-        copies = tokenizer_copies(tokenizer_from)
-        config_fields.update(_special_token_ids(recipe, Path(tokenizer_from) if copies else None))
-        state = model.state_dict()
-        config = transformers.AutoConfig.for_model(
-            family.model_type, **config_fields, architectures=[family.architecture], dtype=model.wte.weight.dtype
-        )
-        saved = [
-            (tmap, key, t) for ours, theirs, tmap in rows for key, t in zip(theirs, tmap.save(state[ours]), strict=True)
-        ]
-        try:
-            tensors = stack_slices(saved)
-        except ValueError as exc:
-            raise CheckpointError(f"the {family.architecture} weight map is incomplete: {exc}") from None
-        with tempfile.TemporaryDirectory(prefix="gptzoo-tokenizer-") as made:
-            if not copies and recipe.tokenizer is not None and recipe.tokenizer.name != "hf":
-                if recipe_tokenizer(recipe, None).vocab_size <= recipe.model.vocab_size:  # its ids are the model's
-                    copies = save_hf_tokenizer(recipe.tokenizer.name, Path(made))
-            return write_checkpoint(out, config, tensors, copies)
+        return family, config_fields, rows
     _, title, closest = min(reasons, key=lambda r: r[0])  # the first of the closest families
     others = [t for _, t, _ in reasons if t != title]
     raise NoEquivalentError(f"{closest}; {', '.join(others)} differ at least as much" if others else closest)

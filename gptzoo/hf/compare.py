@@ -14,9 +14,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gptzoo.defaults import DEFAULT_PROMPT
-from gptzoo.errors import CheckpointError
+from gptzoo.errors import CheckpointError, GptzooError
 from gptzoo.hf import load_hf, locate
 from gptzoo.inference.generate import check_lengths, check_prompts, encode_prompts, generate
+from gptzoo.model.gpt import GPT
 from gptzoo.recipe import Recipe, recipe_tokenizer
 from gptzoo.registry import Registry
 from gptzoo.untrusted import check_directory
@@ -103,15 +104,20 @@ def compare(
     new_tokens: int = 32,
     chat: bool = False,
     registry: Registry | None = None,
+    adapter: str | Path | None = None,
 ) -> dict[str, Any]:
     """Run transformers and gptzoo on the same checkpoint and prompts (text, or token ids); ``registry``
-    builds gptzoo's side (default: gptzoo.registry.default_registry())."""
+    builds gptzoo's side (default: gptzoo.registry.default_registry()). ``adapter``: a LoRA adapter in peft's
+    format on both sides, through peft on transformers' (which must be installed) and gptzoo's own reading on
+    gptzoo's (gptzoo.adapters.peft_format)."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     path = locate(source)
-    ours = load_hf(path, recipe, dtype=dtype, registry=registry).eval()
+    ours = load_hf(path, recipe, dtype=torch.float32 if adapter else dtype, registry=registry).eval()
+    if adapter is not None:
+        ours = _adapted(ours, adapter, dtype, registry)
     hf_config(path)  # before the tokenizer, which transformers would load it for, and blame
 
     texts = [p for p in prompts if isinstance(p, str)]
@@ -120,6 +126,8 @@ def compare(
     check_prompts(ours, all_ids, tokenizer)
     check_lengths(ours, all_ids, new_tokens)
     theirs = hf_model(path, dtype)
+    if adapter is not None:
+        theirs = _peft(theirs, adapter)
     rows = []
     for prompt, ids in zip(prompts, all_ids, strict=True):
         input_ids = torch.tensor([ids])
@@ -159,3 +167,20 @@ def compare(
         "greedy_match": all(r["greedy_match"] for r in rows),
         "prompts": rows,
     }
+
+
+def _adapted(model: GPT, adapter: str | Path, dtype: torch.dtype, registry: Registry | None) -> GPT:
+    """gptzoo's side with the adapter as `gptzoo generate --adapter` loads it (its low-rank side path)."""
+    from gptzoo.adapters.peft_format import attach_peft, read_peft
+
+    attach_peft(model, read_peft(Path(str(adapter).rpartition("=")[2])), registry)
+    return model.to(dtype)
+
+
+def _peft(model: Any, adapter: str | Path) -> Any:
+    """transformers' side with the adapter, as peft loads it."""
+    try:
+        from peft import PeftModel
+    except ImportError:
+        raise GptzooError("compare --adapter runs peft on transformers' side: install it (pip install peft)") from None
+    return PeftModel.from_pretrained(model, str(adapter).rpartition("=")[2]).eval()

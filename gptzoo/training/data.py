@@ -148,9 +148,45 @@ def text_files(path: Path) -> Corpus:
                 f"{path} has no {' or '.join('*' + s for s in TEXT_SUFFIXES)} files (searched recursively); "
                 "give a text file or another directory"
             )
+    elif path.suffix == ".jsonl":
+        return Corpus(jsonl_documents(path), str(path.resolve()))
     else:
         files = [path]
     return Corpus([_read_text(f) for f in files], str(path.resolve()))
+
+
+JSONL_FIELDS = 'a "text" string, or "prompt" and "completion" strings'
+
+
+def jsonl_documents(path: Path) -> list[str]:
+    """The documents of a JSON Lines file: one object a line, each with a "text" string, or "prompt" and
+    "completion" strings (one document, the prompt followed by the completion); blank lines are skipped.
+
+    Raises:
+        GptzooError: naming the first line that is not such an object, and what it lacks.
+    """
+    documents = []
+    for number, line in enumerate(_read_text(path).splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise GptzooError(f"{path} line {number} is not JSON ({exc.msg}); each line must be one object") from None
+        if isinstance(record, dict) and isinstance(record.get("text"), str):
+            documents.append(record["text"])
+        elif (
+            isinstance(record, dict)
+            and isinstance(record.get("prompt"), str)
+            and isinstance(record.get("completion"), str)
+        ):
+            documents.append(record["prompt"] + record["completion"])
+        else:
+            keys = ", ".join(map(repr, record)) if isinstance(record, dict) else type(record).__name__
+            raise GptzooError(f"{path} line {number} has {keys or 'no keys'}; each line needs {JSONL_FIELDS}")
+    if not documents:
+        raise GptzooError(f"{path} holds no JSON lines; each line needs {JSONL_FIELDS}")
+    return documents
 
 
 def _text_files_under(root: Path) -> Iterator[Path]:

@@ -80,6 +80,11 @@ class TrainDisplay:
         self.progress.start()
         self.started = True
 
+    def planned(self, steps: int) -> None:
+        """The run trains to ``steps`` (for a display made before the run's recipe was resolved)."""
+        self.total_steps = steps
+        self.progress.update(self.task, total=steps)
+
     def step(self, step: int) -> None:
         """The run has finished optimizer step ``step``."""
         self.progress.update(self.task, completed=step)

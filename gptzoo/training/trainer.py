@@ -427,6 +427,12 @@ class Trainer:
         torch.manual_seed(spec.seed)
         model = init if init is not None else build_model(recipe, registry=registry)
         self.model = model.to(procs.device)
+        frozen = [name for name, p in self.model.named_parameters() if not p.requires_grad]
+        self.saved: frozenset[str] | None = (
+            frozenset(name for name, p in self.model.named_parameters() if p.requires_grad) if frozen else None
+        )
+        """With frozen parameters (adapters on a frozen base: gptzoo.adapters), the names of the trainable ones,
+        all that a checkpoint holds: the frozen ones come from where the model did. None: everything is saved."""
         self.step = 0
         self.skipped = 0
         self.aux: dict[str, float] = {}
@@ -494,6 +500,8 @@ class Trainer:
     def _check_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
         """The checkpoint's weights are the model's: the same names, shapes and dtypes."""
         ours = {k: v for k, v in self.model.state_dict().items() if not (self.model.tied and k == "lm_head.weight")}
+        if self.saved is not None:
+            ours = {k: v for k, v in ours.items() if k in self.saved}
         if self.model.tied:
             tensors.pop("lm_head.weight", None)
         missing, unexpected = sorted(ours.keys() - tensors.keys()), sorted(tensors.keys() - ours.keys())
@@ -548,6 +556,8 @@ class Trainer:
         model_state = {k.removeprefix("module."): v for k, v in model_state.items()}
         if self.model.tied:
             model_state.pop("lm_head.weight", None)
+        if self.saved is not None:
+            model_state = {k: v for k, v in model_state.items() if k in self.saved}
         return model_state, optim_state
 
     def _set_optimizer_state(self, optim_state: dict[str, Any]) -> None:
@@ -686,10 +696,16 @@ class Trainer:
         self.shared.train()
         return float(distributed.mean(loss, self.procs))
 
-    def run(self, stepped: Stepped | None = None) -> TrainResult:
+    def run(self, stepped: Stepped | None = None, *, evaluate_first: bool = False) -> TrainResult:
+        """Train to max_steps; ``evaluate_first``: a new run logs the validation loss of its starting weights
+        as step 0 (what fine-tuning improves on)."""
         spec = self.spec
-        self.shared.train()
         loss, val_loss, checkpoint = math.nan, None, None
+        if evaluate_first and self.step == 0:
+            with self._compile_errors():
+                first = self.evaluate()
+            self.log({"step": 0, "val_loss": first, "val_ppl": math.exp(min(first, 700)), "time": time.time()})
+        self.shared.train()
         tokens_per_step = self.global_batch * self.seq_len
         window_steps, window_time = 0, 0.0
         tokens_per_s, mfu = 0.0, None
@@ -807,11 +823,13 @@ def train(
     stepped: Stepped | None = None,
     registry: Registry | None = None,
     planned: Planned | None = None,
+    evaluate_first: bool = False,
 ) -> TrainResult:
     """Train ``recipe`` (from ``init``'s weights when given) into the run directory ``out``; every
     record also goes to ``log``, ``started`` learns the step the run starts from once every check
     has passed, and ``stepped`` each step reached after it; ``planned``, just before, what the run is about
-    to do (:class:`Plan`: steps, tokens, the estimated time; in the first process only). Under torchrun,
+    to do (:class:`Plan`: steps, tokens, the estimated time; in the first process only); ``evaluate_first``
+    logs the validation loss of a new run's starting weights as step 0. Under torchrun,
     call it in every process (the first one holds the lock).
     ``hf_dir``: the Hugging Face directory ``init`` came from, whose tokenizer is a recipe's "hf" one
     (the data's is checked against it). ``registry`` builds the model (default:
@@ -862,7 +880,7 @@ def train(
                         planned(plan_of(trainer))
                 if started is not None:
                     started(trainer.step)
-                result = trainer.run(stepped)
+                result = trainer.run(stepped, evaluate_first=evaluate_first)
             except BaseException:  # Ctrl-C too
                 if procs.is_main and not resume:
                     run_dir.discard(out)  # nothing to resume: leave nothing that refuses the next try

@@ -26,7 +26,16 @@ from gptzoo.errors import GptzooError
 from gptzoo.fetch import FETCHABLE
 from gptzoo.tokenizer import GPT2_EOS_ID, HFTokenizer, gpt2_bpe_files, gpt2_encoding, load_tokenizer
 from gptzoo.training import data
-from gptzoo.training.data import NAMED_TOKENIZERS, TokenData, Windows, eval_batches, play_text, prepare, rank_slice
+from gptzoo.training.data import (
+    NAMED_TOKENIZERS,
+    TokenData,
+    Windows,
+    eval_batches,
+    play_text,
+    prepare,
+    rank_slice,
+    text_files,
+)
 
 
 def gpt2_stream(documents: Sequence[str]) -> list[int]:
@@ -722,3 +731,30 @@ def test_prepare_on_a_full_disk(
         f"error: cannot write to {out}: the disk is full (No space left on device)"
     )
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_json_lines_file_gives_its_texts_and_prompt_completion_pairs(tmp_path: Path) -> None:
+    path = tmp_path / "chat.jsonl"
+    lines = [{"text": "one"}, {"prompt": "Q: two? ", "completion": "A: 2"}, {"text": "three", "id": 3}]
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n\n", encoding="utf-8")
+    assert text_files(path).documents == ["one", "Q: two? A: 2", "three"]
+    meta = prepare(str(path), tmp_path / "out", tokenizer="bytes")
+    joined = len("one\n\nQ: two? A: 2\n\nthree")  # the bytes tokenizer has no EOS: a blank line between documents
+    assert meta["source"]["documents"] == 3 and meta["train_tokens"] + meta["val_tokens"] == joined
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("{not json", "line 2 is not JSON (Expecting property name enclosed in double quotes)"),
+        ('{"prompt": "x"}', 'line 2 has \'prompt\'; each line needs a "text" string, or "prompt" and "completion"'),
+        ("[1, 2]", "line 2 has list; each line needs"),
+        ('{"text": 3}', "line 2 has 'text'; each line needs"),
+    ],
+)
+def test_a_bad_json_line_is_named(tmp_path: Path, line: str, message: str) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"text": "fine"}\n' + line + "\n", encoding="utf-8")
+    with pytest.raises(GptzooError) as raised:
+        text_files(path)
+    assert f"{path} {message}" in str(raised.value)
