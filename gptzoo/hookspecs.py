@@ -240,8 +240,8 @@ KINDS = tuple(CONTRACTS)
 
 SUBSYSTEM_HOOKS = ("register_hf_layouts", "register_decode_lowerings", "register_adapter_parts", "register_recipes")
 """The hooks through which a plugin tells a subsystem about a component class (its Hugging Face layouts,
-its decode lowering, its projections' adapter parts) or ships what the recipe loader finds by name (its recipes and sweep specs), beside the
-one hook per kind that registers components."""
+its decode lowering, its projections' adapter parts) or ships what the recipe loader finds by name (its
+recipes and sweep specs), beside the one hook per kind that registers components."""
 
 
 class Register(Protocol):

@@ -25,6 +25,7 @@ from gptzoo.cli import (
     plugins,
     prepare,
     recipes,
+    serve,
     sweep,
     train,
 )
@@ -55,6 +56,7 @@ COMMANDS = {
     "prepare": prepare,
     "train": train,
     "finetune": finetune,
+    "serve": serve,
     "sweep": sweep,
     "plot": plot,
     "plugins": plugins,

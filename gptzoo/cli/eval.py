@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from contextlib import nullcontext
 
-from gptzoo.cli.args import Parser, Subparsers, lengths, positive_int
+from gptzoo.cli.args import Parser, Subparsers, integer, lengths, positive_int
 from gptzoo.cli.console import Console, print_json, status
 from gptzoo.cli.library import command_registry, importing
 from gptzoo.cli.model import load_named, model_parser
@@ -49,10 +49,24 @@ def add_parser(sub: Subparsers, common: Parser) -> Parser:
         help="int8: every Linear layer's weights in int8 (a float32 scale per row), int4: in llama.cpp's Q4_1 blocks "
         "(32 4-bit weights, a float16 scale and minimum) and the output head in int8; the rest in float32",
     )
+    harness = p.add_argument_group("benchmarks through lm-evaluation-harness (pip install 'gptzoo[eval]')")
+    harness.add_argument("--tasks", metavar="T1,T2", help="the harness's task names (hellaswag, arc_easy, ...)")
+    harness.add_argument("--include-path", metavar="DIR", help="a folder of task YAML files of your own")
+    harness.add_argument(
+        "--num-fewshot", type=integer, metavar="K", help="examples in each prompt (default: the task's)"
+    )
+    harness.add_argument("--limit", type=positive_int, metavar="N", help="only the first N documents of each task")
     return p
 
 
 def run(args: argparse.Namespace, out: Console, err: Console) -> None:
+    if args.tasks is not None:
+        run_tasks(args, out, err)
+        return
+    harness_only = [f for f, v in (("--include-path", args.include_path), ("--num-fewshot", args.num_fewshot),
+                                   ("--limit", args.limit)) if v is not None]  # fmt: skip
+    if harness_only:
+        raise GptzooError(f"{harness_only[0]} is an option of --tasks (lm-evaluation-harness); give --tasks T1,T2")
     with importing():
         from gptzoo.evaluation import eval_model
         from gptzoo.evaluation.display import EvalProgress, render_eval
@@ -82,3 +96,37 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> None:
         print_json(out, report)
         return
     render_eval(report, out)
+
+
+HARNESS_EXTRA = "pip install 'gptzoo[eval]'"
+
+
+def run_tasks(args: argparse.Namespace, out: Console, err: Console) -> None:
+    """``--tasks``: the harness's tasks through gptzoo's model, its table (or its results as JSON)."""
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    if not tasks:
+        raise GptzooError("--tasks names no task; give e.g. --tasks hellaswag,arc_easy")
+    given = [f for f, v in (("--text", args.text), ("--data", args.data), ("--lengths", args.lengths)) if v]
+    if given:
+        raise GptzooError(f"{given[0]} scores held-out text, --tasks runs benchmarks: give one or the other")
+    if args.num_fewshot is not None and args.num_fewshot < 0:
+        raise GptzooError(f"--num-fewshot {args.num_fewshot} is below 0; give 0 or more examples")
+    try:
+        with importing():
+            from gptzoo.evaluation import harness
+    except ImportError as exc:
+        missing = (exc.name or "lm_eval").split(".")[0]
+        raise GptzooError(
+            f"gptzoo eval --tasks needs lm-evaluation-harness ({missing} is missing): {HARNESS_EXTRA}"
+        ) from None
+    registry = command_registry(err)
+    found = harness.check_tasks(tasks, args.include_path)
+    loaded = load_named(args, registry, dtype=args.dtype, err=err)
+    with status(err, f"running {', '.join(found.names)}", quiet=args.json):
+        results = harness.run_tasks(
+            loaded, found, num_fewshot=args.num_fewshot, limit=args.limit, batch_size=args.batch or 1, registry=registry
+        )
+    if args.json:
+        print_json(out, harness.summary(results))
+        return
+    out.print(harness.table(results), markup=False, highlight=False)

@@ -406,6 +406,44 @@ class IncrementalDecoder:
         return new
 
 
+class RowText:
+    """The text of one row's new tokens, given out as it becomes final: a stop string ends it (and is
+    cut), and the characters that may still become one are held back until they cannot."""
+
+    def __init__(self, tokenizer: Tokenizer, prompt: Sequence[int], stop: Sequence[str] = ()) -> None:
+        self.tokenizer = tokenizer
+        self.context = list(prompt[-CONTEXT_TOKENS:])
+        self.decoder = IncrementalDecoder(tokenizer, self.context)
+        self.stop = tuple(stop)
+        self.hold = max((len(s) for s in stop), default=1) - 1
+        self.shown = 0
+        """Characters given out so far."""
+        self.cut: int | None = None
+        """Where the first stop string starts in the text, once one appeared."""
+
+    def push(self, token: int) -> str:
+        """Add a new token (not EOS); return the text that became final."""
+        self.decoder.push(token)
+        text = self.decoder.text
+        found = (text.find(s, max(0, self.shown - len(s))) for s in self.stop)
+        cut = min((i for i in found if i >= 0), default=-1)
+        if cut >= 0:
+            self.cut = cut
+        end = cut if cut >= 0 else max(self.shown, len(text) - self.hold)
+        piece = text[self.shown : end] if end > self.shown else ""
+        self.shown = max(self.shown, end)
+        return piece
+
+    def finish(self, tokens: Sequence[int], eos: int | None) -> tuple[str, str]:
+        """The whole text of the new ``tokens`` (decoded at once, cut at the stop string) and the part of
+        it not yet given out."""
+        context = self.tokenizer.decode(self.context)
+        text = self.tokenizer.decode(self.context + [t for t in tokens if t != eos])[len(context) :]
+        if self.cut is not None:
+            text = text[: self.cut]
+        return text, text[self.shown :] if len(text) > self.shown else ""
+
+
 @dataclass
 class Generated:
     text: str
@@ -433,27 +471,19 @@ def generate_text(
         raise GptzooError("a stop string is empty; give some text")
     check_prompts(model, prompts, tokenizer)
     eos = tokenizer.eos_token_id
-    decoders = [IncrementalDecoder(tokenizer, prompt[-CONTEXT_TOKENS:]) for prompt in prompts]
-    shown = [0] * len(prompts)  # characters streamed so far
-    stopped: dict[int, int] = {}  # row -> where its stop string starts
-    hold = max((len(s) for s in stop), default=1) - 1  # a stop string may still be completing
+    rows = [RowText(tokenizer, prompt, stop) for prompt in prompts]
 
     def on_step(new: list[int | None]) -> list[int]:
-        rows = []
+        stopped = []
         for row, token in enumerate(new):
             if token is None or token == eos:
                 continue
-            decoders[row].push(token)
-            text = decoders[row].text
-            cut = min((i for i in (text.find(s, max(0, shown[row] - len(s))) for s in stop) if i >= 0), default=-1)
-            if cut >= 0:
-                stopped[row] = cut
-                rows.append(row)
-            end = cut if cut >= 0 else max(shown[row], len(text) - hold)
-            if stream is not None and end > shown[row]:
-                stream(row, text[shown[row] : end])
-            shown[row] = max(shown[row], end)
-        return rows
+            piece = rows[row].push(token)
+            if stream is not None and piece:
+                stream(row, piece)
+            if rows[row].cut is not None:
+                stopped.append(row)
+        return stopped
 
     start = time.perf_counter()
     tokens = generate(
@@ -470,13 +500,10 @@ def generate_text(
     seconds = time.perf_counter() - start
     results = []
     for row, toks in enumerate(tokens):
-        context = list(prompts[row][-CONTEXT_TOKENS:])
-        text = tokenizer.decode(context + [t for t in toks if t != eos])[len(tokenizer.decode(context)) :]
-        reason = "stop" if row in stopped else "eos" if toks and toks[-1] == eos else "length"
-        if row in stopped:
-            text = text[: stopped[row]]
-        if stream is not None and len(text) > shown[row]:
-            stream(row, text[shown[row] :])
+        text, rest = rows[row].finish(toks, eos)
+        if stream is not None and rest:
+            stream(row, rest)
+        reason = "stop" if rows[row].cut is not None else "eos" if toks and toks[-1] == eos else "length"
         results.append(Generated(text, toks, reason))
     return results, sum(len(t) for t in tokens) / seconds if seconds > 0 else 0.0
 

@@ -4,6 +4,7 @@ transformers, length extrapolation and its refusal, and the command's errors."""
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -264,3 +265,14 @@ def test_hf_tokenizers_count_decoded_text_without_special_tokens(tmp_path: Path)
     tok = HFTokenizer.from_dir(_hf_gpt2_dir(tmp_path))
     ids = [tok.eos_token_id, *tok.encode(TEXT), tok.eos_token_id]
     assert tok.n_bytes(ids) == len(TEXT.encode())
+
+
+def test_tasks_without_the_harness_say_what_to_install(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "lm_eval", None)  # as if lm-evaluation-harness were not installed
+    monkeypatch.delitem(sys.modules, "gptzoo.evaluation.harness", raising=False)
+    message = run_error(capsys, "eval", "gpt2-tiny", "--tasks", "hellaswag")
+    assert message.endswith(
+        "gptzoo eval --tasks needs lm-evaluation-harness (lm_eval is missing): pip install 'gptzoo[eval]'"
+    )

@@ -1,0 +1,101 @@
+"""Rows of KV caches gathered into one batch: what continuous batching (gptzoo.serve.engine) needs to
+know about a layer cache's class, keyed by the class.
+
+A batch's rows hold sequences of different lengths, each right-aligned: row i's tokens are the last
+``n_i`` positions before the batch's length L = max n_i, the earlier ones padding (the whole model's
+cache marks them in ``key_mask`` and keeps each row's next position, as for left-padded prompts).
+When a sequence joins or leaves, :func:`gather` makes the next batch's cache from the rows of the old
+batch and of the newcomers' own caches, and so also drops the padding no row needs any more.
+
+Moving a row's positions is the one thing a batch needs from a layer cache, and how depends on where
+the cache keeps a position: :data:`MOVERS` knows the built-in caches by class. A model with a layer
+cache of another class is served one sequence at a time (:func:`unbatchable` says why).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from gptzoo.model.kv_cache import KVCache
+from gptzoo.registry import class_key
+
+Mover = Callable[[Any, int, int, Any, int, int, int], None]
+"""``move(dst, i, dst_end, src, j, src_end, n)``: the ``n`` positions of ``src``'s row ``j`` that end
+before index ``src_end`` become those of ``dst``'s row ``i`` that end before ``dst_end``."""
+
+
+def _dense(dst: Any, i: int, dst_end: int, src: Any, j: int, src_end: int, n: int) -> None:
+    """gptzoo.interfaces.LayerKVCache: keys and values (B, nkv, max_len, hs), position p at index p."""
+    dst.k[i, :, dst_end - n : dst_end] = src.k[j, :, src_end - n : src_end]
+    dst.v[i, :, dst_end - n : dst_end] = src.v[j, :, src_end - n : src_end]
+
+
+def _ring(dst: Any, i: int, dst_end: int, src: Any, j: int, src_end: int, n: int) -> None:
+    """A ring buffer of the last ``window`` positions (B, nkv, window, hs), position p at slot p % window."""
+    keep = min(n, src.k.shape[2], dst.k.shape[2])  # each ring as long as its window or its cache
+    source = torch.arange(src_end - keep, src_end, device=src.k.device) % src.k.shape[2]
+    target = torch.arange(dst_end - keep, dst_end, device=dst.k.device) % dst.k.shape[2]
+    for name in ("k", "v"):
+        getattr(dst, name)[i].index_copy_(1, target, getattr(src, name)[j].index_select(1, source))
+
+
+def _latent(dst: Any, i: int, dst_end: int, src: Any, j: int, src_end: int, n: int) -> None:
+    """A latent attention's cache: latents (B, max_len, rank) and rotated keys (B, 1, max_len, rope_dim)."""
+    dst.latent[i, dst_end - n : dst_end] = src.latent[j, src_end - n : src_end]
+    dst.k_rope[i, :, dst_end - n : dst_end] = src.k_rope[j, :, src_end - n : src_end]
+
+
+MOVERS: dict[str, Mover] = {
+    "gptzoo.interfaces:LayerKVCache": _dense,
+    "gptzoo_plugins._attentions:WindowKVCache": _ring,
+    "gptzoo_plugins._mla:LatentKVCache": _latent,
+}
+"""Layer cache class (``module:Qualname``, the exact class: a subclass may keep positions elsewhere) ->
+how a row's positions move between caches of that class."""
+
+
+def unbatchable(cache: KVCache) -> str | None:
+    """Why sequences of this model cannot share a batch (a layer cache class :data:`MOVERS` lacks); None: they can."""
+    for layer in cache.layers:
+        key = class_key(type(layer))
+        if key not in MOVERS:
+            return f"its layer cache {key} is not one continuous batching knows how to move rows of"
+    return None
+
+
+@dataclass(frozen=True)
+class Row:
+    """A sequence in a cache: row ``index`` of ``cache``, whose last ``length`` positions are its tokens."""
+
+    cache: KVCache
+    index: int
+    length: int
+
+
+def gather(model: Any, rows: Sequence[Row], capacity: int) -> KVCache:
+    """A new cache of ``rows`` (in that order), each right-aligned, with room for ``capacity`` positions.
+
+    Each row's positions count from 0 (a sequence starts at the beginning of its prompt); where all rows
+    are as long, the cache is a plain one (no ``key_mask``), as a lone sequence's is.
+    """
+    longest = max(row.length for row in rows)
+    cache = model.init_cache(len(rows), capacity)
+    for layer, target in enumerate(cache.layers):
+        for value in vars(target).values():
+            if isinstance(value, torch.Tensor):  # padding positions are masked, but must not be NaN
+                value.zero_()
+        move = MOVERS[class_key(type(target))]
+        for i, row in enumerate(rows):
+            move(target, i, longest, row.cache.layers[layer], row.index, row.cache.length, row.length)
+    cache.length = longest
+    if any(row.length != longest for row in rows):
+        device = model.wte.weight.device
+        cache.key_mask = torch.zeros(len(rows), cache.max_len, dtype=torch.bool, device=device)
+        for i, row in enumerate(rows):
+            cache.key_mask[i, longest - row.length : longest] = True
+        cache.next_position = torch.tensor([[row.length] for row in rows], device=device)
+    return cache

@@ -1,0 +1,148 @@
+"""Continuous batching (gptzoo.serve.engine): sequences that join and leave a running batch give the
+tokens each gives alone, for every registered attention and position; a cancel frees a row."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import pytest
+import torch
+from tiny import PAIRS, tiny_model
+
+from gptzoo.inference.batching import Row, gather, unbatchable
+from gptzoo.inference.generate import generate
+from gptzoo.interfaces import LayerKVCache
+from gptzoo.serve.engine import Engine, Event, Finished, Job, PromptScores, Token, run_alone
+
+PROMPTS = [[5, 9, 11, 2, 7, 3, 8], [42], [1, 2, 3, 4], [7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7], [3, 1]]
+NEW = [12, 9, 14, 5, 11]
+
+
+class Collect:
+    """A job's events; ``after`` runs once the job has ``at`` tokens (to join others mid-decode), and
+    ``done`` is released when it finishes."""
+
+    def __init__(
+        self, at: int = -1, after: Callable[[], None] | None = None, done: threading.Semaphore | None = None
+    ) -> None:
+        self.tokens: list[int] = []
+        self.events: list[Event] = []
+        self.at, self.after, self.done = at, after, done
+
+    def __call__(self, event: Event) -> None:
+        self.events.append(event)
+        if isinstance(event, Token):
+            self.tokens.append(event.id)
+            if len(self.tokens) == self.at and self.after is not None:
+                self.after()
+        if isinstance(event, Finished) and self.done is not None:
+            self.done.release()
+
+    @property
+    def end(self) -> Finished:
+        last = self.events[-1]
+        assert isinstance(last, Finished)
+        return last
+
+
+def staggered(engine: Engine, prompts: list[list[int]], new: list[int]) -> list[Collect]:
+    """Each prompt joins when the one before it has 2 tokens: rows join and leave a running batch."""
+    done = threading.Semaphore(0)
+    jobs: list[Job] = []
+    sinks = []
+    for i, (prompt, n) in enumerate(zip(prompts, new, strict=True)):
+        join = (lambda i=i: engine.submit(jobs[i + 1])) if i + 1 < len(prompts) else None
+        sinks.append(Collect(2, join, done))
+        jobs.append(Job(prompt, n, sinks[-1]))
+    engine.submit(jobs[0])
+    for _ in jobs:
+        assert done.acquire(timeout=120)
+    return sinks
+
+
+@pytest.mark.parametrize(("base", "attention", "position"), PAIRS)
+def test_rows_that_join_and_leave_give_what_they_give_alone(base: str, attention: str, position: str) -> None:
+    model = tiny_model(base, f"model.attention={attention}", f"model.position={position}")
+    alone = [generate(model, [p], n)[0] for p, n in zip(PROMPTS, NEW, strict=True)]
+    engine = Engine(model, eos_token_id=None, context=64, max_batch=4)
+    assert engine.unbatched is None and engine.max_batch == 4
+    engine.start()
+    try:
+        sinks = staggered(engine, PROMPTS, NEW)
+    finally:
+        engine.stop()
+    assert [s.tokens for s in sinks] == alone
+    assert [s.end.reason for s in sinks] == ["length"] * len(PROMPTS)
+    assert engine.steps < sum(NEW)  # rows shared steps
+
+
+def test_a_cache_class_it_cannot_move_rows_of_runs_one_sequence_at_a_time() -> None:
+    class OwnCache(LayerKVCache):
+        pass
+
+    model = tiny_model("llama-tiny")
+    alone = [generate(model, [p], n)[0] for p, n in zip(PROMPTS, NEW, strict=True)]
+    for block in model.blocks:
+        attn = block.attn
+        attn.init_cache = lambda b, n, *, device=None, dtype=None, attn=attn: OwnCache(
+            b, attn.n_kv_head, n, attn.head_dim, device=device, dtype=dtype
+        )
+    engine = Engine(model, eos_token_id=None, context=64, max_batch=8)
+    assert engine.max_batch == 1
+    assert "test_engine:test_a_cache_class_it_cannot_move_rows_of_runs_one_sequence_at_a_time.<locals>.OwnCache" in (
+        engine.describe()
+    )
+    engine.start()
+    try:
+        sinks = staggered(engine, PROMPTS, NEW)
+    finally:
+        engine.stop()
+    assert [s.tokens for s in sinks] == alone
+
+
+def test_gather_right_aligns_rows_and_counts_their_positions() -> None:
+    model = tiny_model("llama-tiny")
+    short, long = model.init_cache(1, 8), model.init_cache(1, 8)
+    model(torch.tensor([[1, 2]]), short)
+    model(torch.tensor([[3, 4, 5, 6, 7]]), long)
+    cache = gather(model, [Row(short, 0, 2), Row(long, 0, 5)], 9)
+    assert cache.length == 5 and cache.max_len == 9
+    assert cache.key_mask is not None and cache.next_position is not None
+    assert cache.key_mask[:, :5].tolist() == [[False, False, False, True, True], [True] * 5]
+    assert cache.next_position.tolist() == [[2], [5]]
+    first = cache.layers[0]
+    assert torch.equal(first.k[0, :, 3:5], short.layers[0].k[0, :, :2])
+    assert torch.equal(first.k[0, :, :3], torch.zeros_like(first.k[0, :, :3]))  # padding: zeros, never NaN
+    assert torch.equal(first.v[1, :, :5], long.layers[0].v[0, :, :5])
+    assert unbatchable(cache) is None
+
+
+def test_logprobs_cancel_and_a_prompt_only_job() -> None:
+    model = tiny_model("gpt2-tiny")
+    engine = Engine(model, eos_token_id=None, context=64, max_batch=4)
+    engine.start()
+    try:
+        scored = Collect()
+        run_alone(engine, [Job([5, 9, 11, 2], 3, scored, logprobs=2, prompt_logprobs=True)])
+        cancelled = Collect()
+        job = Job([1, 2, 3], 40, cancelled)
+        cancelled.at, cancelled.after = 3, job.cancel
+        run_alone(engine, [job])
+        prompt_only = Collect()
+        run_alone(engine, [Job([4, 5, 6], 0, prompt_only, logprobs=0, prompt_logprobs=True)])
+    finally:
+        engine.stop()
+    prompt = scored.events[0]
+    assert isinstance(prompt, PromptScores) and [t.id for t in prompt.tokens] == [5, 9, 11, 2]
+    logits = model(torch.tensor([[5, 9, 11, 2]])).float().log_softmax(-1)[0]
+    assert prompt.tokens[0].logprob is None
+    for t, token in enumerate(prompt.tokens[1:]):
+        assert token.logprob == pytest.approx(logits[t, token.id].item(), abs=1e-5)
+        assert [i for i, _ in token.top] == logits[t].topk(2).indices.tolist()
+    new = [e for e in scored.events if isinstance(e, Token)]
+    assert new[0].id == int(logits[-1].argmax()) and new[0].logprob == pytest.approx(logits[-1].max().item(), abs=1e-5)
+    assert len(new) == 3 and all(len(t.top) == 2 for t in new) and scored.end.reason == "length"
+    assert 3 <= len(cancelled.tokens) <= 4 and cancelled.end.reason == "cancelled"
+    assert prompt_only.tokens == [] and prompt_only.end.reason == "length"
+    assert isinstance(prompt_only.events[0], PromptScores)
