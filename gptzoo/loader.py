@@ -13,6 +13,7 @@ Example::
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -172,7 +173,8 @@ def with_adapter(
     (gptzoo.adapters.peft_format); ``[NAME=]DIR``, the name only labels it.
 
     Raises:
-        CheckpointError: the adapter cannot be read, is not LoRA, or does not fit the model.
+        CheckpointError: the adapter cannot be read, is not LoRA, is for another base model (by its
+            base_model_name_or_path, :func:`check_base`) or does not fit the model.
     """
     from gptzoo.adapters.peft_format import attach_peft, merge_peft, read_peft
 
@@ -180,9 +182,58 @@ def with_adapter(
     if loaded.model.recipe is None:
         loaded.model.recipe = loaded.recipe
     read = read_peft(Path(directory).expanduser())
+    check_base(read.config.get("base_model_name_or_path"), loaded, directory)
     (merge_peft if merge else attach_peft)(loaded.model, read, registry)
     label = f"{name} ({directory})" if name else directory
     return replace(loaded, source=f"{loaded.source} with adapter {label}")
+
+
+def known_as(loaded: Loaded) -> list[str]:
+    """The names a loaded model goes by, lowercased: its directories', its recipe's, the name its Hugging Face
+    config was saved from, the hub's ``models--org--NAME`` cache folder, and what `gptzoo fetch` got it as (the
+    fetch name and the GGUF file's model name)."""
+    names = [loaded.recipe.name]
+    for directory in (loaded.hf_dir, loaded.checkpoint):
+        if directory is None:
+            continue
+        names.append(directory.resolve().name)
+        names.extend(part.rsplit("--", 1)[-1] for part in directory.resolve().parts if part.startswith("models--"))
+        for file, key in (
+            ("config.json", "_name_or_path"),
+            ("gptzoo-fetch.json", "name"),
+            ("gptzoo-fetch.json", "gguf"),
+        ):
+            try:
+                value = json.loads((directory / file).read_text(encoding="utf-8")).get(key)
+            except (OSError, ValueError, AttributeError):
+                continue
+            if isinstance(value, str) and value:
+                names.append(Path(value).name.split(".")[0] if key == "gguf" else Path(value).name)
+    return list(dict.fromkeys(n.lower() for n in names if n))
+
+
+def check_base(base: object, loaded: Loaded, adapter: str) -> None:
+    """An adapter's ``base_model_name_or_path`` names this model: the directory its weights came from, or one of
+    the names it goes by (:func:`known_as`; a hub id ``org/NAME`` by its NAME). An empty one names any model.
+
+    Raises:
+        CheckpointError: it names another model, with the names this one goes by (the fix for the same model
+            under another name).
+    """
+    if not isinstance(base, str) or not base.strip():
+        return
+    given = Path(base).expanduser()
+    ours = [p for p in (loaded.hf_dir, loaded.checkpoint) if p is not None]
+    if given.exists() and any(given.resolve() == p.resolve() for p in ours):
+        return
+    names = known_as(loaded)
+    if given.name.lower() in names:
+        return
+    raise CheckpointError(
+        f"--adapter {adapter} was made for {base!r} (its adapter_config.json's base_model_name_or_path), not for this "
+        f"model ({', '.join(names)}); load it on the model it was made for, or, if this is that model under another "
+        f"name, set base_model_name_or_path to one of those names"
+    )
 
 
 INT8_REMEDY = (

@@ -6,7 +6,7 @@ import argparse
 from contextlib import nullcontext
 
 from gptzoo.cli.args import Parser, Subparsers, integer, lengths, positive_int
-from gptzoo.cli.console import Console, print_json, status
+from gptzoo.cli.console import Console, print_json, status, warn
 from gptzoo.cli.library import command_registry, importing
 from gptzoo.cli.model import load_named, model_parser
 from gptzoo.defaults import PRECISIONS
@@ -73,6 +73,8 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> None:
         from gptzoo.evaluation.perplexity import nothing_scored
 
     loaded = load_named(args, command_registry(err), dtype=args.dtype, err=err)
+    for warning in loaded.warnings:
+        warn(err, warning)
     scored = ", ".join([*(args.text or []), *(args.data or [])])
     with (
         status(err, f"scoring {scored}", quiet=args.json),
@@ -122,6 +124,8 @@ def run_tasks(args: argparse.Namespace, out: Console, err: Console) -> None:
     registry = command_registry(err)
     found = harness.check_tasks(tasks, args.include_path)
     loaded = load_named(args, registry, dtype=args.dtype, err=err)
+    for warning in loaded.warnings:
+        warn(err, warning)
     with status(err, f"running {', '.join(found.names)}", quiet=args.json):
         results = harness.run_tasks(
             loaded, found, num_fewshot=args.num_fewshot, limit=args.limit, batch_size=args.batch or 1, registry=registry

@@ -27,9 +27,10 @@ MODEL_HELP = (
 )
 
 
-def model_parser(overrides: str) -> Parser:
-    """The parent parser of a command that takes a model: MODEL, ``--hf``, ``--checkpoint`` and ``--set``
-    (``overrides`` says what it may change, with an example)."""
+def model_parser(overrides: str, *, several_adapters: bool = False) -> Parser:
+    """The parent parser of a command that takes a model: MODEL, ``--hf``, ``--checkpoint``, ``--adapter``
+    (repeatable with ``several_adapters``: a list) and ``--set`` (``overrides`` says what it may change,
+    with an example)."""
     parser = Parser(add_help=False)
     parser.add_argument("model", nargs="?", metavar="MODEL", help=MODEL_HELP)
     parser.add_argument(
@@ -39,11 +40,21 @@ def model_parser(overrides: str) -> Parser:
         "local HF cache; beside a recipe MODEL, the weights that recipe must fit",
     )
     parser.add_argument("--checkpoint", metavar="DIR", help="MODEL as a gptzoo checkpoint directory")
-    parser.add_argument(
-        "--adapter",
-        metavar="[NAME=]DIR",
-        help="a LoRA adapter in peft's format (a directory peft or `gptzoo finetune` wrote), merged into the weights",
-    )
+    if several_adapters:
+        parser.add_argument(
+            "--adapter",
+            action="append",
+            metavar="[NAME=]DIR",
+            help="a LoRA adapter in peft's format (a directory peft or `gptzoo finetune` wrote): NAME=DIR is served as "
+            "the model NAME beside MODEL, DIR alone in MODEL's place (repeatable)",
+        )
+    else:
+        parser.add_argument(
+            "--adapter",
+            metavar="[NAME=]DIR",
+            help="a LoRA adapter in peft's format (a directory peft or `gptzoo finetune` wrote), computed as peft's "
+            "unmerged layers compute it",
+        )
     add_set(parser, overrides)
     add_offline(parser)
     return parser

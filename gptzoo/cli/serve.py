@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import signal
 import socket
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from gptzoo.cli.args import Parser, Subparsers, integer, positive_int, seed
 from gptzoo.cli.console import Console, warn
@@ -16,6 +19,10 @@ from gptzoo.cli.model import load_named, model_parser
 from gptzoo.cli.render import text
 from gptzoo.defaults import PRECISIONS
 from gptzoo.errors import GptzooError
+from gptzoo.registry import Registry
+
+if TYPE_CHECKING:
+    from gptzoo.loader import Loaded
 
 SERVER_EXTRA = "pip install 'gptzoo[serve]'"
 
@@ -23,7 +30,7 @@ SERVER_EXTRA = "pip install 'gptzoo[serve]'"
 def add_parser(sub: Subparsers, common: Parser) -> Parser:
     p = sub.add_parser(
         "serve",
-        parents=[common, model_parser("override a recipe key, e.g. generate.max_new_tokens=64")],
+        parents=[common, model_parser("override a recipe key, e.g. generate.max_new_tokens=64", several_adapters=True)],
         help="serve a model over OpenAI's API (/v1/completions, /v1/chat/completions) with continuous batching",
     )
     p.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: loopback only)")
@@ -51,7 +58,8 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> None:
         from gptzoo.serve.engine import Engine
 
     registry = command_registry(err)
-    loaded = load_named(args, registry, dtype=args.dtype, seed=args.seed, random=True, err=err)
+    name = args.name or args.model or args.hf or args.checkpoint
+    loaded, models = served_models(args, name, registry, err)
     for warning in loaded.warnings:
         warn(err, warning)
     tokenizer = loaded.tokenizer()
@@ -60,17 +68,54 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> None:
     if context is None:
         raise GptzooError(f"{loaded.recipe.name} sets no context_length; give one with --set model.context_length=N")
     eos, vocab = tokenizer.eos_token_id, tokenizer.vocab_size
-    engine = Engine(model, eos_token_id=eos, vocab_size=vocab, max_batch=args.max_batch, context=context)
-    name = args.name or args.model or args.hf or args.checkpoint
-    served = Served(model, tokenizer, registry, engine, (name,), context)
+    engine = Engine(models, eos_token_id=eos, vocab_size=vocab, max_batch=args.max_batch, context=context)
+    served = Served(model, tokenizer, registry, engine, tuple(models), context)
     try:
         listener = socket.create_server((args.host, args.port))
     except OSError as exc:
         raise GptzooError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}; give another --port") from None
     port = listener.getsockname()[1]
-    err.print(text(f"serving {name} at http://{args.host}:{port}/v1 — {engine.describe()}"))
+    shown = ", ".join(models)
+    err.print(text(f"serving {shown} at http://{args.host}:{port}/v1 — {engine.describe()}"))
     config = uvicorn.Config(make_app(served), log_level="warning", timeout_graceful_shutdown=None)
     server_class()(config).run(sockets=[listener])
+
+
+def served_models(args: argparse.Namespace, name: str, registry: Registry, err: Console) -> tuple[Loaded, dict]:
+    """MODEL as ``name`` (with ``--adapter DIR`` in it, if one has no name), and a copy of it with each
+    ``--adapter NAME=DIR`` as the model NAME, every one in ``--dtype``.
+
+    Raises:
+        GptzooError: two unnamed adapters, an empty or repeated name, or what loading one says.
+    """
+    from gptzoo.loader import with_adapter, with_precision
+
+    adapters = args.adapter or []
+    unnamed = [a for a in adapters if "=" not in a]
+    named = [tuple(a.split("=", 1)) for a in adapters if "=" in a]
+    if len(unnamed) > 1:
+        raise GptzooError(
+            f"--adapter {unnamed[1]} has no name, and only one adapter can take MODEL's place; name the others "
+            "with --adapter NAME=DIR"
+        )
+    names = [name, *(n for n, _ in named)]
+    bad = next((n for i, n in enumerate(names) if not n.strip() or n in names[:i]), None)
+    if bad is not None:
+        raise GptzooError(
+            f"--adapter {bad!r}=... names no model or one already served ({', '.join(map(repr, names))}); give each "
+            "adapter a name of its own"
+        )
+    args.adapter = None  # loaded in float32: each adapter goes into the float32 weights first
+    base = load_named(args, registry, dtype="float32" if adapters else args.dtype, seed=args.seed, random=True, err=err)
+    if not adapters:
+        return base, {name: base.model}
+    copies = {n: with_adapter(replace(base, model=copy.deepcopy(base.model)), d, registry) for n, d in named}
+    if unnamed:
+        base = with_adapter(base, unnamed[0], registry)
+    models = {name: with_precision(base, args.dtype, registry)}
+    models.update({n: with_precision(c, args.dtype, registry) for n, c in copies.items()})
+    said = tuple(dict.fromkeys(f"{n}: {w}" if n != name else w for n, m in models.items() for w in m.warnings))
+    return replace(models[name], warnings=said), {n: m.model for n, m in models.items()}
 
 
 def server_class() -> type:

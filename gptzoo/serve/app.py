@@ -111,6 +111,7 @@ def _jobs(served: Served, parsed: requests.Request, deliver: Callable[[int, Even
                 generator=make_generator(seed, device),
                 logprobs=parsed.logprobs,
                 prompt_logprobs=parsed.echo and parsed.logprobs is not None,
+                model=parsed.model,
             )
             choices.append(Choice(index, prompt, job, RowText(served.tokenizer, prompt, parsed.stop)))
     return choices
@@ -231,7 +232,7 @@ class Handler:
                 served.engine.submit(choice.job)
             except GptzooError as exc:
                 return _error(ApiError(503, str(exc)))
-        name, created = body["model"], int(time.time())
+        name, created = parsed.model, int(time.time())
         ident = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
         if parsed.stream:
             return StreamingResponse(

@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -73,6 +73,8 @@ class Job:
     logprobs: int | None = None
     """None: no log-probabilities; k: each new token's and the k most likely ones'."""
     prompt_logprobs: bool = False
+    model: str = ""
+    """The name of the engine's model to run on (with one model: ignored)."""
     cancelled: threading.Event = field(default_factory=threading.Event)
 
     def cancel(self) -> None:
@@ -92,12 +94,38 @@ class _Sequence:
     generated: int = 0
 
 
+TURN_STEPS = 8
+"""Decoding steps one model's batch runs before another model with running sequences gets its turn."""
+
+
+class _Lane:
+    """One model's batch: its running sequences, their cache and its decoding step (kept until the batch changes)."""
+
+    def __init__(self, name: str, model: GPT, max_batch: int, context: int) -> None:
+        self.name = name
+        self.model = model.eval()
+        self.unbatched = unbatchable(model.init_cache(1, 1))
+        """Why its sequences run one at a time (None: they share a batch)."""
+        self.max_batch = 1 if self.unbatched else max(1, min(max_batch, MAX_ROWS))
+        self.active: list[_Sequence] = []
+        self.cache: KVCache | None = None
+        self.changed = False
+
+    def kv_bytes(self, rows: int, context: int) -> int:
+        attentions = [block.attn for block in self.model.blocks]
+        return KVCache.bytes_needed(attentions, rows, context, self.model.wte.weight.dtype)
+
+
 class Engine:
-    """The model's one decoding loop, in a thread of its own (:meth:`start`, :meth:`stop`)."""
+    """The models' one decoding loop, in a thread of its own (:meth:`start`, :meth:`stop`).
+
+    ``models`` maps the names requests give to models (one model: any name reaches it): each has a batch
+    of its own, and batches with running sequences take turns of :data:`TURN_STEPS` steps.
+    """
 
     def __init__(
         self,
-        model: GPT,
+        models: GPT | Mapping[str, GPT],
         *,
         eos_token_id: int | None,
         vocab_size: int | None = None,
@@ -105,49 +133,53 @@ class Engine:
         context: int,
     ) -> None:
         """vocab_size: only ids below it are chosen (the tokenizer's); context: the longest sequence served."""
-        self.model = model.eval()
+        named = {"": models} if isinstance(models, GPT) else dict(models)
         self.eos = eos_token_id
         self.vocab_size = vocab_size
         self.context = context
-        probe = model.init_cache(1, 1)
-        self.unbatched = unbatchable(probe)
-        """Why sequences run one at a time (None: they share a batch)."""
-        self.max_batch = 1 if self.unbatched else self._fitting(max(1, min(max_batch, MAX_ROWS)))
+        self._lanes = {name: _Lane(name, model, max_batch, context) for name, model in named.items()}
+        self._fit_memory()
         self._pending: deque[Job] = deque()
-        self._active: list[_Sequence] = []
-        self._cache: KVCache | None = None
-        self._changed = False
         self._prefilling = 0
         self._stopping = False
         self._wake = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="gptzoo-engine", daemon=True)
         self.steps = 0
-        """Decoding steps run so far (each one token for every row of the batch)."""
+        """Decoding steps run so far (each one token for every row of a batch)."""
 
-    def _fitting(self, rows: int) -> int:
-        """The most rows (up to ``rows``) whose caches of :attr:`context` positions fit in free memory, twice
-        (a batch's cache is rebuilt beside the old one)."""
-        device = self.model.wte.weight.device
-        free = available_bytes(device)
-        attentions = [block.attn for block in self.model.blocks]
-        dtype = self.model.wte.weight.dtype
-        while free is not None and rows > 1 and 2 * KVCache.bytes_needed(attentions, rows, self.context, dtype) > free:
-            rows //= 2
-        return rows
+    def _fit_memory(self) -> None:
+        """Halve the batches until every one's cache of :attr:`context` positions fits in free memory
+        twice (a batch's cache is rebuilt beside the old one)."""
+        lanes = list(self._lanes.values())
+        free = available_bytes(lanes[0].model.wte.weight.device)
+        while free is not None and any(lane.max_batch > 1 for lane in lanes):
+            if 2 * sum(lane.kv_bytes(lane.max_batch, self.context) for lane in lanes) <= free:
+                return
+            for lane in lanes:
+                lane.max_batch = max(1, lane.max_batch // 2)
+
+    @property
+    def unbatched(self) -> str | None:
+        """Why some model's sequences run one at a time (None: every model batches them)."""
+        return next((lane.unbatched for lane in self._lanes.values() if lane.unbatched), None)
+
+    @property
+    def max_batch(self) -> int:
+        """The most sequences one model's batch runs at once."""
+        return min(lane.max_batch for lane in self._lanes.values())
 
     def describe(self) -> str:
         """One line for the person who started the server."""
         if self.unbatched:
             return f"one sequence at a time: {self.unbatched}"
-        bytes_ = KVCache.bytes_needed(
-            (b.attn for b in self.model.blocks), self.max_batch, self.context, self.model.wte.weight.dtype
-        )
-        return f"continuous batching of up to {self.max_batch} sequences (KV cache at most {format_bytes(bytes_)})"
+        kv = sum(lane.kv_bytes(lane.max_batch, self.context) for lane in self._lanes.values())
+        each = f"{len(self._lanes)} batches of" if len(self._lanes) > 1 else ""
+        return f"continuous batching of {each} up to {self.max_batch} sequences (KV cache at most {format_bytes(kv)})"
 
     @property
     def running(self) -> int:
-        """Sequences in the batch now (or being prefilled to join it)."""
-        return len(self._active) + self._prefilling
+        """Sequences in the batches now (or being prefilled to join one)."""
+        return sum(len(lane.active) for lane in self._lanes.values()) + self._prefilling
 
     @property
     def waiting(self) -> int:
@@ -158,7 +190,13 @@ class Engine:
         self._thread.start()
 
     def submit(self, job: Job) -> None:
-        """Queue a job; it joins the batch at the next step with room (refused once stopping)."""
+        """Queue a job; it joins its model's batch at the next step with room (refused once stopping).
+
+        Raises:
+            GptzooError: the engine is stopping, or has no model of the job's name.
+        """
+        if job.model not in self._lanes and len(self._lanes) > 1:
+            raise GptzooError(f"no model {job.model!r} is served; models: {', '.join(self._lanes)}")
         with self._wake:
             if self._stopping:
                 raise GptzooError("the server is shutting down")
@@ -175,54 +213,64 @@ class Engine:
 
     # --- the loop ---------------------------------------------------------------------------
 
+    def _lane(self, job: Job) -> _Lane:
+        return self._lanes[job.model] if job.model in self._lanes else next(iter(self._lanes.values()))
+
+    def _busy(self) -> list[_Lane]:
+        return [lane for lane in self._lanes.values() if lane.active]
+
     def _run(self) -> None:
         while True:
             with self._wake:
-                while not (self._pending or self._active or self._stopping):
+                while not (self._pending or self._busy() or self._stopping):
                     self._wake.wait()
-                if self._stopping and not (self._pending or self._active):
+                if self._stopping and not (self._pending or self._busy()):
                     return
-            try:
-                self._admit()
-                if self._active:
-                    self._decode()
-            except Exception as exc:  # a broken step fails its jobs, never the server
-                message = str(exc) if isinstance(exc, GptzooError) else f"{type(exc).__name__}: {exc}"
-                for seq in self._active:
-                    seq.job.deliver(Finished("error", message))
-                self._active, self._cache, self._changed = [], None, False
+            self._admit()
+            busy = self._busy()
+            for lane in busy:
+                try:
+                    self._decode(lane, None if len(busy) == 1 else TURN_STEPS)
+                except Exception as exc:  # a broken step fails its batch's jobs, never the server
+                    message = str(exc) if isinstance(exc, GptzooError) else f"{type(exc).__name__}: {exc}"
+                    for seq in lane.active:
+                        seq.job.deliver(Finished("error", message))
+                    lane.active, lane.cache, lane.changed = [], None, False
 
     def _room(self) -> bool:
-        return bool(self._pending) and len(self._active) < self.max_batch
+        """A queued job whose model's batch has a free row."""
+        return any(len(self._lane(job).active) < self._lane(job).max_batch for job in self._pending)
 
     @torch.no_grad()
     def _admit(self) -> None:
-        """Prefill queued jobs while the batch has room (torch on all its threads)."""
+        """Prefill queued jobs while their batches have room (torch on all its threads)."""
         while True:
             with self._wake:
-                if not self._room():
+                job = next((j for j in self._pending if len(self._lane(j).active) < self._lane(j).max_batch), None)
+                if job is None:
                     return
-                job = self._pending.popleft()
+                self._pending.remove(job)
             if job.cancelled.is_set():
                 job.deliver(Finished("cancelled"))
                 continue
+            lane = self._lane(job)
             self._prefilling = 1
             try:
-                seq = self._prefill(job)
-            except GptzooError as exc:
-                job.deliver(Finished("error", str(exc)))
+                seq = self._prefill(lane.model, job)
+            except Exception as exc:  # this prompt's failure fails this job only
+                job.deliver(Finished("error", str(exc) if isinstance(exc, GptzooError) else repr(exc)))
                 continue
             finally:
                 self._prefilling = 0
             if seq is not None:
-                self._active.append(seq)
-                self._changed = True
+                lane.active.append(seq)
+                lane.changed = True
 
-    def _prefill(self, job: Job) -> _Sequence | None:
-        device = self.model.wte.weight.device
-        cache = self.model.init_cache(1, len(job.prompt) + job.max_tokens)
+    def _prefill(self, model: GPT, job: Job) -> _Sequence | None:
+        device = model.wte.weight.device
+        cache = model.init_cache(1, len(job.prompt) + job.max_tokens)
         ids = torch.tensor([job.prompt], device=device)
-        logits = self.model(ids, cache, logits_to_keep=None if job.prompt_logprobs else 1)[0]
+        logits = model(ids, cache, logits_to_keep=None if job.prompt_logprobs else 1)[0]
         if job.prompt_logprobs:
             scores = self._scores(logits[:-1], ids[0, 1:], job.logprobs or 0)
             job.deliver(PromptScores((Token(job.prompt[0]), *scores)))
@@ -283,47 +331,48 @@ class Engine:
             return True
         return False
 
-    def _rebuild(self) -> None:
-        """One cache for the rows running now, each right-aligned, with room for every row's last token."""
-        rows = [Row(seq.cache, seq.index, seq.cached) for seq in self._active]
-        capacity = max(seq.cached + seq.job.max_tokens - seq.generated for seq in self._active)
+    def _rebuild(self, lane: _Lane) -> None:
+        """One cache for a batch's running rows, each right-aligned, with room for every row's last token."""
+        rows = [Row(seq.cache, seq.index, seq.cached) for seq in lane.active]
+        capacity = max(seq.cached + seq.job.max_tokens - seq.generated for seq in lane.active)
         if len(rows) == 1 and rows[0].cache.key_mask is None and rows[0].cache.length == rows[0].length:
-            self._cache = rows[0].cache  # a lone sequence keeps its own cache
+            lane.cache = rows[0].cache  # a lone sequence keeps its own cache
         else:
-            self._cache = gather(self.model, rows, capacity)
-        for i, seq in enumerate(self._active):
-            seq.cache, seq.index = self._cache, i
-        self._changed = False
+            lane.cache = gather(lane.model, rows, capacity)
+        for i, seq in enumerate(lane.active):
+            seq.cache, seq.index = lane.cache, i
+        lane.changed = False
 
     @torch.no_grad()
-    def _decode(self) -> None:
-        """Decoding steps for the running rows until one joins or leaves."""
-        if self._changed:
-            self._rebuild()
-        cache = self._cache
+    def _decode(self, lane: _Lane, turn: int | None) -> None:
+        """Decoding steps for a batch's rows until one joins or leaves, or ``turn`` steps have run."""
+        if lane.changed:
+            self._rebuild(lane)
+        cache = lane.cache
         assert cache is not None
-        batch = len(self._active)
-        device = self.model.wte.weight.device
-        with native_decoding(self.model) as tuner:
-            step = compile_step(self.model, cache, batch, split=True)[0] if tuner is not None else None
-            while self._active and not self._changed:
+        model, batch, done = lane.model, len(lane.active), 0
+        device = model.wte.weight.device
+        with native_decoding(model) as tuner:
+            step = compile_step(model, cache, batch, split=True)[0] if tuner is not None else None
+            while lane.active and not lane.changed and (turn is None or done < turn):
                 with self._wake:
                     if self._room():
                         return
-                tokens = torch.tensor([[seq.tokens[-1]] for seq in self._active], device=device)
+                tokens = torch.tensor([[seq.tokens[-1]] for seq in lane.active], device=device)
                 begun = time.perf_counter()
-                logits = (step(tokens) if step is not None else self.model(tokens, cache))[:, -1]
+                logits = (step(tokens) if step is not None else model(tokens, cache))[:, -1]
                 if tuner is not None:
                     tuner.record(time.perf_counter() - begun)
                 self.steps += 1
+                done += 1
                 ended = []
-                for i, seq in enumerate(self._active):
+                for i, seq in enumerate(lane.active):
                     seq.cached += 1
                     if self._finish_or_continue(seq, logits[i]):
                         ended.append(seq)
                 if ended:
-                    self._active = [seq for seq in self._active if seq not in ended]
-                    self._changed = True
+                    lane.active = [seq for seq in lane.active if seq not in ended]
+                    lane.changed = True
 
     def _finish_or_continue(self, seq: _Sequence, logits: Tensor) -> bool:
         try:

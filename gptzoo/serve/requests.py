@@ -56,6 +56,8 @@ class Request:
     """A checked completion or chat request."""
 
     chat: bool
+    model: str
+    """The served model's name the request gave."""
     prompts: list[list[int]]
     """Token ids of each prompt (a chat has one: the rendered messages)."""
     max_tokens: list[int]
@@ -239,6 +241,7 @@ def parse(
     include_usage = bool(options and options.get("include_usage"))
     return Request(
         chat=chat,
+        model=model,
         prompts=prompts,
         max_tokens=max_tokens,
         n=_integer(body, "n", 1, MAX_CHOICES) or 1,

@@ -192,8 +192,11 @@ def test_an_adapter_of_another_base_or_kind_is_refused_by_generate(
     capsys.readouterr()
     adapter = str(tmp_path / "run" / "adapter")
     message = run_error(capsys, "generate", str(other), "--adapter", adapter, "--prompt", "x")
-    assert f"--adapter {adapter} does not fit this model (is it for another base model?" in message
+    assert f"--adapter {adapter} was made for {str(base)!r} (its adapter_config.json's" in message  # by its name
     config = json.loads(Path(adapter, "adapter_config.json").read_text())
+    Path(adapter, "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": None}))
+    message = run_error(capsys, "generate", str(other), "--adapter", adapter, "--prompt", "x")
+    assert f"--adapter {adapter} does not fit this model (is it for another base model?" in message  # by its shapes
     Path(adapter, "adapter_config.json").write_text(json.dumps({**config, "peft_type": "PROMPT_TUNING"}))
     message = run_error(capsys, "generate", str(base), "--adapter", adapter, "--prompt", "x")
     assert "peft_type 'PROMPT_TUNING' is not supported; gptzoo applies LoRA adapters" in message
@@ -212,3 +215,25 @@ def test_export_merge_writes_the_adapted_weights(
         torch.testing.assert_close(merged(ids), unmerged(ids), rtol=0, atol=1e-5)
     message = run_error(capsys, "export", str(base), "--adapter", adapter, "--hf", str(tmp_path / "hf2"))
     assert "--adapter DIR --merge writes the weights with the adapter merged into them: give both" in message
+
+
+def test_an_adapter_made_for_another_named_base_is_refused(
+    capsys: pytest.CaptureFixture[str], base: Path, text: Path, tmp_path: Path
+) -> None:
+    finetune(capsys, base, text, tmp_path / "run", "--set", "train.max_steps=1", "--targets", "q")
+    adapter = tmp_path / "run" / "adapter"
+    ask = ["generate", str(base), "--adapter", str(adapter), "--prompt", "x", "--max-new-tokens", "2"]
+    assert main(ask) == 0  # finetune wrote this base's own directory
+    capsys.readouterr()
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    other = {**config, "base_model_name_or_path": "someone/another-model"}
+    (adapter / "adapter_config.json").write_text(json.dumps(other))
+    message = run_error(capsys, *ask)
+    assert (
+        f"--adapter {adapter} was made for 'someone/another-model' (its adapter_config.json's "
+        f"base_model_name_or_path), not for this model ({base.name}); "  # the names it goes by: recipe, directory
+    ) in message
+    assert "set base_model_name_or_path to one of those names" in message
+    for same in (f"org/{base.name.upper()}", "", None):  # a hub id of the same name; no name at all
+        (adapter / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": same}))
+        assert main(ask) == 0, same

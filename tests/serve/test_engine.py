@@ -10,6 +10,7 @@ import pytest
 import torch
 from tiny import PAIRS, tiny_model
 
+from gptzoo.errors import GptzooError
 from gptzoo.inference.batching import Row, gather, unbatchable
 from gptzoo.inference.generate import generate
 from gptzoo.interfaces import LayerKVCache
@@ -46,18 +47,25 @@ class Collect:
         return last
 
 
-def staggered(engine: Engine, prompts: list[list[int]], new: list[int]) -> list[Collect]:
-    """Each prompt joins when the one before it has 2 tokens: rows join and leave a running batch."""
+def staggered(
+    engine: Engine, prompts: list[list[int]], new: list[int], models: list[str] | None = None
+) -> list[Collect]:
+    """Run the engine on the prompts (on ``models``, by name), each joining when the one before it has 2
+    tokens: rows join and leave a running batch."""
     done = threading.Semaphore(0)
     jobs: list[Job] = []
     sinks = []
     for i, (prompt, n) in enumerate(zip(prompts, new, strict=True)):
         join = (lambda i=i: engine.submit(jobs[i + 1])) if i + 1 < len(prompts) else None
         sinks.append(Collect(2, join, done))
-        jobs.append(Job(prompt, n, sinks[-1]))
-    engine.submit(jobs[0])
-    for _ in jobs:
-        assert done.acquire(timeout=120)
+        jobs.append(Job(prompt, n, sinks[-1], model=models[i] if models else ""))
+    engine.start()
+    try:
+        engine.submit(jobs[0])
+        for _ in jobs:
+            assert done.acquire(timeout=120)
+    finally:
+        engine.stop()
     return sinks
 
 
@@ -67,11 +75,7 @@ def test_rows_that_join_and_leave_give_what_they_give_alone(base: str, attention
     alone = [generate(model, [p], n)[0] for p, n in zip(PROMPTS, NEW, strict=True)]
     engine = Engine(model, eos_token_id=None, context=64, max_batch=4)
     assert engine.unbatched is None and engine.max_batch == 4
-    engine.start()
-    try:
-        sinks = staggered(engine, PROMPTS, NEW)
-    finally:
-        engine.stop()
+    sinks = staggered(engine, PROMPTS, NEW)
     assert [s.tokens for s in sinks] == alone
     assert [s.end.reason for s in sinks] == ["length"] * len(PROMPTS)
     assert engine.steps < sum(NEW)  # rows shared steps
@@ -93,12 +97,21 @@ def test_a_cache_class_it_cannot_move_rows_of_runs_one_sequence_at_a_time() -> N
     assert "test_engine:test_a_cache_class_it_cannot_move_rows_of_runs_one_sequence_at_a_time.<locals>.OwnCache" in (
         engine.describe()
     )
-    engine.start()
-    try:
-        sinks = staggered(engine, PROMPTS, NEW)
-    finally:
-        engine.stop()
+    sinks = staggered(engine, PROMPTS, NEW)
     assert [s.tokens for s in sinks] == alone
+
+
+def test_models_by_name_each_keep_their_own_batch() -> None:
+    first, second = tiny_model("llama-tiny"), tiny_model("llama-tiny", "model.position=alibi")
+    names = ["a", "b", "a", "b", "b"]
+    models = {"a": first, "b": second}
+    alone = [generate(models[m], [p], n)[0] for m, p, n in zip(names, PROMPTS, NEW, strict=True)]
+    engine = Engine(models, eos_token_id=None, context=64, max_batch=4)
+    sinks = staggered(engine, PROMPTS, NEW, names)
+    assert [s.tokens for s in sinks] == alone
+    assert alone[0] != generate(second, [PROMPTS[0]], NEW[0])[0]  # the models differ
+    with pytest.raises(GptzooError, match="no model 'c' is served; models: a, b"):
+        engine.submit(Job([1], 1, Collect(), model="c"))
 
 
 def test_gather_right_aligns_rows_and_counts_their_positions() -> None:

@@ -10,6 +10,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,7 +22,7 @@ from server_process import Server  # noqa: E402
 
 from gptzoo.fetch import fetch  # noqa: E402
 from gptzoo.inference.generate import generate_text  # noqa: E402
-from gptzoo.loader import load_any  # noqa: E402
+from gptzoo.loader import load_any, with_adapter  # noqa: E402
 
 pytestmark = pytest.mark.slow
 NAME = "smollm2-135m"
@@ -200,3 +201,56 @@ def test_sigterm_drains_a_request_in_flight() -> None:
     asking.join(60)
     assert len(results) == 1 and results[0].usage.completion_tokens == 40
     assert "Traceback" not in "".join(server.lines)
+
+
+def peft_adapter(directory: Path, targets: list[str], seed: int) -> Path:
+    """An adapter peft makes on SmolLM2-135M's ``targets``, with random nonzero B (so it changes the text)."""
+    import peft
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(fetch(NAME), dtype=torch.float32)
+    adapted = peft.get_peft_model(model, peft.LoraConfig(r=8, lora_alpha=16, target_modules=targets))
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, p in adapted.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    adapted.save_pretrained(directory)
+    return directory
+
+
+def test_several_adapters_on_one_base_by_name(tmp_path: Path, solo: Any) -> None:
+    first = peft_adapter(tmp_path / "first", ["q_proj", "v_proj"], 1)
+    second = peft_adapter(tmp_path / "second", ["gate_proj", "up_proj", "down_proj"], 2)
+    server = Server(NAME, "--adapter", f"first={first}", "--adapter", f"second={second}")
+    try:
+        assert [m.id for m in server.client.models.list().data] == [NAME, "first", "second"]
+        asked = [(model, prompt) for model in (NAME, "first", "second") for prompt in PROMPTS[:2]]
+
+        def complete(pair: tuple[str, str]) -> str:
+            model, prompt = pair
+            reply = server.client.completions.create(model=model, prompt=prompt, max_tokens=16, temperature=0)
+            return reply.choices[0].text
+
+        with concurrent.futures.ThreadPoolExecutor(len(asked)) as pool:
+            texts = dict(zip(asked, pool.map(complete, asked), strict=True))
+    finally:
+        assert server.stop() == 0
+    tokenizer = solo.tokenizer
+    for model, adapter in (("first", first), ("second", second)):
+        adapted = with_adapter(load_any(NAME), adapter).model.eval()
+        for prompt in PROMPTS[:2]:
+            (alone,), _ = generate_text(adapted, tokenizer, [tokenizer.encode(prompt)], 16)
+            assert texts[(model, prompt)] == alone.text, (model, prompt)
+            assert alone.text != solo(prompt, 16)  # the adapter changes the text
+    assert [texts[(NAME, p)] for p in PROMPTS[:2]] == [solo(p, 16) for p in PROMPTS[:2]]
+
+
+def test_adapter_names_must_differ(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from cli_run import run_error
+
+    message = run_error(capsys, "serve", NAME, "--adapter", f"{NAME}={tmp_path}")
+    assert "names no model or one already served" in message
+    message = run_error(capsys, "serve", NAME, "--adapter", str(tmp_path), "--adapter", str(tmp_path))
+    assert "only one adapter can take MODEL's place" in message
