@@ -402,7 +402,7 @@ def _finetuned(
     run: Path, *, registry: Registry | None, device: torch.device | str | None, dtype: str | torch.dtype | None
 ) -> Loaded:
     """A `gptzoo finetune` run as a model: the base its adapter.json names, with RUN/adapter merged."""
-    from gptzoo.adapters.finetune import ADAPTER, read_spec
+    from gptzoo.adapters.run import ADAPTER, read_spec
 
     spec = read_spec(run)
     assert spec is not None

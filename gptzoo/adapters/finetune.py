@@ -18,7 +18,7 @@ import json
 import os
 import shutil
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ import torch
 
 from gptzoo.adapters.lora import LoRASpec, attach
 from gptzoo.adapters.peft_format import save_peft
+from gptzoo.adapters.run import ADAPTER, SPEC, FinetuneSpec, read_spec
 from gptzoo.adapters.targets import Part, default_targets, model_parts, offered, select
 from gptzoo.errors import CheckpointError, GptzooError
 from gptzoo.loader import Loaded, load_any
@@ -34,8 +35,6 @@ from gptzoo.recipe import Recipe, override_recipe
 from gptzoo.registry import Registry
 from gptzoo.training import run_dir
 
-SPEC = "adapter.json"
-ADAPTER = "adapter"
 TRAIN_DEFAULTS = (
     "train.lr=0.0002",
     "train.min_lr=0.00002",
@@ -49,26 +48,6 @@ TRAIN_DEFAULTS = (
 """Fine-tuning's [train] settings before --set: LoRA's usual learning rate (peft's and litgpt's examples), no
 weight decay, a short schedule. The sequence length is the model's context, capped at MAX_SEQ_LEN."""
 MAX_SEQ_LEN = 512
-
-
-@dataclass(frozen=True)
-class FinetuneSpec:
-    """What a run adapts (RUN/adapter.json): a resumed run must ask for the same."""
-
-    base: str
-    targets: tuple[str, ...]
-    rank: int
-    alpha: float
-    dropout: float
-    dora: bool
-    rslora: bool
-
-    @property
-    def lora(self) -> LoRASpec:
-        return LoRASpec(self.rank, self.alpha, self.dropout, self.dora, self.rslora)
-
-    def as_json(self) -> dict[str, Any]:
-        return {**asdict(self), "targets": list(self.targets)}
 
 
 def check_lora(spec: LoRASpec, parts: Sequence[Part], model: torch.nn.Module) -> None:
@@ -152,22 +131,6 @@ def finetune_recipe(recipe: Recipe, overrides: Sequence[str], registry: Registry
         )
     seq_len = f"train.seq_len={min(recipe.model.context_length, MAX_SEQ_LEN)}"
     return override_recipe(recipe, [*TRAIN_DEFAULTS, seq_len, *overrides], registry=registry)
-
-
-def read_spec(run: Path) -> FinetuneSpec | None:
-    """RUN/adapter.json, if the run has one."""
-    path = run / SPEC
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        return FinetuneSpec(
-            **{f.name: data[f.name] for f in fields(FinetuneSpec)} | {"targets": tuple(data["targets"])}
-        )
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise CheckpointError(
-            f"{path} cannot be read ({type(exc).__name__}: {exc}); it is not a fine-tuning run's"
-        ) from None
 
 
 def check_same(saved: FinetuneSpec, asked: FinetuneSpec, run: Path) -> None:

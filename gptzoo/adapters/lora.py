@@ -19,7 +19,19 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from gptzoo.adapters.targets import Part
+
+@dataclass(frozen=True)
+class Part:
+    """One target's rows in one projection of the model."""
+
+    target: str
+    """``attn.q``: the block's child, the path of the projection's owner inside it, the part's name."""
+    linear: str
+    """The projection's path in the model (``blocks.3.attn.c_attn``)."""
+    name: str
+    """The part's name inside that projection (``q``): its adapter tensors are named after it."""
+    start: int
+    stop: int
 
 
 @dataclass(frozen=True)

@@ -140,13 +140,12 @@ def save_peft(model: GPT, out: Path, *, base: str, registry: Registry | None = N
         "inference_mode": True,
         "rank_pattern": rank_pattern,
         "alpha_pattern": {name: spec.alpha * (math.sqrt(k) if spec.rslora else k) for name, k in factor.items()},
-        "created_by": "gptzoo",
-    }
+    }  # peft's own keys only: peft warns of any other as written by a newer peft
     from safetensors.torch import save_file
 
     with new_directory(out) as tmp:
         (tmp / CONFIG).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-        save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
+        save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt", "created_by": "gptzoo"})
     return config
 
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
 
+from gptzoo.adapters.lora import LoRALinear, Part
 from gptzoo.errors import GptzooError, suggest
 from gptzoo.registry import Registry, class_key
 
@@ -53,20 +53,6 @@ PARTS: dict[str, dict[str, Split]] = {
 """The built-ins' split projections: owner class -> attribute -> its parts (rows -1: the rest of them)."""
 
 
-@dataclass(frozen=True)
-class Part:
-    """One target's rows in one projection of the model."""
-
-    target: str
-    """``attn.q``: the block's child, the path of the projection's owner inside it, the part's name."""
-    linear: str
-    """The projection's path in the model (``blocks.3.attn.c_attn``)."""
-    name: str
-    """The part's name inside that projection (``q``): its adapter tensors are named after it."""
-    start: int
-    stop: int
-
-
 def _split(
     owner: nn.Module, attribute: str, linear: nn.Linear, tables: Sequence[dict[str, dict[str, Split]]]
 ) -> list[tuple[str, int, int]]:
@@ -91,8 +77,6 @@ def _split(
 
 def plain_linear(module: nn.Module) -> bool:
     """An adaptable projection: an nn.Linear itself (a subclass such as a router is not one)."""
-    from gptzoo.adapters.lora import LoRALinear
-
     return type(module) is nn.Linear or type(module) is LoRALinear
 
 

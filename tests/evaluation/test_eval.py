@@ -270,8 +270,10 @@ def test_hf_tokenizers_count_decoded_text_without_special_tokens(tmp_path: Path)
 def test_tasks_without_the_harness_say_what_to_install(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setitem(sys.modules, "lm_eval", None)  # as if lm-evaluation-harness were not installed
+    for name in [n for n in sys.modules if n == "lm_eval" or n.startswith("lm_eval.")] or ["lm_eval"]:
+        monkeypatch.setitem(sys.modules, name, None)  # as if lm-evaluation-harness were not installed
     monkeypatch.delitem(sys.modules, "gptzoo.evaluation.harness", raising=False)
+    monkeypatch.delattr(gptzoo.evaluation, "harness", raising=False)  # imported by an earlier test: import it anew
     message = run_error(capsys, "eval", "gpt2-tiny", "--tasks", "hellaswag")
     assert message.endswith(
         "gptzoo eval --tasks needs lm-evaluation-harness (lm_eval is missing): pip install 'gptzoo[eval]'"
