@@ -22,6 +22,8 @@ from gptzoo.tokenizer import Tokenizer
 COMPLETION_DEFAULT_TOKENS = 16
 """OpenAI's default ``max_tokens`` of /v1/completions (a chat's default is what the context leaves)."""
 MAX_CHOICES = 16
+MAX_SEQUENCES = 256
+"""The most sequences one request may ask for (prompts x n)."""
 MAX_TOP_LOGPROBS = 20
 MAX_STOPS = 4
 UNSUPPORTED_ZERO = ("presence_penalty", "frequency_penalty")
@@ -233,6 +235,13 @@ def parse(
         echo = _boolean(body, "echo")
         if asked == 0 and not echo:
             raise invalid("Invalid 'max_tokens': 0; it must be at least 1.", "max_tokens")
+    n = _integer(body, "n", 1, MAX_CHOICES) or 1
+    if len(prompts) * n > MAX_SEQUENCES:
+        raise invalid(
+            f"{len(prompts)} prompts x n {n} ask for {len(prompts) * n} sequences; one request takes at most "
+            f"{MAX_SEQUENCES}: send the prompts in several requests",
+            "prompt",
+        )
     max_tokens = [_fit(len(p), asked, chat=chat, context=context) for p in prompts]
     stream = _boolean(body, "stream")
     options = body.get("stream_options")
@@ -244,7 +253,7 @@ def parse(
         model=model,
         prompts=prompts,
         max_tokens=max_tokens,
-        n=_integer(body, "n", 1, MAX_CHOICES) or 1,
+        n=n,
         sampling=sampling,
         seed=_integer(body, "seed", 0, 2**63 - 1),
         stop=_stop(body),

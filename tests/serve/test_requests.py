@@ -68,6 +68,7 @@ def test_every_flagged_sampler_is_a_field_and_top_p_0_is_greedy() -> None:
         ({"model": "m", "prompt": []}, 400, "prompt", "must be a string"),
         ({"model": "m", "prompt": [-1]}, 400, "prompt", "token id -1 is outside the vocabulary"),
         ({"model": "m", "prompt": "x", "logprobs": 21}, 400, "logprobs", "between 0 and 20"),
+        ({"model": "m", "prompt": [[1]] * 20, "n": 16}, 400, "prompt", "ask for 320 sequences; one request takes at"),
         ([1, 2], 400, None, "must be a JSON object"),
     ],
 )
