@@ -238,10 +238,16 @@ CONTRACTS: dict[str, Contract] = {
 KINDS = tuple(CONTRACTS)
 """The component kinds."""
 
-SUBSYSTEM_HOOKS = ("register_hf_layouts", "register_decode_lowerings", "register_adapter_parts", "register_recipes")
+SUBSYSTEM_HOOKS = (
+    "register_hf_layouts",
+    "register_decode_lowerings",
+    "register_adapter_parts",
+    "register_cache_rows",
+    "register_recipes",
+)
 """The hooks through which a plugin tells a subsystem about a component class (its Hugging Face layouts,
-its decode lowering, its projections' adapter parts) or ships what the recipe loader finds by name (its
-recipes and sweep specs), beside the one hook per kind that registers components."""
+its decode lowering, its projections' adapter parts, how its cache moves rows) or ships what the recipe
+loader finds by name (its recipes and sweep specs), beside the one hook per kind that registers components."""
 
 
 class Register(Protocol):
@@ -445,6 +451,29 @@ def register_adapter_parts(register: RegisterAdapterParts) -> None:
 
     A plugin's split replaces gptzoo's for the same class. A split whose rows do not add up is refused,
     naming the class, when a model is adapted.
+    """
+
+
+class RegisterCacheRows(Protocol):
+    def __call__(self, cache: type | str, move: Callable[..., None]) -> None: ...
+
+
+@hookspec
+def register_cache_rows(register: RegisterCacheRows) -> None:
+    """Say how a layer cache class of a plugin's own moves a sequence's positions between caches, so that
+    ``gptzoo serve`` batches sequences of different lengths on it (contract 6; gptzoo.inference.batching).
+
+    Without it, a model whose attention returns a cache of its own class from ``init_cache`` is served
+    correctly, one sequence at a time. The built-in cache classes are known to gptzoo.
+
+    ``register(cache, move)``:
+        cache: the cache class (exactly that class: a subclass may keep positions elsewhere), or its
+            reference ``"module:Class"``.
+        move: ``move(dst, i, dst_end, src, j, src_end, n)``: make the ``n`` positions of ``src``'s row ``j``
+            that end before index ``src_end`` those of ``dst``'s row ``i`` that end before ``dst_end``
+            (both caches of that class, made by the same attention; ``dst`` is zeroed beforehand).
+
+    A plugin's ``move`` replaces gptzoo's for the same class.
     """
 
 

@@ -274,6 +274,9 @@ class Registry:
         self.adapter_parts: list[dict[str, dict[str, Callable[[Any], Any]]]] = []
         """Every plugin's splits of fused projections into adapter targets, in registration order, each
         {class key: {attribute: split}} (register_adapter_parts; gptzoo.adapters.targets reads them)."""
+        self.cache_rows: dict[str, Callable[..., None]] = {}
+        """Layer cache class key -> how a plugin's cache of that class moves a sequence's positions
+        (register_cache_rows; gptzoo.inference.batching reads them; a later plugin's replaces an earlier's)."""
 
     def get(self, kind: str, name: str) -> Entry:
         """The entry a bare or qualified name means; an UnknownComponentError or
@@ -412,6 +415,8 @@ class Registry:
         self._check_layouts(layouts)
         parts: dict[str, dict[str, Callable[[Any], Any]]] = {}
         _call(pm.hook.register_adapter_parts, plugin, lambda: _parts_stager(provenance, parts))
+        rows: dict[str, Callable[..., None]] = {}
+        _call(pm.hook.register_cache_rows, plugin, lambda: _rows_stager(provenance, rows))
         recipes: list[PluginRecipe] = []
         _call(pm.hook.register_recipes, plugin, lambda: _recipe_stager(provenance, recipes))
         self._check_recipes(recipes)
@@ -436,6 +441,7 @@ class Registry:
         self.recipes += recipes
         if parts:
             self.adapter_parts.append(parts)
+        self.cache_rows.update(rows)
 
     def _check_recipes(self, recipes: list[PluginRecipe]) -> None:
         """One plugin's recipes: each name once per kind (recipe, sweep) within the plugin's distribution."""
@@ -773,6 +779,24 @@ def _parts_stager(
                 f"{what} for {class_key(target)} that are not {{attribute: split function}}: {show_plain(parts)}"
             )
         staged.setdefault(class_key(target), {}).update(parts)
+
+    register.__qualname__ = "register"
+    return register, call.close
+
+
+def _rows_stager(
+    provenance: Provenance, staged: dict[str, Callable[..., None]]
+) -> tuple[Callable[..., None], Callable[[], None]]:
+    """The ``register`` of one ``register_cache_rows`` call, and what closes it when the hook returns."""
+    call = _HookCall(provenance, "register_cache_rows")
+
+    def register(cache: type | str, move: Callable[..., None]) -> None:
+        call.check()
+        what = f"{provenance} registered how a cache moves rows"
+        target = _class_of(cache, what)
+        if not callable(move):
+            raise RegistryError(f"{what} for {class_key(target)} with {show_plain(move)}, which is not a function")
+        staged[class_key(target)] = move
 
     register.__qualname__ = "register"
     return register, call.close

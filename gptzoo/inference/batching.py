@@ -8,8 +8,9 @@ When a sequence joins or leaves, :func:`gather` makes the next batch's cache fro
 batch and of the newcomers' own caches, and so also drops the padding no row needs any more.
 
 Moving a row's positions is the one thing a batch needs from a layer cache, and how depends on where
-the cache keeps a position: :data:`MOVERS` knows the built-in caches by class. A model with a layer
-cache of another class is served one sequence at a time (:func:`unbatchable` says why).
+the cache keeps a position: :data:`MOVERS` knows the built-in caches by class, and a plugin tells it of
+its own with the ``register_cache_rows`` hook (gptzoo.hookspecs). A model with a layer cache of another
+class is served one sequence at a time (:func:`unbatchable` says why).
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from typing import Any
 
 import torch
 
+from gptzoo.errors import PluginError, exception_text
 from gptzoo.model.kv_cache import KVCache
-from gptzoo.registry import class_key
+from gptzoo.registry import Registry, class_key
 
 Mover = Callable[[Any, int, int, Any, int, int, int], None]
 """``move(dst, i, dst_end, src, j, src_end, n)``: the ``n`` positions of ``src``'s row ``j`` that end
@@ -58,12 +60,21 @@ MOVERS: dict[str, Mover] = {
 how a row's positions move between caches of that class."""
 
 
-def unbatchable(cache: KVCache) -> str | None:
-    """Why sequences of this model cannot share a batch (a layer cache class :data:`MOVERS` lacks); None: they can."""
+def movers(registry: Registry | None = None) -> dict[str, Mover]:
+    """The built-in :data:`MOVERS`, and those the plugins of ``registry`` register (theirs replace gptzoo's)."""
+    return {**MOVERS, **(registry.cache_rows if registry is not None else {})}
+
+
+def unbatchable(cache: KVCache, registry: Registry | None = None) -> str | None:
+    """Why sequences of this model cannot share a batch (a layer cache class no mover knows); None: they can."""
+    known = movers(registry)
     for layer in cache.layers:
         key = class_key(type(layer))
-        if key not in MOVERS:
-            return f"its layer cache {key} is not one continuous batching knows how to move rows of"
+        if key not in known:
+            return (
+                f"its layer cache {key} is not one continuous batching knows how to move rows of (a plugin tells it "
+                "with the register_cache_rows hook)"
+            )
     return None
 
 
@@ -76,21 +87,28 @@ class Row:
     length: int
 
 
-def gather(model: Any, rows: Sequence[Row], capacity: int) -> KVCache:
+def gather(model: Any, rows: Sequence[Row], capacity: int, registry: Registry | None = None) -> KVCache:
     """A new cache of ``rows`` (in that order), each right-aligned, with room for ``capacity`` positions.
 
     Each row's positions count from 0 (a sequence starts at the beginning of its prompt); where all rows
     are as long, the cache is a plain one (no ``key_mask``), as a lone sequence's is.
     """
     longest = max(row.length for row in rows)
+    known = movers(registry)
     cache = model.init_cache(len(rows), capacity)
     for layer, target in enumerate(cache.layers):
         for value in vars(target).values():
             if isinstance(value, torch.Tensor):  # padding positions are masked, but must not be NaN
                 value.zero_()
-        move = MOVERS[class_key(type(target))]
+        key = class_key(type(target))
+        move = known[key]
         for i, row in enumerate(rows):
-            move(target, i, longest, row.cache.layers[layer], row.index, row.cache.length, row.length)
+            try:
+                move(target, i, longest, row.cache.layers[layer], row.index, row.cache.length, row.length)
+            except Exception as exc:  # a plugin's mover: say whose
+                raise PluginError(
+                    f"moving a sequence's positions in a {key} (register_cache_rows) failed: {exception_text(exc)}"
+                ) from exc
     cache.length = longest
     if any(row.length != longest for row in rows):
         device = model.wte.weight.device

@@ -31,6 +31,7 @@ from gptzoo.inference.sampling import SamplerChain
 from gptzoo.memory import available_bytes, format_bytes
 from gptzoo.model.gpt import GPT
 from gptzoo.model.kv_cache import KVCache
+from gptzoo.registry import default_registry
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,8 @@ class _Lane:
     def __init__(self, name: str, model: GPT, max_batch: int, context: int) -> None:
         self.name = name
         self.model = model.eval()
-        self.unbatched = unbatchable(model.init_cache(1, 1))
+        self.registry = getattr(model, "registry", None) or default_registry()
+        self.unbatched = unbatchable(model.init_cache(1, 1), self.registry)
         """Why its sequences run one at a time (None: they share a batch)."""
         self.max_batch = 1 if self.unbatched else max(1, min(max_batch, MAX_ROWS))
         self.active: list[_Sequence] = []
@@ -338,7 +340,7 @@ class Engine:
         if len(rows) == 1 and rows[0].cache.key_mask is None and rows[0].cache.length == rows[0].length:
             lane.cache = rows[0].cache  # a lone sequence keeps its own cache
         else:
-            lane.cache = gather(lane.model, rows, capacity)
+            lane.cache = gather(lane.model, rows, capacity, lane.registry)
         for i, seq in enumerate(lane.active):
             seq.cache, seq.index = lane.cache, i
         lane.changed = False

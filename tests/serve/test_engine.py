@@ -3,13 +3,16 @@ tokens each gives alone, for every registered attention and position; a cancel f
 
 from __future__ import annotations
 
+import importlib
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
 from tiny import PAIRS, tiny_model
 
+import gptzoo
 from gptzoo.errors import GptzooError
 from gptzoo.inference.batching import Row, gather, unbatchable
 from gptzoo.inference.generate import generate
@@ -159,3 +162,50 @@ def test_logprobs_cancel_and_a_prompt_only_job() -> None:
     assert 3 <= len(cancelled.tokens) <= 4 and cancelled.end.reason == "cancelled"
     assert prompt_only.tokens == [] and prompt_only.end.reason == "length"
     assert isinstance(prompt_only.events[0], PromptScores)
+
+
+ROWS_PLUGIN = """
+import gptzoo
+from gptzoo.interfaces import LayerKVCache
+
+gptzoo_contract = 6
+
+
+class TimeMajorCache(LayerKVCache):
+    \"\"\"Keys and values kept position-major: (max_len, B, nkv, hs), seen by attention as (B, nkv, T, hs).\"\"\"
+
+    def __init__(self, batch_size, n_kv_head, max_len, head_dim, *, device=None, dtype=None):
+        super().__init__(batch_size, n_kv_head, max_len, head_dim, device=device, dtype=dtype)
+        self.k = self.k.permute(2, 0, 1, 3).contiguous().permute(1, 2, 0, 3)
+        self.v = self.v.permute(2, 0, 1, 3).contiguous().permute(1, 2, 0, 3)
+
+
+def move(dst, i, dst_end, src, j, src_end, n):
+    dst.k[i, :, dst_end - n : dst_end] = src.k[j, :, src_end - n : src_end]
+    dst.v[i, :, dst_end - n : dst_end] = src.v[j, :, src_end - n : src_end]
+
+
+@gptzoo.hookimpl
+def register_cache_rows(register):
+    register(TimeMajorCache, move)
+"""
+
+
+def test_a_plugin_cache_class_batches_through_register_cache_rows(fake_site: Any, monkeypatch: Any) -> None:
+    monkeypatch.delenv("GPTZOO_NO_PLUGINS", raising=False)
+    fake_site.add("timemajor", "gptzoo_fake_timemajor", ROWS_PLUGIN)
+    registry = gptzoo.get_registry()
+    own = importlib.import_module("gptzoo_fake_timemajor").TimeMajorCache
+    torch.manual_seed(0)
+    model = gptzoo.build_model(gptzoo.load_recipe("llama-tiny", registry=registry), registry=registry).eval()
+    alone = [generate(model, [p], n)[0] for p, n in zip(PROMPTS, NEW, strict=True)]
+    for block in model.blocks:
+        attn = block.attn
+        attn.init_cache = lambda b, n, *, device=None, dtype=None, attn=attn: own(
+            b, attn.n_kv_head, n, attn.head_dim, device=device, dtype=dtype
+        )
+    engine = Engine(model, eos_token_id=None, context=64, max_batch=4)
+    assert engine.unbatched is None and engine.max_batch == 4
+    sinks = staggered(engine, PROMPTS, NEW)
+    assert [s.tokens for s in sinks] == alone
+    assert engine.steps < sum(NEW)  # the rows shared steps
