@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from gptzoo.adapters.run import ADAPTER, read_spec
+from gptzoo.adapters.run import SPEC as FINETUNE_SPEC
 from gptzoo.atomic import check_new_directory
 from gptzoo.defaults import precision
 from gptzoo.errors import CheckpointError, GptzooError, Interrupted, suggest
@@ -371,7 +373,7 @@ def load_any(
 
     text = str(source)
     path = Path(text)
-    if path.is_dir() and (path / "adapter.json").is_file():  # a fine-tuning run: its base with its adapter
+    if path.is_dir() and (path / FINETUNE_SPEC).is_file():  # a fine-tuning run: its base with its adapter
         return _finetuned(path, registry=registry, device=device, dtype=dtype)
     if path.is_dir():
         if all((path / f).is_file() for f in CHECKPOINT_FILES):
@@ -401,9 +403,8 @@ def load_any(
 def _finetuned(
     run: Path, *, registry: Registry | None, device: torch.device | str | None, dtype: str | torch.dtype | None
 ) -> Loaded:
-    """A `gptzoo finetune` run as a model: the base its adapter.json names, with RUN/adapter merged."""
-    from gptzoo.adapters.run import ADAPTER, read_spec
-
+    """A `gptzoo finetune` run as a model: the base its adapter.json names, with RUN/adapter (as ``--adapter``
+    attaches it)."""
     spec = read_spec(run)
     assert spec is not None
     if not (run / ADAPTER).is_dir():

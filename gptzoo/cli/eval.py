@@ -63,8 +63,8 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> None:
     if args.tasks is not None:
         run_tasks(args, out, err)
         return
-    harness_only = [f for f, v in (("--include-path", args.include_path), ("--num-fewshot", args.num_fewshot),
-                                   ("--limit", args.limit)) if v is not None]  # fmt: skip
+    options = (("--include-path", args.include_path), ("--num-fewshot", args.num_fewshot), ("--limit", args.limit))
+    harness_only = [flag for flag, value in options if value is not None]
     if harness_only:
         raise GptzooError(f"{harness_only[0]} is an option of --tasks (lm-evaluation-harness); give --tasks T1,T2")
     with importing():

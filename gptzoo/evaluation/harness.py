@@ -25,7 +25,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
 from gptzoo.errors import GptzooError, suggest
-from gptzoo.inference.generate import RowText, generate
+from gptzoo.inference.generate import generate_text
 from gptzoo.inference.sampling import SamplerChain, chain_spec
 from gptzoo.loader import Loaded, load_any
 from gptzoo.model.gpt import GPT
@@ -116,33 +116,15 @@ class GptzooLM(HFLM):
             flags["top_k"] = generation_kwargs.get("top_k")
             spec = chain_spec([], flags, registry=self.registry)
             sampler = SamplerChain.from_registry(self.registry, spec)
-        tokenizer = self.gptzoo_tokenizer
-        texts = [RowText(tokenizer, row, stop) for row in rows]
-
-        def stopped(new: list[int | None]) -> list[int]:
-            ended = []
-            for i, token in enumerate(new):
-                if token is not None and token != tokenizer.eos_token_id:
-                    texts[i].push(token)
-                    if texts[i].cut is not None:
-                        ended.append(i)
-            return ended
-
         width = context.shape[1]
-        new = generate(
-            self.gpt,
-            rows,
-            max_length - width,
-            sampler=sampler,
-            eos_token_id=tokenizer.eos_token_id,
-            on_step=stopped,
-            vocab_size=tokenizer.vocab_size,
+        results, _ = generate_text(
+            self.gpt, self.gptzoo_tokenizer, rows, max_length - width, sampler=sampler, stop=stop
         )
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         out = torch.full((len(rows), max_length), pad, dtype=context.dtype, device=context.device)
         out[:, :width] = context
-        for i, tokens in enumerate(new):
-            out[i, width : width + len(tokens)] = torch.tensor(tokens, dtype=context.dtype)
+        for i, result in enumerate(results):
+            out[i, width : width + len(result.tokens)] = torch.tensor(result.tokens, dtype=context.dtype)
         return out
 
 

@@ -199,6 +199,16 @@ def check_finite(logits: Tensor, step: int) -> None:
         )
 
 
+def within_vocab(logits: Tensor, vocab_size: int | None) -> Tensor:
+    """Logits (..., V) where the ids from ``vocab_size`` on (those the tokenizer cannot decode) are never
+    chosen: a float32 copy with them at -inf; ``logits`` itself when None or V is not larger."""
+    if vocab_size is None or vocab_size >= logits.shape[-1]:
+        return logits
+    limited = logits.to(torch.float32, copy=True)
+    limited[..., vocab_size:] = float("-inf")
+    return limited
+
+
 NATIVE, SPLIT, EAGER = "native", "native+eager", "eager"
 """The decoding paths: one native call per step; native calls around the eager forwards of the
 components without a lowering; the model's eager forward."""
@@ -353,9 +363,7 @@ def generate(
             on_decode_path(decode_path(model, compiled, why))
         for step in range(max_new_tokens):
             check_finite(logits[:, :limit], step)
-            if limit is not None:  # ids the tokenizer cannot decode are never chosen
-                logits = logits.float()
-                logits[:, limit:] = float("-inf")
+            logits = within_vocab(logits, limit)
             nxt = logits.float().argmax(dim=-1) if sampler is None else sampler(logits, tokens, generator, real=real)
             new: list[int | None] = [None if d else t for d, t in zip(done, nxt.tolist(), strict=True)]
             for row, token in enumerate(new):

@@ -66,6 +66,11 @@ class Choice:
     message: str | None = None
     """The error, when the engine failed this sequence."""
 
+    @property
+    def finish_reason(self) -> str:
+        """OpenAI's finish_reason of the sequence."""
+        return FINISH_REASONS.get(self.reason or "length", "length")
+
 
 def _error(exc: ApiError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status)
@@ -138,10 +143,9 @@ def _take(choice: Choice, event: Event, eos: int | None) -> str:
     return piece
 
 
-def _logprobs(served: Served, choice: Choice, echo: bool, chat: bool) -> dict[str, Any] | None:
-    """The choice's log-probabilities in OpenAI's form for a completion, or for a chat."""
+def _logprobs(served: Served, tokens: list[Token], chat: bool) -> dict[str, Any]:
+    """The tokens' log-probabilities in OpenAI's form for a completion, or for a chat."""
     decode = served.tokenizer.decode
-    tokens = [*(choice.prompt_scores if echo else ()), *choice.tokens]
     if chat:
         return {
             "content": [
@@ -251,11 +255,9 @@ class Handler:
         out = []
         for choice in choices:
             text, _ = choice.text.finish([t.id for t in choice.tokens], served.tokenizer.eos_token_id)
-            entry: dict[str, Any] = {
-                "index": choice.index,
-                "finish_reason": FINISH_REASONS.get(choice.reason or "length", "length"),
-            }
-            logprobs = None if parsed.logprobs is None else _logprobs(served, choice, parsed.echo, chat)
+            entry: dict[str, Any] = {"index": choice.index, "finish_reason": choice.finish_reason}
+            scored = [*(choice.prompt_scores if parsed.echo else ()), *choice.tokens]
+            logprobs = None if parsed.logprobs is None else _logprobs(served, scored, chat)
             if chat:
                 entry["message"] = {"role": "assistant", "content": text}
             else:
@@ -344,13 +346,11 @@ class Handler:
                         yield f"data: {json.dumps(error.body())}\n\n"
                         continue
                     _, rest = choice.text.finish([t.id for t in choice.tokens], eos)
-                    yield chunk([entry(choice, rest, FINISH_REASONS.get(choice.reason or "length", "length"))])
-                elif piece or (parsed.logprobs is not None and len(choice.tokens) > before):
-                    logprobs = None
-                    if parsed.logprobs is not None and len(choice.tokens) > before:
-                        one = Choice(choice.index, choice.prompt, choice.job, choice.text, choice.tokens[before:])
-                        logprobs = _logprobs(served, one, False, chat)
-                    yield chunk([entry(choice, piece, None, logprobs)])
+                    yield chunk([entry(choice, rest, choice.finish_reason)])
+                    continue
+                scored = choice.tokens[before:] if parsed.logprobs is not None else []
+                if piece or scored:
+                    yield chunk([entry(choice, piece, None, _logprobs(served, scored, chat) if scored else None)])
             if parsed.include_usage:
                 yield chunk([], _usage(choices, parsed.prompts))
             yield "data: [DONE]\n\n"

@@ -16,16 +16,16 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
-from gptzoo.errors import GptzooError
+from gptzoo.errors import GptzooError, describe_exception
 from gptzoo.inference.batching import Row, gather, unbatchable
 from gptzoo.inference.decode_plan import compile_step
-from gptzoo.inference.generate import check_finite
+from gptzoo.inference.generate import check_finite, within_vocab
 from gptzoo.inference.matvec import MAX_ROWS, native_decoding
 from gptzoo.inference.sampling import SamplerChain
 from gptzoo.memory import available_bytes, format_bytes
@@ -100,10 +100,9 @@ TURN_STEPS = 8
 
 
 class _Lane:
-    """One model's batch: its running sequences, their cache and its decoding step (kept until the batch changes)."""
+    """One model's batch: its running sequences and their cache."""
 
-    def __init__(self, name: str, model: GPT, max_batch: int, context: int) -> None:
-        self.name = name
+    def __init__(self, model: GPT, max_batch: int) -> None:
         self.model = model.eval()
         self.registry = getattr(model, "registry", None) or default_registry()
         self.unbatched = unbatchable(model.init_cache(1, 1), self.registry)
@@ -139,7 +138,7 @@ class Engine:
         self.eos = eos_token_id
         self.vocab_size = vocab_size
         self.context = context
-        self._lanes = {name: _Lane(name, model, max_batch, context) for name, model in named.items()}
+        self._lanes = {name: _Lane(model, max_batch) for name, model in named.items()}
         self._fit_memory()
         self._pending: deque[Job] = deque()
         self._prefilling = 0
@@ -234,21 +233,25 @@ class Engine:
                 try:
                     self._decode(lane, None if len(busy) == 1 else TURN_STEPS)
                 except Exception as exc:  # a broken step fails its batch's jobs, never the server
-                    message = str(exc) if isinstance(exc, GptzooError) else f"{type(exc).__name__}: {exc}"
                     for seq in lane.active:
-                        seq.job.deliver(Finished("error", message))
+                        seq.job.deliver(Finished("error", describe_exception(exc)))
                     lane.active, lane.cache, lane.changed = [], None, False
+
+    def _fits(self, job: Job) -> bool:
+        """The job's model's batch has a free row."""
+        lane = self._lane(job)
+        return len(lane.active) < lane.max_batch
 
     def _room(self) -> bool:
         """A queued job whose model's batch has a free row."""
-        return any(len(self._lane(job).active) < self._lane(job).max_batch for job in self._pending)
+        return any(self._fits(job) for job in self._pending)
 
     @torch.no_grad()
     def _admit(self) -> None:
         """Prefill queued jobs while their batches have room (torch on all its threads)."""
         while True:
             with self._wake:
-                job = next((j for j in self._pending if len(self._lane(j).active) < self._lane(j).max_batch), None)
+                job = next((j for j in self._pending if self._fits(j)), None)
                 if job is None:
                     return
                 self._pending.remove(job)
@@ -260,7 +263,7 @@ class Engine:
             try:
                 seq = self._prefill(lane.model, job)
             except Exception as exc:  # this prompt's failure fails this job only
-                job.deliver(Finished("error", str(exc) if isinstance(exc, GptzooError) else repr(exc)))
+                job.deliver(Finished("error", describe_exception(exc)))
                 continue
             finally:
                 self._prefilling = 0
@@ -286,7 +289,7 @@ class Engine:
 
     def _scores(self, logits: Tensor, ids: Tensor, top: int) -> list[Token]:
         """The tokens ``ids`` (T,) with their log-probabilities under ``logits`` (T, V) and the ``top`` best."""
-        logp = self._limited(logits).float().log_softmax(-1)
+        logp = within_vocab(logits, self.vocab_size).float().log_softmax(-1)
         chosen = logp.gather(-1, ids[:, None])[:, 0].tolist()
         best = logp.topk(top, dim=-1) if top else None
         tokens = []
@@ -294,15 +297,6 @@ class Engine:
             pairs = zip(best.indices[t].tolist(), best.values[t].tolist(), strict=True) if best is not None else ()
             tokens.append(Token(token, chosen[t], tuple(pairs)))
         return tokens
-
-    def _limited(self, logits: Tensor) -> Tensor:
-        """Logits (..., V) with the ids the tokenizer lacks never chosen."""
-        limit = self.vocab_size
-        if limit is None or limit >= logits.shape[-1]:
-            return logits
-        logits = logits.float().clone()
-        logits[..., limit:] = float("-inf")
-        return logits
 
     def _choose(self, seq: _Sequence, logits: Tensor) -> bool:
         """Pick the next token of ``seq`` from its logits (V,) and hand it over; True when the sequence ended."""
@@ -312,7 +306,7 @@ class Engine:
             return True
         row = logits[None]
         check_finite(row[:, : self.vocab_size], seq.generated)
-        row = self._limited(row)
+        row = within_vocab(row, self.vocab_size)
         if job.sampler is None:
             token = int(row.float().argmax(dim=-1))
         else:
@@ -382,20 +376,3 @@ class Engine:
         except GptzooError as exc:  # this row's logits or sampler: only this request fails
             seq.job.deliver(Finished("error", str(exc)))
             return True
-
-
-def run_alone(engine: Engine, jobs: Sequence[Job]) -> None:
-    """Submit ``jobs`` and wait until each has finished (for scripts and tests; the server streams)."""
-    done = threading.Semaphore(0)
-    for job in jobs:
-        deliver = job.deliver
-
-        def relay(event: Event, deliver: Callable[[Event], None] = deliver) -> None:
-            deliver(event)
-            if isinstance(event, Finished):
-                done.release()
-
-        job.deliver = relay
-        engine.submit(job)
-    for _ in jobs:
-        done.acquire()

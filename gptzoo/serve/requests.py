@@ -200,7 +200,7 @@ def parse(
             raise invalid(f"'{name}' is not supported by this server (only 0); samplers: {', '.join(samplers)}", name)
     if body.get("logit_bias"):
         raise invalid("'logit_bias' is not supported by this server", "logit_bias")
-    if not chat and _integer(body, "best_of", 1, 1) is not None and body["best_of"] != 1:
+    if not chat and _integer(body, "best_of", 1) not in (None, 1):
         raise invalid("'best_of' is not supported by this server (only 1)", "best_of")
     if not chat and body.get("suffix") is not None:
         raise invalid("'suffix' is not supported by this server", "suffix")

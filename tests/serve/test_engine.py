@@ -17,7 +17,7 @@ from gptzoo.errors import GptzooError
 from gptzoo.inference.batching import Row, gather, unbatchable
 from gptzoo.inference.generate import generate
 from gptzoo.interfaces import LayerKVCache
-from gptzoo.serve.engine import Engine, Event, Finished, Job, PromptScores, Token, run_alone
+from gptzoo.serve.engine import Engine, Event, Finished, Job, PromptScores, Token
 
 PROMPTS = [[5, 9, 11, 2, 7, 3, 8], [42], [1, 2, 3, 4], [7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7], [3, 1]]
 NEW = [12, 9, 14, 5, 11]
@@ -72,6 +72,23 @@ def staggered(
     return sinks
 
 
+def caches_of(model: gptzoo.GPT, cls: type) -> None:
+    """Make every attention of ``model`` keep its keys and values in a cache of class ``cls`` (a LayerKVCache's)."""
+    for block in model.blocks:
+        attn = block.attn
+        attn.init_cache = lambda b, n, *, device=None, dtype=None, attn=attn: cls(
+            b, attn.n_kv_head, n, attn.head_dim, device=device, dtype=dtype
+        )
+
+
+def alone_each(engine: Engine, jobs: list[Job], sinks: list[Collect]) -> None:
+    """Run each job to its end before the next is submitted."""
+    for job, sink in zip(jobs, sinks, strict=True):
+        sink.done = threading.Semaphore(0)
+        engine.submit(job)
+        assert sink.done.acquire(timeout=120)
+
+
 @pytest.mark.parametrize(("base", "attention", "position"), PAIRS)
 def test_rows_that_join_and_leave_give_what_they_give_alone(base: str, attention: str, position: str) -> None:
     model = tiny_model(base, f"model.attention={attention}", f"model.position={position}")
@@ -90,11 +107,7 @@ def test_a_cache_class_it_cannot_move_rows_of_runs_one_sequence_at_a_time() -> N
 
     model = tiny_model("llama-tiny")
     alone = [generate(model, [p], n)[0] for p, n in zip(PROMPTS, NEW, strict=True)]
-    for block in model.blocks:
-        attn = block.attn
-        attn.init_cache = lambda b, n, *, device=None, dtype=None, attn=attn: OwnCache(
-            b, attn.n_kv_head, n, attn.head_dim, device=device, dtype=dtype
-        )
+    caches_of(model, OwnCache)
     engine = Engine(model, eos_token_id=None, context=64, max_batch=8)
     assert engine.max_batch == 1
     assert "test_engine:test_a_cache_class_it_cannot_move_rows_of_runs_one_sequence_at_a_time.<locals>.OwnCache" in (
@@ -137,16 +150,16 @@ def test_gather_right_aligns_rows_and_counts_their_positions() -> None:
 def test_logprobs_cancel_and_a_prompt_only_job() -> None:
     model = tiny_model("gpt2-tiny")
     engine = Engine(model, eos_token_id=None, context=64, max_batch=4)
+    scored, cancelled, prompt_only = Collect(), Collect(), Collect()
+    jobs = [
+        Job([5, 9, 11, 2], 3, scored, logprobs=2, prompt_logprobs=True),
+        Job([1, 2, 3], 40, cancelled),
+        Job([4, 5, 6], 0, prompt_only, logprobs=0, prompt_logprobs=True),
+    ]
+    cancelled.at, cancelled.after = 3, jobs[1].cancel
     engine.start()
     try:
-        scored = Collect()
-        run_alone(engine, [Job([5, 9, 11, 2], 3, scored, logprobs=2, prompt_logprobs=True)])
-        cancelled = Collect()
-        job = Job([1, 2, 3], 40, cancelled)
-        cancelled.at, cancelled.after = 3, job.cancel
-        run_alone(engine, [job])
-        prompt_only = Collect()
-        run_alone(engine, [Job([4, 5, 6], 0, prompt_only, logprobs=0, prompt_logprobs=True)])
+        alone_each(engine, jobs, [scored, cancelled, prompt_only])
     finally:
         engine.stop()
     prompt = scored.events[0]
@@ -199,11 +212,7 @@ def test_a_plugin_cache_class_batches_through_register_cache_rows(fake_site: Any
     torch.manual_seed(0)
     model = gptzoo.build_model(gptzoo.load_recipe("llama-tiny", registry=registry), registry=registry).eval()
     alone = [generate(model, [p], n)[0] for p, n in zip(PROMPTS, NEW, strict=True)]
-    for block in model.blocks:
-        attn = block.attn
-        attn.init_cache = lambda b, n, *, device=None, dtype=None, attn=attn: own(
-            b, attn.n_kv_head, n, attn.head_dim, device=device, dtype=dtype
-        )
+    caches_of(model, own)
     engine = Engine(model, eos_token_id=None, context=64, max_batch=4)
     assert engine.unbatched is None and engine.max_batch == 4
     sinks = staggered(engine, PROMPTS, NEW)
