@@ -14,6 +14,7 @@ Example::
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -180,7 +181,7 @@ def with_adapter(
     """
     from gptzoo.adapters.peft_format import attach_peft, merge_peft, read_peft
 
-    name, _, directory = str(adapter).rpartition("=") if "=" in str(adapter) else ("", "", str(adapter))
+    name, directory = split_adapter(str(adapter))
     if loaded.model.recipe is None:
         loaded.model.recipe = loaded.recipe
     read = read_peft(Path(directory).expanduser())
@@ -188,6 +189,15 @@ def with_adapter(
     (merge_peft if merge else attach_peft)(loaded.model, read, registry)
     label = f"{name} ({directory})" if name else directory
     return replace(loaded, source=f"{loaded.source} with adapter {label}")
+
+
+def split_adapter(text: str) -> tuple[str | None, str]:
+    """``--adapter [NAME=]DIR`` as (NAME, DIR), NAME None where none is given: the text up to the first ``=`` is
+    a name unless it holds a path separator (``runs/a=1/adapter`` is a directory)."""
+    name, sep, directory = text.partition("=")
+    if not sep or "/" in name or os.sep in name:
+        return None, text
+    return name, directory
 
 
 def known_as(loaded: Loaded) -> list[str]:

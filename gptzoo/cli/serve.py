@@ -88,11 +88,12 @@ def served_models(args: argparse.Namespace, name: str, registry: Registry, err: 
     Raises:
         GptzooError: two unnamed adapters, an empty or repeated name, or what loading one says.
     """
-    from gptzoo.loader import with_adapter, with_precision
+    from gptzoo.loader import split_adapter, with_adapter, with_precision
 
     adapters = args.adapter or []
-    unnamed = [a for a in adapters if "=" not in a]
-    named = [tuple(a.split("=", 1)) for a in adapters if "=" in a]
+    given = [(split_adapter(a)[0], a) for a in adapters]
+    unnamed = [a for n, a in given if n is None]
+    named = [(n, a) for n, a in given if n is not None]
     if len(unnamed) > 1:
         raise GptzooError(
             f"--adapter {unnamed[1]} has no name, and only one adapter can take MODEL's place; name the others "
@@ -109,7 +110,7 @@ def served_models(args: argparse.Namespace, name: str, registry: Registry, err: 
     base = load_named(args, registry, dtype="float32" if adapters else args.dtype, seed=args.seed, random=True, err=err)
     if not adapters:
         return base, {name: base.model}
-    copies = {n: with_adapter(replace(base, model=copy.deepcopy(base.model)), d, registry) for n, d in named}
+    copies = {n: with_adapter(replace(base, model=copy.deepcopy(base.model)), a, registry) for n, a in named}
     if unnamed:
         base = with_adapter(base, unnamed[0], registry)
     models = {name: with_precision(base, args.dtype, registry)}

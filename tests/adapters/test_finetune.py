@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 import gptzoo
 from gptzoo.cli import main
+from gptzoo.loader import split_adapter
 
 TINY = ["--set", "tokenizer.name=bytes", "--set", "model.vocab_size=256", "--set", "model.n_layer=2"]
 FAST = [
@@ -237,3 +238,15 @@ def test_an_adapter_made_for_another_named_base_is_refused(
     for same in (f"org/{base.name.upper()}", "", None):  # a hub id of the same name; no name at all
         (adapter / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": same}))
         assert main(ask) == 0, same
+
+
+def test_an_adapter_directory_with_an_equals_sign_is_a_directory(
+    capsys: pytest.CaptureFixture[str], base: Path, text: Path, tmp_path: Path
+) -> None:
+    assert split_adapter("sql=runs/a=1/adapter") == ("sql", "runs/a=1/adapter")
+    assert split_adapter("runs/a=1/adapter") == (None, "runs/a=1/adapter")
+    assert split_adapter("=runs/adapter") == ("", "runs/adapter")
+    finetune(capsys, base, text, tmp_path / "lr=2e-4", "--set", "train.max_steps=1", "--targets", "q")
+    adapter = tmp_path / "lr=2e-4" / "adapter"
+    for given in (str(adapter), f"mine={adapter}"):
+        assert main(["generate", str(base), "--adapter", given, "--prompt", "x", "--max-new-tokens", "2"]) == 0, given
