@@ -14,7 +14,6 @@ Example::
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -179,7 +178,7 @@ def with_adapter(
         CheckpointError: the adapter cannot be read, is not LoRA, is for another base model (by its
             base_model_name_or_path, :func:`check_base`) or does not fit the model.
     """
-    from gptzoo.adapters.peft_format import attach_peft, merge_peft, read_peft
+    from gptzoo.adapters.peft_format import attach_peft, merge_peft, read_peft, split_adapter
 
     name, directory = split_adapter(str(adapter))
     if loaded.model.recipe is None:
@@ -189,15 +188,6 @@ def with_adapter(
     (merge_peft if merge else attach_peft)(loaded.model, read, registry)
     label = f"{name} ({directory})" if name else directory
     return replace(loaded, source=f"{loaded.source} with adapter {label}")
-
-
-def split_adapter(text: str) -> tuple[str | None, str]:
-    """``--adapter [NAME=]DIR`` as (NAME, DIR), NAME None where none is given: the text up to the first ``=`` is
-    a name unless it holds a path separator (``runs/a=1/adapter`` is a directory)."""
-    name, sep, directory = text.partition("=")
-    if not sep or "/" in name or os.sep in name:
-        return None, text
-    return name, directory
 
 
 def known_as(loaded: Loaded) -> list[str]:

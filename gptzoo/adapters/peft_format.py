@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -204,6 +205,15 @@ UNSUPPORTED_FIELDS = {
     "trainable_token_indices": "trained token embeddings",
     "target_parameters": "adapted parameters (not modules)",
 }
+
+
+def split_adapter(text: str) -> tuple[str | None, str]:
+    """``--adapter [NAME=]DIR`` as (NAME, DIR), NAME None where none is given: the text up to the first ``=`` is
+    a name unless it holds a path separator (``runs/a=1/adapter`` is a directory)."""
+    name, sep, directory = text.partition("=")
+    if not sep or "/" in name or os.sep in name:
+        return None, text
+    return name, directory
 
 
 def read_peft(path: str | Path) -> PeftAdapter:

@@ -88,7 +88,8 @@ def served_models(args: argparse.Namespace, name: str, registry: Registry, err: 
     Raises:
         GptzooError: two unnamed adapters, an empty or repeated name, or what loading one says.
     """
-    from gptzoo.loader import split_adapter, with_adapter, with_precision
+    from gptzoo.adapters.peft_format import split_adapter
+    from gptzoo.loader import with_adapter, with_precision
 
     adapters = args.adapter or []
     given = [(split_adapter(a)[0], a) for a in adapters]

@@ -35,6 +35,7 @@ def add_parser(sub: Subparsers, common: Parser) -> Parser:
 
 def run(args: argparse.Namespace, out: Console, err: Console) -> None:
     with importing():
+        from gptzoo.adapters.run import SPEC as FINETUNE_SPEC
         from gptzoo.loader import load_model
         from gptzoo.recipe import load_recipe
         from gptzoo.training.display import TrainDisplay, start_line
@@ -51,9 +52,9 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> None:
     except KeyboardInterrupt:
         raise Interrupted("before the first step; nothing was written") from None
     run = args.out if args.out is not None else Path("runs") / recipe.name  # an empty --out is refused by train
-    if args.resume and (Path(run) / "adapter.json").is_file():
+    if args.resume and (Path(run) / FINETUNE_SPEC).is_file():
         raise GptzooError(
-            f"{run} is a fine-tuning run (adapters on a frozen base, {Path(run) / 'adapter.json'}); resume it with "
+            f"{run} is a fine-tuning run (adapters on a frozen base, {Path(run) / FINETUNE_SPEC}); resume it with "
             f"gptzoo finetune BASE --out {run} --resume"
         )
     main_process = first_process(args)  # under torchrun, only rank 0 reports

@@ -171,9 +171,9 @@ def compare(
 
 def _adapted(model: GPT, adapter: str | Path, dtype: torch.dtype, registry: Registry | None) -> GPT:
     """gptzoo's side with the adapter as `gptzoo generate --adapter` loads it (its low-rank side path)."""
-    from gptzoo.adapters.peft_format import attach_peft, read_peft
+    from gptzoo.adapters.peft_format import attach_peft, read_peft, split_adapter
 
-    attach_peft(model, read_peft(Path(str(adapter).rpartition("=")[2])), registry)
+    attach_peft(model, read_peft(Path(split_adapter(str(adapter))[1])), registry)
     return model.to(dtype)
 
 
@@ -183,4 +183,6 @@ def _peft(model: Any, adapter: str | Path) -> Any:
         from peft import PeftModel
     except ImportError:
         raise GptzooError("compare --adapter runs peft on transformers' side: install it (pip install peft)") from None
-    return PeftModel.from_pretrained(model, str(adapter).rpartition("=")[2]).eval()
+    from gptzoo.adapters.peft_format import split_adapter
+
+    return PeftModel.from_pretrained(model, split_adapter(str(adapter))[1]).eval()

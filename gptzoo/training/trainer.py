@@ -427,10 +427,9 @@ class Trainer:
         torch.manual_seed(spec.seed)
         model = init if init is not None else build_model(recipe, registry=registry)
         self.model = model.to(procs.device)
-        frozen = [name for name, p in self.model.named_parameters() if not p.requires_grad]
-        self.saved: frozenset[str] | None = (
-            frozenset(name for name, p in self.model.named_parameters() if p.requires_grad) if frozen else None
-        )
+        parameters = dict(self.model.named_parameters())
+        trainable = frozenset(name for name, p in parameters.items() if p.requires_grad)
+        self.saved: frozenset[str] | None = trainable if len(trainable) < len(parameters) else None
         """With frozen parameters (adapters on a frozen base: gptzoo.adapters), the names of the trainable ones,
         all that a checkpoint holds: the frozen ones come from where the model did. None: everything is saved."""
         self.step = 0

@@ -15,8 +15,8 @@ from cli_run import run_error, run_json
 from safetensors.torch import load_file
 
 import gptzoo
+from gptzoo.adapters.peft_format import split_adapter
 from gptzoo.cli import main
-from gptzoo.loader import split_adapter
 
 TINY = ["--set", "tokenizer.name=bytes", "--set", "model.vocab_size=256", "--set", "model.n_layer=2"]
 FAST = [
