@@ -18,7 +18,7 @@ import json
 import os
 import shutil
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -162,11 +162,6 @@ def write_adapter(model: torch.nn.Module, run: Path, base: str, registry: Regist
     else:
         os.rename(fresh, final)
     return final
-
-
-@dataclass
-class FinetuneResult:
-    summary: dict[str, Any]
 
 
 def base_name(model: str, loaded: Loaded) -> str:
