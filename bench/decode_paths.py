@@ -39,7 +39,7 @@ from torch import nn
 
 from gptzoo.fetch import cache_root
 from gptzoo.hf import load_hf
-from gptzoo.inference import generate as generate_module
+from gptzoo.inference import engine as engine_module
 from gptzoo.inference.decode_plan import compile_step
 from gptzoo.inference.generate import DecodePath, generate
 from gptzoo.inference.matvec import native_decoding
@@ -69,11 +69,11 @@ def run(model: nn.Module, prompt: list[int], n: int, *, split: bool) -> tuple[li
         times.append(time.perf_counter())
         return []
 
-    generate_module.compile_step = step
+    engine_module.compile_step = step
     start = time.perf_counter()
     tokens = generate(model, [prompt], n, on_decode_path=paths.append, on_step=on_step)[0]
     seconds = time.perf_counter() - start
-    generate_module.compile_step = compile_step
+    engine_module.compile_step = compile_step
     return tokens, len(tokens) / seconds, 1e3 * statistics.median(b - a for a, b in itertools.pairwise(times)), paths[0]
 
 
@@ -95,11 +95,11 @@ def compiled_run(model: nn.Module, prompt: list[int], n: int) -> tuple[list[int]
             first.append(time.perf_counter() - start)
         return []
 
-    generate_module.native_decoding = torch_kernels
+    engine_module.native_decoding = torch_kernels
     try:
         tokens = generate(compiled, [prompt], n, on_step=on_step)[0]  # type: ignore[arg-type]
     finally:
-        generate_module.native_decoding = native_decoding
+        engine_module.native_decoding = native_decoding
     return tokens, len(tokens) / (time.perf_counter() - start), first[0]
 
 

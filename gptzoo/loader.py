@@ -13,6 +13,7 @@ Example::
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -165,6 +166,54 @@ def with_precision(loaded: Loaded, dtype: str | torch.dtype | None, registry: Re
         return replace(loaded, precision=chosen.name, warnings=(*loaded.warnings, *quantized))
     loaded.model.to(getattr(torch, chosen.dtype))
     return replace(loaded, precision=chosen.name)
+
+
+def with_adapters(
+    base: Loaded, name: str, adapters: Sequence[str], dtype: str, registry: Registry | None = None
+) -> tuple[Loaded, dict[str, GPT]]:
+    """The models one base serves: the base (float32, as loaded) as ``name`` with the adapter among
+    ``adapters`` that has no name in it, and a copy of the base with each ``NAME=DIR`` adapter as the model
+    NAME, every one in ``dtype`` (each adapter goes into the float32 weights first). Returns the base's
+    Loaded (with every model's warnings, named) and the models by name.
+
+    Raises:
+        GptzooError: the names (:func:`adapter_names`), or what loading an adapter says.
+    """
+    unnamed, named = adapter_names(name, adapters)
+    copies = {n: with_adapter(replace(base, model=copy.deepcopy(base.model)), a, registry) for n, a in named}
+    if unnamed:
+        base = with_adapter(base, unnamed[0], registry)
+    models = {name: with_precision(base, dtype, registry)}
+    models.update({n: with_precision(c, dtype, registry) for n, c in copies.items()})
+    said = tuple(dict.fromkeys(f"{n}: {w}" if n != name else w for n, m in models.items() for w in m.warnings))
+    return replace(models[name], warnings=said), {n: m.model for n, m in models.items()}
+
+
+def adapter_names(name: str, adapters: Sequence[str]) -> tuple[list[str], list[tuple[str, str]]]:
+    """``--adapter [NAME=]DIR`` texts as the one without a name (at most one: it takes the base's place, as
+    ``name``) and the (NAME, text) of the others.
+
+    Raises:
+        GptzooError: two adapters without a name, or a name that is empty or ``name`` or given twice.
+    """
+    from gptzoo.adapters.peft_format import split_adapter
+
+    given = [(split_adapter(a)[0], a) for a in adapters]
+    unnamed = [a for n, a in given if n is None]
+    named = [(n, a) for n, a in given if n is not None]
+    if len(unnamed) > 1:
+        raise GptzooError(
+            f"--adapter {unnamed[1]} has no name, and only one adapter can take MODEL's place; name the others "
+            "with --adapter NAME=DIR"
+        )
+    names = [name, *(n for n, _ in named)]
+    bad = next((n for i, n in enumerate(names) if not n.strip() or n in names[:i]), None)
+    if bad is not None:
+        raise GptzooError(
+            f"--adapter {bad!r}=... names no model or one already served ({', '.join(map(repr, names))}); give each "
+            "adapter a name of its own"
+        )
+    return unnamed, named
 
 
 def with_adapter(

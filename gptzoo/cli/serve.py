@@ -3,13 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
-import copy
-import signal
-import socket
-import threading
-from collections.abc import Iterator
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from gptzoo.cli.args import Parser, Subparsers, integer, positive_int, seed
@@ -49,93 +42,31 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> None:
         raise GptzooError(f"--port {args.port} is not a port; give 0 (any free one) to 65535")
     try:
         import starlette  # noqa: F401
-        import uvicorn
+        import uvicorn  # noqa: F401
     except ImportError as exc:
         missing = (exc.name or "starlette").split(".")[0]
         raise GptzooError(f"gptzoo serve needs starlette and uvicorn ({missing} is missing): {SERVER_EXTRA}") from None
     with importing():
-        from gptzoo.serve.app import Served, make_app
-        from gptzoo.serve.engine import Engine
+        from gptzoo.serve.server import Server
 
     registry = command_registry(err)
     name = args.name or args.model or args.hf or args.checkpoint
     loaded, models = served_models(args, name, registry, err)
     for warning in loaded.warnings:
         warn(err, warning)
-    tokenizer = loaded.tokenizer()
-    model = loaded.model
-    context = model.context_length or model.max_positions
-    if context is None:
-        raise GptzooError(f"{loaded.recipe.name} sets no context_length; give one with --set model.context_length=N")
-    eos, vocab = tokenizer.eos_token_id, tokenizer.vocab_size
-    engine = Engine(models, eos_token_id=eos, vocab_size=vocab, max_batch=args.max_batch, context=context)
-    served = Served(model, tokenizer, registry, engine, tuple(models), context)
-    try:
-        listener = socket.create_server((args.host, args.port))
-    except OSError as exc:
-        raise GptzooError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}; give another --port") from None
-    port = listener.getsockname()[1]
-    shown = ", ".join(models)
-    err.print(text(f"serving {shown} at http://{args.host}:{port}/v1 — {engine.describe()}"))
-    config = uvicorn.Config(make_app(served), log_level="warning", timeout_graceful_shutdown=None)
-    server_class()(config).run(sockets=[listener])
+    server = Server(models, loaded.tokenizer(), registry, host=args.host, port=args.port, max_batch=args.max_batch)
+    err.print(text(f"serving {', '.join(models)} at {server.url} — {server.engine.describe()}"))
+    server.run()
 
 
 def served_models(args: argparse.Namespace, name: str, registry: Registry, err: Console) -> tuple[Loaded, dict]:
-    """MODEL as ``name`` (with ``--adapter DIR`` in it, if one has no name), and a copy of it with each
-    ``--adapter NAME=DIR`` as the model NAME, every one in ``--dtype``.
-
-    Raises:
-        GptzooError: two unnamed adapters, an empty or repeated name, or what loading one says.
-    """
-    from gptzoo.adapters.peft_format import split_adapter
-    from gptzoo.loader import with_adapter, with_precision
+    """MODEL as ``name`` and the models its ``--adapter``s make (gptzoo.loader.with_adapters), in ``--dtype``."""
+    from gptzoo.loader import adapter_names, with_adapters
 
     adapters = args.adapter or []
-    given = [(split_adapter(a)[0], a) for a in adapters]
-    unnamed = [a for n, a in given if n is None]
-    named = [(n, a) for n, a in given if n is not None]
-    if len(unnamed) > 1:
-        raise GptzooError(
-            f"--adapter {unnamed[1]} has no name, and only one adapter can take MODEL's place; name the others "
-            "with --adapter NAME=DIR"
-        )
-    names = [name, *(n for n, _ in named)]
-    bad = next((n for i, n in enumerate(names) if not n.strip() or n in names[:i]), None)
-    if bad is not None:
-        raise GptzooError(
-            f"--adapter {bad!r}=... names no model or one already served ({', '.join(map(repr, names))}); give each "
-            "adapter a name of its own"
-        )
+    adapter_names(name, adapters)  # before the model is loaded
     args.adapter = None  # loaded in float32: each adapter goes into the float32 weights first
     base = load_named(args, registry, dtype="float32" if adapters else args.dtype, seed=args.seed, random=True, err=err)
     if not adapters:
         return base, {name: base.model}
-    copies = {n: with_adapter(replace(base, model=copy.deepcopy(base.model)), a, registry) for n, a in named}
-    if unnamed:
-        base = with_adapter(base, unnamed[0], registry)
-    models = {name: with_precision(base, args.dtype, registry)}
-    models.update({n: with_precision(c, args.dtype, registry) for n, c in copies.items()})
-    said = tuple(dict.fromkeys(f"{n}: {w}" if n != name else w for n, m in models.items() for w in m.warnings))
-    return replace(models[name], warnings=said), {n: m.model for n, m in models.items()}
-
-
-def server_class() -> type:
-    """uvicorn's Server, except that a SIGTERM or Ctrl-C that drained the requests ends the process with
-    status 0 (uvicorn raises the signal again once it has shut down, so the process dies of it)."""
-    import uvicorn
-
-    class Server(uvicorn.Server):
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            if threading.current_thread() is not threading.main_thread():
-                yield
-                return
-            previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
-            try:
-                yield
-            finally:
-                for sig, handler in previous.items():
-                    signal.signal(sig, handler)
-
-    return Server
+    return with_adapters(base, name, adapters, args.dtype, registry)

@@ -1,4 +1,4 @@
-"""Rows of KV caches gathered into one batch: what continuous batching (gptzoo.serve.engine) needs to
+"""Rows of KV caches gathered into one batch: what continuous batching (gptzoo.inference.engine) needs to
 know about a layer cache's class, keyed by the class.
 
 A batch's rows hold sequences of different lengths, each right-aligned: row i's tokens are the last

@@ -1,19 +1,21 @@
-"""Autoregressive generation with a KV cache.
+"""Generation for a caller: prompts checked, run through the decoding engine, and decoded to text.
 
-Prompts of different lengths are left-padded into one batch (the model gives every row its own
-positions and hides the padding), the batch is prefilled once, then decoded one token per step,
-each chosen by a sampler chain (greedy when none is given). A row stops at the EOS token or when
-the caller says so (stop strings, see :func:`generate_text`); the batch stops when all rows have.
+:func:`generate` submits one job per prompt to a :class:`gptzoo.inference.engine.Engine` and runs it to
+completion: the prompts are prefilled as one left-padded batch (the model gives every row its own
+positions and hides the padding), then decoded one token per step, each chosen by a sampler chain
+(greedy when none is given). A row stops at the EOS token or when the caller says so (stop strings,
+see :func:`generate_text`); the batch stops when all rows have.
 
-Whatever a user can get wrong is checked before or while generating, each a GptzooError naming it:
-seeds (:func:`check_seed`), prompt texts (:func:`encode_prompts`), lengths (:func:`fit_new_tokens`),
-token ids (:func:`check_prompts`), the KV cache's memory (:func:`check_cache_memory`) and non-finite
-logits (:func:`check_finite`).
+Whatever a user can get wrong is checked once, at the public edge (:func:`generate`,
+:func:`generate_text`, :func:`plan_generation`), each a GptzooError naming it: seeds
+(:func:`check_seed`), prompt texts (:func:`encode_prompts`), lengths (:func:`fit_new_tokens`), token
+ids (:func:`check_prompts`) and the KV cache's memory (:func:`check_cache_memory`); the engine checks
+the logits of every step (:func:`gptzoo.inference.engine.check_finite`).
 
 On a CPU, decoding steps run as native calls (gptzoo.inference.decode_plan): the whole step as one
 ("native"), or, where some component has no lowering, native calls around that component's eager
 forward ("native+eager"); else the model's eager forward decodes ("eager"). :class:`DecodePath`
-says which ran and why (``on_decode_path`` of :func:`generate`).
+(gptzoo.inference.paths) says which ran and why (``on_decode_path`` of :func:`generate`).
 """
 
 from __future__ import annotations
@@ -21,24 +23,28 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import Tensor
 
 from gptzoo.defaults import SEED_LIMIT
 from gptzoo.errors import GptzooError, GptzooWarning
-from gptzoo.inference.decode_plan import CompiledStep, compile_step
-from gptzoo.inference.matvec import MAX_ROWS, native_decoding
-from gptzoo.inference.native import library, unavailable_reason
-from gptzoo.inference.sampling import SamplerChain, chain_spec, prompts_of
+from gptzoo.inference.engine import Engine, Event, Finished, Job, Token
+from gptzoo.inference.engine import check_finite as check_finite
+from gptzoo.inference.engine import within_vocab as within_vocab
+from gptzoo.inference.paths import EAGER as EAGER
+from gptzoo.inference.paths import LOWERING_FIX as LOWERING_FIX
+from gptzoo.inference.paths import NATIVE as NATIVE
+from gptzoo.inference.paths import SPLIT as SPLIT
+from gptzoo.inference.paths import DecodePath as DecodePath
+from gptzoo.inference.paths import EagerComponent as EagerComponent
+from gptzoo.inference.sampling import SamplerChain, chain_spec
 from gptzoo.memory import available_bytes, format_bytes
 from gptzoo.model.gpt import GPT
 from gptzoo.model.kv_cache import KVCache
 from gptzoo.recipe import GenerateSpec
-from gptzoo.registry import Reference, Registry, class_key
+from gptzoo.registry import Registry
 from gptzoo.tokenizer import Tokenizer, shorten, utf8
 
 CONTEXT_TOKENS = 4
@@ -181,142 +187,6 @@ def check_cache_memory(model: GPT, prompts: Sequence[Sequence[int]], max_new_tok
         )
 
 
-def check_finite(logits: Tensor, step: int) -> None:
-    """The model's next-token logits (B, V) are finite numbers.
-
-    Raises:
-        GptzooError: naming the new token (from 1) and the prompts whose logits are NaN or infinite.
-    """
-    if logits.sum(-1, dtype=torch.float32).isfinite().all():  # one pass; NaN and infinity propagate
-        return
-    broken = ~logits.isfinite().all(dim=-1)  # or a sum that overflowed: then look at each logit
-    if broken.any():
-        dtype = str(logits.dtype).removeprefix("torch.")
-        hint = "" if logits.dtype == torch.float32 else f", or its activations overflow {dtype} (try float32)"
-        raise GptzooError(
-            f"new token {step + 1}: the model's logits for {prompts_of(broken)} are not finite (NaN or infinity): "
-            f"its weights hold NaN or infinity (e.g. from a diverged training run){hint}; check the weights"
-        )
-
-
-def within_vocab(logits: Tensor, vocab_size: int | None) -> Tensor:
-    """Logits (..., V) where the ids from ``vocab_size`` on (those the tokenizer cannot decode) are never
-    chosen: a float32 copy with them at -inf; ``logits`` itself when None or V is not larger."""
-    if vocab_size is None or vocab_size >= logits.shape[-1]:
-        return logits
-    limited = logits.to(torch.float32, copy=True)
-    limited[..., vocab_size:] = float("-inf")
-    return limited
-
-
-NATIVE, SPLIT, EAGER = "native", "native+eager", "eager"
-"""The decoding paths: one native call per step; native calls around the eager forwards of the
-components without a lowering; the model's eager forward."""
-LOWERING_FIX = 'register a lowering with register_decode_lowerings (docs/plugins.md, "Fast CPU decoding")'
-"""How a component's author makes it decode natively."""
-
-
-@dataclass(frozen=True)
-class EagerComponent:
-    """A component class whose modules run their eager forward within each native decoding step."""
-
-    component: str
-    """The class, ``module.Qualname``."""
-    kind: str | None
-    """Its kind and the name it is registered by (None: not a registered component, e.g. a block)."""
-    name: str | None
-    origin: str | None
-    """The distribution and version that registered it (``gptzoo-extras 1.2.0``)."""
-    modules: int
-    """How many modules of the model it is."""
-    reason: str
-    """Why the plan runs it eagerly (e.g. ``... has no decode lowering``)."""
-
-    def describe(self) -> str:
-        """``gz_unitnorm.UnitNorm (norm "unitnorm" of gptzoo-fake-unitnorm 1.0, 5 modules)``."""
-        registered = f'{self.kind} "{self.name}" of {self.origin}, ' if self.name is not None else ""
-        return f"{self.component} ({registered}{self.modules} module{'s' if self.modules != 1 else ''})"
-
-    def as_json(self) -> dict[str, object]:
-        return {
-            "component": self.component,
-            "kind": self.kind,
-            "name": self.name,
-            "origin": self.origin,
-            "modules": self.modules,
-            "reason": self.reason,
-        }
-
-
-@dataclass(frozen=True)
-class DecodePath:
-    """Which path decoded (:data:`NATIVE`, :data:`SPLIT` or :data:`EAGER`), why not the native
-    step where the model's eager forward decoded, and the components run eagerly on the split path."""
-
-    path: str
-    reason: str | None = None
-    missing: tuple[EagerComponent, ...] = ()
-
-    @property
-    def message(self) -> str | None:
-        """One line for a person when decoding is not fully native (None when it is)."""
-        if self.path == SPLIT:
-            parts = "; ".join(f"{c.describe()}: {c.reason}" for c in self.missing)
-            return f"decoding natively around the torch forward of {parts}; to decode it natively too, {LOWERING_FIX}"
-        if self.path == EAGER:
-            return f"decoding with the model's eager forward, not the native CPU step: {self.reason}"
-        return None
-
-    def as_json(self) -> dict[str, object]:
-        """``{"path", "reason", "missing", "fix"}``, as ``generate --json``'s "decode" object."""
-        return {
-            "path": self.path,
-            "reason": self.reason,
-            "missing": [c.as_json() for c in self.missing],
-            "fix": LOWERING_FIX if self.missing else None,
-        }
-
-
-def _registered(registry: Registry | None, cls: type) -> tuple[str | None, str | None, str | None]:
-    """The kind, name and origin ``cls`` is registered by in ``registry`` (Nones: it is not)."""
-    for entry in registry.all_entries() if registry is not None else ():
-        target = entry.target
-        if target is cls or (isinstance(target, Reference) and str(target) == class_key(cls)):
-            return entry.kind, entry.name, entry.provenance.origin
-    return None, None, None
-
-
-def decode_path(model: GPT, step: CompiledStep | None, reason: str | None) -> DecodePath:
-    """The path of a generation that decodes with ``step`` (None: the eager forward, for ``reason``)."""
-    if step is None:
-        return DecodePath(EAGER, reason)
-    if not step.eager:
-        return DecodePath(NATIVE)
-    found: dict[tuple[type, str], int] = {}
-    for part in step.eager:
-        key = (type(part.module), part.reason)
-        found[key] = found.get(key, 0) + 1
-    registry = getattr(model, "registry", None)
-    missing = tuple(
-        EagerComponent(f"{cls.__module__}.{cls.__qualname__}", *_registered(registry, cls), count, why)
-        for (cls, why), count in found.items()
-    )
-    return DecodePath(SPLIT, missing=missing)
-
-
-def _why_eager(model: GPT, batch: int) -> str:
-    """Why a generation of ``batch`` rows cannot decode through the native kernels at all."""
-    device = model.wte.weight.device
-    if library() is None:
-        return f"no native kernels: {unavailable_reason()}"
-    if device.type != "cpu":
-        return f"the model is on {device} (the native step runs on the CPU)"
-    if batch > MAX_ROWS:
-        return f"a batch of {batch} rows (the native step takes 1 to {MAX_ROWS})"
-    return "no layer of the model computes through the native kernels"
-
-
-@torch.no_grad()
 def generate(
     model: GPT,
     prompts: Sequence[Sequence[int]],
@@ -329,7 +199,8 @@ def generate(
     vocab_size: int | None = None,
     on_decode_path: Callable[[DecodePath], None] | None = None,
 ) -> list[list[int]]:
-    """The new tokens of each prompt (an EOS token ends its row and is included).
+    """The new tokens of each prompt (an EOS token ends its row and is included): one job per prompt,
+    submitted together to a :class:`gptzoo.inference.engine.Engine` and run to their end.
 
     vocab_size: only ids below it are chosen (the tokenizer's, when the model's vocabulary is
         larger: padded, or trained on fewer ids); None: every id of the model.
@@ -342,45 +213,65 @@ def generate(
     check_lengths(model, prompts, max_new_tokens)
     check_prompts(model, prompts)
     check_cache_memory(model, prompts, max_new_tokens)
-    B, longest = len(prompts), max(len(p) for p in prompts)
-    device = model.wte.weight.device
-    # Left padding repeats each row's first token: harmless under the attention mask, and marked
-    # for the samplers that look at the tokens so far by ``real`` (False there).
-    tokens = torch.tensor([[p[0]] * (longest - len(p)) + list(p) for p in prompts], device=device)
-    padded = any(len(p) != longest for p in prompts)
-    mask = torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in prompts], device=device) if padded else None
-    real = mask.bool() if mask is not None else None
-    if sampler is not None:
-        sampler.reset()
-    cache = model.init_cache(B, longest + max_new_tokens)
-    logits = model(tokens, cache, attention_mask=mask, logits_to_keep=1)[:, -1]  # (B, V)
-    limit = vocab_size if vocab_size is not None and vocab_size < logits.shape[-1] else None
-    out: list[list[int]] = [[] for _ in range(B)]
-    done = [False] * B
-    with native_decoding(model) if B <= MAX_ROWS else nullcontext() as tuner:
-        compiled, why = compile_step(model, cache, B, split=True) if tuner is not None else (None, _why_eager(model, B))
-        if on_decode_path is not None:
-            on_decode_path(decode_path(model, compiled, why))
-        for step in range(max_new_tokens):
-            check_finite(logits[:, :limit], step)
-            logits = within_vocab(logits, limit)
-            nxt = logits.float().argmax(dim=-1) if sampler is None else sampler(logits, tokens, generator, real=real)
-            new: list[int | None] = [None if d else t for d, t in zip(done, nxt.tolist(), strict=True)]
-            for row, token in enumerate(new):
-                if token is not None:
-                    out[row].append(token)
-                    done[row] = token == eos_token_id
-            for row in on_step(new) if on_step is not None else ():
-                done[row] = True
-            if all(done) or step + 1 == max_new_tokens:
-                break
-            tokens = torch.cat([tokens, nxt[:, None]], dim=1)
-            if real is not None:
-                real = torch.cat([real, real.new_ones(B, 1)], dim=1)
-            begun = time.perf_counter()
-            logits = (compiled(nxt[:, None]) if compiled is not None else model(nxt[:, None], cache))[:, -1]
-            if tuner is not None:
-                tuner.record(time.perf_counter() - begun)
+    return _generate(
+        model,
+        prompts,
+        max_new_tokens,
+        sampler=sampler,
+        generator=generator,
+        eos_token_id=eos_token_id,
+        on_step=on_step,
+        vocab_size=vocab_size,
+        on_decode_path=on_decode_path,
+    )
+
+
+def _generate(
+    model: GPT,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    *,
+    sampler: SamplerChain | None,
+    generator: torch.Generator | None,
+    eos_token_id: int | None,
+    on_step: StepCallback | None,
+    vocab_size: int | None,
+    on_decode_path: Callable[[DecodePath], None] | None,
+) -> list[list[int]]:
+    """:func:`generate` of prompts already checked."""
+    out: list[list[int]] = [[] for _ in prompts]
+    new: list[int | None] = [None] * len(prompts)
+    ends: list[Finished] = []
+
+    def deliver(row: int, event: Event) -> None:
+        if isinstance(event, Token):
+            out[row].append(event.id)
+            new[row] = event.id
+        elif isinstance(event, Finished):
+            ends.append(event)
+
+    def after_step() -> None:
+        for row in on_step(list(new)) if on_step is not None else ():
+            jobs[row].cancel()
+        new[:] = [None] * len(new)
+
+    engine = Engine(
+        model,
+        eos_token_id=eos_token_id,
+        vocab_size=vocab_size,
+        max_batch=None,
+        after_step=after_step,
+        on_decode_path=on_decode_path,
+    )
+    jobs = [
+        Job(list(p), max_new_tokens, lambda event, row=row: deliver(row, event), sampler=sampler, generator=generator)
+        for row, p in enumerate(prompts)
+    ]
+    engine.submit(*jobs)
+    engine.run()
+    error = next((end.error for end in ends if end.error is not None), None)
+    if error is not None:
+        raise error
     return out
 
 
@@ -478,6 +369,34 @@ def generate_text(
     if any(not s for s in stop):
         raise GptzooError("a stop string is empty; give some text")
     check_prompts(model, prompts, tokenizer)
+    check_lengths(model, prompts, max_new_tokens)
+    check_cache_memory(model, prompts, max_new_tokens)
+    return _generate_text(
+        model,
+        tokenizer,
+        prompts,
+        max_new_tokens,
+        sampler,
+        generator,
+        stop,
+        stream=stream,
+        on_decode_path=on_decode_path,
+    )
+
+
+def _generate_text(
+    model: GPT,
+    tokenizer: Tokenizer,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    sampler: SamplerChain | None,
+    generator: torch.Generator | None,
+    stop: Sequence[str],
+    *,
+    stream: Callable[[int, str], None] | None,
+    on_decode_path: Callable[[DecodePath], None] | None,
+) -> tuple[list[Generated], float]:
+    """:func:`generate_text` of prompts already checked."""
     eos = tokenizer.eos_token_id
     rows = [RowText(tokenizer, prompt, stop) for prompt in prompts]
 
@@ -494,7 +413,7 @@ def generate_text(
         return stopped
 
     start = time.perf_counter()
-    tokens = generate(
+    tokens = _generate(
         model,
         prompts,
         max_new_tokens,
@@ -538,14 +457,14 @@ class GenerationPlan:
         """The decoded rows and new tokens per second; ``on_decode_path`` receives the :class:`DecodePath`
         (see :func:`generate_text`)."""
         self.model.eval()
-        return generate_text(
+        return _generate_text(
             self.model,
             self.tokenizer,
             self.prompts,
             self.max_new_tokens,
-            sampler=self.sampler,
-            generator=self.generator,
-            stop=self.stop,
+            self.sampler,
+            self.generator,
+            self.stop,
             stream=stream,
             on_decode_path=on_decode_path,
         )

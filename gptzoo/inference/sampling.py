@@ -198,6 +198,22 @@ class SamplerChain:
             logits = step(logits, input_ids, **{name: passed[name] for name in keywords})
         return logits
 
+    def rehearse(self, vocab_size: int, prompt: Sequence[int]) -> None:
+        """Run the chain once on two made-up rows of logits after ``prompt`` (spread evenly over [-20, 20],
+        and the same reversed, so that every token has a positive logit in one and a negative one in the
+        other), so that a parameter it cannot use (a penalty whose quotient overflows) is refused before
+        anything is generated; its per-generation state is reset afterwards.
+
+        Raises:
+            GptzooError: what the chain raises on those rows.
+        """
+        spread = torch.linspace(-20.0, 20.0, vocab_size)
+        logits = torch.stack([spread, spread.flip(0)])
+        try:
+            self(logits, torch.tensor([list(prompt)] * 2), torch.Generator().manual_seed(0))
+        finally:
+            self.reset()
+
     def __call__(
         self,
         logits: Tensor,

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible HTTP API over an :class:`gptzoo.serve.engine.Engine`: ``GET /v1/models``,
+"""The OpenAI-compatible HTTP API over an :class:`gptzoo.inference.engine.Engine`: ``GET /v1/models``,
 ``POST /v1/completions`` and ``POST /v1/chat/completions``, whole or streamed as server-sent events.
 
 Every error is OpenAI's JSON error object with its status (gptzoo.serve.requests.ApiError); a request
@@ -12,6 +12,7 @@ import contextlib
 import json
 import secrets
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -24,12 +25,12 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from gptzoo.errors import GptzooError
+from gptzoo.inference.engine import Engine, Event, Finished, Job, PromptScores, Token
 from gptzoo.inference.generate import RowText, make_generator
 from gptzoo.inference.sampling import SamplerChain, chain_spec
 from gptzoo.model.gpt import GPT
 from gptzoo.registry import Registry
 from gptzoo.serve import requests
-from gptzoo.serve.engine import Engine, Event, Finished, Job, PromptScores, Token
 from gptzoo.serve.requests import ApiError
 from gptzoo.tokenizer import Tokenizer
 
@@ -50,6 +51,8 @@ class Served:
     names: tuple[str, ...]
     context: int
     created: int = field(default_factory=lambda: int(time.time()))
+    stopping: threading.Event = field(default_factory=threading.Event)
+    """Set when the server begins to shut down (its first SIGTERM or Ctrl-C)."""
 
 
 @dataclass
@@ -76,19 +79,34 @@ def _error(exc: ApiError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status)
 
 
-async def _body(request: Request) -> Any:
-    """The request's JSON body, read up to :data:`MAX_BODY_BYTES`."""
+STOPPING_POLL = 0.25
+"""Seconds between two looks at whether the server is stopping, while a request's body is still arriving."""
+
+
+async def _body(request: Request, stopping: threading.Event) -> Any:
+    """The request's JSON body, read up to :data:`MAX_BODY_BYTES` (a 503 once the server is stopping while
+    the body is still arriving: a client that never finishes sending cannot hold the shutdown), and
+    parsed away from the event loop."""
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
         raise ApiError(413, f"the request body is {length} bytes; this server reads at most {MAX_BODY_BYTES}")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
+    stream = request.stream()
+    while True:
+        chunk = asyncio.ensure_future(anext(stream, None))
+        while not chunk.done():
+            await asyncio.wait({chunk}, timeout=STOPPING_POLL)
+            if not chunk.done() and stopping.is_set():
+                chunk.cancel()
+                raise ApiError(503, "the server is shutting down; send the request again to another server")
+        if chunk.result() is None:
+            break
+        size += len(chunk.result())
         if size > MAX_BODY_BYTES:
             raise ApiError(413, f"the request body is over {MAX_BODY_BYTES} bytes, the most this server reads")
-        chunks.append(chunk)
+        chunks.append(chunk.result())
     try:
-        return json.loads(b"".join(chunks))
+        return await asyncio.to_thread(json.loads, b"".join(chunks))
     except (ValueError, RecursionError):
         raise ApiError(
             400,
@@ -102,6 +120,7 @@ def _jobs(served: Served, parsed: requests.Request, deliver: Callable[[int, Even
     recipe = served.model.recipe
     steps = [(c.name, c.kwargs) for c in recipe.generate.samplers] if recipe is not None else []
     spec = chain_spec(steps, parsed.sampling, registry=served.registry)
+    SamplerChain.from_registry(served.registry, spec).rehearse(served.model.wte.num_embeddings, parsed.prompts[0])
     device = served.model.wte.weight.device
     choices = []
     for p, prompt in enumerate(parsed.prompts):
@@ -213,8 +232,10 @@ class Handler:
     async def _generate(self, request: Request, *, chat: bool) -> Response:
         served = self.served
         try:
-            body = await _body(request)
-            parsed = requests.parse(
+            body = await _body(request, served.stopping)
+            # Tokenizing and rendering a template take seconds on a large request: away from the event loop.
+            parsed = await asyncio.to_thread(
+                requests.parse,
                 body,
                 chat=chat,
                 tokenizer=served.tokenizer,
@@ -224,7 +245,8 @@ class Handler:
             )
             queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
             loop = asyncio.get_running_loop()
-            choices = _jobs(served, parsed, lambda i, e: loop.call_soon_threadsafe(queue.put_nowait, (i, e)))
+            put = lambda i, e: loop.call_soon_threadsafe(queue.put_nowait, (i, e))  # noqa: E731
+            choices = await asyncio.to_thread(_jobs, served, parsed, put)
         except ApiError as exc:
             return _error(exc)
         except GptzooError as exc:  # a sampler parameter, a chat template, a prompt's text
@@ -276,18 +298,22 @@ class Handler:
         )
 
     async def _wait(self, request: Request, choices: list[Choice], queue: asyncio.Queue[tuple[int, Event]]) -> None:
-        """Take events until every choice's job has finished (or the client went away)."""
+        """Take events until every choice's job has finished, or the client went away (then at once)."""
         eos = self.served.tokenizer.eos_token_id
-        finished = 0
-        while finished < len(choices):
-            try:
-                index, event = await asyncio.wait_for(queue.get(), timeout=0.5)
-            except TimeoutError:
-                if await request.is_disconnected():
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            finished = 0
+            while finished < len(choices):
+                event = asyncio.ensure_future(queue.get())
+                await asyncio.wait({event, gone}, return_when=asyncio.FIRST_COMPLETED)
+                if not event.done():
+                    event.cancel()
                     return
-                continue
-            _take(choices[index], event, eos)
-            finished += isinstance(event, Finished)
+                index, taken = event.result()
+                _take(choices[index], taken, eos)
+                finished += isinstance(taken, Finished)
+        finally:
+            gone.cancel()
 
     async def _stream(
         self,
@@ -357,6 +383,12 @@ class Handler:
         finally:
             for choice in choices:
                 choice.job.cancel()
+
+
+async def _disconnected(request: Request) -> None:
+    """Return when the client of a request whose body was read goes away."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _not_found(request: Request, exc: Exception) -> Response:

@@ -183,7 +183,7 @@ def test_ctrl_c_while_training(
 
 
 def test_bugs_keep_their_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(gptzoo.inference.generate, "generate_text", raiser(RuntimeError("a bug")))
+    monkeypatch.setattr(gptzoo.inference.generate, "_generate_text", raiser(RuntimeError("a bug")))
     with pytest.raises(RuntimeError, match="^a bug$"):
         main(["generate", "gpt2-tiny", *GENERATE, "--json"])
 

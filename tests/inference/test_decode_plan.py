@@ -20,7 +20,7 @@ import gptzoo
 import gptzoo_plugins
 from gptzoo.cli import main
 from gptzoo.errors import GptzooError, GptzooWarning
-from gptzoo.inference import generate as generate_module
+from gptzoo.inference import engine as engine_module
 from gptzoo.inference import matvec
 from gptzoo.inference.decode_plan import compile_step
 from gptzoo.inference.generate import SPLIT, DecodePath, EagerComponent, generate, plan_generation
@@ -444,9 +444,9 @@ def assert_generates_through_the_plan(model: gptzoo.GPT, steps: int, monkeypatch
         compiled.append(step[0] is not None and not step[0].eager)
         return step
 
-    monkeypatch.setattr(generate_module, "compile_step", spy)
+    monkeypatch.setattr(engine_module, "compile_step", spy)
     planned = generate(model, batch, steps)
-    monkeypatch.setattr(generate_module, "compile_step", lambda *args, **kwargs: (None, "off"))
+    monkeypatch.setattr(engine_module, "compile_step", lambda *args, **kwargs: (None, "off"))
     assert compiled == [True]
     assert planned == generate(model, batch, steps)
 
@@ -551,7 +551,7 @@ def test_generate_decodes_a_component_without_a_lowering_on_the_split_path_and_s
         ],
         "fix": 'register a lowering with register_decode_lowerings (docs/plugins.md, "Fast CPU decoding")',
     }
-    monkeypatch.setattr(generate_module, "compile_step", lambda *args, **kwargs: (None, "off"))
+    monkeypatch.setattr(engine_module, "compile_step", lambda *args, **kwargs: (None, "off"))
     assert split == generate(model, batch, 12, on_decode_path=paths.append)
     assert paths[1] == DecodePath("eager", "off")
     assert paths[1].message == "decoding with the model's eager forward, not the native CPU step: off"

@@ -1,4 +1,4 @@
-"""Continuous batching (gptzoo.serve.engine): sequences that join and leave a running batch give the
+"""Continuous batching (gptzoo.inference.engine): sequences that join and leave a running batch give the
 tokens each gives alone, for every registered attention and position; a cancel frees a row."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from tiny import PAIRS, tiny_model
 import gptzoo
 from gptzoo.errors import GptzooError
 from gptzoo.inference.batching import Row, gather, unbatchable
+from gptzoo.inference.engine import Engine, Event, Finished, Job, PromptScores, Token
 from gptzoo.inference.generate import generate
 from gptzoo.interfaces import LayerKVCache
-from gptzoo.serve.engine import Engine, Event, Finished, Job, PromptScores, Token
 
 PROMPTS = [[5, 9, 11, 2, 7, 3, 8], [42], [1, 2, 3, 4], [7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7], [3, 1]]
 NEW = [12, 9, 14, 5, 11]
@@ -204,17 +204,58 @@ def register_cache_rows(register):
 """
 
 
-def test_a_plugin_cache_class_batches_through_register_cache_rows(fake_site: Any, monkeypatch: Any) -> None:
+def plugin_cached(fake_site: Any, monkeypatch: Any, name: str, source: str) -> tuple[gptzoo.GPT, list[list[int]]]:
+    """llama-tiny keeping its keys and values in the TimeMajorCache of the plugin ``source`` (installed as
+    ``name``), and the tokens each of PROMPTS gives alone."""
     monkeypatch.delenv("GPTZOO_NO_PLUGINS", raising=False)
-    fake_site.add("timemajor", "gptzoo_fake_timemajor", ROWS_PLUGIN)
+    fake_site.add(name, f"gptzoo_fake_{name}", source)
     registry = gptzoo.get_registry()
-    own = importlib.import_module("gptzoo_fake_timemajor").TimeMajorCache
+    own = importlib.import_module(f"gptzoo_fake_{name}").TimeMajorCache
     torch.manual_seed(0)
     model = gptzoo.build_model(gptzoo.load_recipe("llama-tiny", registry=registry), registry=registry).eval()
     alone = [generate(model, [p], n)[0] for p, n in zip(PROMPTS, NEW, strict=True)]
     caches_of(model, own)
+    return model, alone
+
+
+def test_a_plugin_cache_class_batches_through_register_cache_rows(fake_site: Any, monkeypatch: Any) -> None:
+    model, alone = plugin_cached(fake_site, monkeypatch, "timemajor", ROWS_PLUGIN)
     engine = Engine(model, eos_token_id=None, context=64, max_batch=4)
     assert engine.unbatched is None and engine.max_batch == 4
     sinks = staggered(engine, PROMPTS, NEW)
     assert [s.tokens for s in sinks] == alone
     assert engine.steps < sum(NEW)  # the rows shared steps
+
+
+FAILING_ROWS_PLUGIN = ROWS_PLUGIN.replace(
+    "def move(dst, i, dst_end, src, j, src_end, n):\n",
+    "def move(dst, i, dst_end, src, j, src_end, n):\n    raise RuntimeError('this mover is broken')\n",
+)
+
+
+def test_a_mover_that_raises_falls_back_to_one_admission_at_a_time(fake_site: Any, monkeypatch: Any) -> None:
+    """A plugin's mover that fails leaves every request to finish (rows then run one admission at a time),
+    where it used to fail every sequence of the batch."""
+    model, alone = plugin_cached(fake_site, monkeypatch, "brokenmover", FAILING_ROWS_PLUGIN)
+    engine = Engine(model, eos_token_id=None, context=64, max_batch=4)
+    assert engine.unbatched is None  # the mover is registered: it fails only when rows move
+    sinks = staggered(engine, PROMPTS, NEW)
+    assert [s.end.reason for s in sinks] == ["length"] * len(PROMPTS)
+    assert [s.tokens for s in sinks] == alone
+    assert engine.unbatched is not None and "this mover is broken" in engine.unbatched
+
+
+def test_generate_is_one_admission_of_the_engine() -> None:
+    """generate() runs the engine: a batch of prompts is one prefill and shares every step."""
+    model = tiny_model("llama-tiny")
+    steps: list[int] = []
+    original = Engine.run
+
+    def run(self: Engine) -> None:
+        original(self)
+        steps.append(self.steps)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Engine, "run", run)
+        out = generate(model, PROMPTS, 9)
+    assert steps == [8] and [len(t) for t in out] == [9] * len(PROMPTS)  # the first token comes from the prefill

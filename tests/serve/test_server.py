@@ -7,6 +7,8 @@ from __future__ import annotations
 import concurrent.futures
 import http.client
 import json
+import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -57,6 +59,15 @@ def solo() -> Any:
 
     run.tokenizer = tokenizer  # type: ignore[attr-defined]
     return run
+
+
+def running(server: Server, sequences: int) -> bool:
+    """Whether /health comes to count ``sequences`` running within 30 seconds."""
+    for _ in range(300):
+        if server.raw("GET", "/health")[1]["running"] == sequences:
+            return True
+        time.sleep(0.1)
+    return False
 
 
 def test_models_and_a_greedy_completion_equal_to_generate(server: Server, solo: Any) -> None:
@@ -169,11 +180,45 @@ def test_a_disconnect_frees_its_row(server: Server) -> None:
     assert response.status == 200 and first.startswith(b"data: "), first
     assert server.raw("GET", "/health")[1] == {"status": "ok", "running": 1, "waiting": 0}, first
     connection.close()  # the client goes away 8000 tokens early
-    for _ in range(300):
-        if server.raw("GET", "/health")[1]["running"] == 0:
-            break
-        time.sleep(0.1)
-    assert server.raw("GET", "/health")[1]["running"] == 0, "the disconnected stream kept its row"
+    assert running(server, 0), "the disconnected stream kept its row"
+
+
+def test_a_disconnect_ends_a_request_that_is_not_streamed(server: Server) -> None:
+    body = {"model": NAME, "prompt": "Hello", "max_tokens": 8000}
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    connection.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    assert running(server, 1)
+    connection.close()  # the client goes away long before 8000 tokens
+    assert running(server, 0), "the disconnected request kept generating"
+
+
+def test_a_large_request_does_not_stall_the_others(server: Server) -> None:
+    """Tokenizing 3 MB of prompt takes seconds: /health answers meanwhile, before the request is refused."""
+    body = json.dumps({"model": NAME, "prompt": "The quick brown fox jumps over the lazy dog. " * 70_000})
+    answered: list[tuple[str, float, int]] = []
+
+    def large() -> None:
+        status = server.raw("POST", "/v1/completions", body.encode())[0]
+        answered.append(("large", time.perf_counter(), status))
+
+    asking = threading.Thread(target=large)
+    asking.start()
+    time.sleep(0.5)  # the body is sent and being tokenized
+    status = server.raw("GET", "/health")[0]
+    answered.append(("health", time.perf_counter(), status))
+    asking.join(120)
+    assert [(name, status) for name, _, status in sorted(answered, key=lambda a: a[1])] == [
+        ("health", 200),
+        ("large", 400),
+    ]
+
+
+def test_a_sampler_value_the_chain_cannot_use_is_a_400(server: Server) -> None:
+    body = {"model": NAME, "prompt": "Hello", "max_tokens": 4, "repetition_penalty": 1e-320}
+    status, error, _ = server.raw("POST", "/v1/completions", json.dumps(body).encode())
+    assert status == 400, error
+    assert "repetition_penalty" in error["error"]["message"] and "NaN or infinity" in error["error"]["message"]
+    assert server.client.completions.create(model=NAME, prompt="Hi", max_tokens=2).usage.completion_tokens == 2
 
 
 def test_a_model_without_a_chat_template_refuses_chats() -> None:
@@ -200,6 +245,43 @@ def test_sigterm_drains_a_request_in_flight() -> None:
     assert server.stop() == 0
     asking.join(60)
     assert len(results) == 1 and results[0].usage.completion_tokens == 40
+    assert "Traceback" not in "".join(server.lines)
+
+
+def test_sigterm_ends_while_a_client_holds_a_half_sent_body() -> None:
+    tiny = Server("gpt2-tiny", "--seed", "1")
+    held = socket.create_connection(("127.0.0.1", tiny.port))
+    try:
+        head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n"
+        held.sendall(f'{head}\r\n{{"model": '.encode())
+        time.sleep(0.5)
+        tiny.process.send_signal(signal.SIGTERM)
+        assert tiny.process.wait(timeout=30) == 0
+        assert b" 503 " in held.recv(4096).split(b"\r\n")[0]
+    finally:
+        held.close()
+        if tiny.process.poll() is None:
+            tiny.process.kill()
+    assert "Traceback" not in "".join(tiny.lines)
+
+
+def test_a_second_sigterm_ends_the_requests_in_flight() -> None:
+    server = Server(NAME)
+    results: list[tuple[int, Any]] = []
+
+    def ask() -> None:
+        body = json.dumps({"model": NAME, "prompt": "Hello", "max_tokens": 4000}).encode()
+        results.append(server.raw("POST", "/v1/completions", body)[:2])
+
+    asking = threading.Thread(target=ask)
+    asking.start()
+    assert running(server, 1)
+    server.process.send_signal(signal.SIGTERM)  # drains: the request would run to its 4000 tokens
+    time.sleep(0.5)
+    server.process.send_signal(signal.SIGTERM)  # stops it
+    assert server.process.wait(timeout=30) == 0
+    asking.join(30)
+    assert results and results[0][0] == 500 and "stopped before the sequence ended" in results[0][1]["error"]["message"]
     assert "Traceback" not in "".join(server.lines)
 
 
