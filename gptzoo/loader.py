@@ -28,7 +28,8 @@ from gptzoo.adapters.run import SPEC as FINETUNE_SPEC
 from gptzoo.atomic import check_new_directory
 from gptzoo.defaults import precision
 from gptzoo.errors import CheckpointError, GptzooError, Interrupted, suggest
-from gptzoo.hf import check_recipe_matches, hf_recipe, load_hf, locate
+from gptzoo.hf.convert import check_recipe_matches, hf_recipe, load_hf
+from gptzoo.hf.files import locate
 from gptzoo.inference.quantize import kept_float, quantize, unfit
 from gptzoo.model.build import build_model
 from gptzoo.model.checkpoint import FILES as CHECKPOINT_FILES

@@ -48,7 +48,7 @@ Rows = list[tuple[str, tuple[str, ...], TensorMap]]
 
 def hf_rows(model: GPT, registry: Registry | None) -> Rows:
     """The model's Hugging Face tensor map, of the family ``gptzoo export`` writes it as."""
-    from gptzoo.hf import equivalent
+    from gptzoo.hf.convert import equivalent
 
     if model.recipe is None:
         raise GptzooError("the model has no recipe; load it with gptzoo.load_model")
@@ -402,3 +402,29 @@ def attach_peft(model: GPT, adapter: PeftAdapter, registry: Registry | None = No
         setattr(parent, attribute, wrapper)
     _merge(model, merged)
     return _names(adapter)
+
+
+@dataclass(frozen=True)
+class PeftSides:
+    """An adapter directory in peft's format on both sides of gptzoo.hf.compare.compare (``--adapter``):
+    gptzoo's own reading on gptzoo's (as ``gptzoo generate --adapter`` loads it), peft on transformers'."""
+
+    directory: str
+
+    @classmethod
+    def given(cls, text: str) -> PeftSides:
+        """``--adapter [NAME=]DIR``, by :func:`split_adapter`'s rule."""
+        return cls(split_adapter(text)[1])
+
+    def gptzoo(self, model: GPT, registry: Registry | None) -> GPT:
+        attach_peft(model, read_peft(Path(self.directory)), registry)
+        return model
+
+    def transformers(self, model: Any) -> Any:
+        try:
+            from peft import PeftModel
+        except ImportError:
+            raise GptzooError(
+                "compare --adapter runs peft on transformers' side: install it (pip install peft)"
+            ) from None
+        return PeftModel.from_pretrained(model, self.directory).eval()

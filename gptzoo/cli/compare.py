@@ -39,6 +39,7 @@ def add_parser(sub: Subparsers, common: Parser) -> Parser:
 
 def run(args: argparse.Namespace, out: Console, err: Console) -> None:
     with importing():
+        from gptzoo.adapters.peft_format import PeftSides
         from gptzoo.hf.compare import compare
         from gptzoo.loader import resolve_recipe
         from gptzoo.model.summary import DTYPES
@@ -61,7 +62,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> None:
             new_tokens=args.new_tokens,
             chat=args.chat,
             registry=registry,
-            adapter=args.adapter,
+            adapter=None if args.adapter is None else PeftSides.given(args.adapter),
         )
     if args.json:
         print_json(out, result)

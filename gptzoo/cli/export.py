@@ -30,7 +30,7 @@ def add_parser(sub: Subparsers, common: Parser) -> Parser:
 
 def run(args: argparse.Namespace, out: Console, err: Console) -> None:
     with importing():
-        from gptzoo.hf import export_hf
+        from gptzoo.hf.convert import export_hf
         from gptzoo.loader import load_any, with_adapter
 
     if (args.adapter is None) != (not args.merge):

@@ -53,8 +53,8 @@ def add_parser(sub: Subparsers, common: Parser) -> Parser:
 
 def run(args: argparse.Namespace, out: Console, err: Console) -> None:
     with importing():
-        from gptzoo.adapters.finetune import finetune, load_for_finetune, targets_table
         from gptzoo.adapters.lora import LoRASpec
+        from gptzoo.finetune import finetune, load_for_finetune, targets_table
         from gptzoo.training.display import TrainDisplay, start_line
         from gptzoo.training.trainer import Plan
 

@@ -7,20 +7,33 @@ from __future__ import annotations
 import inspect
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from gptzoo.defaults import DEFAULT_PROMPT
-from gptzoo.errors import CheckpointError, GptzooError
-from gptzoo.hf import load_hf, locate
+from gptzoo.errors import CheckpointError
+from gptzoo.hf.convert import load_hf
+from gptzoo.hf.files import locate
 from gptzoo.inference.generate import check_lengths, check_prompts, encode_prompts, generate
 from gptzoo.model.gpt import GPT
 from gptzoo.recipe import Recipe, recipe_tokenizer
 from gptzoo.registry import Registry
 from gptzoo.untrusted import check_directory
+
+
+class SideAdapter(Protocol):
+    """What :func:`compare` puts on both sides before it runs them (a LoRA adapter)."""
+
+    def gptzoo(self, model: GPT, registry: Registry | None) -> GPT:
+        """gptzoo's side (float32) with it, as gptzoo loads it."""
+        ...
+
+    def transformers(self, model: Any) -> Any:
+        """transformers' side with it, as its reference library loads it."""
+        ...
 
 
 def hf_config(path: Path) -> Any:
@@ -104,12 +117,12 @@ def compare(
     new_tokens: int = 32,
     chat: bool = False,
     registry: Registry | None = None,
-    adapter: str | Path | None = None,
+    adapter: SideAdapter | None = None,
 ) -> dict[str, Any]:
     """Run transformers and gptzoo on the same checkpoint and prompts (text, or token ids); ``registry``
-    builds gptzoo's side (default: gptzoo.registry.default_registry()). ``adapter``: a LoRA adapter in peft's
-    format on both sides, through peft on transformers' (which must be installed) and gptzoo's own reading on
-    gptzoo's (gptzoo.adapters.peft_format)."""
+    builds gptzoo's side (default: gptzoo.registry.default_registry()). ``adapter``: what to put on both
+    sides first (gptzoo.adapters.peft_format.PeftSides: a LoRA adapter in peft's format, through peft on
+    transformers' side and gptzoo's own reading on gptzoo's)."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
@@ -117,7 +130,7 @@ def compare(
     path = locate(source)
     ours = load_hf(path, recipe, dtype=torch.float32 if adapter else dtype, registry=registry).eval()
     if adapter is not None:
-        ours = _adapted(ours, adapter, dtype, registry)
+        ours = adapter.gptzoo(ours, registry).to(dtype)
     hf_config(path)  # before the tokenizer, which transformers would load it for, and blame
 
     texts = [p for p in prompts if isinstance(p, str)]
@@ -127,7 +140,7 @@ def compare(
     check_lengths(ours, all_ids, new_tokens)
     theirs = hf_model(path, dtype)
     if adapter is not None:
-        theirs = _peft(theirs, adapter)
+        theirs = adapter.transformers(theirs)
     rows = []
     for prompt, ids in zip(prompts, all_ids, strict=True):
         input_ids = torch.tensor([ids])
@@ -167,22 +180,3 @@ def compare(
         "greedy_match": all(r["greedy_match"] for r in rows),
         "prompts": rows,
     }
-
-
-def _adapted(model: GPT, adapter: str | Path, dtype: torch.dtype, registry: Registry | None) -> GPT:
-    """gptzoo's side with the adapter as `gptzoo generate --adapter` loads it (its low-rank side path)."""
-    from gptzoo.adapters.peft_format import attach_peft, read_peft, split_adapter
-
-    attach_peft(model, read_peft(Path(split_adapter(str(adapter))[1])), registry)
-    return model.to(dtype)
-
-
-def _peft(model: Any, adapter: str | Path) -> Any:
-    """transformers' side with the adapter, as peft loads it."""
-    try:
-        from peft import PeftModel
-    except ImportError:
-        raise GptzooError("compare --adapter runs peft on transformers' side: install it (pip install peft)") from None
-    from gptzoo.adapters.peft_format import split_adapter
-
-    return PeftModel.from_pretrained(model, split_adapter(str(adapter))[1]).eval()

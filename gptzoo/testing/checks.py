@@ -21,7 +21,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from gptzoo import plugin_code
 from gptzoo.compat import takes_no_arguments
 from gptzoo.errors import GptzooError, describe_exception, exception_text
-from gptzoo.hf import FAMILIES
+from gptzoo.hf.convert import FAMILIES
 from gptzoo.hf.tensor_map import TensorMap
 from gptzoo.inference.quantize import Int8Linear, quantize
 from gptzoo.inference.sampling import SamplerChain, pick_problem
