@@ -363,7 +363,10 @@ MOE_CASES = {
 @pytest.mark.parametrize("case", MOE_CASES)
 def test_a_mixture_of_experts_decodes_through_the_plan(case: str) -> None:
     """The router's choice, the chosen experts and the shared one, in the strict plan: the eager logits
-    in float32 for left-padded rows, and the same tokens in bfloat16."""
+    in float32 for left-padded rows, and in bfloat16 the same tokens, with logits as close to the float32
+    ones as the eager bfloat16 forward's are. (The two bfloat16 sides round their sums in different orders,
+    so each is some bfloat16 steps from float32, and they can be on either side of it: on an AMD EPYC
+    without native bfloat16, qwen2-moe's two were 0.0146 apart, 0.0089 and 0.0110 from float32.)"""
     model = moe_model(MOE_CASES[case])
     batch = prompts(model, batch=2, length=6)
     mask = torch.ones_like(batch)
@@ -372,7 +375,9 @@ def test_a_mixture_of_experts_decodes_through_the_plan(case: str) -> None:
     assert_close(planned, eager)
     eager16, planned16 = decode_both(model.to(torch.bfloat16), batch, steps=10, mask=mask)
     assert torch.equal(planned16.argmax(-1), eager16.argmax(-1))
-    assert (planned16.float() - eager16.float()).abs().max().item() <= 0.02 * eager16.float().abs().max().item()
+    step = 2.0**-7 * eager.abs().max().item()  # one bfloat16 step at the largest logit
+    eager_error = (eager16.float() - eager).abs().max().item()
+    assert (planned16.float() - eager).abs().max().item() <= 1.5 * eager_error + step
 
 
 def test_a_mixture_reads_only_the_experts_its_router_chose() -> None:
