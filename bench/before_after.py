@@ -34,11 +34,15 @@ ROOT = HERE.parent
 
 
 def _generate(report: dict[str, Any]) -> dict[str, float]:
-    return {f"decode {row['dtype']} tok/s": row["gptzoo_tokens_per_s"] for row in report["rows"]}
+    found = {f"decode {row['dtype']} tok/s": row["gptzoo_tokens_per_s"] for row in report["rows"]}
+    found.update({f"decode {row['dtype']} gptzoo / transformers": row["ratio"] for row in report["rows"]})
+    return found
 
 
 def _batched(report: dict[str, Any]) -> dict[str, float]:
-    return {f"batch {row['batch']} tok/s": row["tokens_per_s"]["gptzoo"] for row in report["rows"]}
+    found = {f"batch {row['batch']} tok/s": row["tokens_per_s"]["gptzoo"] for row in report["rows"]}
+    found.update({f"batch {row['batch']} gptzoo / transformers": row["ratio"] for row in report["rows"]})
+    return found
 
 
 def _serve(report: dict[str, Any]) -> dict[str, float]:
@@ -106,8 +110,8 @@ def main() -> None:
                 for name in results["before"][-1]:
                     before, after = results["before"][-1][name], results["after"][-1][name]
                     print(
-                        f"round {round_ + 1} {name}: before {before:.1f} (load {loads['before']:.2f}), "
-                        f"after {after:.1f} (load {loads['after']:.2f}), after / before {after / before:.3f}",
+                        f"round {round_ + 1} {name}: before {before:.3g} (load {loads['before']:.2f}), "
+                        f"after {after:.3g} (load {loads['after']:.2f}), after / before {after / before:.3f}",
                         flush=True,
                     )
         finally:
