@@ -31,7 +31,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
@@ -153,6 +153,21 @@ class _Sequence:
         return self.job.finished
 
 
+def left_padded(prompts: Sequence[Sequence[int]], device: torch.device) -> tuple[Tensor, Tensor | None]:
+    """(B, T) the prompts left-padded by repeating each row's first token (harmless under the attention mask,
+    and what a sampler step counting the history skips), and (B, T) False at that padding (None: no padding)."""
+    longest = max(len(p) for p in prompts)
+    tokens = torch.tensor([[p[0]] * (longest - len(p)) + list(p) for p in prompts], device=device)
+    if all(len(p) == longest for p in prompts):
+        return tokens, None
+    return tokens, torch.tensor([[False] * (longest - len(p)) + [True] * len(p) for p in prompts], device=device)
+
+
+def drawing(draws: Iterable[_Draw]) -> bool:
+    """Whether any of the draws still has a running row."""
+    return any(d.running for d in draws)
+
+
 class _Draw:
     """Rows drawn by one call of their sampler chain (greedy rows: one argmax), with their tokens so far."""
 
@@ -172,12 +187,7 @@ class _Draw:
         self.real: Tensor | None = None
         """(G, T) False at that padding; None without padding."""
         if sampler is not None:
-            prompts = [s.job.prompt for s in seqs]
-            longest = max(len(p) for p in prompts)
-            self.history = torch.tensor([[p[0]] * (longest - len(p)) + p for p in prompts], device=device)
-            if any(len(p) != longest for p in prompts):
-                real = [[False] * (longest - len(p)) + [True] * len(p) for p in prompts]
-                self.real = torch.tensor(real, device=device)
+            self.history, self.real = left_padded([s.job.prompt for s in seqs], device)
             sampler.reset()
 
     @property
@@ -242,7 +252,7 @@ class _Lane:
 
     @property
     def running(self) -> bool:
-        return any(d.running for d in self.draws) or bool(self.parked)
+        return drawing(self.draws) or bool(self.parked)
 
     @property
     def occupied(self) -> int:
@@ -419,7 +429,7 @@ class Engine:
     def _fail(self, lane: _Lane, exc: Exception) -> None:
         for seq in lane.rows:
             if not seq.ended:
-                self._end(seq, Finished("error", describe_exception(exc), exc))
+                self._finish(seq.job, Finished("error", describe_exception(exc), exc))
         self._clear(lane)
 
     def _clear(self, lane: _Lane) -> None:
@@ -434,7 +444,7 @@ class Engine:
         if lane.parked:
             return False
         if lane.unbatched or lane.max_batch is None:  # one admission at a time, into an empty batch
-            return not taken and not any(d.running for d in lane.draws)
+            return not taken and not drawing(lane.draws)
         return lane.occupied + taken + len(admission.jobs) <= lane.max_batch
 
     def _room(self) -> bool:
@@ -476,14 +486,8 @@ class Engine:
         model = lane.model
         device = model.wte.weight.device
         longest = max(len(job.prompt) for job in jobs)
-        # Left padding repeats each row's first token: harmless under the attention mask.
-        tokens = torch.tensor([[j.prompt[0]] * (longest - len(j.prompt)) + list(j.prompt) for j in jobs], device=device)
-        padded = any(len(job.prompt) != longest for job in jobs)
-        mask = (
-            torch.tensor([[0] * (longest - len(j.prompt)) + [1] * len(j.prompt) for j in jobs], device=device)
-            if padded
-            else None
-        )
+        tokens, real = left_padded([job.prompt for job in jobs], device)
+        mask = None if real is None else real.long()
         # Rows that can move need room for their own tokens only (a full cache is gathered anew, without the
         # rows that ended, as they end first); rows that cannot need room for the longest budget after the
         # longest prompt.
@@ -500,7 +504,7 @@ class Engine:
                 scores = self._scores(logits[i, longest - len(job.prompt) : -1], ids, job.logprobs or 0)
                 job.deliver(PromptScores((Token(job.prompt[0]), *scores)))
             if job.max_tokens == 0:  # only the prompt's scores were asked for
-                self._end(seq, Finished("length"))
+                self._finish(seq.job, Finished("length"))
         draws, at = [], 0
         for group in kept:
             shared: dict[tuple[int, int], list[_Sequence]] = {}
@@ -518,10 +522,10 @@ class Engine:
     def _join(self, lane: _Lane, batch: _Prefilled) -> None:
         """The prefilled rows into the lane's batch: as its batch when it has none, else gathered into it,
         else (their rows cannot move) parked until it empties."""
-        if not any(d.running for d in lane.draws):
+        if not drawing(lane.draws):
             self._take(lane, batch)
             return
-        if not any(d.running for d in batch.draws):
+        if not drawing(batch.draws):
             return
         try:
             self._rebuild(lane, batch)
@@ -591,9 +595,6 @@ class Engine:
             tokens.append(Token(token, chosen[t], tuple(pairs)))
         return tokens
 
-    def _end(self, seq: _Sequence, event: Finished) -> None:
-        self._finish(seq.job, event)
-
     def _finish(self, job: Job, event: Finished) -> None:
         if job.finished:
             return
@@ -605,7 +606,7 @@ class Engine:
         """The next token of each of the draw's rows, from their logits (G, V), handed over."""
         for seq in draw.seqs:
             if not seq.ended and seq.job.cancelled.is_set():
-                self._end(seq, seq.job.cancelled_event())
+                self._finish(seq.job, seq.job.cancelled_event())
         if not draw.running:
             return
         limit = self.vocab_size if self.vocab_size is not None and self.vocab_size < rows.shape[-1] else None
@@ -620,7 +621,7 @@ class Engine:
         except Exception as exc:  # these rows' logits or sampler: only their jobs fail
             for seq in draw.seqs:
                 if not seq.ended:
-                    self._end(seq, Finished("error", describe_exception(exc), exc))
+                    self._finish(seq.job, Finished("error", describe_exception(exc), exc))
             return
         draw.steps += 1
         if draw.history is not None:
@@ -638,9 +639,9 @@ class Engine:
             else:
                 job.deliver(Token(token))
             if token == self.eos:
-                self._end(seq, Finished("eos"))
+                self._finish(seq.job, Finished("eos"))
             elif seq.generated >= job.max_tokens:
-                self._end(seq, Finished("length"))
+                self._finish(seq.job, Finished("length"))
 
     def _after_step(self, lane: _Lane) -> None:
         """Tell the caller a step's tokens are out; end what it cancelled; mark the cache for a rebuild when
@@ -649,7 +650,7 @@ class Engine:
             self.after_step()
         for seq in lane.rows:
             if not seq.ended and seq.job.cancelled.is_set():
-                self._end(seq, seq.job.cancelled_event())
+                self._finish(seq.job, seq.job.cancelled_event())
         running = sum(len(d.seqs) for d in lane.draws if d.running)
         if not running:
             self._clear(lane)
@@ -668,7 +669,7 @@ class Engine:
         model, done = lane.model, 0
         device = model.wte.weight.device
         with native_decoding(model) if len(lane.rows) <= MAX_ROWS else nullcontext() as tuner:
-            while any(d.running for d in lane.draws) and not lane.stale and (turn is None or done < turn):
+            while drawing(lane.draws) and not lane.stale and (turn is None or done < turn):
                 with self._wake:
                     if self._room():
                         return
