@@ -17,6 +17,7 @@ and whether every side gave the (merged) side's tokens.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import time
@@ -55,12 +56,14 @@ def lower_two_products(plan: DecodePlan, linear: Any, src: Buffer, dst: Buffer) 
 
 @contextmanager
 def two_products() -> Iterator[None]:
-    kept = lowerings.BUILTIN[KEY]
-    lowerings.BUILTIN[KEY] = lowerings.Lowering(lower_two_products)
+    kept = lowerings.BUILTIN_LOWERINGS
+    lowerings.BUILTIN_LOWERINGS = tuple(
+        dataclasses.replace(row, value=lower_two_products) if row.key == KEY else row for row in kept
+    )
     try:
         yield
     finally:
-        lowerings.BUILTIN[KEY] = kept
+        lowerings.BUILTIN_LOWERINGS = kept
 
 
 def main() -> None:

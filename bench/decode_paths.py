@@ -41,9 +41,10 @@ from gptzoo.fetch import cache_root
 from gptzoo.hf import load_hf
 from gptzoo.inference import engine as engine_module
 from gptzoo.inference.decode_plan import compile_step
-from gptzoo.inference.generate import DecodePath, generate
+from gptzoo.inference.generate import generate
 from gptzoo.inference.matvec import native_decoding
 from gptzoo.inference.native import cpu_flags
+from gptzoo.inference.paths import DecodePath
 from gptzoo.loader import load_model
 from gptzoo_plugins._norms import RMSNorm
 

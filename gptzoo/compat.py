@@ -16,20 +16,16 @@ returns the member unchanged keeps it, with the warning: the row of a method tha
 reads through a hook instead, whose default implementation still calls the method, is
 ``adapt=lambda member: member`` and ``is_old=lambda signature: True``.
 
-A name that moved from one module to another is a row of :data:`MOVES`: the old module answers it
-through its module ``__getattr__`` (PEP 562) with :func:`moved`, the same object, with one warning.
+A name that moved from one module to another is a row of gptzoo.moves.MOVES.
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gptzoo.errors import GptzooWarning
 from gptzoo.hookspecs import CONTRACT_ATTRIBUTE, CONTRACT_VERSION
 from gptzoo.plugin_manager import gptzoo_version
 from gptzoo.registry import Entry, culprit
@@ -104,47 +100,6 @@ CHANGES: tuple[Change, ...] = (
     ),
 )
 """Every change of a member's form, oldest first."""
-
-
-@dataclass(frozen=True)
-class Move:
-    """A public name that moved to another module within contract ``version``, the old import kept working."""
-
-    name: str
-    old: str
-    new: str
-    version: int
-
-
-MOVES: tuple[Move, ...] = tuple(
-    Move(name, "gptzoo.interfaces", home, 2)
-    for name, home in (
-        ("KVCache", "gptzoo.model.kv_cache"),
-        ("TensorMap", "gptzoo.hf.tensor_map"),
-        ("DecodePlan", "gptzoo.inference.plan"),
-        ("Buffer", "gptzoo.inference.plan"),
-        ("PositionStep", "gptzoo.inference.plan"),
-    )
-)
-"""Every moved name, oldest first: implementations that gptzoo.interfaces held beside the contract."""
-
-
-def move_message(move: Move) -> str:
-    """The warning of an import of ``move.name`` from its old module."""
-    return (
-        f"{move.old}.{move.name} moved to {move.new}.{move.name}; import it from there "
-        f"(from {move.new} import {move.name}): the old path works for now, with this warning"
-    )
-
-
-def moved(module: str, name: str) -> Any:
-    """``module.name`` looked up through the module's ``__getattr__``: the object at its new home, with
-    one GptzooWarning; an AttributeError, as Python words it, for a name that never lived there."""
-    for move in MOVES:
-        if (move.old, move.name) == (module, name):
-            warnings.warn(move_message(move), GptzooWarning, stacklevel=3)
-            return getattr(importlib.import_module(move.new), name)
-    raise AttributeError(f"module {module!r} has no attribute {name!r}")
 
 
 def form_of(member: object) -> inspect.Signature | None:

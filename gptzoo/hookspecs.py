@@ -87,15 +87,13 @@ On the built module, for every kind but samplers (optional):
 
 On the built module's class, for every kind but samplers (optional):
 
-- ``int8: bool | tuple[str, ...]`` (contract 4): which of the nn.Linear modules inside it ``--dtype
-  int8`` (and ``--dtype int4``) may quantize (gptzoo.inference.quantize): True, the default, every one; False none (they
-  stay in the model's dtype); a tuple of their paths inside the component (``("q", "kv_a")``) those
-  only. An Int8Linear's ``weight`` reads as the dequantized float32 weight, so a component that reads
-  its linears' weights keeps working; one that cannot run on an Int8Linear declares it here, else
-  ``--dtype int8`` refuses the model, naming it, after one token fails to run.
+- ``int8: bool | tuple[str, ...]`` (contracts 4 to 6): which of the nn.Linear modules inside it
+  ``--dtype int8`` and ``int4`` may quantize. Since contract 7 a plugin registers that with
+  gptzoo.inference.hooks.register_quantized_linears; the attribute is still read, with one warning.
 
-A component's share of a CPU decoding step is not a method of it: its lowering is registered for
-its class with :func:`register_decode_lowerings`.
+What a subsystem knows of a component class is not a method of it: a plugin registers it through
+the subsystem's own hooks (gptzoo.plugin_manager.SUBSYSTEMS; gptzoo.class_table), e.g. its share of a
+CPU decoding step with gptzoo.inference.hooks.register_decode_lowerings.
 
 Contract versions. :data:`CONTRACT_VERSION` is the version of what this module describes; it grows
 by one with each change a plugin written for the version before could notice (gptzoo.compat lists
@@ -122,8 +120,10 @@ from typing import Any, Protocol
 
 import pluggy
 
+from gptzoo.moves import moved
+
 PROJECT = "gptzoo"
-CONTRACT_VERSION = 6
+CONTRACT_VERSION = 7
 """The version of the plugin contract this gptzoo implements (see the module docstring)."""
 CONTRACT_ATTRIBUTE = "gptzoo_contract"
 """The plugin module's attribute that declares the contract version it was written for (optional)."""
@@ -238,32 +238,15 @@ CONTRACTS: dict[str, Contract] = {
 KINDS = tuple(CONTRACTS)
 """The component kinds."""
 
-SUBSYSTEM_HOOKS = (
-    "register_hf_layouts",
-    "register_decode_lowerings",
-    "register_adapter_parts",
-    "register_cache_rows",
-    "register_recipes",
-)
-"""The hooks through which a plugin tells a subsystem about a component class (its Hugging Face layouts,
-its decode lowering, its projections' adapter parts, how its cache moves rows) or ships what the recipe
-loader finds by name (its recipes and sweep specs), beside the one hook per kind that registers components."""
+OTHER_HOOKS = ("register_recipes",)
+"""The hooks of this module beside the one per kind: the recipes and sweep specs a plugin ships. What a
+subsystem knows of a component class (a decode lowering, a Hugging Face layout, adapter parts, a cache
+mover) is registered through that subsystem's own hooks (gptzoo.plugin_manager.SUBSYSTEMS)."""
 
 
 class Register(Protocol):
     def __call__(
         self, name: str, factory: Callable[..., Any], *, doc: str | None = None, override: bool = False
-    ) -> None: ...
-
-
-class RegisterLowering(Protocol):
-    def __call__(
-        self,
-        component: type | str,
-        lowering: Callable[..., Any] | str,
-        *,
-        depends: tuple[str, ...] = (),
-        override: bool = False,
     ) -> None: ...
 
 
@@ -386,97 +369,6 @@ def register_samplers(register: Register) -> None:
     """
 
 
-class RegisterHFLayout(Protocol):
-    def __call__(
-        self,
-        component: type | str,
-        layout: str,
-        *,
-        weights: Callable[[Any], Any],
-        config: Callable[[Any], Any] | None = None,
-        children: tuple[str | tuple[str, str], ...] = (),
-        override: bool = False,
-    ) -> None: ...
-
-
-@hookspec
-def register_hf_layouts(register: RegisterHFLayout) -> None:
-    """Register where a component's tensors and config.json fields go in a Hugging Face layout, so that
-    models holding it import from and export to that layout's families (gptzoo.hf.layouts).
-
-    ``register(component, layout, *, weights, config=None, children=(), override=False)``:
-        component: the component's class, or its reference ``"module:Class"``; a subclass without a
-            layout of its own uses its nearest base class's.
-        layout: how a family names and stores its parts: "gpt2" (GPT2LMHeadModel), "llama"
-            (LlamaForCausalLM and the families stored as it is: Gemma 2 and 3, Qwen2 and 3, Mistral,
-            OLMo 2), "gpt_neox" (GPTNeoXForCausalLM), "phi3" (Phi3ForCausalLM).
-        weights: ``weights(module) -> list[TensorMap] | None``: where each tensor of the module's state
-            dict lives, relative to the component's place in the checkpoint (gptzoo.hf.tensor_map.TensorMap);
-            the maps must cover the state dict exactly (the conformance kit checks it), and None means
-            that these parameters have no equivalent there (import and export then refuse it by name).
-        config: ``config(module) -> dict | None``: the config.json fields the component owns (e.g.
-            ``{"rms_norm_eps": 1e-6}``; a value may be an object of plain values, as ``rope_scaling``),
-            every feature that changes its math among them, so that a family without that field refuses
-            it; None: no equivalent. Default: no fields.
-        children: attributes holding nested components (an attention's q/k norms) whose own layouts map
-            their tensors: a name, the same on both sides, or a pair ``(ours, theirs)`` when the layout
-            stores the component under another name (``("kv_norm", "kv_a_layernorm")``).
-        override: replace the layout another plugin, or gptzoo itself, gives the same class.
-
-    A plugin may register layouts for any class, its own or another's. Before contract 2 a component
-    answered for itself with ``hf_weights(layout)`` and ``hf_config(layout)`` methods: those still work,
-    with one GptzooWarning per class.
-    """
-
-
-class RegisterAdapterParts(Protocol):
-    def __call__(self, component: type | str, parts: dict[str, Callable[[Any], Any]]) -> None: ...
-
-
-@hookspec
-def register_adapter_parts(register: RegisterAdapterParts) -> None:
-    """Name the parts of a component's fused projections, so that low-rank adapters can target each part
-    (contract 6; gptzoo.adapters.targets).
-
-    Every plain ``nn.Linear`` inside a block's component is a target without this hook, named by its
-    attribute path (``attn.q_a``, ``mlp.experts.c_fc`` for that projection of every expert). A projection
-    that computes several things at once (q, k and v in one matrix) may be split into named row ranges:
-
-    ``register(component, parts)``:
-        component: the class that owns the projections (a subclass uses its nearest base class's), or
-            its reference ``"module:Class"``.
-        parts: attribute name -> ``split(module) -> [(name, rows), ...]``, the parts of that projection
-            in row order, their rows adding up to its out_features (-1: the rest of them), e.g.
-            ``{"c_attn": lambda a: [("q", a.n_head * a.head_dim), ("kv", -1)], "c_proj": lambda a: [("o", -1)]}``.
-
-    A plugin's split replaces gptzoo's for the same class. A split whose rows do not add up is refused,
-    naming the class, when a model is adapted.
-    """
-
-
-class RegisterCacheRows(Protocol):
-    def __call__(self, cache: type | str, move: Callable[..., None]) -> None: ...
-
-
-@hookspec
-def register_cache_rows(register: RegisterCacheRows) -> None:
-    """Say how a layer cache class of a plugin's own moves a sequence's positions between caches, so that
-    ``gptzoo serve`` batches sequences of different lengths on it (contract 6; gptzoo.inference.batching).
-
-    Without it, a model whose attention returns a cache of its own class from ``init_cache`` is served
-    correctly, one sequence at a time. The built-in cache classes are known to gptzoo.
-
-    ``register(cache, move)``:
-        cache: the cache class (exactly that class: a subclass may keep positions elsewhere), or its
-            reference ``"module:Class"``.
-        move: ``move(dst, i, dst_end, src, j, src_end, n)``: make the ``n`` positions of ``src``'s row ``j``
-            that end before index ``src_end`` those of ``dst``'s row ``i`` that end before ``dst_end``
-            (both caches of that class, made by the same attention; ``dst`` is zeroed beforehand).
-
-    A plugin's ``move`` replaces gptzoo's for the same class.
-    """
-
-
 class RegisterRecipe(Protocol):
     def __call__(self, name: str, path: str | os.PathLike[str], *, sweep: bool = False) -> None: ...
 
@@ -495,30 +387,6 @@ def register_recipes(register: RegisterRecipe) -> None:
     """
 
 
-@hookspec
-def register_decode_lowerings(register: RegisterLowering) -> None:
-    """Register how components of a plugin's classes take part in a native CPU decoding step.
-
-    ``register(component, lowering, *, depends=(), override=False)``:
-        component: the class lowered, or a reference to it (``"gptzoo_dyt:DyT"``, so that
-            registering imports nothing). Its instances, and those of subclasses that override
-            neither ``forward`` nor a method in ``depends``, are lowered by ``lowering``.
-        lowering: ``lower(plan, module, src, dst, **kwargs) -> None``, or a reference to it
-            (imported when a model first decodes with it). It appends the module's operations
-            through ``plan`` (gptzoo.inference.plan.DecodePlan; its children through ``plan.call``):
-            norms, mlps and linear layers take ``src`` and ``dst`` Buffers (batch, width);
-            activations also ``gated``; attentions also ``position`` (the step's PositionStep) and
-            ``cache`` (the layer's own, from ``init_cache``). ``plan.refuse(reason)`` gives up: the
-            module runs its eager forward within the step. It must compute what ``forward`` computes for one
-            token per row (the conformance kit's ``decode_plan`` check compares them).
-        depends: the class's methods besides ``forward`` that the lowering describes (an attention's
-            ``attend``): a subclass that overrides one is not lowered by it.
-        override: replace the lowering another plugin, or gptzoo, registered for the same class.
-            Without it a class two plugins lower is an error naming both (the later plugin fails),
-            and one gptzoo lowers keeps gptzoo's lowering (the plan refuses it, naming both).
-
-    A component without a lowering runs its eager forward between the native calls of each step
-    (generate's "native+eager" path, gptzoo.inference.generate.DecodePath). The previous
-    contract, a ``decode_ops(plan, src, dst, ...)`` method on the class, still works, with one
-    gptzoo.errors.GptzooWarning per class (docs/plugins.md, "Fast CPU decoding").
-    """
+def __getattr__(name: str) -> Any:
+    """A name that moved to its subsystem (gptzoo.moves.MOVES), with one GptzooWarning per import."""
+    return moved(__name__, name)

@@ -13,7 +13,7 @@
 - :class:`Sampler`: base class of the sampler chain's steps, and :class:`SamplerFlag`, the
   command-line flag a step may declare.
 
-The implementations this module once held live in their subsystem (gptzoo.compat.MOVES): the whole
+The implementations this module once held live in their subsystem (gptzoo.moves.MOVES): the whole
 model's cache in gptzoo.model.kv_cache, TensorMap in gptzoo.hf.tensor_map, the decoding plan's types
 in gptzoo.inference.plan. Importing one of them from here still works, with one
 gptzoo.errors.GptzooWarning naming its home.
@@ -27,6 +27,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
+
+from gptzoo.moves import moved
 
 
 @runtime_checkable
@@ -278,7 +280,5 @@ class Sampler:
 
 
 def __getattr__(name: str) -> Any:
-    """A name that moved to its subsystem (gptzoo.compat.MOVES), with one GptzooWarning per import."""
-    from gptzoo import compat  # only for an old import: compat imports the registry
-
-    return compat.moved(__name__, name)
+    """A name that moved to its subsystem (gptzoo.moves.MOVES), with one GptzooWarning per import."""
+    return moved(__name__, name)

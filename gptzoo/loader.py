@@ -289,8 +289,8 @@ def check_base(base: object, loaded: Loaded, adapter: str) -> None:
 
 
 INT8_REMEDY = (
-    "declare int8 = False on it, or the names of the linears it may have quantized (gptzoo.hookspecs, contract 4), "
-    "or load it in float32 or bfloat16"
+    "register its quantized linears as False, or the paths of those it may have quantized "
+    "(register_quantized_linears, gptzoo.inference.hooks), or load it in float32 or bfloat16"
 )
 
 
@@ -298,9 +298,9 @@ def _quantized(model: GPT, precision: str, registry: Registry | None) -> tuple[s
     """Quantize ``model`` to ``precision`` and run one token through it (a component that cannot run on a
     quantized linear is refused here, naming it, not in the middle of a generation); what a person should
     know: the linears kept in float, as their components declare or for their shape."""
-    kept = kept_float(model)
+    kept = kept_float(model, registry)
     unfitting = [path for path in unfit(model, precision) if path not in kept]
-    quantize(model, precision)
+    quantize(model, precision, registry)
     device = model.wte.weight.device
     if device.type != "meta":
         try:

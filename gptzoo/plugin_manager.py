@@ -44,7 +44,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from importlib import metadata
-from typing import Literal, NoReturn
+from typing import Any, Literal, NoReturn
 
 import pluggy
 
@@ -68,6 +68,9 @@ DEFAULT_PLUGINS = (
     "gptzoo_plugins.samplers",
 )
 """The built-in plugins, registered first and in this order (as pytest's ``default_plugins``)."""
+SUBSYSTEMS = ("gptzoo.inference.hooks", "gptzoo.hf.hooks", "gptzoo.adapters.hooks")
+"""The modules of the subsystems that know something of component classes: each holds its hook specs and
+their intakes (``INTAKES``, gptzoo.class_table.Intake), added as the component kinds' are."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,12 @@ class GptzooPluginManager(pluggy.PluginManager):
         self.warn_s = warn_s
         self.reports: list[PluginInfo] = []
         self.add_hookspecs(hookspecs)
+        self.intakes: list[Any] = []
+        """Every subsystem's intakes (gptzoo.class_table.Intake), through which the registry reads its hooks."""
+        for name in SUBSYSTEMS:
+            module = importlib.import_module(name)
+            self.add_hookspecs(module)
+            self.intakes += module.INTAKES
 
 
 class PluginExit(BaseException):

@@ -20,14 +20,11 @@ docstring), and the factory is held to the rules above when it is imported: a re
 imported (its module or attribute missing, its import raising, os._exit included) or that names no fit
 factory is a PluginError at that point, naming the plugin, its distribution and the reference.
 
-Lowerings. A plugin's ``register_decode_lowerings`` hook registers the lowering of a component
-class for CPU decoding (:class:`LoweringEntry`, in :attr:`Registry.lowerings` by the class's
-``"module:Qualname"``; gptzoo.inference.lowerings reads them), under the same rules: all of a
-plugin's or none, one per class and plugin, and a class another plugin already lowers only with
-``override=True`` (else the later plugin fails, with an error naming both). A plugin's
-``register_hf_layouts`` hook registers where a component class's tensors and config fields go in a
-Hugging Face layout (:class:`HFLayout`, in :attr:`Registry.hf_layouts`; gptzoo.hf.layouts reads them),
-under the same rules, per class and layout.
+What subsystems know of classes. A plugin's hooks for the subsystems (a decode lowering, a Hugging Face
+layout, adapter parts, a cache mover: each subsystem's hook spec and its gptzoo.class_table.Intake) are
+called through the intakes the plugin manager collected (``pm.intakes``), under the same rules: all of a
+plugin's registrations or none, and the rows land in :attr:`Registry.rows` by hook. This module knows the
+components; what a subsystem makes of a class is that subsystem's.
 
 Names. Every entry has a qualified name ``DISTRIBUTION:name`` (``gptzoo:layernorm``,
 ``gptzoo-extras:sliding_window``; the distribution compared as PEP 503 normalizes it), which always
@@ -59,6 +56,7 @@ from typing import Any
 
 from gptzoo.errors import AmbiguousComponentError, GptzooWarning, PluginError, RegistryError, UnknownComponentError
 from gptzoo.hookspecs import CONTRACTS, KINDS
+from gptzoo.moves import moved
 from gptzoo.plugin_manager import (
     NO_PLUGINS_ENV,
     STRICT_ENV,
@@ -137,23 +135,6 @@ def class_key(cls: type | Reference) -> str:
 
 
 @dataclass(frozen=True)
-class LoweringEntry:
-    """A plugin's lowering of a component class for CPU decoding (the ``register_decode_lowerings``
-    hook; gptzoo.inference.lowerings reads them)."""
-
-    key: str
-    """The class lowered, ``"module:Qualname"``."""
-    target: Callable[..., Any] | Reference
-    """The lowering as the plugin registered it: the function, or a reference to it."""
-    depends: tuple[str, ...]
-    """The class's methods besides forward that the lowering describes."""
-    provenance: Provenance
-    override: bool = False
-    overrides: Provenance | None = None
-    """The provenance of the plugin's lowering this one replaced (override=True)."""
-
-
-@dataclass(frozen=True)
 class Entry:
     kind: str
     name: str
@@ -213,30 +194,6 @@ class PluginRecipe:
         return f"{self.provenance.distribution}:{self.name}"
 
 
-@dataclass(frozen=True)
-class HFLayout:
-    """Where one component class's tensors and config.json fields go in one Hugging Face layout, as a
-    plugin registered it through ``register_hf_layouts`` (gptzoo.hookspecs; gptzoo.hf.layouts reads it)."""
-
-    component: type | Reference
-    """The class, or its reference ``"module:Qualname"`` (subclasses without a layout of their own use it)."""
-    layout: str
-    """"gpt2", "llama", "gpt_neox", "phi3": gptzoo.hf.family.Family.layout."""
-    weights: Callable[[Any], Any]
-    """``weights(module) -> list[TensorMap] | None``: None when these parameters have no equivalent there."""
-    config: Callable[[Any], Any] | None
-    """``config(module) -> dict | None``: the config.json fields the component owns (None: no equivalent)."""
-    children: tuple[str | tuple[str, str], ...]
-    """Nested components (attributes) whose own layouts map their tensors: a name, the same on both sides,
-    or (ours, theirs) when the layout stores it under another name."""
-    override: bool
-    provenance: Provenance
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return class_key(self.component), self.layout
-
-
 def culprit(entry: Entry) -> str:
     """``norm 'rmsnorm' from gptzoo_plugins.norms (gptzoo 0.1.0)``: who a message is about."""
     return f"{entry.kind} {entry.name!r} from {entry.provenance}"
@@ -265,18 +222,11 @@ class Registry:
         self._failed_names: dict[tuple[str, str], PluginInfo] = {}
         """(kind, name) -> the failed plugin that registered it before failing."""
         self.plugins: list[PluginInfo] = []
-        self.lowerings: dict[str, LoweringEntry] = {}
-        """Class reference -> the lowering a plugin registered for it (register_decode_lowerings)."""
-        self.hf_layouts: list[HFLayout] = []
-        """Every plugin's registered Hugging Face layouts, in registration order (register_hf_layouts)."""
+        self.rows: dict[str, list[Any]] = {}
+        """Subsystem hook -> the rows every plugin registered through it, one per key
+        (gptzoo.class_table.Row; the subsystem's ClassTable reads them)."""
         self.recipes: list[PluginRecipe] = []
         """Every plugin's registered recipes and sweep specs, in registration order (register_recipes)."""
-        self.adapter_parts: list[dict[str, dict[str, Callable[[Any], Any]]]] = []
-        """Every plugin's splits of fused projections into adapter targets, in registration order, each
-        {class key: {attribute: split}} (register_adapter_parts; gptzoo.adapters.targets reads them)."""
-        self.cache_rows: dict[str, Callable[..., None]] = {}
-        """Layer cache class key -> how a plugin's cache of that class moves a sequence's positions
-        (register_cache_rows; gptzoo.inference.batching reads them; a later plugin's replaces an earlier's)."""
 
     def get(self, kind: str, name: str) -> Entry:
         """The entry a bare or qualified name means; an UnknownComponentError or
@@ -402,23 +352,20 @@ class Registry:
         plugin = pm.get_plugin(plugin_name)
         staged: list[tuple[Entry, bool]] = []
         for kind in KINDS:
-            _call(
+            call_hook(
                 getattr(pm.hook, f"register_{kind}s"),
                 plugin,
                 lambda kind=kind: self._stager(kind, provenance, staged, attempted, contract),
             )
-        lowerings: list[LoweringEntry] = []
-        _call(pm.hook.register_decode_lowerings, plugin, lambda: _lowering_stager(provenance, lowerings))
-        placed = self._check_lowerings(lowerings)
-        layouts: list[HFLayout] = []
-        _call(pm.hook.register_hf_layouts, plugin, lambda: _layout_stager(provenance, layouts))
-        self._check_layouts(layouts)
-        parts: dict[str, dict[str, Callable[[Any], Any]]] = {}
-        _call(pm.hook.register_adapter_parts, plugin, lambda: _parts_stager(provenance, parts))
-        rows: dict[str, Callable[..., None]] = {}
-        _call(pm.hook.register_cache_rows, plugin, lambda: _rows_stager(provenance, rows))
+        rows = {
+            intake.hook: intake.placed(
+                self.rows.get(intake.hook, []),
+                intake.stage(getattr(pm.hook, intake.hook), plugin, provenance, contract),
+            )
+            for intake in pm.intakes
+        }
         recipes: list[PluginRecipe] = []
-        _call(pm.hook.register_recipes, plugin, lambda: _recipe_stager(provenance, recipes))
+        call_hook(pm.hook.register_recipes, plugin, lambda: _recipe_stager(provenance, recipes))
         self._check_recipes(recipes)
         seen: set[tuple[str, str]] = set()
         for entry, override in staged:
@@ -436,12 +383,8 @@ class Registry:
                 raise RegistryError(f"{entry.kind} {entry.name!r} is registered by two built-in plugins")
         for entry, override in staged:
             self._place(entry, override)
-        self.lowerings.update(placed)
-        self.hf_layouts += layouts
+        self.rows.update(rows)
         self.recipes += recipes
-        if parts:
-            self.adapter_parts.append(parts)
-        self.cache_rows.update(rows)
 
     def _check_recipes(self, recipes: list[PluginRecipe]) -> None:
         """One plugin's recipes: each name once per kind (recipe, sweep) within the plugin's distribution."""
@@ -465,39 +408,6 @@ class Registry:
             and (dist is None or canonical_name(r.provenance.distribution) == canonical_name(dist))
         ]
         return found[0] if len(found) == 1 else None
-
-    def _check_layouts(self, layouts: list[HFLayout]) -> None:
-        """One plugin's layouts: each (class, layout) once, and not one another plugin has unless override."""
-        seen: set[tuple[str, str]] = set()
-        for layout in layouts:
-            component, name = layout.key
-            if layout.key in seen:
-                raise RegistryError(
-                    f"{layout.provenance} registers the Hugging Face {name!r} layout of {component} twice"
-                )
-            seen.add(layout.key)
-            other = next((o for o in self.hf_layouts if o.key == layout.key), None)
-            if other is not None and not layout.override:
-                raise RegistryError(
-                    f"the Hugging Face {name!r} layout of {component} is registered by both {other.provenance} and "
-                    f"{layout.provenance}; drop one, or register the later one with override=True"
-                )
-
-    def _check_lowerings(self, lowerings: list[LoweringEntry]) -> dict[str, LoweringEntry]:
-        """One plugin's lowerings as they will stand: one per class, and a class another plugin
-        lowers only with override=True (an error naming both otherwise)."""
-        placed: dict[str, LoweringEntry] = {}
-        for entry in lowerings:
-            if entry.key in placed:
-                raise RegistryError(f"the lowering of {entry.key} is registered twice by {entry.provenance}")
-            current = self.lowerings.get(entry.key)
-            if current is not None and not entry.override:
-                raise RegistryError(
-                    f"the lowering of {entry.key} is registered by both {current.provenance} and {entry.provenance}; "
-                    "register the later one with override=True"
-                )
-            placed[entry.key] = replace(entry, overrides=current.provenance) if current is not None else entry
-        return placed
 
     def _place(self, entry: Entry, override: bool) -> None:
         """Give a committed entry its qualified name, and its bare name as the module docstring says."""
@@ -529,7 +439,7 @@ class Registry:
         contract: int | None,
     ) -> tuple[Callable[..., None], Callable[[], None]]:
         """The ``register`` one hook call receives, and what closes it when the hook returns."""
-        call = _HookCall(provenance, CONTRACTS[kind].hook)
+        call = HookCall(provenance, CONTRACTS[kind].hook)
 
         def register(
             name: str, factory: Callable[..., Any] | str, *, doc: str | None = None, override: bool = False
@@ -589,7 +499,7 @@ class Registry:
         return register, call.close
 
 
-class _HookCall:
+class HookCall:
     """One call of a plugin's register hook, as the ``register`` it receives sees it: open until the
     hook returns, so that a plugin that kept ``register`` and calls it later gets an error instead of
     a registration nobody would see."""
@@ -608,63 +518,9 @@ class _HookCall:
             )
 
 
-def _component(component: object) -> type | Reference | None:
-    """The class a lowering or layout is registered for: the class itself, or the reference
-    ``"module:Class"`` naming it; None for anything else."""
-    if isinstance(component, type):
-        return component
-    return Reference.parse(str.__str__(component)) if isinstance(component, str) else None
-
-
-def _lowering_stager(
-    provenance: Provenance, staged: list[LoweringEntry]
-) -> tuple[Callable[..., None], Callable[[], None]]:
-    """The ``register`` one register_decode_lowerings call receives, and what closes it when the hook returns."""
-    call = _HookCall(provenance, "register_decode_lowerings")
-
-    def register(
-        component: type | str,
-        lowering: Callable[..., Any] | str,
-        *,
-        depends: tuple[str, ...] | list[str] = (),
-        override: bool = False,
-    ) -> None:
-        call.check()
-        named = _component(component)
-        if named is None:
-            raise RegistryError(
-                f"{provenance} registered a lowering for {show_plain(component)}; name the component's class, or "
-                "a reference to it ('module:Class')"
-            )
-        key = class_key(named)
-        what = f"{provenance} registered the lowering of {key}"
-        target: Callable[..., Any] | Reference | None
-        if isinstance(lowering, str):
-            target = Reference.parse(str.__str__(lowering))
-            if target is None:
-                raise RegistryError(
-                    f"{what} with a reference that is not 'module:attribute': {show_plain(str.__str__(lowering))}"
-                )
-        elif callable(lowering):
-            target = lowering
-        else:
-            raise RegistryError(
-                f"{what} with a lowering that is not callable: {show_plain(lowering)}; pass the function "
-                "lower(plan, module, src, dst, ...)"
-            )
-        if not isinstance(depends, (tuple, list)) or not all(
-            type(name) is str and name.isidentifier() for name in depends
-        ):
-            raise RegistryError(f"{what} with depends that are not method names: {show_plain(depends)}")
-        if not isinstance(override, bool):
-            raise RegistryError(f"{what} with an override that is not a bool: {show_plain(override)}; use a bool")
-        staged.append(LoweringEntry(key, target, tuple(depends), provenance, override))
-
-    register.__qualname__ = "register"
-    return register, call.close
-
-
-def _call(caller: Any, plugin: object, stager: Callable[[], tuple[Callable[..., None], Callable[[], None]]]) -> None:
+def call_hook(
+    caller: Any, plugin: object, stager: Callable[[], tuple[Callable[..., None], Callable[[], None]]]
+) -> None:
     """Call one plugin's implementation of a register hook with the ``register`` ``stager`` makes, closed
     when the hook returns."""
     for impl in caller.get_hookimpls():
@@ -680,7 +536,7 @@ def _recipe_stager(
     provenance: Provenance, staged: list[PluginRecipe]
 ) -> tuple[Callable[..., None], Callable[[], None]]:
     """The ``register`` of one ``register_recipes`` call, and what closes it when the hook returns."""
-    call = _HookCall(provenance, "register_recipes")
+    call = HookCall(provenance, "register_recipes")
 
     def register(name: str, path: str | os.PathLike[str], *, sweep: bool = False) -> None:
         call.check()
@@ -696,107 +552,6 @@ def _recipe_stager(
         if not isinstance(sweep, bool):
             raise RegistryError(f"{what} {name!r} with a sweep that is not a bool: {show_plain(sweep)}")
         staged.append(PluginRecipe(name, Path(path).resolve(), sweep, provenance))
-
-    register.__qualname__ = "register"
-    return register, call.close
-
-
-def _child_name(child: object) -> bool:
-    """A layout's child: an attribute name, or a pair (ours, theirs) of names."""
-    if isinstance(child, str):
-        return child.isidentifier()
-    return (
-        isinstance(child, (tuple, list))
-        and len(child) == 2
-        and all(isinstance(c, str) and c.isidentifier() for c in child)
-    )
-
-
-def _layout_stager(provenance: Provenance, staged: list[HFLayout]) -> tuple[Callable[..., None], Callable[[], None]]:
-    """The ``register`` of one ``register_hf_layouts`` call, and what closes it when the hook returns."""
-    call = _HookCall(provenance, "register_hf_layouts")
-
-    def register(
-        component: type | str,
-        layout: str,
-        *,
-        weights: Callable[[Any], Any],
-        config: Callable[[Any], Any] | None = None,
-        children: tuple[str | tuple[str, str], ...] | list[str | tuple[str, str]] = (),
-        override: bool = False,
-    ) -> None:
-        call.check()
-        what = f"{provenance} registered a Hugging Face layout"
-        target = _class_of(component, what)
-        if not isinstance(layout, str) or not NAME.fullmatch(layout):
-            raise RegistryError(f"{what} with a layout that is not a name: {show_plain(layout)}; e.g. 'llama'")
-        for name, value, may_be_none in (("weights", weights, False), ("config", config, True)):
-            if not callable(value) and not (may_be_none and value is None):
-                raise RegistryError(
-                    f"{what} ({layout!r}) whose {name} is not callable: {show_plain(value)}; pass a function of the "
-                    "component"
-                )
-        if isinstance(children, str) or not all(_child_name(c) for c in children):
-            raise RegistryError(
-                f"{what} ({layout!r}) whose children are not attribute names: {show_plain(children)}; pass a tuple "
-                "of them, each a name or a pair (ours, theirs) of names"
-            )
-        if not isinstance(override, bool):
-            raise RegistryError(f"{what} with an override that is not a bool: {show_plain(override)}")
-        children = tuple(c if isinstance(c, str) else tuple(c) for c in children)
-        staged.append(HFLayout(target, layout, weights, config, children, override, provenance))
-
-    register.__qualname__ = "register"
-    return register, call.close
-
-
-def _class_of(component: object, what: str) -> type | Reference:
-    """The class a layout or adapter parts are registered for (:func:`_component`), or a RegistryError saying
-    ``what`` was registered for something else."""
-    target = _component(component)
-    if target is None:
-        raise RegistryError(
-            f"{what} for {show_plain(component)}, which is neither a class nor a reference 'module:Class'; "
-            "pass the component's class"
-        )
-    return target
-
-
-def _parts_stager(
-    provenance: Provenance, staged: dict[str, dict[str, Callable[[Any], Any]]]
-) -> tuple[Callable[..., None], Callable[[], None]]:
-    """The ``register`` of one ``register_adapter_parts`` call, and what closes it when the hook returns."""
-    call = _HookCall(provenance, "register_adapter_parts")
-
-    def register(component: type | str, parts: dict[str, Callable[[Any], Any]]) -> None:
-        call.check()
-        what = f"{provenance} registered adapter parts"
-        target = _class_of(component, what)
-        if not isinstance(parts, dict) or not all(
-            isinstance(k, str) and k.isidentifier() and callable(v) for k, v in parts.items()
-        ):
-            raise RegistryError(
-                f"{what} for {class_key(target)} that are not {{attribute: split function}}: {show_plain(parts)}"
-            )
-        staged.setdefault(class_key(target), {}).update(parts)
-
-    register.__qualname__ = "register"
-    return register, call.close
-
-
-def _rows_stager(
-    provenance: Provenance, staged: dict[str, Callable[..., None]]
-) -> tuple[Callable[..., None], Callable[[], None]]:
-    """The ``register`` of one ``register_cache_rows`` call, and what closes it when the hook returns."""
-    call = _HookCall(provenance, "register_cache_rows")
-
-    def register(cache: type | str, move: Callable[..., None]) -> None:
-        call.check()
-        what = f"{provenance} registered how a cache moves rows"
-        target = _class_of(cache, what)
-        if not callable(move):
-            raise RegistryError(f"{what} for {class_key(target)} with {show_plain(move)}, which is not a function")
-        staged[class_key(target)] = move
 
     register.__qualname__ = "register"
     return register, call.close
@@ -928,3 +683,8 @@ def registry_from(pm: GptzooPluginManager) -> Registry:
                 registry._failed_names.setdefault(key, pm.reports[i])
     registry.plugins = list(pm.reports)
     return registry
+
+
+def __getattr__(name: str) -> Any:
+    """A name that moved to its subsystem (gptzoo.moves.MOVES), with one GptzooWarning per import."""
+    return moved(__name__, name)

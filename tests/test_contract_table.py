@@ -20,7 +20,7 @@ from gptzoo import hookspecs, interfaces, plugin_code
 from gptzoo.hookspecs import CONTRACTS, KINDS
 from gptzoo.inference.sampling import SamplerChain
 from gptzoo.model.build import build_model
-from gptzoo.plugin_manager import DEFAULT_PLUGINS
+from gptzoo.plugin_manager import DEFAULT_PLUGINS, SUBSYSTEMS, get_plugin_manager
 from gptzoo.recipe import COMPONENT_KEYS, ModelSpec, load_recipe
 
 
@@ -53,7 +53,17 @@ def test_hook_docstring_says_what_the_table_says(kind: str) -> None:
 
 def test_every_hook_spec_is_a_kind_of_the_table_or_a_subsystem_hook() -> None:
     specs = sorted(name for name in dir(hookspecs) if name.startswith("register_"))
-    assert specs == sorted([*(c.hook for c in CONTRACTS.values()), *hookspecs.SUBSYSTEM_HOOKS])
+    assert specs == sorted([*(c.hook for c in CONTRACTS.values()), *hookspecs.OTHER_HOOKS])
+
+
+@pytest.mark.parametrize("name", SUBSYSTEMS)
+def test_each_subsystem_hook_spec_has_one_intake_and_the_plugin_manager_adds_both(name: str) -> None:
+    module = importlib.import_module(name)
+    specs = sorted(n for n in dir(module) if n.startswith("register_") and callable(getattr(module, n)))
+    assert specs and specs == sorted(intake.hook for intake in module.INTAKES), name
+    pm = get_plugin_manager(third_party=False)
+    assert {intake.hook for intake in module.INTAKES} <= {intake.hook for intake in pm.intakes}
+    assert all(hasattr(pm.hook, spec) for spec in specs)
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -5,6 +5,7 @@ implementation loads it."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import subprocess
@@ -17,6 +18,7 @@ import torch
 from fakedist import RING_WINDOW, FakeSite, rmsnorm_replacement
 
 import gptzoo
+from gptzoo.moves import MOVES, Move, move_message
 from gptzoo.errors import GptzooWarning, PluginError, RecipeError
 from gptzoo.hookspecs import CONTRACT_VERSION
 from gptzoo.plugin_manager import gptzoo_version
@@ -81,15 +83,15 @@ def gptzoo_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
 
 
 def test_contract_version_is_public() -> None:
-    assert gptzoo.CONTRACT_VERSION == CONTRACT_VERSION == 6
+    assert gptzoo.CONTRACT_VERSION == CONTRACT_VERSION == 7
 
 
 def test_a_plugin_declaring_a_newer_contract_is_refused_at_load(fake_site: FakeSite) -> None:
-    fake_site.add("future", "gptzoo_fake_future", "gptzoo_contract = 7\n" + OLD_MLP.replace("old_dense", "future"))
+    fake_site.add("future", "gptzoo_fake_future", "gptzoo_contract = 8\n" + OLD_MLP.replace("old_dense", "future"))
     message = (
-        f"it is written for gptzoo plugin contract 7 (gptzoo_contract = 7), and gptzoo {VERSION} supports contracts "
-        "up to 6; upgrade gptzoo (pip install -U gptzoo), or install a release of gptzoo-fake-future written for "
-        "contract 6"
+        f"it is written for gptzoo plugin contract 8 (gptzoo_contract = 8), and gptzoo {VERSION} supports contracts "
+        "up to 7; upgrade gptzoo (pip install -U gptzoo), or install a release of gptzoo-fake-future written for "
+        "contract 7"
     )
     registry = gptzoo.get_registry()
     (info,) = [p for p in registry.plugins if p.name == "future"]
@@ -108,11 +110,11 @@ def test_a_contract_declaration_that_is_no_version_is_refused(fake_site: FakeSit
     (info,) = [p for p in gptzoo.get_registry().plugins if p.name == "odd"]
     assert info.error == (
         f"its gptzoo_contract is {declared}, not a contract version; set "
-        "gptzoo_contract = 6, the version it is written for"
+        "gptzoo_contract = 7, the version it is written for"
     )
 
 
-@pytest.mark.parametrize("declared", [2, 3, 4, 5, 6])
+@pytest.mark.parametrize("declared", [2, 3, 4, 5, 6, 7])
 def test_a_declared_contract_is_recorded_and_one_written_for_version_2_still_loads(
     fake_site: FakeSite, declared: int
 ) -> None:
@@ -163,7 +165,7 @@ def test_an_old_flops_in_a_plugin_declaring_contract_2_is_refused(fake_site: Fak
         "mlp 'old_dense' from gptzoo_fake_liar (gptzoo-fake-liar 1.0) declares plugin contract 2 (gptzoo_contract = 2) "
         "but implements flops(seq_len), the form before contract 2, which calls flops(batch, seq_len); fix the plugin "
         "(count the FLOPs of batch sequences of seq_len tokens in def flops(self, batch, seq_len), and declare "
-        "gptzoo_contract = 6), or choose another mlp"
+        "gptzoo_contract = 7), or choose another mlp"
     )
 
 
@@ -309,12 +311,22 @@ def test_a_name_moved_out_of_interfaces_imports_from_the_old_path_with_one_warni
 def test_the_moves_are_the_compat_table_and_interfaces_keeps_only_the_contract() -> None:
     from gptzoo import compat, interfaces
 
-    assert [(m.name, m.old, m.new, m.version) for m in compat.MOVES] == [
+    assert [(m.name, m.old, m.new, m.version) for m in MOVES if m.old == "gptzoo.interfaces"] == [
         (name, "gptzoo.interfaces", home, 2) for name, home in MOVED
     ]
     assert not {name for name, _ in MOVED} & set(vars(interfaces))
     with pytest.raises(AttributeError, match="^module 'gptzoo.interfaces' has no attribute 'Nothing'$"):
         interfaces.Nothing  # noqa: B018
+
+
+@pytest.mark.parametrize("move", [pytest.param(m, id=f"{m.old}.{m.name}") for m in MOVES])
+def test_every_moved_name_reaches_its_new_home_from_the_old_with_one_warning(move: Move) -> None:
+    old, new = importlib.import_module(move.old), importlib.import_module(move.new)
+    assert move.name not in vars(old) and move.name in vars(new)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert getattr(old, move.name) is getattr(new, move.name)
+    assert gptzoo_warnings(caught) == [move_message(move)]
 
 
 def test_a_contract_2_attention_without_contract_3s_members_loads_and_gets_the_derived_decode_cost(

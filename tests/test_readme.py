@@ -38,6 +38,21 @@ def test_the_layout_table_matches_the_package() -> None:
     assert sorted(expected - listed) == [], "README's layout table misses these"
 
 
+def test_the_layout_table_names_every_module_of_each_folder() -> None:
+    """A folder's row names each of its modules (``engine.py``), so that a newcomer finds where a thing lives."""
+    table = README[README.index("## Where things live") :]
+    rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `(gptzoo/[a-z_]+/)` \|.*$", table, re.M)}
+    missing = []
+    for folder, row in rows.items():
+        named = set(re.findall(r"`([\w/]+\.py)`", row)) | set(re.findall(r"([\w/]+\.py)", row))
+        for path in sorted((REPO / folder).rglob("*.py")):
+            relative = path.relative_to(REPO / folder).as_posix()
+            if path.name == "__init__.py" or relative in named or path.name in named:
+                continue
+            missing.append(folder + relative)
+    assert missing == [], "README's layout table names no row for these modules"
+
+
 def test_the_test_folders_mirror_the_package() -> None:
     tests = REPO / "tests"
     folders = {p.name for p in tests.iterdir() if p.is_dir() and not p.name.startswith((".", "__"))}

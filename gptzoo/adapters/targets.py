@@ -5,9 +5,10 @@ query rows of every layer's fused ``c_attn``, ``mlp.down`` every layer's ``c_pro
 ``nn.Linear`` modules are targets by their attribute paths (``attn.q_a``; the index of a module list is
 left out: ``mlp.experts.c_fc`` is that projection of every expert), so a plugin's attention or MLP is
 adaptable with no adapter code of its own. A fused projection may be split into named row ranges
-(``c_attn`` into q, k and v): :data:`PARTS` holds the built-ins' splits, keyed by the class that owns
-the projection (the nearest base class's, as for Hugging Face layouts), and a plugin adds its own
-through the ``register_adapter_parts`` hook (gptzoo.hookspecs).
+(``c_attn`` into q, k and v): :data:`PARTS` holds the built-ins' splits, rows of a gptzoo.class_table
+keyed by the class that owns the projection and the attribute (the nearest base class's, as for Hugging
+Face layouts), and a plugin adds its own through the ``register_adapter_parts`` hook
+(gptzoo.adapters.hooks).
 """
 
 from __future__ import annotations
@@ -18,9 +19,12 @@ from typing import Any
 
 from torch import nn
 
+from gptzoo.adapters.hooks import ADAPTER_PARTS
 from gptzoo.adapters.lora import LoRALinear, Part
+from gptzoo.class_table import ClassTable, Row
 from gptzoo.errors import GptzooError, suggest
-from gptzoo.registry import Registry, class_key
+from gptzoo.plugin_manager import gptzoo_version
+from gptzoo.registry import Provenance, Registry
 
 Split = Callable[[Any], Sequence[tuple[str, int]]]
 """A module -> (part name, rows) of one of its projections, in row order, covering all its rows (-1: the rest)."""
@@ -40,39 +44,42 @@ def _named(name: str) -> Split:
     return lambda module: ((name, -1),)
 
 
-PARTS: dict[str, dict[str, Split]] = {
-    "gptzoo_plugins._attentions:CausalSelfAttention": {"c_attn": _qkv, "c_proj": _named("o")},
-    "gptzoo_plugins._mla:LatentAttention": {"c_proj": _named("o")},
-    "gptzoo_plugins._mlps:DenseMLP": {"c_fc": _named("up"), "c_proj": _named("down")},
-    "gptzoo_plugins._mlps:GatedMLP": {"c_fc": _gate_up, "c_proj": _named("down")},
-    "gptzoo_plugins._moe:Expert": {
-        "c_fc": lambda e: _gate_up(e) if e.gated else (("up", -1),),
-        "c_proj": _named("down"),
-    },
-}
-"""The built-ins' split projections: owner class -> attribute -> its parts (rows -1: the rest of them)."""
+BUILTIN = Provenance("gptzoo.adapters", "gptzoo", gptzoo_version())
+
+PARTS: tuple[Row, ...] = tuple(
+    Row(key, attribute, split, BUILTIN)
+    for key, splits in {
+        "gptzoo_plugins._attentions:CausalSelfAttention": {"c_attn": _qkv, "c_proj": _named("o")},
+        "gptzoo_plugins._mla:LatentAttention": {"c_proj": _named("o")},
+        "gptzoo_plugins._mlps:DenseMLP": {"c_fc": _named("up"), "c_proj": _named("down")},
+        "gptzoo_plugins._mlps:GatedMLP": {"c_fc": _gate_up, "c_proj": _named("down")},
+        "gptzoo_plugins._moe:Expert": {
+            "c_fc": lambda e: _gate_up(e) if e.gated else (("up", -1),),
+            "c_proj": _named("down"),
+        },
+    }.items()
+    for attribute, split in splits.items()
+)
+"""The built-ins' split projections: one row per owner class and attribute (the facet), its parts (rows -1:
+the rest of them)."""
 
 
-def _split(
-    owner: nn.Module, attribute: str, linear: nn.Linear, tables: Sequence[dict[str, dict[str, Split]]]
-) -> list[tuple[str, int, int]]:
-    for cls in type(owner).__mro__:
-        for table in tables:
-            split = table.get(class_key(cls), {}).get(attribute)
-            if split is not None:
-                rows, start = [], 0
-                for name, size in split(owner):
-                    size = linear.out_features - start if size < 0 else size
-                    rows.append((name, start, start + size))
-                    start += max(size, 0)
-                sizes = [stop - begin for _, begin, stop in rows]
-                if start != linear.out_features or min(sizes, default=0) < 1:
-                    raise GptzooError(
-                        f"the adapter parts of {class_key(cls)}.{attribute} are {sizes} rows, but it has "
-                        f"{linear.out_features}: its register_adapter_parts split is wrong"
-                    )
-                return rows
-    return [(attribute, 0, linear.out_features)]
+def _split(owner: nn.Module, attribute: str, linear: nn.Linear, table: ClassTable) -> list[tuple[str, int, int]]:
+    match = table.find(type(owner), attribute)
+    if match is None:
+        return [(attribute, 0, linear.out_features)]
+    rows, start = [], 0
+    for name, size in match.row.value(owner):
+        size = linear.out_features - start if size < 0 else size
+        rows.append((name, start, start + size))
+        start += max(size, 0)
+    sizes = [stop - begin for _, begin, stop in rows]
+    if start != linear.out_features or min(sizes, default=0) < 1:
+        raise GptzooError(
+            f"the adapter parts of {match.row.key}.{attribute} are {sizes} rows, but it has "
+            f"{linear.out_features}: its register_adapter_parts split is wrong"
+        )
+    return rows
 
 
 def plain_linear(module: nn.Module) -> bool:
@@ -82,8 +89,7 @@ def plain_linear(module: nn.Module) -> bool:
 
 def model_parts(model: nn.Module, registry: Registry | None = None) -> list[Part]:
     """Every part of every projection of the model's blocks, in module order."""
-    tables = [PARTS, *(registry.adapter_parts if registry is not None else ())]
-    tables = tables[::-1]  # a plugin's split wins over the built-in one for the same class
+    table = ClassTable.of(ADAPTER_PARTS, PARTS, registry)
     parts = []
     for i, block in enumerate(model.blocks):  # type: ignore[union-attr,arg-type]
         for child, component in block.named_children():
@@ -93,7 +99,7 @@ def model_parts(model: nn.Module, registry: Registry | None = None) -> list[Part
                 owner_path, _, attribute = path.rpartition(".")
                 owner = component.get_submodule(owner_path) if owner_path else component
                 prefix = ".".join(p for p in [child, *owner_path.split(".")] if p and not p.isdigit())
-                for name, start, stop in _split(owner, attribute, module, tables):
+                for name, start, stop in _split(owner, attribute, module, table):
                     parts.append(Part(f"{prefix}.{name}", f"blocks.{i}.{child}.{path}", name, start, stop))
     return parts
 

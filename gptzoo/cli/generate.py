@@ -25,7 +25,7 @@ from gptzoo.errors import PluginError
 from gptzoo.registry import GPTZOO_DISTRIBUTION, Registry, culprit
 
 if TYPE_CHECKING:
-    from gptzoo.inference.generate import DecodePath
+    from gptzoo.inference.paths import DecodePath
 
 
 def add_parser(sub: Subparsers, common: Parser) -> Parser:

@@ -33,7 +33,7 @@ from typing import Any
 
 from gptzoo.hf.family import Fields, refuse, show
 from gptzoo.hf.layouts import builtin
-from gptzoo.hf.llama import ACTIVATIONS, Llama, kinds, plain_embeddings_and_logits, rope_position, sizes
+from gptzoo.hf.llama import ACTIVATIONS, Llama, kinds, plain_embeddings_and_logits, rope_position
 from gptzoo.hf.mistral import layers_text, schedule
 from gptzoo.hf.moe import MOE_LAYER, expert_maps, features, moe_component, moe_config, moe_layout
 from gptzoo.hf.tensor_map import TensorMap
@@ -142,6 +142,7 @@ class DeepseekV2(Llama):
     model_type = "deepseek_v2"
     architecture = "DeepseekV2ForCausalLM"
     title = "DeepSeek-V2"
+    layout = "deepseek_v2"  # set here: a subclass of Llama would inherit "llama"
     extends = Llama()
     per_layer = frozenset({MOE_LAYER, SCALE, SCALING})
     required = {**Llama.required, "kv_lora_rank": "attention"}
@@ -153,14 +154,22 @@ class DeepseekV2(Llama):
     defaults = {"experts": 64, "expert_ff": 1407, "shared": 2, "dense": 0, "context": 2048, "scale": 1.0}
     """DeepseekV2Config's defaults of the fields a config.json may omit."""
 
+    @property
+    def size_defaults(self) -> Mapping[str, Any]:  # type: ignore[override]
+        """DeepseekV2Config's and V3's defaults of the sizes a config.json may omit."""
+        return {
+            "vocab_size": 102400,
+            "n_embd": 4096,
+            "n_head": 32,
+            "n_layer": 32,
+            "d_ff": 11008,
+            "context_length": self.defaults["context"],
+        }
+
     def recipe_data(self, config: Mapping[str, Any]) -> dict[str, Any]:
         f = Fields(config)
-        n_embd, n_head, n_layer = (
-            f.integer("hidden_size", 4096),
-            f.integer("num_attention_heads", 32),
-            f.integer("num_hidden_layers", 32),
-        )
-        context_length = f.integer("max_position_embeddings", self.defaults["context"])
+        sizes = self.read_sizes(f)
+        n_head, n_layer, context_length = sizes["n_head"], sizes["n_layer"], sizes["context_length"]
         rope_dim = f.integer("qk_rope_head_dim", 64)
         position = rope_position(f, context_length)
         attention: dict[str, Any] = {
@@ -175,9 +184,7 @@ class DeepseekV2(Llama):
         mscale = yarn_mscale(f.mapping("rope_scaling") or f.mapping("rope_parameters"))
         if mscale != 1.0:
             attention["scale"] = (attention["nope_dim"] + rope_dim) ** -0.5 * mscale
-        n_kv_head = (
-            f.integer("num_key_value_heads", n_head) if config.get("num_key_value_heads") is not None else n_head
-        )
+        n_kv_head = sizes["n_kv_head"]
         if n_kv_head != n_head:
             f.problems.append(
                 f"config.json num_key_value_heads={n_kv_head} is not supported: {self.title}'s latent attention "
@@ -190,22 +197,16 @@ class DeepseekV2(Llama):
                 f"{LATENT_EPS} whatever rms_norm_eps says, and gptzoo builds them with the model's norm"
             )
         model = {
-            "vocab_size": f.integer("vocab_size", 102400),
-            "context_length": context_length,
-            "n_layer": n_layer,
-            "n_head": n_head,
-            "n_embd": n_embd,
+            **sizes,
+            "n_kv_head": n_head,
             "head_dim": rope_dim,
-            "d_ff": f.integer("intermediate_size", 11008),
             "bias": False,
-            "tie_embeddings": f.flag("tie_word_embeddings", False),
             "norm": {"name": "rmsnorm", "eps": eps},
             "norm_placement": "pre",
             "activation": f.choice("hidden_act", "silu", ACTIVATIONS),
             "mlp": self.moe(f),
             "position": position,
             "attention": attention,
-            "init_std": f.number("initializer_range", 0.02),
         }
         first_dense = f.config.get("first_k_dense_replace")
         first_dense = self.defaults["dense"] if first_dense is None else first_dense
@@ -289,7 +290,12 @@ class DeepseekV2(Llama):
         return reasons + plain_embeddings_and_logits(recipe, self.title)
 
     def structure(self, recipe: Recipe) -> dict[str, Any]:
-        return {**sizes(recipe), "head_dim": recipe.model.head_dim, "attention_bias": False, "mlp_bias": False}
+        return {
+            **self.write_sizes(recipe),
+            "head_dim": recipe.model.head_dim,
+            "attention_bias": False,
+            "mlp_bias": False,
+        }
 
     def layer_config(self, recipe: Recipe, values: dict[str, list[Any]], reasons: list[str]) -> dict[str, Any]:
         sparse = [bool(s) for s in values[MOE_LAYER]]
@@ -322,6 +328,7 @@ class DeepseekV3(DeepseekV2):
     model_type = "deepseek_v3"
     architecture = "DeepseekV3ForCausalLM"
     title = "DeepSeek-V3"
+    layout = "deepseek_v3"
     component_layouts = layouts("deepseek_v3", V3_NAMES, v3_groups)
     known = frozenset(
         {*Llama.known, *DeepseekV2.mla_known, *V3_NAMES.values(), *DeepseekV2.moe_known, "rope_interleave"}

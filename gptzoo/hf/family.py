@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,12 +23,13 @@ from typing import Any
 from torch import Tensor, nn
 
 from gptzoo import plugin_code
+from gptzoo.class_table import Row
 from gptzoo.errors import CheckpointError, GptzooError, PluginError, did_you_mean
 from gptzoo.hf.layouts import Layouts
 from gptzoo.hf.tensor_map import TensorMap
 from gptzoo.model.gpt import GPT
 from gptzoo.recipe import Recipe
-from gptzoo.registry import Entry, HFLayout, Registry, default_registry, show_plain
+from gptzoo.registry import Entry, Registry, default_registry, show_plain
 from gptzoo.untrusted import WEIGHT_DTYPES_TEXT
 
 
@@ -49,6 +50,55 @@ class Part:
     theirs: str
     maps: list[TensorMap] | None = None
     """Explicit maps (for plain torch modules such as the embedding); None asks the module's layout."""
+
+
+@dataclass(frozen=True)
+class Size:
+    """One of a family's sizes: the recipe's model field and config.json's, read and written by the one
+    table (:attr:`Family.sizes`, :meth:`Family.read_sizes`, :meth:`Family.write_sizes`)."""
+
+    ours: str
+    theirs: str
+    default: int | float | bool | Callable[[Mapping[str, Any], Mapping[str, Any]], Any] | None = None
+    """The value of an absent field (its type says how the field is read: a bool is a flag, a float a number,
+    else a positive integer), or ``default(read, config)`` of the sizes read before it and config.json;
+    None: the field is required."""
+
+
+SIZES: tuple[Size, ...] = (
+    Size("vocab_size", "vocab_size"),
+    Size("n_embd", "hidden_size"),
+    Size("n_head", "num_attention_heads"),
+    Size("n_layer", "num_hidden_layers"),
+    Size("n_kv_head", "num_key_value_heads", lambda read, config: read["n_head"]),
+    Size("d_ff", "intermediate_size"),
+    Size("context_length", "max_position_embeddings", 2048),
+    Size("tie_embeddings", "tie_word_embeddings", False),
+    Size("init_std", "initializer_range", 0.02),
+)
+"""The sizes of Llama and the families shaped like it, in the order they are read."""
+
+
+def read_sizes(f: Fields, sizes: Sequence[Size], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """The recipe's model fields of ``sizes``, read from config.json (``defaults``: ours -> a family's own
+    default, in place of the table's)."""
+    read: dict[str, Any] = {}
+    for size in sizes:
+        default = defaults.get(size.ours, size.default)
+        if callable(default):
+            default = default(read, f.config)
+        if isinstance(default, bool):
+            read[size.ours] = f.flag(size.theirs, default)
+        elif isinstance(default, float):
+            read[size.ours] = f.number(size.theirs, default)
+        else:
+            read[size.ours] = f.integer(size.theirs, default)
+    return read
+
+
+def write_sizes(recipe: Recipe, sizes: Sequence[Size]) -> dict[str, Any]:
+    """config.json's fields of ``sizes``, from the recipe."""
+    return {size.theirs: getattr(recipe.model, size.ours) for size in sizes}
 
 
 class Family:
@@ -74,7 +124,7 @@ class Family:
     """How the family names and lays out each component's tensors and config fields ("gpt2", "llama"):
     the key of components' layouts (gptzoo.hf.layouts); families that store their parts as Llama does
     share "llama". Default: the family's name."""
-    component_layouts: tuple[HFLayout, ...] = ()
+    component_layouts: tuple[Row, ...] = ()
     """The built-in components' layouts for ``layout``, written by the family that names it."""
     extends: Family | None = None
     """A family whose layout this one's extends: a component without a layout of this family's key is
@@ -89,6 +139,10 @@ class Family:
     one, every component of that kind must (a layer type's norm that lacks it computes otherwise)."""
     renames: Mapping[str, str] = {}
     """Component fields the family's config.json names otherwise (Gemma: hidden_act -> hidden_activation)."""
+    sizes: tuple[Size, ...] = SIZES
+    """Its sizes, recipe field <-> config.json field, read and written by this one table."""
+    size_defaults: Mapping[str, Any] = {}
+    """The family's own defaults of absent sizes, by the recipe's field (Gemma ties its embeddings)."""
     per_layer: frozenset[str] = frozenset()
     """Fields that may differ from layer to layer (a sliding window on some layers, each layer type's
     rope theta): collected per layer and handed to :meth:`layer_config` rather than merged."""
@@ -101,6 +155,14 @@ class Family:
     def recipe_data(self, config: Mapping[str, Any]) -> dict[str, Any]:
         """Recipe data equivalent to config.json; GptzooError naming any unsupported field."""
         raise NotImplementedError
+
+    def read_sizes(self, f: Fields) -> dict[str, Any]:
+        """The recipe's sizes from config.json, by :attr:`sizes`."""
+        return read_sizes(f, self.sizes, self.size_defaults)
+
+    def write_sizes(self, recipe: Recipe) -> dict[str, Any]:
+        """config.json's sizes from the recipe, by :attr:`sizes`."""
+        return write_sizes(recipe, self.sizes)
 
     def structure(self, recipe: Recipe) -> dict[str, Any]:
         """The config.json fields the family writes from the recipe itself (sizes, layer count, ties)."""
@@ -286,7 +348,7 @@ class Family:
 
 
 @functools.lru_cache(maxsize=16)
-def _layouts(layout: str, builtins: tuple[HFLayout, ...], registry: Registry, base: Layouts | None) -> Layouts:
+def _layouts(layout: str, builtins: tuple[Row, ...], registry: Registry, base: Layouts | None) -> Layouts:
     """One table per layout and registry (what a plugin's registration warns is said once)."""
     return Layouts(layout, builtins, registry, base)
 

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gptzoo.hf.family import Fields, refuse, show
-from gptzoo.hf.llama import ACTIVATIONS, PREFIX, Llama, rope_position, sizes
+from gptzoo.hf.llama import ACTIVATIONS, PREFIX, Llama, rope_position
 from gptzoo.recipe import Recipe
 
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -61,6 +61,7 @@ class Gemma(Llama):
     ignored_tensors = (".rotary_emb.inv_freq",)
     required = {"rms_norm_eps": "norm", "hidden_activation": "activation"}
     known = frozenset({"partial_rotary_factor"})
+    size_defaults = {"context_length": 8192, "tie_embeddings": True}
     renames = {"hidden_act": "hidden_activation"}
     implied: Mapping[str, Any] = {"rms_norm_offset": 1.0}
     per_layer = frozenset({"sliding_window", "rope_theta", "rope_scaling", "query_pre_attn_scalar"})
@@ -78,13 +79,10 @@ class Gemma(Llama):
 
     def recipe_data(self, config: Mapping[str, Any]) -> dict[str, Any]:
         f = Fields(config)
-        n_embd, n_head, n_layer = (
-            f.integer("hidden_size"),
-            f.integer("num_attention_heads"),
-            f.integer("num_hidden_layers"),
-        )
+        sizes = self.read_sizes(f)
+        n_embd, n_head, n_layer = sizes["n_embd"], sizes["n_head"], sizes["n_layer"]
         head_dim = f.integer("head_dim", n_embd // n_head)
-        context_length = f.integer("max_position_embeddings", 8192)
+        context_length = sizes["context_length"]
         scale = f.number("query_pre_attn_scalar", 256.0) ** -0.5
         types = self.layer_types(f, config, n_layer)
         window = f.integer("sliding_window", 4096)
@@ -96,16 +94,9 @@ class Gemma(Llama):
         full_position, sliding_position = self.positions(f, context_length)
         attention = self.attention(f, scale)
         model: dict[str, Any] = {
-            "vocab_size": f.integer("vocab_size"),
-            "context_length": context_length,
-            "n_layer": n_layer,
-            "n_head": n_head,
-            "n_kv_head": f.integer("num_key_value_heads", n_head),
-            "n_embd": n_embd,
+            **sizes,
             **({"head_dim": head_dim} if head_dim * n_head != n_embd else {}),
-            "d_ff": f.integer("intermediate_size"),
             "bias": f.flag("attention_bias", False),
-            "tie_embeddings": f.flag("tie_word_embeddings", True),
             "scale_embeddings": True,
             "logit_softcap": f.number("final_logit_softcapping", 0.0) if config.get("final_logit_softcapping") else 0.0,
             "norm": {"name": "gemma_rmsnorm", "eps": f.number("rms_norm_eps", 1e-6)},
@@ -114,7 +105,6 @@ class Gemma(Llama):
             "mlp": "gated",
             "position": full_position,
             "attention": attention,
-            "init_std": f.number("initializer_range", 0.02),
         }
         if len(set(types)) > 1 or SLIDING in types:
             pattern = ["sliding" if t == SLIDING else "full" for t in shortest_period(types)]
@@ -154,7 +144,7 @@ class Gemma(Llama):
     def structure(self, recipe: Recipe) -> dict[str, Any]:
         m = recipe.model
         return {
-            **sizes(recipe),
+            **self.write_sizes(recipe),
             "head_dim": m.head_dim,
             "attention_bias": m.bias,
             "final_logit_softcapping": m.logit_softcap or None,

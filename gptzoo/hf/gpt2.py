@@ -7,14 +7,13 @@ are Conv1D, [in, out]: the components' maps transpose them.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from torch import Tensor
 
-from gptzoo.hf.family import Family, Fields, Part, refuse
+from gptzoo.hf.family import Family, Fields, Part, Size, refuse
 from gptzoo.hf.layouts import builtin, same
 from gptzoo.hf.llama import attention_fields, plain_embeddings_and_logits
 from gptzoo.hf.tensor_map import TensorMap
@@ -40,14 +39,9 @@ def conv1d(*names: str, bias: bool) -> list[TensorMap]:
     return maps + ([TensorMap(f"{name}.bias", (f"{name}.bias",)) for name in names] if bias else [])
 
 
-def attention_maps(attn: Any) -> list[TensorMap] | None:
-    """c_attn and c_proj as Conv1D; GPT-2's attention has no window, softcap, qk-norm, other scale or sinks."""
-    plain_scale = attn.scale == 1.0 / math.sqrt(attn.head_dim)
-    if attn.window or attn.softcap or attn.qk_norm != "none" or not plain_scale or attn.sinks is not None:
-        return None
-    if (attn.c_attn.bias is None) != (attn.c_proj.bias is None):
-        return None
-    return conv1d("c_attn", "c_proj", bias=attn.c_attn.bias is not None)
+def attention_maps(attn: Any) -> list[TensorMap]:
+    """c_attn and c_proj as Conv1D (a bias on one only is attention_fields' qkv_bias, which GPT-2 refuses)."""
+    return conv1d("c_attn", bias=attn.c_attn.bias is not None) + conv1d("c_proj", bias=attn.c_proj.bias is not None)
 
 
 def activation(hf_name: str) -> dict[str, Any]:
@@ -83,26 +77,30 @@ class GPT2(Family):
     title = "GPT-2"
     required = {"layer_norm_epsilon": "norm", "activation_function": "activation"}
     component_layouts = LAYOUT
+    sizes = (
+        Size("vocab_size", "vocab_size"),
+        Size("context_length", "n_positions"),
+        Size("n_embd", "n_embd"),
+        Size("n_layer", "n_layer"),
+        Size("n_head", "n_head"),
+        Size("d_ff", "n_inner", lambda read, config: 4 * read["n_embd"]),  # unset (or null): GPT-2's 4 x n_embd
+        Size("init_std", "initializer_range", 0.02),
+        Size("tie_embeddings", "tie_word_embeddings", True),
+    )
 
     def recipe_data(self, config: Mapping[str, Any]) -> dict[str, Any]:
         f = Fields(config)
-        vocab_size, n_embd = f.integer("vocab_size"), f.integer("n_embd")
+        sizes = self.read_sizes(f)
+        vocab_size, n_embd = sizes["vocab_size"], sizes["n_embd"]
         model = {
-            "vocab_size": vocab_size,
-            "context_length": f.integer("n_positions"),
-            "n_layer": f.integer("n_layer"),
-            "n_head": f.integer("n_head"),
-            "n_embd": n_embd,
-            "d_ff": f.integer("n_inner", 4 * n_embd),  # n_inner unset (or null): GPT-2's 4 x n_embd
+            **sizes,
             "bias": True,
-            "tie_embeddings": f.flag("tie_word_embeddings", True),
             "norm": {"name": "layernorm", "eps": f.number("layer_norm_epsilon", 1e-5)},
             "norm_placement": "pre",
             "activation": f.choice("activation_function", "gelu_new", ACTIVATIONS),
             "mlp": "dense",
             "position": "learned",
             "attention": "causal",
-            "init_std": f.number("initializer_range", 0.02),
         }
         if config.get("n_inner") is None and n_embd <= MAX_DIM < 4 * n_embd:
             f.problems.append(
@@ -131,17 +129,7 @@ class GPT2(Family):
         return reasons + plain_embeddings_and_logits(recipe, self.title)
 
     def structure(self, recipe: Recipe) -> dict[str, Any]:
-        m = recipe.model
-        return {
-            "vocab_size": m.vocab_size,
-            "n_positions": m.context_length,
-            "n_embd": m.n_embd,
-            "n_layer": m.n_layer,
-            "n_head": m.n_head,
-            "n_inner": m.d_ff,
-            "initializer_range": m.init_std,
-            "tie_word_embeddings": m.tie_embeddings,
-        }
+        return self.write_sizes(recipe)
 
     def parts(self, model: GPT) -> list[Part]:
         weight = same("weight")

@@ -22,7 +22,7 @@ from typing import Any
 
 from torch import Tensor
 
-from gptzoo.hf.family import Family, Fields, Part, refuse
+from gptzoo.hf.family import SIZES, Family, Fields, Part, refuse
 from gptzoo.hf.layouts import builtin, same
 from gptzoo.hf.llama import (
     ACTIVATIONS,
@@ -33,7 +33,6 @@ from gptzoo.hf.llama import (
     rope_fields,
     rope_layouts,
     rope_position,
-    sizes,
 )
 from gptzoo.hf.tensor_map import TensorMap
 from gptzoo.model.gpt import GPT
@@ -45,8 +44,8 @@ NAMES = {"ln_1": "input_layernorm", "attn": "attention", "ln_2": "post_attention
 
 
 def attention_maps(attn: Any) -> list[TensorMap] | None:
-    """query_key_value holds each head's q, k and v rows together; no GQA, no qk-norm, no sinks."""
-    if attn.n_kv_head != attn.n_head or attn.qk_norm != "none" or attn.sinks is not None:
+    """query_key_value holds each head's q, k and v rows together, so no GQA (its features are attention_fields')."""
+    if attn.n_kv_head != attn.n_head:
         return None
     parts = (attn.n_head * attn.head_dim,) * 3
     maps = [
@@ -95,26 +94,20 @@ class GPTNeoX(Family):
         "rotary_pct": "position",
     }
     known = frozenset({"rope_scaling"})
+    sizes = tuple(size for size in SIZES if size.ours != "n_kv_head")  # one key/value head per query head
 
     def recipe_data(self, config: Mapping[str, Any]) -> dict[str, Any]:
         f = Fields(config)
-        context_length = f.integer("max_position_embeddings", 2048)
+        sizes = self.read_sizes(f)
         model = {
-            "vocab_size": f.integer("vocab_size"),
-            "context_length": context_length,
-            "n_layer": f.integer("num_hidden_layers"),
-            "n_head": f.integer("num_attention_heads"),
-            "n_embd": f.integer("hidden_size"),
-            "d_ff": f.integer("intermediate_size"),
+            **sizes,
             "bias": True,
-            "tie_embeddings": f.flag("tie_word_embeddings", False),
             "norm": {"name": "layernorm", "eps": f.number("layer_norm_eps", 1e-5)},
             "norm_placement": "parallel" if f.flag("use_parallel_residual", True) else "pre",
             "activation": f.choice("hidden_act", "gelu", ACTIVATIONS),
             "mlp": "dense",
-            "position": self.rope(f, context_length),
+            "position": self.rope(f, sizes["context_length"]),
             "attention": "causal",
-            "init_std": f.number("initializer_range", 0.02),
         }
         if not f.flag("attention_bias", True):
             f.problems.append(
@@ -158,9 +151,11 @@ class GPTNeoX(Family):
 
     def structure(self, recipe: Recipe) -> dict[str, Any]:
         m = recipe.model
-        fields = {**sizes(recipe), "attention_bias": m.bias, "use_parallel_residual": m.norm_placement == "parallel"}
-        del fields["num_key_value_heads"]  # GPT-NeoX has one key/value head per query head
-        return fields
+        return {
+            **self.write_sizes(recipe),
+            "attention_bias": m.bias,
+            "use_parallel_residual": m.norm_placement == "parallel",
+        }
 
     def parts(self, model: GPT) -> list[Part]:
         weight = same("weight")

@@ -42,7 +42,6 @@ from gptzoo.hf.llama import (
     rope_fields,
     rope_layouts,
     rope_position,
-    sizes,
 )
 from gptzoo.hf.mistral import schedule
 from gptzoo.hf.moe import MOE_LAYER, every_layer_sparse, expert_maps, moe_component, moe_config, moe_layout
@@ -133,18 +132,22 @@ class GptOss(Llama):
     component_layouts = LAYOUT
     required = {"rms_norm_eps": "norm", "swiglu_alpha": "activation", "rope_parameters": "position"}
     known = frozenset({*NAMES.values()})
+    size_defaults = {
+        "vocab_size": 201088,
+        "n_embd": 2880,
+        "n_head": 64,
+        "n_layer": 36,
+        "d_ff": 2880,
+        "context_length": 131072,
+    }
     implied: Mapping[str, Any] = {"rms_norm_scale_in_float32": True, "sinks": True}
     per_layer = frozenset({"sliding_window", MOE_LAYER})
 
     def recipe_data(self, config: Mapping[str, Any]) -> dict[str, Any]:
         f = Fields(config)
-        n_embd, n_head, n_layer = (
-            f.integer("hidden_size", 2880),
-            f.integer("num_attention_heads", 64),
-            f.integer("num_hidden_layers", 36),
-        )
+        sizes = self.read_sizes(f)
+        n_embd, n_head, n_layer = sizes["n_embd"], sizes["n_head"], sizes["n_layer"]
         head_dim = f.integer("head_dim", 64)
-        context_length = f.integer("max_position_embeddings", 131072)
         limit = f.number("swiglu_limit", 7.0)
         if limit <= 0:
             f.problems.append(f"config.json swiglu_limit={show(config['swiglu_limit'])} is not a positive clamp")
@@ -155,16 +158,9 @@ class GptOss(Llama):
                 "quick_gelu, and 1.0, silu)"
             )
         model: dict[str, Any] = {
-            "vocab_size": f.integer("vocab_size", 201088),
-            "context_length": context_length,
-            "n_layer": n_layer,
-            "n_head": n_head,
-            "n_kv_head": f.integer("num_key_value_heads", n_head),
-            "n_embd": n_embd,
+            **sizes,
             **({"head_dim": head_dim} if head_dim * n_head != n_embd else {}),
-            "d_ff": f.integer("intermediate_size", 2880),
             "bias": f.flag("attention_bias", True),
-            "tie_embeddings": f.flag("tie_word_embeddings", False),
             "norm": {"name": "rmsnorm", "eps": f.number("rms_norm_eps", 1e-5), "scale_in_float32": True},
             "norm_placement": "pre",
             "activation": ALPHAS.get(alpha, "quick_gelu"),
@@ -180,9 +176,8 @@ class GptOss(Llama):
                 expert_bias=True,
                 glu_limit=limit,
             ),
-            "position": self.position(f, context_length),
+            "position": self.position(f, sizes["context_length"]),
             "attention": {"name": "causal", "sinks": True},
-            "init_std": f.number("initializer_range", 0.02),
         }
         model.update(schedule(model, self.layer_windows(f, n_layer), [False] * n_layer))
         f.problems += refuse(config, {})
@@ -221,7 +216,7 @@ class GptOss(Llama):
         return [window if t == SLIDING else None for t in types]
 
     def structure(self, recipe: Recipe) -> dict[str, Any]:
-        return {**sizes(recipe), "head_dim": recipe.model.head_dim, "attention_bias": recipe.model.bias}
+        return {**self.write_sizes(recipe), "head_dim": recipe.model.head_dim, "attention_bias": recipe.model.bias}
 
     def layer_config(self, recipe: Recipe, values: dict[str, list[Any]], reasons: list[str]) -> dict[str, Any]:
         every_layer_sparse(values, self.title, reasons)

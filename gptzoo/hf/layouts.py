@@ -1,13 +1,14 @@
 """Where each component's tensors and config.json fields go in a Hugging Face layout, keyed by class.
 
 A layout ("gpt2", "llama", "gpt_neox", "phi3": gptzoo.hf.family.Family.layout) is how a family names
-and stores its parts. Each component class with an equivalent there has one
-:class:`gptzoo.registry.HFLayout`: a function giving its tensor maps (gptzoo.hf.tensor_map.TensorMap), one
-giving the config.json fields it owns, and the nested components mapped with their own layouts. The
-built-ins' are written beside their family (hf/gpt2.py holds the "gpt2" layout of every built-in,
-hf/llama.py the "llama" one, ...), keyed by reference so that this package imports no component and no
-component names a family; a plugin adds its own through the ``register_hf_layouts`` hook
-(gptzoo.hookspecs), and may replace a built-in's with ``override=True``.
+and stores its parts. Each component class with an equivalent there has one row in a
+gptzoo.class_table (its facet the layout) holding a :class:`gptzoo.hf.hooks.HFLayout`: a function
+giving its tensor maps (gptzoo.hf.tensor_map.TensorMap), one giving the config.json fields it owns, and
+the nested components mapped with their own layouts. The built-ins' are written beside their family
+(hf/gpt2.py holds the "gpt2" layout of every built-in, hf/llama.py the "llama" one, ...), keyed by
+reference so that this package imports no component and no component names a family; a plugin adds its
+own through the ``register_hf_layouts`` hook (gptzoo.hf.hooks), and may replace a built-in's with
+``override=True``.
 
 A module's layout is that of its class, else of its nearest base class that has one (in MRO order), else
 the one of the layout it extends, if any (Mixtral's is Llama's but for its experts: ``Family.extends``). A
@@ -24,10 +25,12 @@ from typing import Any
 
 from torch import nn
 
+from gptzoo.class_table import ClassTable, Row
 from gptzoo.errors import GptzooWarning
+from gptzoo.hf.hooks import HF_LAYOUTS, HFLayout
 from gptzoo.hf.tensor_map import TensorMap
 from gptzoo.plugin_manager import gptzoo_version
-from gptzoo.registry import HFLayout, Provenance, Reference, Registry, class_key
+from gptzoo.registry import Provenance, Registry, class_key
 
 BUILTIN = Provenance("gptzoo.hf", "gptzoo", gptzoo_version())
 """Who the built-in layouts come from."""
@@ -39,11 +42,9 @@ def builtin(
     weights: Callable[[Any], list[TensorMap] | None],
     config: Callable[[Any], dict[str, Any] | None] | None = None,
     children: tuple[str | tuple[str, str], ...] = (),
-) -> HFLayout:
+) -> Row:
     """A built-in component's layout; ``component`` is its reference ``"module:Class"``."""
-    target = Reference.parse(component)
-    assert target is not None, component
-    return HFLayout(target, layout, weights, config, children, False, BUILTIN)
+    return Row(component, layout, HFLayout(weights, config, children), BUILTIN)
 
 
 def same(*names: str) -> list[TensorMap]:
@@ -55,42 +56,34 @@ _warned: set[type] = set()
 
 
 class Layouts:
-    """One layout's table, component class -> :class:`HFLayout`: the family's built-ins, then what the
-    registry's plugins registered for it."""
+    """One layout's table: the family's built-in rows, then what the registry's plugins registered for it
+    (a plugin's row for a class gptzoo has one for is used with ``override=True``; without, gptzoo's is,
+    with a warning)."""
 
-    def __init__(
-        self, layout: str, builtins: Iterable[HFLayout], registry: Registry, base: Layouts | None = None
-    ) -> None:
+    def __init__(self, layout: str, builtins: Iterable[Row], registry: Registry, base: Layouts | None = None) -> None:
         self.layout, self.base = layout, base
-        self.table: dict[str, HFLayout] = {entry.key[0]: entry for entry in builtins}
-        for entry in registry.hf_layouts:
-            if entry.layout != layout:
-                continue
-            name = entry.key[0]
-            current = self.table.get(name)
-            if current is not None and current.provenance is BUILTIN and not entry.override:
+        self.table = ClassTable.of(HF_LAYOUTS, builtins, registry)
+        for (name, facet), row in self.table.conflicts.items():
+            if facet == layout:
                 warnings.warn(
-                    f"{entry.provenance} registers the Hugging Face {layout!r} layout of {name}, which gptzoo has "
+                    f"{row.provenance} registers the Hugging Face {layout!r} layout of {name}, which gptzoo has "
                     "already; gptzoo's is used (register it with override=True to replace it)",
                     GptzooWarning,
                     stacklevel=2,
                 )
-                continue
-            self.table[name] = entry
 
     def find(self, module: nn.Module) -> HFLayout | None:
         """The layout of the module's class or of its nearest base class that has one, else the one the
         layout this one extends (``base``) finds; None if none has."""
-        for cls in type(module).__mro__:
-            found = self.table.get(class_key(cls))
-            if found is not None:
-                return found
-            if "hf_weights" in vars(cls):
-                return self._contract_1(cls)
+        match = self.table.find(type(module), self.layout, legacy=self._contract_1)
+        if match is not None:
+            return match.row.value
         return self.base.find(module) if self.base is not None else None
 
-    def _contract_1(self, cls: type) -> HFLayout:
+    def _contract_1(self, cls: type) -> Row | None:
         """A layout read through the class's own ``hf_weights`` / ``hf_config`` methods (contract 1)."""
+        if "hf_weights" not in vars(cls):
+            return None
         if cls not in _warned:
             _warned.add(cls)
             warnings.warn(
@@ -110,7 +103,7 @@ class Layouts:
             method = getattr(module, "hf_config", None)
             return method(layout) if method is not None else {}
 
-        return HFLayout(cls, layout, weights, config, (), False, BUILTIN)
+        return Row(class_key(cls), layout, HFLayout(weights, config), BUILTIN)
 
     def weights(self, module: nn.Module) -> list[TensorMap] | str:
         """The module's maps with those of its children, or why it has no equivalent here."""

@@ -8,7 +8,7 @@ tied). nn.Linear layout [out, in]; RoPE in the rotate-half convention, as gptzoo
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from gptzoo.hf.family import Family, Fields, Part, refuse, show
@@ -125,23 +125,6 @@ def rope_position(
     return position
 
 
-def sizes(recipe: Recipe) -> dict[str, Any]:
-    """The config.json sizes that Llama and the families shaped like it share (head_dim aside: some
-    write it always, some only when it is not hidden_size / num_attention_heads)."""
-    m = recipe.model
-    return {
-        "vocab_size": m.vocab_size,
-        "hidden_size": m.n_embd,
-        "intermediate_size": m.d_ff,
-        "num_hidden_layers": m.n_layer,
-        "num_attention_heads": m.n_head,
-        "num_key_value_heads": m.n_kv_head,
-        "max_position_embeddings": m.context_length,
-        "tie_word_embeddings": m.tie_embeddings,
-        "initializer_range": m.init_std,
-    }
-
-
 def odd_head_dim(recipe: Recipe) -> dict[str, int]:
     """{"head_dim": ...} when it is not hidden_size / num_attention_heads, else nothing."""
     m = recipe.model
@@ -195,24 +178,32 @@ def rope_layouts(layout: str, config: Any) -> tuple[Any, ...]:
     return tuple(builtin(t.component, layout, lambda position: [], config(name)) for name, t in ROPE_TYPES.items())
 
 
+def _pre_attn_scalar(attn: Any) -> object:
+    """A scale other than 1/sqrt(head_dim), as Gemma writes it: an integer where it can be (256 from 0.0625)."""
+    if attn.scale == 1.0 / math.sqrt(attn.head_dim):
+        return None
+    scalar = attn.scale**-2
+    return round(scalar) if math.isclose(scalar, round(scalar), rel_tol=1e-9) else scalar
+
+
+ATTENTION_FEATURES: dict[str, tuple[str, Callable[[Any], object]]] = {
+    "window": ("sliding_window", lambda attn: attn.window or None),
+    "softcap": ("attn_logit_softcapping", lambda attn: attn.softcap or None),
+    "scale": ("query_pre_attn_scalar", _pre_attn_scalar),
+    "qk_norm": ("qk_norm", lambda attn: None if attn.qk_norm == "none" else attn.qk_norm),
+    "qkv_bias": ("qkv_bias", lambda attn: True if attn.c_attn.bias is not None and attn.c_proj.bias is None else None),
+    "sinks": ("sinks", lambda attn: True if attn.sinks is not None else None),
+}
+"""The features of gptzoo's attention beyond plain causal attention: feature -> (the config.json field
+that expresses it, its value for an attention, None where the attention does without it). Every
+family's attention layout writes them through :func:`attention_fields`; a family expresses a feature
+by having its field (``Family.known`` and the rest), and refuses the others by name. A new feature is
+one row here and the families that can express it, nothing else."""
+
+
 def attention_fields(attn: Any) -> dict[str, object]:
-    """The features of gptzoo's attention that a family's config.json must express (a family without
-    the field refuses them)."""
-    fields: dict[str, object] = {}
-    if attn.window:
-        fields["sliding_window"] = attn.window
-    if attn.softcap:
-        fields["attn_logit_softcapping"] = attn.softcap
-    if attn.scale != 1.0 / math.sqrt(attn.head_dim):
-        scalar = attn.scale**-2  # Gemma's field is an integer where it can be (256 from 0.0625)
-        fields["query_pre_attn_scalar"] = round(scalar) if math.isclose(scalar, round(scalar), rel_tol=1e-9) else scalar
-    if attn.qk_norm != "none":
-        fields["qk_norm"] = attn.qk_norm
-    if attn.c_attn.bias is not None and attn.c_proj.bias is None:
-        fields["qkv_bias"] = True
-    if attn.sinks is not None:
-        fields["sinks"] = True
-    return fields
+    """The config.json fields of the attention's features (:data:`ATTENTION_FEATURES`) it has."""
+    return {field: value for field, read in ATTENTION_FEATURES.values() if (value := read(attn)) is not None}
 
 
 def kinds(linear: Any) -> tuple[str, ...]:
@@ -296,28 +287,20 @@ class Llama(Family):
 
     def recipe_data(self, config: Mapping[str, Any]) -> dict[str, Any]:
         f = Fields(config)
-        n_embd, n_head = f.integer("hidden_size"), f.integer("num_attention_heads")
+        sizes = self.read_sizes(f)
+        n_embd, n_head = sizes["n_embd"], sizes["n_head"]
         head_dim = f.integer("head_dim", n_embd // n_head)
         attention_bias, mlp_bias = f.flag("attention_bias", False), f.flag("mlp_bias", False)
-        context_length = f.integer("max_position_embeddings", 2048)
         model = {
-            "vocab_size": f.integer("vocab_size"),
-            "context_length": context_length,
-            "n_layer": f.integer("num_hidden_layers"),
-            "n_head": n_head,
-            "n_kv_head": f.integer("num_key_value_heads", n_head),
-            "n_embd": n_embd,
+            **sizes,
             **({"head_dim": head_dim} if head_dim != n_embd // n_head else {}),
-            "d_ff": f.integer("intermediate_size"),
             "bias": attention_bias,
-            "tie_embeddings": f.flag("tie_word_embeddings", False),
             "norm": {"name": "rmsnorm", "eps": f.number("rms_norm_eps", 1e-6)},
             "norm_placement": "pre",
             "activation": f.choice("hidden_act", "silu", ACTIVATIONS),
             "mlp": "gated",
-            "position": rope_position(f, context_length),
+            "position": rope_position(f, sizes["context_length"]),
             "attention": "causal",
-            "init_std": f.number("initializer_range", 0.02),
         }
         if attention_bias != mlp_bias:
             f.problems.append(
@@ -335,7 +318,7 @@ class Llama(Family):
 
     def structure(self, recipe: Recipe) -> dict[str, Any]:
         m = recipe.model
-        return {**sizes(recipe), "head_dim": m.head_dim, "attention_bias": m.bias, "mlp_bias": m.bias}
+        return {**self.write_sizes(recipe), "head_dim": m.head_dim, "attention_bias": m.bias, "mlp_bias": m.bias}
 
     block_parts: Mapping[str, str] = {
         "ln_1": "input_layernorm",

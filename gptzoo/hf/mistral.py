@@ -64,43 +64,34 @@ class LlamaShaped(Llama):
 
     def recipe_data(self, config: Mapping[str, Any]) -> dict[str, Any]:
         f = Fields(config)
-        n_embd, n_head, n_layer = (
-            f.integer("hidden_size"),
-            f.integer("num_attention_heads"),
-            f.integer("num_hidden_layers"),
-        )
+        sizes = self.read_sizes(f)
+        n_embd, n_head, n_layer = sizes["n_embd"], sizes["n_head"], sizes["n_layer"]
         head_dim = f.integer("head_dim", self.head_dim_default or n_embd // n_head)
-        context_length = f.integer("max_position_embeddings", self.context_default)
         attention = self.attention(f)
         model: dict[str, Any] = {
-            "vocab_size": f.integer("vocab_size"),
-            "context_length": context_length,
-            "n_layer": n_layer,
-            "n_head": n_head,
-            "n_kv_head": self.kv_heads(f, n_head),
-            "n_embd": n_embd,
+            **sizes,
             **({"head_dim": head_dim} if head_dim != n_embd // n_head else {}),
-            "d_ff": f.integer("intermediate_size"),
             "bias": False,
-            "tie_embeddings": f.flag("tie_word_embeddings", False),
             "norm": {"name": "rmsnorm", "eps": f.number("rms_norm_eps", self.eps_default)},
             "norm_placement": "pre",
             "activation": f.choice("hidden_act", "silu", ACTIVATIONS),
             "mlp": self.mlp(f),
-            "position": rope_position(f, context_length),
+            "position": rope_position(f, sizes["context_length"]),
             "attention": attention,
-            "init_std": f.number("initializer_range", 0.02),
         }
         model.update(schedule(model, self.layer_windows(f, n_layer), self.dense_layers(f, n_layer)))
         f.problems += refuse(config, {})
         f.check()
         return {"model": model, "tokenizer": {"name": "hf"}}
 
-    def kv_heads(self, f: Fields, n_head: int) -> int:
-        """num_key_value_heads: the class default when absent, one per query head when null."""
-        if "num_key_value_heads" not in f.config:
-            return self.kv_heads_default
-        return f.integer("num_key_value_heads", n_head)
+    @property
+    def size_defaults(self) -> Mapping[str, Any]:  # type: ignore[override]
+        """The class's defaults: max_position_embeddings, and num_key_value_heads (one per query head when
+        config.json has null)."""
+        return {"context_length": self.context_default, "n_kv_head": self._kv_heads}
+
+    def _kv_heads(self, read: Mapping[str, Any], config: Mapping[str, Any]) -> int:
+        return read["n_head"] if "num_key_value_heads" in config else self.kv_heads_default
 
     def structural_reasons(self, recipe: Recipe) -> list[str]:
         reasons = super().structural_reasons(recipe)

@@ -19,12 +19,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gptzoo.class_table import Row
 from gptzoo.hf.family import Fields, show
 from gptzoo.hf.layouts import builtin
 from gptzoo.hf.llama import kinds
 from gptzoo.hf.mistral import layers_text
 from gptzoo.hf.tensor_map import TensorMap
-from gptzoo.registry import HFLayout
 
 MOE = "gptzoo_plugins._moe:MixtureOfExperts"
 """The reference of gptzoo's mixture of experts."""
@@ -127,7 +127,7 @@ def expert_maps(
     return maps
 
 
-def moe_layout(layout: str, weights: Any, config: Any) -> HFLayout:
+def moe_layout(layout: str, weights: Any, config: Any) -> Row:
     """The built-in mixture of experts' layout in ``layout``."""
     return builtin(MOE, layout, weights, config)
 

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gptzoo.hf.family import Fields, refuse
-from gptzoo.hf.llama import ACTIVATIONS, Llama, odd_head_dim, plain_embeddings_and_logits, rope_position, sizes
+from gptzoo.hf.llama import ACTIVATIONS, Llama, odd_head_dim, plain_embeddings_and_logits, rope_position
 from gptzoo.recipe import Recipe
 
 
@@ -40,27 +40,19 @@ class Olmo2(Llama):
 
     def recipe_data(self, config: Mapping[str, Any]) -> dict[str, Any]:
         f = Fields(config)
-        n_embd, n_head = f.integer("hidden_size"), f.integer("num_attention_heads")
+        sizes = self.read_sizes(f)
+        n_embd, n_head, context_length = sizes["n_embd"], sizes["n_head"], sizes["context_length"]
         head_dim = f.integer("head_dim", n_embd // n_head) if n_head else 0
-        context_length = f.integer("max_position_embeddings", 2048)
         model = {
-            "vocab_size": f.integer("vocab_size"),
-            "context_length": context_length,
-            "n_layer": f.integer("num_hidden_layers"),
-            "n_head": n_head,
-            "n_kv_head": f.integer("num_key_value_heads", n_head),
-            "n_embd": n_embd,
+            **sizes,
             **({"head_dim": head_dim} if head_dim * n_head != n_embd else {}),
-            "d_ff": f.integer("intermediate_size"),
             "bias": False,
-            "tie_embeddings": f.flag("tie_word_embeddings", False),
             "norm": {"name": "rmsnorm", "eps": f.number("rms_norm_eps", 1e-5), "scale_in_float32": True},
             "norm_placement": "reordered",
             "activation": f.choice("hidden_act", "silu", ACTIVATIONS),
             "mlp": "gated",
             "position": {**rope_position(f, context_length), "rotate_in_float32": True},
             "attention": {"name": "causal", "qk_norm": "full"},
-            "init_std": f.number("initializer_range", 0.02),
         }
         if config.get("attention_bias") and f.flag("attention_bias", False):
             f.problems.append(
@@ -80,4 +72,4 @@ class Olmo2(Llama):
         return reasons + plain_embeddings_and_logits(recipe, self.title)
 
     def structure(self, recipe: Recipe) -> dict[str, Any]:
-        return {**sizes(recipe), **odd_head_dim(recipe), "attention_bias": recipe.model.bias}
+        return {**self.write_sizes(recipe), **odd_head_dim(recipe), "attention_bias": recipe.model.bias}

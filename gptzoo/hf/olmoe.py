@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gptzoo.hf.family import Fields, refuse
-from gptzoo.hf.llama import ACTIVATIONS, Llama, odd_head_dim, plain_embeddings_and_logits, rope_position, sizes
+from gptzoo.hf.llama import ACTIVATIONS, Llama, odd_head_dim, plain_embeddings_and_logits, rope_position
 from gptzoo.hf.moe import MOE_LAYER, every_layer_sparse, expert_maps, moe_component, moe_config, moe_layout
 from gptzoo.recipe import Recipe
 
@@ -36,22 +36,22 @@ class Olmoe(Llama):
     component_layouts = LAYOUT
     per_layer = frozenset({MOE_LAYER})
     known = frozenset({*Llama.known, *NAMES.values()})
+    size_defaults = {
+        "vocab_size": 50304,
+        "n_embd": 2048,
+        "n_head": 16,
+        "n_layer": 16,
+        "d_ff": 2048,
+        "context_length": 4096,
+    }
     implied: Mapping[str, Any] = {"qk_norm": "full"}
 
     def recipe_data(self, config: Mapping[str, Any]) -> dict[str, Any]:
         f = Fields(config)
-        n_embd, n_head = f.integer("hidden_size", 2048), f.integer("num_attention_heads", 16)
-        context_length = f.integer("max_position_embeddings", 4096)
+        sizes = self.read_sizes(f)
         model = {
-            "vocab_size": f.integer("vocab_size", 50304),
-            "context_length": context_length,
-            "n_layer": f.integer("num_hidden_layers", 16),
-            "n_head": n_head,
-            "n_kv_head": f.integer("num_key_value_heads", n_head),
-            "n_embd": n_embd,
-            "d_ff": f.integer("intermediate_size", 2048),
+            **sizes,
             "bias": f.flag("attention_bias", False),
-            "tie_embeddings": f.flag("tie_word_embeddings", False),
             "norm": {"name": "rmsnorm", "eps": f.number("rms_norm_eps", 1e-5)},
             "norm_placement": "pre",
             "activation": f.choice("hidden_act", "silu", ACTIVATIONS),
@@ -63,9 +63,8 @@ class Olmoe(Llama):
                 top_k_default=8,
                 normalize=f.flag("norm_topk_prob", False),
             ),
-            "position": rope_position(f, context_length),
+            "position": rope_position(f, sizes["context_length"]),
             "attention": {"name": "causal", "qk_norm": "full"},
-            "init_std": f.number("initializer_range", 0.02),
         }
         if model["bias"]:
             f.problems.append(
@@ -85,7 +84,7 @@ class Olmoe(Llama):
         return reasons + plain_embeddings_and_logits(recipe, self.title)
 
     def structure(self, recipe: Recipe) -> dict[str, Any]:
-        return {**sizes(recipe), **odd_head_dim(recipe), "attention_bias": recipe.model.bias}
+        return {**self.write_sizes(recipe), **odd_head_dim(recipe), "attention_bias": recipe.model.bias}
 
     def layer_config(self, recipe: Recipe, values: dict[str, list[Any]], reasons: list[str]) -> dict[str, Any]:
         every_layer_sparse(values, self.title, reasons)

@@ -22,12 +22,12 @@ from gptzoo.hf.llama import (
     Llama,
     activation_layouts,
     attention_fields,
+    kinds,
     odd_head_dim,
     plain_embeddings_and_logits,
     rmsnorm_fields,
     rope_fields,
     rope_layouts,
-    sizes,
 )
 from gptzoo.hf.tensor_map import TensorMap
 from gptzoo.recipe import Recipe
@@ -53,14 +53,13 @@ LAYOUT = (
         ),
     ),
     *rope_layouts("phi3", rope_fields("rope_theta", "partial_rotary_factor")),
-    builtin(  # qkv_proj is c_attn as it is; no qk-norm, no sinks
+    builtin(  # qkv_proj is c_attn as it is (its features are attention_fields')
         "gptzoo_plugins._attentions:CausalSelfAttention",
         "phi3",
-        lambda attn: (
-            [TensorMap("c_attn.weight", ("qkv_proj.weight",)), TensorMap("c_proj.weight", ("o_proj.weight",))]
-            if no_biases(attn) and attn.qk_norm == "none" and attn.sinks is None
-            else None
-        ),
+        lambda attn: [
+            *(TensorMap(f"c_attn.{k}", (f"qkv_proj.{k}",)) for k in kinds(attn.c_attn)),
+            *(TensorMap(f"c_proj.{k}", (f"o_proj.{k}",)) for k in kinds(attn.c_proj)),
+        ],
         attention_fields,
     ),
 )
@@ -77,31 +76,25 @@ class Phi3(Llama):
     architecture = "Phi3ForCausalLM"
     title = "Phi-3"
     known = frozenset({"partial_rotary_factor"})  # no rope_scaling: Phi-3's only other type is longrope
+    size_defaults = {"context_length": 4096}
     per_layer = frozenset({"sliding_window"})
 
     def recipe_data(self, config: Mapping[str, Any]) -> dict[str, Any]:
         f = Fields(config)
-        n_embd, n_head = f.integer("hidden_size"), f.integer("num_attention_heads")
+        sizes = self.read_sizes(f)
+        n_embd, n_head = sizes["n_embd"], sizes["n_head"]
         head_dim = f.integer("head_dim", n_embd // n_head) if n_head else 0
         window = f.integer("sliding_window", 0)
         model = {
-            "vocab_size": f.integer("vocab_size"),
-            "context_length": f.integer("max_position_embeddings", 4096),
-            "n_layer": f.integer("num_hidden_layers"),
-            "n_head": n_head,
-            "n_kv_head": f.integer("num_key_value_heads", n_head),
-            "n_embd": n_embd,
+            **sizes,
             **({"head_dim": head_dim} if head_dim * n_head != n_embd else {}),
-            "d_ff": f.integer("intermediate_size"),
             "bias": False,
-            "tie_embeddings": f.flag("tie_word_embeddings", False),
             "norm": {"name": "rmsnorm", "eps": f.number("rms_norm_eps", 1e-5)},
             "norm_placement": "pre",
             "activation": f.choice("hidden_act", "silu", ACTIVATIONS),
             "mlp": "gated",
             "position": self.rope(f),
             "attention": {"name": "sliding_window", "window": window} if window else "causal",
-            "init_std": f.number("initializer_range", 0.02),
         }
         f.problems += refuse(config, {})
         f.check()
@@ -145,7 +138,7 @@ class Phi3(Llama):
 
     def structure(self, recipe: Recipe) -> dict[str, Any]:
         # Phi3Config's default pad_token_id, 32000, is no token of a smaller vocabulary
-        return {**sizes(recipe), **odd_head_dim(recipe), "pad_token_id": None}
+        return {**self.write_sizes(recipe), **odd_head_dim(recipe), "pad_token_id": None}
 
     def layer_config(self, recipe: Recipe, values: dict[str, list[Any]], reasons: list[str]) -> dict[str, Any]:
         windows = values["sliding_window"]

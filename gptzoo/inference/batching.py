@@ -8,8 +8,9 @@ When a sequence joins or leaves, :func:`gather` makes the next batch's cache fro
 batch and of the newcomers' own caches, and so also drops the padding no row needs any more.
 
 Moving a row's positions is the one thing a batch needs from a layer cache, and how depends on where
-the cache keeps a position: :data:`MOVERS` knows the built-in caches by class, and a plugin tells it of
-its own with the ``register_cache_rows`` hook (gptzoo.hookspecs). A model with a layer cache of another
+the cache keeps a position: :data:`MOVERS` knows the built-in caches by class (rows of a
+gptzoo.class_table that reach their exact class only), and a plugin tells it of its own with the
+``register_cache_rows`` hook (gptzoo.inference.hooks). A model with a layer cache of another
 class is served one sequence at a time (:func:`unbatchable` says why).
 """
 
@@ -21,9 +22,13 @@ from typing import Any
 
 import torch
 
+from gptzoo.class_table import ClassTable
+from gptzoo.class_table import Row as TableRow
 from gptzoo.errors import PluginError, exception_text
+from gptzoo.inference.hooks import CACHE_ROWS
 from gptzoo.model.kv_cache import KVCache
-from gptzoo.registry import Registry, class_key
+from gptzoo.plugin_manager import gptzoo_version
+from gptzoo.registry import Provenance, Registry, class_key
 
 Mover = Callable[[Any, int, int, Any, int, int, int], None]
 """``move(dst, i, dst_end, src, j, src_end, n)``: the ``n`` positions of ``src``'s row ``j`` that end
@@ -51,29 +56,33 @@ def _latent(dst: Any, i: int, dst_end: int, src: Any, j: int, src_end: int, n: i
     dst.k_rope[i, :, dst_end - n : dst_end] = src.k_rope[j, :, src_end - n : src_end]
 
 
-MOVERS: dict[str, Mover] = {
-    "gptzoo.interfaces:LayerKVCache": _dense,
-    "gptzoo_plugins._attentions:WindowKVCache": _ring,
-    "gptzoo_plugins._mla:LatentKVCache": _latent,
-}
-"""Layer cache class (``module:Qualname``, the exact class: a subclass may keep positions elsewhere) ->
+BUILTIN = Provenance("gptzoo.inference.batching", "gptzoo", gptzoo_version())
+
+MOVERS: tuple[TableRow, ...] = tuple(
+    TableRow(key, "", move, BUILTIN)
+    for key, move in {
+        "gptzoo.interfaces:LayerKVCache": _dense,
+        "gptzoo_plugins._attentions:WindowKVCache": _ring,
+        "gptzoo_plugins._mla:LatentKVCache": _latent,
+    }.items()
+)
+"""The built-in layer cache classes (each the exact class: a subclass may keep positions elsewhere) and
 how a row's positions move between caches of that class."""
 
 
-def movers(registry: Registry | None = None) -> dict[str, Mover]:
-    """The built-in :data:`MOVERS`, and those the plugins of ``registry`` register (theirs replace gptzoo's)."""
-    return {**MOVERS, **(registry.cache_rows if registry is not None else {})}
+def movers(registry: Registry | None = None) -> ClassTable:
+    """The built-in :data:`MOVERS`, and those the plugins of ``registry`` register (gptzoo.class_table)."""
+    return ClassTable.of(CACHE_ROWS, MOVERS, registry)
 
 
 def unbatchable(cache: KVCache, registry: Registry | None = None) -> str | None:
     """Why sequences of this model cannot share a batch (a layer cache class no mover knows); None: they can."""
     known = movers(registry)
     for layer in cache.layers:
-        key = class_key(type(layer))
-        if key not in known:
+        if known.find(type(layer)) is None:
             return (
-                f"its layer cache {key} is not one continuous batching knows how to move rows of (a plugin tells it "
-                "with the register_cache_rows hook)"
+                f"its layer cache {class_key(type(layer))} is not one continuous batching knows how to move rows of (a "
+                "plugin tells it with the register_cache_rows hook)"
             )
     return None
 
@@ -101,7 +110,9 @@ def gather(model: Any, rows: Sequence[Row], capacity: int, registry: Registry | 
             if isinstance(value, torch.Tensor):  # padding positions are masked, but must not be NaN
                 value.zero_()
         key = class_key(type(target))
-        move = known[key]
+        match = known.find(type(target))
+        assert match is not None, key  # unbatchable() said it is
+        move = match.row.value
         for i, row in enumerate(rows):
             try:
                 move(target, i, longest, row.cache.layers[layer], row.index, row.cache.length, row.length)

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from gptzoo.errors import GptzooError
-from gptzoo.inference.lowerings import Lowerings, Unsupported, rotary_tables
+from gptzoo.inference.lowerings import Lowerings, Unsupported
 from gptzoo.inference.matvec import KINDS, MAX_ROWS, Q4_BLOCK, QUANTIZED, kernel_threads, scale_shape
 from gptzoo.inference.native import abi, library
 from gptzoo.inference.plan import Buffer, PositionStep, Route
@@ -400,9 +400,12 @@ class NativePlan:
         self._positions[id(step)] = (step, position)
         rotary = position.rotary(probe.queries)
         if rotary is not None:
-            tables = rotary_tables(rotary)
+            tables = self.lowerings.rotary_tables(rotary)
             if tables is None:
-                raise Unsupported(f"{type(rotary).__name__} (from {type(position).__name__}) has no decode_tables")
+                raise Unsupported(
+                    f"{type(rotary).__name__} (from {type(position).__name__}) has no rotary tables (a plugin "
+                    "registers them with register_rotary_tables)"
+                )
             probe_cos, _, in_float32 = tables(rotary)
             dim = probe_cos.numel()
             cos, sin = torch.empty(self.batch, dim), torch.empty(self.batch, dim)

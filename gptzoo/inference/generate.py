@@ -31,18 +31,12 @@ import torch
 from gptzoo.defaults import SEED_LIMIT
 from gptzoo.errors import GptzooError, GptzooWarning
 from gptzoo.inference.engine import Engine, Event, Finished, Job, Token
-from gptzoo.inference.engine import check_finite as check_finite
-from gptzoo.inference.engine import within_vocab as within_vocab
-from gptzoo.inference.paths import EAGER as EAGER
-from gptzoo.inference.paths import LOWERING_FIX as LOWERING_FIX
-from gptzoo.inference.paths import NATIVE as NATIVE
-from gptzoo.inference.paths import SPLIT as SPLIT
-from gptzoo.inference.paths import DecodePath as DecodePath
-from gptzoo.inference.paths import EagerComponent as EagerComponent
+from gptzoo.inference.paths import DecodePath
 from gptzoo.inference.sampling import SamplerChain, chain_spec
 from gptzoo.memory import available_bytes, format_bytes
 from gptzoo.model.gpt import GPT
 from gptzoo.model.kv_cache import KVCache
+from gptzoo.moves import moved
 from gptzoo.recipe import GenerateSpec
 from gptzoo.registry import Registry
 from gptzoo.tokenizer import Tokenizer, shorten, utf8
@@ -506,3 +500,8 @@ def plan_generation(
     check_cache_memory(model, prompts, fitted)
     stops = (*(recipe.generate.stop if recipe is not None else ()), *stop)
     return GenerationPlan(model, tokenizer, prompts, chain, generator, fitted, stops, note)
+
+
+def __getattr__(name: str) -> Any:
+    """A name that moved to gptzoo.inference.engine or .paths (gptzoo.moves.MOVES), with one GptzooWarning."""
+    return moved(__name__, name)

@@ -27,19 +27,22 @@ from __future__ import annotations
 import operator
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any
 
 import torch
 import torch.fx
 from torch import nn
 
+from gptzoo.class_table import ClassTable, Row
 from gptzoo.errors import GptzooWarning, describe_exception
+from gptzoo.inference.hooks import LOWERINGS, ROTARY_TABLES
 from gptzoo.inference.matvec import runs_its_class_forward
 from gptzoo.inference.plan import Buffer, DecodePlan, PositionStep
 from gptzoo.interfaces import LayerKVCache
 from gptzoo.model.kv_cache import KVCache
-from gptzoo.registry import Reference, Registry, class_key
+from gptzoo.plugin_manager import gptzoo_version
+from gptzoo.registry import Provenance, Reference, Registry, class_key
 
 Lower = Callable[..., Any]
 """``lower(plan, module, *args, **kwargs)``: a module's operations appended to ``plan``."""
@@ -334,6 +337,54 @@ def lower_gpt(plan: DecodePlan, model: Any, cache: KVCache) -> Buffer:
     return logits
 
 
+WINDOW_CACHE = "gptzoo_plugins._attentions:WindowKVCache"
+"""The ring buffer of the built-in sliding-window attention, which step.c's attend reads as the plain cache."""
+ATTENTION_DEPENDS = ("attend", "attend_window", "init_cache")
+"""What an attention's lowering describes besides forward: a subclass that overrides one computes something else."""
+LATENT_DEPENDS = ("queries", "absorbed", "init_cache")
+"""What the latent attention's lowering describes besides forward."""
+
+
+BUILTIN = Provenance("gptzoo.inference", "gptzoo", gptzoo_version())
+"""Who gptzoo's own lowerings and rotary tables come from."""
+
+
+def _rows(table: dict[str, tuple[Lower, tuple[str, ...]]]) -> tuple[Row, ...]:
+    return tuple(Row(key, "", lower, BUILTIN, depends) for key, (lower, depends) in table.items())
+
+
+BUILTIN_LOWERINGS: tuple[Row, ...] = _rows(
+    {
+        class_key(nn.Linear): (lower_linear, ()),
+        class_key(nn.Identity): (lower_identity, ()),
+        "gptzoo.adapters.lora:LoRALinear": (lower_lora_linear, ()),
+        "gptzoo.inference.quantize:Int8Linear": (lower_quantized_linear, ()),
+        "gptzoo.inference.quantize:Int4Linear": (lower_quantized_linear, ()),
+        "gptzoo_plugins._norms:LayerNorm": (lower_layernorm, ()),
+        "gptzoo_plugins._norms:RMSNorm": (lower_rmsnorm, ()),
+        "gptzoo_plugins._norms:GemmaRMSNorm": (lower_gemma_rmsnorm, ()),
+        "gptzoo_plugins._activations:GELU": (activation("gelu"), ()),
+        "gptzoo_plugins._activations:GELUTanh": (activation("gelu_tanh"), ()),
+        "gptzoo_plugins._activations:ReLU": (activation("relu"), ()),
+        "gptzoo_plugins._activations:SiLU": (activation("silu"), ()),
+        "gptzoo_plugins._activations:QuickGELU": (activation("quick_gelu"), ()),
+        "gptzoo_plugins._mlps:DenseMLP": (lower_dense_mlp, ()),
+        "gptzoo_plugins._mlps:GatedMLP": (lower_gated_mlp, ()),
+        "gptzoo_plugins._moe:Expert": (lower_expert, ()),
+        "gptzoo_plugins._moe:MixtureOfExperts": (lower_moe, ("_chosen_experts",)),
+        "gptzoo_plugins._attentions:CausalSelfAttention": (lower_causal_attention, ATTENTION_DEPENDS),
+        "gptzoo_plugins._attentions:EagerSelfAttention": (lower_eager_attention, ATTENTION_DEPENDS),
+        "gptzoo_plugins._mla:LatentAttention": (lower_latent_attention, LATENT_DEPENDS),
+        **{
+            f"gptzoo.model.gpt:{block}": (lower_block, ())
+            for block in ("PreNormBlock", "PostNormBlock", "SandwichBlock", "ReorderedBlock", "ParallelBlock")
+        },
+        "gptzoo.model.gpt:GPT": (lower_gpt, ()),
+    }
+)
+"""The lowerings gptzoo ships, one row per class (gptzoo.class_table)."""
+
+
 RotaryTables = Callable[[Any], tuple[torch.Tensor, torch.Tensor, bool]]
 """``tables(rotary)``: what a position's ``rotary(positions)`` gave for one position, as a step rotates
 with it: cos and sin (rotary_dim each, float32) and whether q and k rotate in float32."""
@@ -344,76 +395,14 @@ def rotate_half_tables(rotary: Any) -> tuple[torch.Tensor, torch.Tensor, bool]:
     return rotary.cos.reshape(-1), rotary.sin.reshape(-1), rotary.in_float32
 
 
-ROTARY_TABLES: dict[str, RotaryTables] = {"gptzoo_plugins._positions:RotateHalf": rotate_half_tables}
-"""The rotations gptzoo ships: class reference -> how a step reads its tables."""
+BUILTIN_ROTARY_TABLES: tuple[Row, ...] = _rows({"gptzoo_plugins._positions:RotateHalf": (rotate_half_tables, ())})
+"""The rotations gptzoo ships: how a step reads each one's tables."""
 
 
-def rotary_tables(rotary: object) -> RotaryTables | None:
-    """How a step reads ``rotary``'s tables: by the first class of its MRO that defines a
-    ``decode_tables()`` method (a plugin's rotation describing itself) or has tables in
-    :data:`ROTARY_TABLES`; None when there is none, or a class below that one overrides ``apply``."""
-    for owner in type(rotary).__mro__:
-        if "decode_tables" in vars(owner):
-            return lambda r: r.decode_tables()
-        if class_key(owner) in ROTARY_TABLES:
-            return ROTARY_TABLES[class_key(owner)]
-        if "apply" in vars(owner):
-            return None
-    return None
-
-
-WINDOW_CACHE = "gptzoo_plugins._attentions:WindowKVCache"
-"""The ring buffer of the built-in sliding-window attention, which step.c's attend reads as the plain cache."""
-ATTENTION_DEPENDS = ("attend", "attend_window", "init_cache")
-"""What an attention's lowering describes besides forward: a subclass that overrides one computes something else."""
-LATENT_DEPENDS = ("queries", "absorbed", "init_cache")
-"""What the latent attention's lowering describes besides forward."""
-
-
-@dataclass(frozen=True)
-class Lowering:
-    """A class's lowering, the methods besides ``forward`` it describes, and who registered it."""
-
-    lower: Lower | Reference
-    """The function, or (a plugin's, registered so) a reference to it, imported when first needed."""
-    depends: tuple[str, ...] = ()
-    origin: str = "gptzoo (built-in)"
-
-
-BUILTIN: dict[str, Lowering] = {
-    class_key(nn.Linear): Lowering(lower_linear),
-    class_key(nn.Identity): Lowering(lower_identity),
-    "gptzoo.adapters.lora:LoRALinear": Lowering(lower_lora_linear),
-    "gptzoo.inference.quantize:Int8Linear": Lowering(lower_quantized_linear),
-    "gptzoo.inference.quantize:Int4Linear": Lowering(lower_quantized_linear),
-    "gptzoo_plugins._norms:LayerNorm": Lowering(lower_layernorm),
-    "gptzoo_plugins._norms:RMSNorm": Lowering(lower_rmsnorm),
-    "gptzoo_plugins._norms:GemmaRMSNorm": Lowering(lower_gemma_rmsnorm),
-    "gptzoo_plugins._activations:GELU": Lowering(activation("gelu")),
-    "gptzoo_plugins._activations:GELUTanh": Lowering(activation("gelu_tanh")),
-    "gptzoo_plugins._activations:ReLU": Lowering(activation("relu")),
-    "gptzoo_plugins._activations:SiLU": Lowering(activation("silu")),
-    "gptzoo_plugins._activations:QuickGELU": Lowering(activation("quick_gelu")),
-    "gptzoo_plugins._mlps:DenseMLP": Lowering(lower_dense_mlp),
-    "gptzoo_plugins._mlps:GatedMLP": Lowering(lower_gated_mlp),
-    "gptzoo_plugins._moe:Expert": Lowering(lower_expert),
-    "gptzoo_plugins._moe:MixtureOfExperts": Lowering(lower_moe, ("_chosen_experts",)),
-    "gptzoo_plugins._attentions:CausalSelfAttention": Lowering(lower_causal_attention, ATTENTION_DEPENDS),
-    "gptzoo_plugins._attentions:EagerSelfAttention": Lowering(lower_eager_attention, ATTENTION_DEPENDS),
-    "gptzoo_plugins._mla:LatentAttention": Lowering(lower_latent_attention, LATENT_DEPENDS),
-    **{
-        f"gptzoo.model.gpt:{block}": Lowering(lower_block)
-        for block in ("PreNormBlock", "PostNormBlock", "SandwichBlock", "ReorderedBlock", "ParallelBlock")
-    },
-    "gptzoo.model.gpt:GPT": Lowering(lower_gpt),
-}
-"""The lowerings gptzoo ships: class reference -> lowering."""
-
-
-# --- the table a plan looks lowerings up in ------------------------------------------------------
+# --- the tables a plan looks lowerings up in ------------------------------------------------------
 
 _warned: set[type] = set()
-"""Classes whose decode_ops has been warned about in this process."""
+"""Classes whose decode_ops or decode_tables method has been warned about in this process."""
 
 
 def legacy_message(cls: type) -> str:
@@ -426,8 +415,17 @@ def legacy_message(cls: type) -> str:
     )
 
 
-def _legacy(cls: type) -> Lowering:
+def _warn_once(cls: type, message: str) -> None:
+    if cls not in _warned:
+        _warned.add(cls)
+        warnings.warn(message, GptzooWarning, stacklevel=4)
+
+
+def _legacy(cls: type) -> Row | None:
     """The lowering of a class of the previous contract: its ``decode_ops`` method (and ``decode_depends``)."""
+    if "decode_ops" not in vars(cls):
+        return None
+    _warn_once(cls, legacy_message(cls))
 
     def lower(plan: DecodePlan, module: nn.Module, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -442,27 +440,33 @@ def _legacy(cls: type) -> Lowering:
                 '(docs/plugins.md, "Fast CPU decoding")'
             ) from None
 
-    return Lowering(lower, tuple(getattr(cls, "decode_depends", ())), f"{class_key(cls)}.decode_ops")
+    origin = Provenance(f"{class_key(cls)}.decode_ops", cls.__module__, "(contract 1)")
+    return Row(class_key(cls), "", lower, origin, tuple(getattr(cls, "decode_depends", ())))
+
+
+def _legacy_tables(cls: type) -> Row | None:
+    """The rotary tables of a rotation of contract 6 or before: its ``decode_tables()`` method."""
+    if "decode_tables" not in vars(cls):
+        return None
+    _warn_once(
+        cls,
+        f"{class_key(cls)} gives its rotary tables with a decode_tables method, the form before plugin contract 7; "
+        "register them from the plugin's register_rotary_tables(register) hook instead: register(Class, tables), "
+        'where tables(rotary) returns what decode_tables() returns (docs/plugins.md, "Fast CPU decoding")',
+    )
+    return Row(class_key(cls), "", lambda rotary: rotary.decode_tables(), BUILTIN)
 
 
 class Lowerings:
-    """Class reference -> :class:`Lowering`: the built-in ones, then those the registry's plugins
-    registered (a plugin's lowering of a class that has a built-in one replaces it only with
+    """The lowerings and rotary tables a plan reads: the built-in rows, then those the registry's plugins
+    registered (gptzoo.class_table: a plugin's row for a class gptzoo lowers replaces gptzoo's only with
     ``override=True``; without, lowering that class is refused, naming both)."""
 
     def __init__(self, registry: Registry | None = None) -> None:
-        self.table: dict[str, Lowering] = dict(BUILTIN)
-        self.conflicts: dict[str, str] = {}
-        for entry in registry.lowerings.values() if registry is not None else ():
-            if entry.key in BUILTIN and not entry.override:
-                self.conflicts[entry.key] = (
-                    f"{entry.key} has a lowering of gptzoo's and one registered by {entry.provenance}; register that "
-                    "one with override=True to replace gptzoo's"
-                )
-                continue
-            self.table[entry.key] = Lowering(entry.target, entry.depends, str(entry.provenance))
+        self.table = ClassTable.of(LOWERINGS, BUILTIN_LOWERINGS, registry)
+        self.rotary = ClassTable.of(ROTARY_TABLES, BUILTIN_ROTARY_TABLES, registry)
 
-    def find(self, module: nn.Module) -> Lowering:
+    def find(self, module: nn.Module) -> Lower:
         """The lowering of ``module``: see the module docstring.
 
         Raises:
@@ -472,41 +476,42 @@ class Lowerings:
         cls = type(module)
         if not runs_its_class_forward(module):
             raise Unsupported(f"{cls.__name__} has forward hooks or a forward of its own")
-        for owner in cls.__mro__:
-            key = class_key(owner)
-            if key in self.conflicts:
-                raise Unsupported(self.conflicts[key])
-            if key in self.table:
-                lowering = self._loaded(key)
-                break
-            if "decode_ops" in vars(owner):
-                lowering = _legacy(owner)
-                if owner not in _warned:
-                    _warned.add(owner)
-                    warnings.warn(legacy_message(owner), GptzooWarning, stacklevel=2)
-                break
-        else:
+        match = self.table.find(cls, legacy=_legacy)
+        if match is None:
             raise Unsupported(f"{cls.__module__}.{cls.__qualname__} has no decode lowering")
-        for c in cls.__mro__[: cls.__mro__.index(owner)]:
-            changed = [name for name in ("forward", *lowering.depends) if name in vars(c)]
-            if changed:
-                raise Unsupported(
-                    f"{c.__name__} overrides {changed[0]} of {owner.__name__}, whose lowering would not describe it"
-                )
-        return lowering
+        if match.conflict is not None:
+            raise Unsupported(
+                f"{match.row.key} has a lowering of gptzoo's and one registered by {match.conflict.provenance}; "
+                "register that one with override=True to replace gptzoo's"
+            )
+        if changed := match.changed(cls):
+            c, name = changed
+            raise Unsupported(
+                f"{c.__name__} overrides {name} of {match.owner.__name__}, whose lowering would not describe it"
+            )
+        return self._loaded(self.table, match.row, "lowering")
 
-    def _loaded(self, key: str) -> Lowering:
-        """The lowering of ``key``, a plugin's registered by reference imported now."""
-        lowering = self.table[key]
-        if not isinstance(lowering.lower, Reference):
-            return lowering
-        what = f"the lowering of {key} registered by {lowering.origin} as {str(lowering.lower)!r}"
-        lower = lowering.lower.load(lambda raised: Unsupported(f"{what} cannot be imported: {raised}; fix the plugin"))
-        if not callable(lower):
-            raise Unsupported(f"{what} is not callable; fix the plugin")
-        self.table[key] = lowering = Lowering(lower, lowering.depends, lowering.origin)
-        return lowering
+    def rotary_tables(self, rotary: object) -> RotaryTables | None:
+        """How a step reads ``rotary``'s tables: by the row of the first class of its MRO that has one
+        (a plugin's, through register_rotary_tables, or its contract-6 ``decode_tables()``); None when
+        there is none, or a class below that one overrides ``apply``."""
+        match = self.rotary.find(type(rotary), legacy=_legacy_tables)
+        if match is None or match.changed(type(rotary)):
+            return None
+        return self._loaded(self.rotary, match.row, "rotary tables")
+
+    @staticmethod
+    def _loaded(table: ClassTable, row: Row, what: str) -> Any:
+        """The row's function, a plugin's registered by reference imported now (and kept)."""
+        if not isinstance(row.value, Reference):
+            return row.value
+        named = f"the {what} of {row.key} registered by {row.provenance} as {str(row.value)!r}"
+        value = row.value.load(lambda raised: Unsupported(f"{named} cannot be imported: {raised}; fix the plugin"))
+        if not callable(value):
+            raise Unsupported(f"{named} is not callable; fix the plugin")
+        table.rows[row.where] = replace(row, value=value)
+        return value
 
     def lower(self, plan: DecodePlan, module: nn.Module, *args: Any, **kwargs: Any) -> Any:
         """Append ``module``'s operations to ``plan`` with its lowering."""
-        return self.find(module).lower(plan, module, *args, **kwargs)
+        return self.find(module)(plan, module, *args, **kwargs)

@@ -16,21 +16,28 @@ minimum (5 bits a weight, 5/16 of bfloat16's bytes), each block's scale and mini
 least squared error (:func:`q4_blocks`); the head becomes an Int8Linear (:data:`HEADS`). A linear
 whose input width is not a multiple of 32 stays in float (said when the model loads).
 
-A component decides which of its linears may be quantized with a class attribute ``int8``
-(contract 4, gptzoo.hookspecs), which both precisions obey: True (the default) lets every nn.Linear
-inside it be, False none (they stay in the model's dtype), a tuple of names (``("c_fc", "c_proj")``,
-paths inside the component) those only. A linear is quantized unless a module around it keeps it.
+A plugin says which of its component's linears may be quantized with the ``register_quantized_linears``
+hook (contract 7, gptzoo.inference.hooks; rows of a gptzoo.class_table), which both precisions obey:
+True (the default, without a row) lets every nn.Linear inside it be, False none (they stay in the
+model's dtype), a tuple of paths inside the component (``("c_fc", "c_proj")``) those only. A linear is
+quantized unless a module around it keeps it. A component of contracts 4 to 6 said so with a class
+attribute ``int8``, still read, with one GptzooWarning per class.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gptzoo.errors import GptzooError
+from gptzoo.class_table import ClassTable, Row
+from gptzoo.errors import GptzooError, GptzooWarning
+from gptzoo.inference.hooks import QUANTIZED_LINEARS
 from gptzoo.inference.matvec import Q4_BLOCK, native_linear
 from gptzoo.plugin_code import linear_paths
+from gptzoo.registry import Provenance, Registry, class_key
 
 SLICE_ROWS = 4096
 """Rows of weight dequantized at a time for a long input (bounds the temporary memory)."""
@@ -189,15 +196,50 @@ def join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
 
-def kept_float(model: nn.Module) -> list[str]:
-    """The paths of the linears of ``model`` that a module around them keeps in float (its ``int8``)."""
+_warned: set[type] = set()
+
+
+def _int8_attribute(cls: type) -> Row | None:
+    """Which linears a component of contracts 4 to 6 lets be quantized: its class attribute ``int8``."""
+    if "int8" not in vars(cls):
+        return None
+    declared = vars(cls)["int8"]
+    if cls not in _warned:
+        _warned.add(cls)
+        warnings.warn(
+            f"{class_key(cls)} says which of its linears --dtype int8 and int4 may quantize with a class attribute "
+            "int8, the form before plugin contract 7; register it from the plugin's "
+            f"register_quantized_linears(register) hook instead: register({cls.__qualname__}, {declared!r}) "
+            "(docs/plugins.md, 'The contracts')",
+            GptzooWarning,
+            stacklevel=4,
+        )
+    return Row(class_key(cls), "", declared, Provenance(cls.__module__, cls.__module__, "contract 4"))
+
+
+def kept_float(model: nn.Module, registry: Registry | None = None) -> list[str]:
+    """The paths of the linears of ``model`` that a module around them keeps in float (its row of
+    register_quantized_linears, from ``registry``, default the model's own).
+
+    Raises:
+        GptzooError: a row names a path that is not one of its component's nn.Linear modules.
+    """
+    table = ClassTable.of(QUANTIZED_LINEARS, (), registry if registry is not None else getattr(model, "registry", None))
     kept: set[str] = set()
     for prefix, module in model.named_modules():
-        declared = getattr(type(module), "int8", True)
-        if declared is True:
+        match = table.find(type(module), legacy=_int8_attribute)
+        if match is None or match.row.value is True:
             continue
-        allowed = set() if declared is False else set(declared)
-        kept.update(join(prefix, path) for path in linear_paths(module) if path not in allowed)
+        linears = linear_paths(module)
+        allowed = set() if match.row.value is False else set(match.row.value)
+        unknown = sorted(allowed - set(linears))
+        if unknown:
+            raise GptzooError(
+                f"{match.row.provenance} registered the quantized linears of {match.row.key} as {match.row.value!r}, "
+                f"but {unknown[0]!r} is not one of its nn.Linear modules ({', '.join(linears) or 'it has none'}); "
+                "fix the plugin"
+            )
+        kept.update(join(prefix, path) for path in linears if path not in allowed)
     return [path for path in linear_paths(model) if path in kept]
 
 
@@ -212,7 +254,7 @@ def unfit(model: nn.Module, precision: str) -> list[str]:
     return [path for path in linear_paths(model) if not module_for(precision, path).fits(model.get_submodule(path))]
 
 
-def quantize(model: nn.Module, precision: str) -> int:
+def quantize(model: nn.Module, precision: str, registry: Registry | None = None) -> int:
     """Replace every plain nn.Linear of ``model`` (in place) by the module of ``precision`` (QUANTIZED, the
     head HEADS), but those its components keep in float (:func:`kept_float`) and those it cannot hold
     (:func:`unfit`); return how many were replaced.
@@ -221,7 +263,7 @@ def quantize(model: nn.Module, precision: str) -> int:
         GptzooError: a Linear's weights hold NaN or infinity (rounding would hide them), before
             anything is replaced.
     """
-    kept = set(kept_float(model)) | set(unfit(model, precision))
+    kept = set(kept_float(model, registry)) | set(unfit(model, precision))
     linears = [
         (join(prefix, name), parent, name, child)
         for prefix, parent in model.named_modules()

@@ -303,14 +303,14 @@ def check_gradients(subject: Subject) -> str:
 
 def check_int8(subject: Subject) -> str:
     """Under ``--dtype int8`` (every plain nn.Linear of the test model an Int8Linear, but those a
-    component keeps in float with its ``int8``) the component's forward runs and stays within
-    INT8_RTOL of float32's (relative to its norm)."""
+    component keeps in float: gptzoo.inference.hooks.register_quantized_linears) the component's forward
+    runs and stays within INT8_RTOL of float32's (relative to its norm)."""
     model, module = subject.module()
     x = harness.model_input(subject.kind, PLAIN.n_embd, generator())
     with torch.no_grad():
         expected = forward(subject, model, module, x).float()
     q_model, q_module, target = in_copy(subject)
-    quantize(target, "int8")
+    quantize(target, "int8", subject.registry)
     quantized = sum(type(m) is Int8Linear for m in q_module.modules())
     try:
         with torch.no_grad():
@@ -318,14 +318,15 @@ def check_int8(subject: Subject) -> str:
     except Exception as exc:
         raise Failed(
             f"under --dtype int8 its forward raised {harness.one_line(describe_exception(exc))}: call its linears "
-            "(an Int8Linear's weight reads as the dequantized weight), or declare int8 = False on it (or the "
-            "names of the linears it may have quantized)"
+            "(an Int8Linear's weight reads as the dequantized weight), or register its quantized linears as False "
+            "(or the paths of those it may have quantized) with register_quantized_linears"
         ) from None
     error = float((got - expected).norm() / expected.norm().clamp_min(1e-12))
     if not got.isfinite().all() or not error <= INT8_RTOL:
         raise Failed(
             f"under --dtype int8 its forward is {error:.3g} away from float32's (relative), more than int8's rounding "
-            f"({INT8_RTOL}) explains: read each linear's weight through the linear, or keep it in float with int8"
+            f"({INT8_RTOL}) explains: read each linear's weight through the linear, or keep it in float with "
+            "register_quantized_linears"
         )
     return f"{quantized} linear{'s' if quantized != 1 else ''} in int8, {error:.1e} from float32"
 

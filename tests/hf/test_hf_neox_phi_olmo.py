@@ -360,8 +360,7 @@ TWO_TYPES = SMALL + 'layer_pattern = ["a", "b"]\n[model.layer_types.a]\n[model.l
         (
             "phi3",
             'extends = "phi-3-mini"\n' + SMALL + "bias = true\n",
-            "bias=true (Phi-3 has no biases); attention 'sliding_window' (its 'phi3' layout refuses its parameters: "
-            "Phi3ForCausalLM has no equivalent of it); mlp 'gated' (its 'phi3' layout refuses its parameters: "
+            "bias=true (Phi-3 has no biases); mlp 'gated' (its 'phi3' layout refuses its parameters: "
             "Phi3ForCausalLM has no equivalent of it)",
         ),
         (

@@ -273,7 +273,7 @@ def test_a_malformed_layout_registration_fails_its_plugin_only(
     (info,) = [p for p in registry.plugins if p.distribution == "gptzoo-fake-badlayout"]
     assert info.status == "failed"
     assert info.error == f"gptzoo_fake_badlayout (gptzoo-fake-badlayout 1.0) {error}"
-    assert "rmsnorm" in registry.names("norm") and registry.hf_layouts == []
+    assert "rmsnorm" in registry.names("norm") and registry.rows["register_hf_layouts"] == []
 
 
 @pytest.mark.parametrize("override", [False, True])

@@ -23,8 +23,9 @@ from gptzoo.errors import GptzooError, GptzooWarning
 from gptzoo.inference import engine as engine_module
 from gptzoo.inference import matvec
 from gptzoo.inference.decode_plan import compile_step
-from gptzoo.inference.generate import SPLIT, DecodePath, EagerComponent, generate, plan_generation
+from gptzoo.inference.generate import generate, plan_generation
 from gptzoo.inference.native import library
+from gptzoo.inference.paths import SPLIT, DecodePath, EagerComponent
 from gptzoo.inference.quantize import quantize
 from gptzoo.tokenizer import load_tokenizer
 
@@ -228,7 +229,9 @@ def test_a_rotation_that_changes_apply_is_refused() -> None:
 
     rope.__class__ = FlippedRoPE
     step, why = compile_step(model, model.init_cache(1, 8), 1)
-    assert step is None and why == "Flipped (from FlippedRoPE) has no decode_tables"
+    assert step is None and why == (
+        "Flipped (from FlippedRoPE) has no rotary tables (a plugin registers them with register_rotary_tables)"
+    )
 
 
 @torch.no_grad()
@@ -479,7 +482,7 @@ def test_a_plugin_component_decodes_natively_through_the_lowering_it_registers(
 ) -> None:
     model = plugin_model(fake_site, unitnorm(by_reference=by_reference), "model.norm=unitnorm")
     assert type(model.ln_f).__module__ == "gz_unitnorm"
-    (entry,) = model.registry.lowerings.values()
+    (entry,) = model.registry.rows["register_decode_lowerings"]
     assert entry.key == "gz_unitnorm:UnitNorm" and entry.provenance.distribution == "gptzoo-fake-unitnorm"
     with warnings.catch_warnings():
         warnings.simplefilter("error", GptzooWarning)
@@ -626,9 +629,10 @@ def test_two_plugins_lowering_one_class_is_an_error_naming_both_unless_the_later
         "the lowering of gptzoo_plugins._norms:RMSNorm is registered by both gz_lower_a (gptzoo-fake-lower_a 1.0) "
         "and gz_lower_b (gptzoo-fake-lower_b 1.0); register the later one with override=True"
     ) in failed.error
-    assert registry.lowerings["gptzoo_plugins._norms:RMSNorm"].provenance.plugin == "gz_lower_a"
+    (entry,) = registry.rows["register_decode_lowerings"]
+    assert entry.key == "gptzoo_plugins._norms:RMSNorm" and entry.provenance.plugin == "gz_lower_a"
     fake_site.add("lower_c", "gz_lower_c", LOWERS_RMSNORM.format(override=True))
-    entry = gptzoo.get_registry().lowerings["gptzoo_plugins._norms:RMSNorm"]
+    (entry,) = gptzoo.get_registry().rows["register_decode_lowerings"]
     assert entry.provenance.plugin == "gz_lower_c" and entry.overrides.plugin == "gz_lower_a"
 
 
@@ -662,7 +666,11 @@ def test_components_hold_no_lowering_nor_layout_and_import_nothing_of_inference_
 @pytest.mark.parametrize(
     ("call", "problem"),
     [
-        ("register(42, lambda *a: None)", "registered a lowering for 42; name the component's class"),
+        (
+            "register(42, lambda *a: None)",
+            "registered a lowering for 42, which is neither a class nor a reference 'module:Class'; pass the "
+            "component's class",
+        ),
         ('register("gz_bad:Thing", 3)', "registered the lowering of gz_bad:Thing with a lowering that is not callable"),
         ('register("gz_bad:Thing", "not a reference")', "with a reference that is not 'module:attribute'"),
         ('register("gz_bad:Thing", "gz_bad:lower", depends=("not a name",))', "with depends that are not method"),
@@ -673,7 +681,7 @@ def test_a_malformed_lowering_registration_fails_its_plugin(fake_site: FakeSite,
     registry = gptzoo.get_registry()
     (failed,) = registry.failed
     assert failed.distribution == "gptzoo-fake-bad" and problem in failed.error
-    assert registry.lowerings == {}
+    assert registry.rows["register_decode_lowerings"] == []
 
 
 @torch.no_grad()

@@ -590,6 +590,7 @@ def test_a_component_that_breaks_on_int8_linears_is_refused_in_one_line(
     capsys.readouterr()
     assert run_error(capsys, *argv, "--dtype", "int8") == (
         "error: mlp 'routed_moe' from gptzoo_fake_frontier (gptzoo-fake-frontier 1.0) failed under --dtype int8 (its "
-        "nn.Linear modules quantized): TypeError: the fused path needs nn.Linear; declare int8 = False on it, or the "
-        "names of the linears it may have quantized (gptzoo.hookspecs, contract 4), or load it in float32 or bfloat16"
+        "nn.Linear modules quantized): TypeError: the fused path needs nn.Linear; register its quantized linears as "
+        "False, or the paths of those it may have quantized (register_quantized_linears, gptzoo.inference.hooks), or "
+        "load it in float32 or bfloat16"
     )

@@ -128,8 +128,8 @@ def test_a_component_that_cannot_run_on_int8_linears_fails_the_int8_check(fake_s
     assert result("mlp", "routed_moe", "int8") == (
         "failed",
         "under --dtype int8 its forward raised TypeError: the fused path needs nn.Linear: call its linears (an "
-        "Int8Linear's weight reads as the dequantized weight), or declare int8 = False on it (or the names of the "
-        "linears it may have quantized)",
+        "Int8Linear's weight reads as the dequantized weight), or register its quantized linears as False (or the "
+        "paths of those it may have quantized) with register_quantized_linears",
     )
 
 
