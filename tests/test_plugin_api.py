@@ -18,9 +18,9 @@ import torch
 from fakedist import RING_WINDOW, FakeSite, rmsnorm_replacement
 
 import gptzoo
-from gptzoo.moves import MOVES, Move, move_message
 from gptzoo.errors import GptzooWarning, PluginError, RecipeError
 from gptzoo.hookspecs import CONTRACT_VERSION
+from gptzoo.moves import MOVES, Move, move_message
 from gptzoo.plugin_manager import gptzoo_version
 
 REPO = Path(__file__).resolve().parents[1]
@@ -309,7 +309,7 @@ def test_a_name_moved_out_of_interfaces_imports_from_the_old_path_with_one_warni
 
 
 def test_the_moves_are_the_compat_table_and_interfaces_keeps_only_the_contract() -> None:
-    from gptzoo import compat, interfaces
+    from gptzoo import interfaces
 
     assert [(m.name, m.old, m.new, m.version) for m in MOVES if m.old == "gptzoo.interfaces"] == [
         (name, "gptzoo.interfaces", home, 2) for name, home in MOVED
