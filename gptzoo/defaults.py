@@ -15,8 +15,8 @@ SEED_LIMIT = 2**64
 
 @dataclass(frozen=True)
 class Precision:
-    """A precision a model runs in (``dtype=`` of gptzoo.load_model, ``--dtype``): the dtype of its
-    weights, activations and KV cache, and whether its Linear layers hold quantized weights."""
+    """A precision: the dtype of a model's weights, activations and KV cache, whether its Linear layers
+    hold quantized weights, and where gptzoo takes it."""
 
     name: str
     dtype: str
@@ -24,21 +24,33 @@ class Precision:
     quantized: bool = False
     """Every plain nn.Linear becomes the module gptzoo.inference.quantize.QUANTIZED has for this precision's
     name (int8: an Int8Linear, int4: an Int4Linear); the rest stays in ``dtype``."""
+    runs: bool = True
+    """A model runs in it: ``dtype=`` of gptzoo.load_model, ``--dtype`` of generate, eval and serve."""
+    trains: bool = False
+    """A recipe's ``[train] precision``: the dtype training's autocast runs matmuls in (float16 with a
+    GradScaler, on CUDA only)."""
+    stored: bool = False
+    """Weights gptzoo reads may be held in it (a checkpoint's, Hugging Face's); other dtypes are refused."""
 
 
-PRECISIONS = {
-    p.name: p
-    for p in (
-        Precision("float32", "float32"),
-        Precision("bfloat16", "bfloat16"),
-        Precision("int8", "float32", quantized=True),
-        Precision("int4", "float32", quantized=True),
-    )
-}
-"""Every precision by name; ``generate --dtype`` and ``eval --dtype`` take each."""
+TABLE: tuple[Precision, ...] = (
+    Precision("float32", "float32", trains=True, stored=True),
+    Precision("bfloat16", "bfloat16", trains=True, stored=True),
+    Precision("float16", "float16", runs=False, trains=True, stored=True),
+    Precision("int8", "float32", quantized=True),
+    Precision("int4", "float32", quantized=True),
+)
+"""The one table of precisions; every list of dtypes below is read from it."""
+BY_NAME = {p.name: p for p in TABLE}
+PRECISIONS = {p.name: p for p in TABLE if p.runs}
+"""The precisions a model runs in, by name; ``generate --dtype`` and ``eval --dtype`` take each."""
 DTYPE_NAMES = tuple(name for name, p in PRECISIONS.items() if not p.quantized)
-"""The precisions that are plain dtypes: what ``compare --dtype`` takes (transformers runs them too) and
-``build`` sizes weights and KV cache in (gptzoo.model.summary.DTYPES)."""
+"""The precisions a model runs in that are plain dtypes: what ``compare --dtype`` takes (transformers runs
+them too) and ``build`` sizes weights and KV cache in (gptzoo.model.summary.DTYPES)."""
+TRAIN_PRECISIONS = tuple(p.name for p in TABLE if p.trains)
+"""What a recipe's ``[train] precision`` may be."""
+WEIGHT_DTYPES = tuple(p.name for p in TABLE if p.stored)
+"""The dtypes of the weights gptzoo reads (by torch name); float64, float8, float4 and integers are refused."""
 
 
 def precision(value: object) -> Precision:

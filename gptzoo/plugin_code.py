@@ -32,11 +32,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from gptzoo import compat
+from gptzoo.defaults import WEIGHT_DTYPES
 from gptzoo.errors import GptzooError, ParameterError, PluginError, exception_text
 from gptzoo.hookspecs import CONTRACTS
 from gptzoo.plugin_manager import describe_raised, exit_guard
 from gptzoo.registry import GPTZOO_DISTRIBUTION, Entry, Reference, Registry, culprit, fix, show_plain
-from gptzoo.untrusted import WEIGHT_DTYPES, WEIGHT_DTYPES_TEXT, dtype_name
+from gptzoo.untrusted import WEIGHT_DTYPES_TEXT, dtype_name
 
 if TYPE_CHECKING:
     import torch

@@ -18,11 +18,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from gptzoo.defaults import WEIGHT_DTYPES
 from gptzoo.errors import CheckpointError
 
-WEIGHT_DTYPES = ("float32", "bfloat16", "float16")
-"""The dtypes of the weights gptzoo reads (by torch name); float64, float8, float4 and integers are refused."""
-WEIGHT_DTYPES_TEXT = "float32, bfloat16 or float16"
+WEIGHT_DTYPES_TEXT = f"{', '.join(WEIGHT_DTYPES[:-1])} or {WEIGHT_DTYPES[-1]}"
+"""gptzoo.defaults.WEIGHT_DTYPES as a message names them: "float32, bfloat16 or float16"."""
 
 
 def dtype_name(dtype: object) -> str:

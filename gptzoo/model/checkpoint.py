@@ -26,6 +26,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from gptzoo.atomic import new_directory
+from gptzoo.defaults import WEIGHT_DTYPES
 from gptzoo.errors import CheckpointError, Interrupted
 from gptzoo.model.build import build_model
 from gptzoo.model.gpt import GPT
@@ -37,7 +38,6 @@ from gptzoo.registry import Registry, default_registry
 from gptzoo.tokenizer import HF_TOKENIZER_SAVED
 from gptzoo.untrusted import (
     TOKENIZER_CONFIG,
-    WEIGHT_DTYPES,
     WEIGHT_DTYPES_TEXT,
     check_tokenizer_config,
     check_utf8_path,

@@ -173,8 +173,6 @@ class WeightsSpec:
     """A Hugging Face checkpoint: a directory, a name gptzoo fetches, or a hub name."""
 
 
-PRECISIONS = ("float32", "bfloat16", "float16")
-"""float32; bfloat16 autocast (CPU and CUDA); float16 autocast with a GradScaler (CUDA only)."""
 PARALLELISMS = ("ddp", "fsdp")
 """Under torchrun: DDP (a replica per process) or FSDP2 (parameters sharded with fully_shard)."""
 ON_NONFINITE = ("stop", "skip")

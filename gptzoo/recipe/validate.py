@@ -23,7 +23,7 @@ from dataclasses import MISSING, fields
 from typing import Any, get_type_hints
 
 from gptzoo import plugin_code
-from gptzoo.defaults import TOKENIZER_NAMES
+from gptzoo.defaults import TOKENIZER_NAMES, TRAIN_PRECISIONS
 from gptzoo.errors import (
     AmbiguousComponentError,
     ComponentLookupError,
@@ -49,7 +49,6 @@ from gptzoo.recipe.schema import (
     ON_NONFINITE,
     ORIGIN,
     PARALLELISMS,
-    PRECISIONS,
     PROVENANCE,
     SAMPLERS,
     SECTIONS,
@@ -581,7 +580,11 @@ class _Validator:
         lr, min_lr = values.get("lr", TrainSpec.lr), values.get("min_lr", TrainSpec.min_lr)
         if all(math.isfinite(x) and x >= 0 for x in (lr, min_lr)) and min_lr > lr:
             self.problems.append(f"[train] min_lr={min_lr} is above lr={lr}")
-        for key, choices in (("precision", PRECISIONS), ("on_nonfinite", ON_NONFINITE), ("parallel", PARALLELISMS)):
+        for key, choices in (
+            ("precision", TRAIN_PRECISIONS),
+            ("on_nonfinite", ON_NONFINITE),
+            ("parallel", PARALLELISMS),
+        ):
             if key in values and values[key] not in choices:
                 hint = did_you_mean(values[key], list(choices))
                 self.problems.append(

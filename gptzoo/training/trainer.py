@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from gptzoo.defaults import BY_NAME
 from gptzoo.errors import CheckpointError, GptzooError, Interrupted, NonFiniteError, RecipeError, exception_text
 from gptzoo.fetch import FETCHABLE
 from gptzoo.flops import train_flops_per_token
@@ -262,8 +263,9 @@ def _setting(section: dict[str, Any], key: str) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-PRECISION_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-"""train.precision -> the dtype its matmuls run in."""
+def precision_dtype(precision: str) -> torch.dtype:
+    """train.precision -> the dtype its matmuls run in (gptzoo.defaults.TABLE)."""
+    return getattr(torch, BY_NAME[precision].dtype)
 
 
 @contextmanager
@@ -272,7 +274,7 @@ def autocast(precision: str, device: torch.device) -> Iterator[None]:
     if precision == "float32":
         yield
         return
-    with torch.autocast(device.type, dtype=PRECISION_DTYPES[precision]):
+    with torch.autocast(device.type, dtype=precision_dtype(precision)):
         yield
 
 
@@ -351,7 +353,7 @@ def matmul_size(device: torch.device) -> int:
 
 def measure_peak_flops(device: torch.device, precision: str) -> float:
     """FLOP/s of a large matmul in the training precision: the peak MFU is measured against."""
-    dtype = PRECISION_DTYPES[precision]
+    dtype = precision_dtype(precision)
     n = matmul_size(device)
     generator = torch.Generator(device=device).manual_seed(0)  # the global RNG is the run's, not this probe's
     a = torch.randn(n, n, device=device, dtype=dtype, generator=generator)

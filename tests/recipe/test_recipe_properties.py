@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import gptzoo
+from gptzoo.defaults import TRAIN_PRECISIONS
 from gptzoo.errors import GptzooError, RecipeError
 from gptzoo.hookspecs import CONTRACTS
 from gptzoo.model.summary import parameter_counts
@@ -31,7 +32,6 @@ from gptzoo.recipe.schema import (
     NORM_PLACEMENTS,
     ON_NONFINITE,
     PARALLELISMS,
-    PRECISIONS,
     SECTIONS,
     TOP_LEVEL_KEYS,
     Component,
@@ -163,7 +163,7 @@ def valid_recipes(draw: st.DrawFn, registry: gptzoo.Registry) -> dict[str, Any]:
             "eps": st.floats(0, 1e300, exclude_min=True),  # AdamW divides by it
             "weight_decay": st.floats(0, 10),
             "grad_clip": st.floats(0, 1e6),
-            "precision": st.sampled_from(PRECISIONS),
+            "precision": st.sampled_from(TRAIN_PRECISIONS),
             "compile": st.booleans(),
             "eval_every": st.integers(0, INT64_MAX),
             "eval_batches": count,
