@@ -29,7 +29,7 @@ from gptzoo.atomic import check_new_directory
 from gptzoo.defaults import precision
 from gptzoo.errors import CheckpointError, GptzooError, Interrupted, suggest
 from gptzoo.hf.convert import check_recipe_matches, hf_recipe, load_hf
-from gptzoo.hf.files import locate
+from gptzoo.hf.files import Checkpoint, open_checkpoint
 from gptzoo.inference.quantize import kept_float, quantize, unfit
 from gptzoo.model.build import build_model
 from gptzoo.model.checkpoint import FILES as CHECKPOINT_FILES
@@ -82,7 +82,7 @@ def resolve_recipe(
     overrides: Sequence[str] = (),
     registry: Registry | None = None,
     need_weights: bool = False,
-) -> tuple[Recipe, str | Path | None]:
+) -> tuple[Recipe, str | Path | Checkpoint | None]:
     """The recipe (given, or derived from the Hugging Face checkpoint ``hf``) with ``overrides``,
     and where its weights come from: ``hf``, else the recipe's [weights] hf, else None.
 
@@ -94,8 +94,8 @@ def resolve_recipe(
         raise GptzooError("give a RECIPE, or --hf DIR|NAME to derive one from a Hugging Face checkpoint")
     if recipe is None:
         with _near_names(hf):
-            resolved = hf_recipe(hf, overrides, registry=registry)
-        return resolved, hf
+            checkpoint = open_checkpoint(hf)
+        return hf_recipe(checkpoint, overrides, registry=registry), checkpoint
     if isinstance(recipe, Recipe):
         resolved = override_recipe(recipe, overrides, registry=registry) if overrides else recipe
     else:
@@ -362,9 +362,9 @@ def _load_model(
             check_recipe_matches(resolved, hf_recipe(hf, registry=registry), registry)
         return Loaded(build_model(resolved, device="meta", registry=registry), resolved, "none (meta device)")
     if source is not None and (recipe_weights or hf is not None):
-        path = locate(source)
-        model = load_hf(path, resolved, device=device, dtype=dtype, registry=registry)
-        return Loaded(model, resolved, f"Hugging Face checkpoint {path}", hf_dir=path)
+        checkpoint = open_checkpoint(source)
+        model = load_hf(checkpoint, resolved, device=device, dtype=dtype, registry=registry)
+        return Loaded(model, resolved, f"Hugging Face checkpoint {checkpoint.path}", hf_dir=checkpoint.path)
     dev = torch.device(device) if device is not None else torch.get_default_device()
     if seed is None:
         model = build_model(resolved, device=dev, dtype=dtype, registry=registry)

@@ -464,3 +464,18 @@ def test_an_interrupted_initialization_says_nothing_was_written(
     assert main(["build", "gpt2-tiny", "--out", str(out)]) == 130
     assert capsys.readouterr().err == f"interrupted: nothing was written to {out}\n"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_loading_hf_reads_config_json_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--hf DIR`` finds the checkpoint and reads its config.json one time: the recipe derived from it, the
+    check of that recipe and the family that maps the tensors all read the one gptzoo.hf.files.Checkpoint."""
+    from gptzoo.hf import files
+
+    model = gptzoo.build_model(gptzoo.load_recipe("llama-tiny"), device="cpu")
+    export_hf(model, tmp_path / "hf")
+    reads: list[Path] = []
+    read_config = files.read_config
+    monkeypatch.setattr(files, "read_config", lambda path: reads.append(path) or read_config(path))
+    loaded = gptzoo.load_model(hf=tmp_path / "hf", overrides=["model.attention=eager"])
+    assert reads == [tmp_path / "hf"]
+    assert loaded.model.recipe.model.attention.name == "eager"

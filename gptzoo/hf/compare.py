@@ -16,7 +16,7 @@ from torch import Tensor
 from gptzoo.defaults import DEFAULT_PROMPT
 from gptzoo.errors import CheckpointError
 from gptzoo.hf.convert import load_hf
-from gptzoo.hf.files import locate
+from gptzoo.hf.files import Checkpoint, open_checkpoint
 from gptzoo.inference.generate import check_lengths, check_prompts, encode_prompts, generate
 from gptzoo.model.gpt import GPT
 from gptzoo.recipe import Recipe, recipe_tokenizer
@@ -109,7 +109,7 @@ def logit_stats(ours: Tensor, theirs: Tensor) -> dict[str, float]:
 
 @torch.no_grad()
 def compare(
-    source: str | Path,
+    source: str | Path | Checkpoint,
     recipe: Recipe | None = None,
     *,
     prompts: Sequence[str | Sequence[int]] = (DEFAULT_PROMPT,),
@@ -127,8 +127,9 @@ def compare(
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    path = locate(source)
-    ours = load_hf(path, recipe, dtype=torch.float32 if adapter else dtype, registry=registry).eval()
+    checkpoint = open_checkpoint(source)
+    path = checkpoint.path
+    ours = load_hf(checkpoint, recipe, dtype=torch.float32 if adapter else dtype, registry=registry).eval()
     if adapter is not None:
         ours = adapter.gptzoo(ours, registry).to(dtype)
     hf_config(path)  # before the tokenizer, which transformers would load it for, and blame

@@ -18,10 +18,11 @@ import torch
 from torch import nn
 
 from gptzoo import plugin_code
+from gptzoo.defaults import WEIGHT_DTYPES
 from gptzoo.errors import CheckpointError, GptzooError, Interrupted, RecipeError, did_you_mean
 from gptzoo.hf.deepseek import DeepseekV2, DeepseekV3
 from gptzoo.hf.family import Family, NoEquivalentError, show
-from gptzoo.hf.files import locate, read_config, read_tensors, write_checkpoint
+from gptzoo.hf.files import Checkpoint, open_checkpoint, read_tensors, write_checkpoint
 from gptzoo.hf.gemma import Gemma2, Gemma3
 from gptzoo.hf.gpt2 import GPT2
 from gptzoo.hf.gpt_neox import GPTNeoX
@@ -42,7 +43,7 @@ from gptzoo.recipe import COMPONENT_KEYS, ModelSpec, Recipe, apply_overrides, en
 from gptzoo.recipe.schema import LAYER_TYPES
 from gptzoo.registry import Entry, Registry, default_registry
 from gptzoo.tokenizer import save_hf_tokenizer
-from gptzoo.untrusted import WEIGHT_DTYPES, WEIGHT_DTYPES_TEXT, dtype_name, first_few
+from gptzoo.untrusted import WEIGHT_DTYPES_TEXT, dtype_name, first_few
 
 FAMILIES: dict[str, Family] = {
     family.model_type: family
@@ -76,7 +77,6 @@ __all__ = [
     "family_for",
     "hf_recipe",
     "load_hf",
-    "locate",
 ]
 
 
@@ -94,11 +94,13 @@ def family_for(config: dict[str, Any], source: Path) -> Family:
     return FAMILIES[model_type]
 
 
-def hf_recipe(source: str | Path, overrides: Iterable[str] = (), *, registry: Registry | None = None) -> Recipe:
+def hf_recipe(
+    source: str | Path | Checkpoint, overrides: Iterable[str] = (), *, registry: Registry | None = None
+) -> Recipe:
     """The recipe equivalent to a checkpoint's config.json (unsupported fields are errors), with
     ``--set`` style overrides applied (e.g. ``model.attention=eager``)."""
-    path = locate(source)
-    config = read_config(path)
+    checkpoint = open_checkpoint(source)
+    path, config, source = checkpoint.path, checkpoint.config, checkpoint.source
     family = family_for(config, path)
     try:
         data = family.recipe_data(config)
@@ -186,7 +188,7 @@ def _show(value: Any) -> str:
 
 
 def load_hf(
-    source: str | Path,
+    source: str | Path | Checkpoint,
     recipe: Recipe | None = None,
     *,
     device: torch.device | str | None = None,
@@ -201,13 +203,14 @@ def load_hf(
         dtype: of the returned model; default: float32.
     """
     registry = registry if registry is not None else default_registry()
-    path = locate(source)
-    derived = hf_recipe(path, registry=registry)
+    checkpoint = open_checkpoint(source)
+    path = checkpoint.path
+    derived = hf_recipe(checkpoint, registry=registry)
     if recipe is None:
         recipe = derived
     else:
         check_recipe_matches(recipe, derived, registry)
-    family = family_for(read_config(path), path)
+    family = family_for(checkpoint.config, path)
     model = build_model(recipe, device="meta", registry=registry)
     rows = family.tensor_map(model, registry)
     tensors = read_tensors(path)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pickle
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,30 @@ from gptzoo.hf.family import show as family_show
 from gptzoo.model.checkpoint import copy_files, unshared
 from gptzoo.untrusted import NAME_LIMIT, check_utf8_path, checkpoint_file, pickle_refusal, read_json, supplies
 
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A Hugging Face checkpoint found and its config.json read, once: what hf_recipe, load_hf and compare
+    are handed, so that loading ``--hf DIR`` reads config.json one time."""
+
+    source: str
+    """As the user named it: a directory, a fetchable name or a hub name."""
+    path: Path
+    """Its local directory."""
+    config: dict[str, Any]
+
+    def __str__(self) -> str:
+        return self.source
+
+
+def open_checkpoint(source: str | Path | Checkpoint) -> Checkpoint:
+    """The checkpoint ``source`` names, its config.json read (one already open is returned as it is)."""
+    if isinstance(source, Checkpoint):
+        return source
+    path = locate(source)
+    return Checkpoint(str(source), path, read_config(path))
+
+
 CONFIG = "config.json"
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -32,8 +57,10 @@ PYTORCH_BIN = "pytorch_model.bin"
 HUB_FILES = ["config.json", "*.safetensors", "*.json", "*.txt", "*.model", "tokenizer*"]
 
 
-def locate(source: str | Path) -> Path:
+def locate(source: str | Path | Checkpoint) -> Path:
     """The local directory of a checkpoint, by path, fetchable name or hub name."""
+    if isinstance(source, Checkpoint):
+        return source.path
     text = str(source)
     if not text:
         raise CheckpointError("an empty checkpoint name; give a directory, a fetchable name or a hub name")
