@@ -3,10 +3,10 @@
 A lowering is a function ``lower(plan, module, src, dst, **kwargs)`` that appends the operations
 of one module to a step's plan (gptzoo.inference.plan.DecodePlan, implemented by
 gptzoo.inference.decode_plan.NativePlan; native/step.c runs them), the module's children through
-``plan.call``. It is keyed by the class it lowers, ``"module:Qualname"``: the built-in ones in
-:data:`BUILTIN`, by reference, so that the decoder imports no component's module; a plugin
-registers one for its own component with the ``register_decode_lowerings`` hook
-(gptzoo.hookspecs), collected by the registry. Norms, mlps and linear layers take ``src`` and
+``plan.call``. It is keyed by the class it lowers, ``"module:Qualname"`` (a gptzoo.class_table): the
+built-in ones in :data:`BUILTIN_LOWERINGS`, by reference, so that the decoder imports no component's
+module; a plugin registers one for its own component with the ``register_decode_lowerings`` hook
+(gptzoo.inference.hooks), collected by the registry. Norms, mlps and linear layers take ``src`` and
 ``dst`` Buffers; activations also ``gated``; attentions (and blocks) also ``position`` (the step's
 PositionStep) and ``cache`` (the layer's); the model's lowering takes the KV cache and returns the
 buffer of the logits.
@@ -17,17 +17,22 @@ attention's ``attend``), or the module has forward hooks or a forward of its own
 refuses it, with the reason, and the module runs its eager forward within the step (a split plan,
 gptzoo.inference.decode_plan) or the model decodes with its eager forward (a strict one). A block (PreNormBlock and
 its shapes) is lowered from its own forward, traced once per class (torch.fx) into calls of its
-parts and sums, so its dataflow is written once. A component of the previous contract, a
+parts and sums, so its dataflow is written once; so is a compound component (the mlps, an expert:
+:func:`lower_traced`), whose forward splits, gates and clamps its parts' results as well, so that only
+leaf operations (linear layers, norms, activations, attentions, routing) keep lowerings written by hand.
+A plugin's compound gets the same by registering ``"gptzoo.inference.lowerings:lower_traced"`` for its
+class. A component of the previous contract, a
 ``decode_ops(plan, src, dst, ...)`` method on the class, is still lowered by that method, with one
 GptzooWarning per class saying how to register its lowering instead.
 """
 
 from __future__ import annotations
 
+import inspect
 import operator
 import warnings
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -94,32 +99,6 @@ def activation(name: str) -> Lower:
 
     lower.__name__ = lower.__qualname__ = f"lower_{name}"
     return lower
-
-
-def lower_dense_mlp(plan: DecodePlan, mlp: Any, src: Buffer, dst: Buffer) -> None:
-    h = plan.buffer(mlp.c_proj.in_features)
-    plan.call(mlp.c_fc, src, h)
-    plan.call(mlp.act, h, h, gated=False)
-    plan.call(mlp.c_proj, h, dst)
-
-
-def lower_gated_mlp(plan: DecodePlan, mlp: Any, src: Buffer, dst: Buffer) -> None:
-    d_ff = mlp.c_proj.in_features
-    gate_up, h = plan.buffer(2 * d_ff), plan.buffer(d_ff)
-    plan.call(mlp.c_fc, src, gate_up)
-    plan.call(mlp.act, gate_up, h, gated=True)
-    plan.call(mlp.c_proj, h, dst)
-
-
-def lower_expert(plan: DecodePlan, expert: Any, src: Buffer, dst: Buffer) -> None:
-    """An expert of a mixture: a dense or gated mlp, the gated one's gate and up clamped by its limit."""
-    h, a = plan.buffer(expert.c_fc.out_features), plan.buffer(expert.c_proj.in_features)
-    plan.call(expert.c_fc, src, h)
-    if expert.limit:
-        plan.clamp(h.cols(0, a.width), float("-inf"), expert.limit)
-        plan.clamp(h.cols(a.width, a.width), -expert.limit, expert.limit, shift=1.0)
-    plan.call(expert.act, h, a, gated=expert.gated)
-    plan.call(expert.c_proj, a, dst)
 
 
 ROUTER = "gptzoo_plugins._moe:Router"
@@ -319,6 +298,178 @@ def lower_block(
         plan.copy(x, out)
 
 
+_compounds: dict[tuple[Any, ...], tuple[torch.fx.Graph, dict[str, int]]] = {}
+"""A compound component's structure (:func:`_structure`) -> its forward as a graph, and each node's width."""
+
+
+def _structure(module: nn.Module, width: int) -> tuple[Any, ...]:
+    """What a compound's traced graph and widths depend on: its class, its plain attributes (a forward
+    branches on them: an expert's ``gated``), its parts' classes and tensor shapes, and its input's width."""
+    plain = tuple(sorted((k, v) for k, v in vars(module).items() if type(v) in (bool, int, float, str, type(None))))
+    parts = tuple(
+        (name, type(child), tuple((n, tuple(t.shape)) for n, t in (*child.named_parameters(), *child.named_buffers())))
+        for name, child in module.named_children()
+    )
+    return type(module), plain, parts, width
+
+
+class _Widths(torch.fx.Interpreter):
+    """Runs a traced forward on one row and records the width of each node's result."""
+
+    def __init__(self, module: torch.fx.GraphModule) -> None:
+        super().__init__(module)
+        self.widths: dict[str, int] = {}
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        result = super().run_node(n)
+        if isinstance(result, torch.Tensor) and result.dim():
+            self.widths[n.name] = result.shape[-1]
+        return result
+
+
+def _compound(module: nn.Module, width: int) -> tuple[torch.fx.Graph, dict[str, int]]:
+    """The compound's forward as a graph of calls of its parts, and each node's width, from one row of zeros
+    run through it (traced and run once per :func:`_structure`)."""
+    key = _structure(module, width)
+    if key not in _compounds:
+        tensors = [*module.parameters(), *module.buffers()]
+        dtype = next((t.dtype for t in tensors if t.is_floating_point()), torch.float32)
+        device = tensors[0].device if tensors else torch.device("cpu")
+        try:
+            graph = _Parts().trace(module)
+            probe = _Widths(torch.fx.GraphModule(module, graph))
+            with torch.no_grad():
+                probe.run(torch.zeros(1, width, dtype=dtype, device=device))
+        except Exception as exc:  # a forward that branches on its input, or calls what a trace cannot
+            raise Unsupported(f"{type(module).__name__}'s forward cannot be traced: {describe_exception(exc)}") from exc
+        _compounds[key] = (graph, probe.widths)
+    return _compounds[key]
+
+
+@dataclass(frozen=True)
+class _Deferred:
+    """A part's call left for its one user, ``part(a) * b``, to make one gated call of."""
+
+    module: nn.Module
+    src: Buffer
+
+
+def _halves(a: Buffer, b: Buffer) -> Buffer | None:
+    """The buffer whose first half is ``a`` and second half ``b``, or None when they are not that."""
+    if a.tensor is b.tensor and a.width == b.width and a.offset + a.width == b.offset:
+        return Buffer(a.tensor, a.offset, 2 * a.width)
+    return None
+
+
+def _split(node: torch.fx.Node) -> tuple[int, int] | None:
+    """(chunks, dim) of a ``chunk`` node, or None for another node."""
+    if not (node.op == "call_method" and node.target == "chunk") and node.target is not torch.chunk:
+        return None
+    chunks = node.args[1] if len(node.args) > 1 else node.kwargs.get("chunks")
+    dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
+    return (chunks, dim) if isinstance(chunks, int) and isinstance(dim, int) else None
+
+
+def _clamp(node: torch.fx.Node) -> tuple[float, float] | None:
+    """(low, high) of a ``clamp`` node (infinite where it sets no bound), or None for another node."""
+    if not (node.op == "call_method" and node.target == "clamp") and node.target is not torch.clamp:
+        return None
+    low = node.args[1] if len(node.args) > 1 else node.kwargs.get("min")
+    high = node.args[2] if len(node.args) > 2 else node.kwargs.get("max")
+    if not all(v is None or isinstance(v, (int, float)) for v in (low, high)):
+        return None
+    return float("-inf") if low is None else float(low), float("inf") if high is None else float(high)
+
+
+def _plain(plan: DecodePlan, part: nn.Module) -> dict[str, bool]:
+    """What a plain call of ``part`` passes: ``gated=False`` to a part whose lowering takes ``gated`` (an
+    activation's), nothing to the others."""
+    lowerings = getattr(plan, "lowerings", None)
+    try:
+        lower = lowerings.find(part) if isinstance(lowerings, Lowerings) else None
+        return {"gated": False} if lower is not None and "gated" in inspect.signature(lower).parameters else {}
+    except (Unsupported, TypeError, ValueError):
+        return {}
+
+
+def lower_traced(plan: DecodePlan, module: nn.Module, src: Buffer, dst: Buffer) -> None:
+    """A component made of others (an mlp, an expert) as its forward runs, traced (torch.fx) once per
+    structure: each part called on the buffer of its input; a ``chunk`` along the last dimension, the
+    columns of its parts; ``part(first half) * second half`` of a chunk, one gated call of the part (an
+    activation: act(gate) * up); a clamp (plus a number) on the columns it clamps, in place, when nothing
+    else reads them; each sum an ``add``; the result written to ``dst``. Anything else is refused, naming it
+    (the component then runs its eager forward within the step)."""
+    graph, widths = _compound(module, src.width)
+    name = type(module).__name__
+    inputs = [node for node in graph.nodes if node.op == "placeholder"]
+    if len(inputs) != 1:
+        plan.refuse(f"{name}'s forward takes {len(inputs)} arguments, not (x)")
+    (result,) = next(node for node in graph.nodes if node.op == "output").args
+    values: dict[torch.fx.Node, Any] = {inputs[0]: src}
+
+    def only_user(node: torch.fx.Node) -> torch.fx.Node | None:
+        return next(iter(node.users)) if len(node.users) == 1 else None
+
+    def out(node: torch.fx.Node) -> Buffer:
+        return dst if node is result else plan.buffer(widths[node.name])
+
+    for node in graph.nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        args, user = node.args, only_user(node)
+        given = [values.get(arg) for arg in node.all_input_nodes]
+        if any(value is None for value in given):
+            plan.refuse(f"{name}'s forward computes {node.format_node()}, which a traced lowering cannot")
+        if node.op == "call_module" and len(args) == 1 and not node.kwargs and isinstance(values[args[0]], Buffer):
+            part = module.get_submodule(str(node.target))
+            if user is not None and user.target is operator.mul and user.args[0] is node:
+                values[node] = _Deferred(part, values[args[0]])
+                continue
+            values[node] = out(node)
+            plan.call(part, values[args[0]], values[node], **_plain(plan, part))
+        elif (split := _split(node)) is not None and isinstance(values[args[0]], Buffer) and split[1] == -1:
+            whole, chunks = values[args[0]], split[0]
+            if whole.width % chunks:
+                plan.refuse(f"{name}'s forward splits {whole.width} columns into {chunks} chunks")
+            width = whole.width // chunks
+            values[node] = [whole.cols(i * width, width) for i in range(chunks)]
+        elif node.target is operator.getitem and isinstance(values[args[0]], list) and isinstance(args[1], int):
+            values[node] = values[args[0]][args[1]]
+        elif (bounds := _clamp(node)) is not None and isinstance(values[args[0]], Buffer):
+            if only_user(args[0]) is not node:
+                plan.refuse(f"{name}'s forward clamps {args[0].name}, which it also reads unclamped")
+            shift = user.args[1] if user is not None and user.target is operator.add and user.args[0] is node else 0
+            if isinstance(shift, (int, float)) and not isinstance(shift, bool) and shift:
+                values[node] = (values[args[0]], bounds)  # done with the shift by its user
+            else:
+                plan.clamp(values[args[0]], *bounds)
+                values[node] = values[args[0]]
+        elif node.target is operator.add and isinstance(values[args[0]], tuple) and isinstance(args[1], (int, float)):
+            view, (low, high) = values[args[0]]
+            plan.clamp(view, low, high, shift=float(args[1]))
+            values[node] = view
+        elif node.target is operator.add and all(isinstance(values.get(a), Buffer) for a in args):
+            values[node] = out(node)
+            plan.add(values[args[0]], values[args[1]], values[node])
+        elif (
+            node.target is operator.mul
+            and isinstance(values[args[0]], _Deferred)
+            and isinstance(values.get(args[1]), Buffer)
+            and (both := _halves(values[args[0]].src, values[args[1]])) is not None
+        ):
+            values[node] = out(node)
+            plan.call(values[args[0]].module, both, values[node], gated=True)
+        else:
+            plan.refuse(
+                f"{name}'s forward computes {node.format_node()}; a traced lowering takes calls of its parts, chunks, "
+                "part(first half) * second half, clamps and sums"
+            )
+    if values[result] is not dst:
+        if not isinstance(values[result], Buffer):
+            plan.refuse(f"{name}'s forward returns {result.format_node()}, which a traced lowering cannot")
+        plan.copy(values[result], dst)
+
+
 def lower_gpt(plan: DecodePlan, model: Any, cache: KVCache) -> Buffer:
     """A decoding step over ``cache``, as the model's forward computes one token per row; returns the
     buffer the logits (B, V) end in."""
@@ -368,9 +519,9 @@ BUILTIN_LOWERINGS: tuple[Row, ...] = _rows(
         "gptzoo_plugins._activations:ReLU": (activation("relu"), ()),
         "gptzoo_plugins._activations:SiLU": (activation("silu"), ()),
         "gptzoo_plugins._activations:QuickGELU": (activation("quick_gelu"), ()),
-        "gptzoo_plugins._mlps:DenseMLP": (lower_dense_mlp, ()),
-        "gptzoo_plugins._mlps:GatedMLP": (lower_gated_mlp, ()),
-        "gptzoo_plugins._moe:Expert": (lower_expert, ()),
+        "gptzoo_plugins._mlps:DenseMLP": (lower_traced, ()),
+        "gptzoo_plugins._mlps:GatedMLP": (lower_traced, ()),
+        "gptzoo_plugins._moe:Expert": (lower_traced, ()),
         "gptzoo_plugins._moe:MixtureOfExperts": (lower_moe, ("_chosen_experts",)),
         "gptzoo_plugins._attentions:CausalSelfAttention": (lower_causal_attention, ATTENTION_DEPENDS),
         "gptzoo_plugins._attentions:EagerSelfAttention": (lower_eager_attention, ATTENTION_DEPENDS),

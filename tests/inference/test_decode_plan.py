@@ -749,3 +749,77 @@ def test_gptzoo_generate_names_the_path_and_the_component_without_a_lowering(
     )
     assert main([*argv, "--set", "model.norm=unitnorm"]) == 0
     assert f"note: {SPLIT_MESSAGE}" in " ".join(capsys.readouterr().err.split())
+
+
+RESIDUAL_MLP = '''
+from torch import nn
+
+import gptzoo
+
+gptzoo_contract = 7
+
+
+class ResidualMLP(nn.Module):
+    """c_proj(act(c_fc(x))) + skip(x){extra_doc}"""
+
+    def __init__(self, d_model, d_ff, *, activation, bias):
+        super().__init__()
+        self.c_fc = nn.Linear(d_model, d_ff, bias=bias)
+        self.act = activation
+        self.c_proj = nn.Linear(d_ff, d_model, bias=bias)
+        self.skip = nn.Linear(d_model, d_model, bias=False)
+
+    def forward(self, x):
+        return {body}
+
+    def flops(self, batch, seq_len):
+        return {{"mlp": 2 * batch * seq_len * (self.c_fc.weight.numel() * 2 + self.skip.weight.numel())}}
+
+
+@gptzoo.hookimpl
+def register_mlps(register):
+    register("residual", ResidualMLP)
+
+
+@gptzoo.hookimpl
+def register_decode_lowerings(register):
+    register(ResidualMLP, "gptzoo.inference.lowerings:lower_traced")
+'''
+"""A plugin's compound mlp that registers gptzoo's traced lowering for itself, by reference."""
+
+
+def test_the_built_in_mlps_and_experts_have_no_lowering_of_their_own() -> None:
+    from gptzoo.inference.lowerings import BUILTIN_LOWERINGS, lower_traced
+
+    rows = {row.key: row.value for row in BUILTIN_LOWERINGS}
+    for key in ("gptzoo_plugins._mlps:DenseMLP", "gptzoo_plugins._mlps:GatedMLP", "gptzoo_plugins._moe:Expert"):
+        assert rows[key] is lower_traced, key
+
+
+def test_a_plugin_compound_decodes_natively_through_the_traced_lowering(
+    fake_site: FakeSite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = RESIDUAL_MLP.format(extra_doc="", body="self.c_proj(self.act(self.c_fc(x))) + self.skip(x)")
+    model = plugin_model(fake_site, source, "model.mlp=residual", "model.activation=gelu", module="gz_residual")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GptzooWarning)
+        eager, planned = decode_both(model, prompts(model, batch=2), steps=6)  # one native call: no eager part
+    assert_close(planned, eager)
+    assert_generates_through_the_plan(model, 8, monkeypatch)
+
+
+@torch.no_grad()
+def test_a_traced_compound_that_computes_what_the_plan_cannot_is_refused_naming_it(fake_site: FakeSite) -> None:
+    source = RESIDUAL_MLP.format(
+        extra_doc=", gated by sigmoid", body="self.c_proj(self.act(self.c_fc(x))) * x.sigmoid()"
+    )
+    model = plugin_model(fake_site, source, "model.mlp=residual", module="gz_sigmoid")
+    cache = model.init_cache(1, 8)
+    model(prompts(model), cache)
+    step, why = compile_step(model, cache, 1)
+    assert step is None and why == (
+        "ResidualMLP's forward computes %sigmoid : [num_users=1] = call_method[target=sigmoid](args = (%x,), kwargs "
+        "= {}); a traced lowering takes calls of its parts, chunks, part(first half) * second half, clamps and sums"
+    )
+    eager, planned = decode_both(model, prompts(model), steps=3, eager_parts=[why] * len(model.blocks))  # split: eager
+    assert_close(planned, eager)
