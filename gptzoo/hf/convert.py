@@ -297,6 +297,13 @@ def _export(model: GPT, out: Path, tokenizer_from: str | Path | None, registry: 
     copies = tokenizer_copies(tokenizer_from)
     config_fields.update(_special_token_ids(recipe, Path(tokenizer_from) if copies else None))
     state = model.state_dict()
+    unmapped = sorted(set(state) - {ours for ours, _, _ in rows} - ({"lm_head.weight"} if model.tied else set()))
+    if unmapped:
+        raise CheckpointError(
+            f"the model holds {first_few(unmapped)}, which a model of its recipe has not (adapters not merged, or a "
+            f"module changed after it was built), so {family.architecture} would not hold them; merge or remove "
+            f"them, then export (nothing was written to {out})"
+        )
     config = transformers.AutoConfig.for_model(
         family.model_type, **config_fields, architectures=[family.architecture], dtype=model.wte.weight.dtype
     )

@@ -52,7 +52,7 @@ def register_decode_lowerings(register: RegisterLowering) -> None:
             and one gptzoo lowers keeps gptzoo's lowering (the plan refuses it, naming both).
 
     A component without a lowering runs its eager forward between the native calls of each step
-    (generate's "native+eager" path, gptzoo.inference.generate.DecodePath). The previous
+    (generate's "native+eager" path, gptzoo.inference.paths.DecodePath). The previous
     contract, a ``decode_ops(plan, src, dst, ...)`` method on the class, still works, with one
     gptzoo.errors.GptzooWarning per class (docs/plugins.md, "Fast CPU decoding").
     """

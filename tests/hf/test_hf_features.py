@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from fakedist import FakeSite
 
 import gptzoo
-from gptzoo.hf import FAMILIES, NoEquivalentError
+from gptzoo.errors import CheckpointError
+from gptzoo.hf import FAMILIES, NoEquivalentError, export_hf
 from gptzoo.hf.llama import ATTENTION_FEATURES
 from gptzoo.model.build import assemble
 
@@ -64,3 +66,63 @@ def test_a_family_without_a_feature_s_field_refuses_it_by_that_field(tmp_path: P
     expresses = field in spec.known or field in spec.required or field in spec.per_layer or field in spec.implied
     assert (refusal in found) != expresses, found
     assert not any(reason.startswith("attention 'causal' (") for reason in found), found  # no layout's own refusal
+
+
+SCALED_MLP = '''
+import torch
+from torch import nn
+
+import gptzoo
+from gptzoo_plugins._mlps import GatedMLP
+
+gptzoo_contract = 7
+
+
+class ScaledMLP(GatedMLP):
+    """GatedMLP's output scaled per channel."""
+
+    def __init__(self, d_model, d_ff, *, activation, bias):
+        super().__init__(d_model, d_ff, activation=activation, bias=bias)
+        self.scale = nn.Parameter(torch.ones(d_model))
+
+    def forward(self, x):
+        return super().forward(x) * self.scale
+
+
+@gptzoo.hookimpl
+def register_mlps(register):
+    register("scaled", ScaledMLP)
+'''
+
+
+def test_a_parameter_no_layout_maps_is_refused_by_the_coverage_check_naming_it(
+    tmp_path: Path, fake_site: FakeSite
+) -> None:
+    """A plugin's subclass inherits its base's layout (the class table's MRO rule); a parameter that layout does
+    not map is refused on export by the one coverage check, by name, with nothing written."""
+    fake_site.add("scaled", "gz_scaled", SCALED_MLP)
+    registry = gptzoo.get_registry()
+    recipe = gptzoo.load_recipe("llama-tiny", ["model.mlp=scaled"], registry=registry)
+    model = gptzoo.build_model(recipe, registry=registry)
+    with pytest.raises(CheckpointError) as raised:
+        export_hf(model, tmp_path / "hf", registry=registry)
+    assert str(raised.value) == (
+        "the LlamaForCausalLM weight map does not cover ['blocks.0.mlp.scale', 'blocks.1.mlp.scale'] (and maps "
+        "unknown []); a component's layout is incomplete"
+    )
+    assert not (tmp_path / "hf").exists()
+
+
+def test_a_model_holding_more_than_its_recipe_builds_is_refused_not_exported_without_it(tmp_path: Path) -> None:
+    """export maps what a model of its recipe holds; a tensor added since (an adapter not merged) is refused by
+    name instead of being left out of the checkpoint."""
+    model = gptzoo.build_model(gptzoo.load_recipe("llama-tiny"), device="cpu")
+    model.blocks[1].mlp.scale = torch.nn.Parameter(torch.ones(4))
+    with pytest.raises(CheckpointError) as raised:
+        export_hf(model, tmp_path / "hf")
+    assert str(raised.value) == (
+        "the model holds blocks.1.mlp.scale, which a model of its recipe has not (adapters not merged, or a module "
+        "changed after it was built), so LlamaForCausalLM would not hold them; merge or remove them, then export "
+        f"(nothing was written to {tmp_path / 'hf'})"
+    )
+    assert not (tmp_path / "hf").exists()
