@@ -38,6 +38,7 @@ _API = {
     "build": "gptzoo.loader",
     "load_any": "gptzoo.loader",
     "load_model": "gptzoo.loader",
+    "quantize_model": "gptzoo.loader",
     "build_model": "gptzoo.model.build",
     "load_checkpoint": "gptzoo.model.checkpoint",
     "save_checkpoint": "gptzoo.model.checkpoint",
@@ -72,6 +73,7 @@ if TYPE_CHECKING:  # for type checkers and editors; `as` marks each as re-export
     from gptzoo.loader import build as build
     from gptzoo.loader import load_any as load_any
     from gptzoo.loader import load_model as load_model
+    from gptzoo.loader import quantize_model as quantize_model
     from gptzoo.model.build import build_model as build_model
     from gptzoo.model.checkpoint import load_checkpoint as load_checkpoint
     from gptzoo.model.checkpoint import save_checkpoint as save_checkpoint

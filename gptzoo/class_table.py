@@ -198,3 +198,16 @@ class ClassTable:
 
     def get(self, key: str, facet: str = "") -> Row | None:
         return self.rows.get((key, facet))
+
+    def value(self, row: Row, what: str, error: Callable[[str], Exception]) -> Any:
+        """The row's value; a function a plugin registered by reference ``"module:function"`` is imported now
+        (and kept), ``error(message)`` raised, naming the plugin and the reference, when it cannot be or is
+        not callable."""
+        if not isinstance(row.value, Reference):
+            return row.value
+        named = f"the {what} of {row.key} registered by {row.provenance} as {str(row.value)!r}"
+        value = row.value.load(lambda raised: error(f"{named} cannot be imported: {raised}; fix the plugin"))
+        if not callable(value):
+            raise error(f"{named} is not callable; fix the plugin")
+        self.rows[row.where] = replace(row, value=value)
+        return value

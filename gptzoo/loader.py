@@ -26,7 +26,7 @@ import torch
 from gptzoo.adapters.run import ADAPTER, read_spec
 from gptzoo.adapters.run import SPEC as FINETUNE_SPEC
 from gptzoo.atomic import check_new_directory
-from gptzoo.defaults import precision
+from gptzoo.defaults import PRECISIONS, precision
 from gptzoo.errors import CheckpointError, GptzooError, Interrupted, suggest
 from gptzoo.hf.convert import check_recipe_matches, hf_recipe, load_hf
 from gptzoo.hf.files import Checkpoint, open_checkpoint
@@ -292,6 +292,26 @@ INT8_REMEDY = (
     "register its quantized linears as False, or the paths of those it may have quantized "
     "(register_quantized_linears, gptzoo.inference.hooks), or load it in float32 or bfloat16"
 )
+
+
+def quantize_model(model: GPT, dtype: str, registry: Registry | None = None) -> tuple[str, ...]:
+    """Quantize a model already in memory, in place, to ``dtype`` ("int8" or "int4") as ``load_model(dtype=...)``
+    and ``--dtype`` do (a plugin's tests compare the float and quantized outputs of the same weights); one token
+    runs through it. Returns what a person should know: the linears kept in float. ``registry``: where the
+    plugins' quantized linears are registered (default: the model's own).
+
+    Raises:
+        GptzooError: ``dtype`` is not a quantized precision, or a component cannot run on quantized linears
+            (naming it).
+    """
+    chosen = precision(dtype)
+    if not chosen.quantized:
+        quantized = [name for name, p in PRECISIONS.items() if p.quantized]
+        raise GptzooError(
+            f"dtype {dtype!r} is not a quantized precision; give {' or '.join(quantized)} (a float dtype is "
+            "model.to(dtype))"
+        )
+    return _quantized(model, chosen.name, registry if registry is not None else getattr(model, "registry", None))
 
 
 def _quantized(model: GPT, precision: str, registry: Registry | None) -> tuple[str, ...]:

@@ -114,3 +114,9 @@ def test_the_scaffold_kinds_the_guide_describes_are_every_kind() -> None:
     section = GUIDE[GUIDE.index("## Start from a scaffold") : GUIDE.index("## The contracts")]
     described = re.findall(r"for\s+`(\w+)`", section)
     assert sorted(described) == sorted(KINDS)
+
+
+def test_the_native_batch_the_docs_state_is_the_code_s() -> None:
+    from gptzoo.inference.matvec import MAX_ROWS
+
+    assert f"a batch of up to {MAX_ROWS} rows (`MAX_ROWS`)" in " ".join(GUIDE.split())

@@ -479,3 +479,24 @@ def test_loading_hf_reads_config_json_once(tmp_path: Path, monkeypatch: pytest.M
     loaded = gptzoo.load_model(hf=tmp_path / "hf", overrides=["model.attention=eager"])
     assert reads == [tmp_path / "hf"]
     assert loaded.model.recipe.model.attention.name == "eager"
+
+
+def test_a_model_in_memory_is_quantized_as_load_model_does() -> None:
+    """gptzoo.quantize_model: the same weights in float and int8, side by side (what a plugin's tests compare)."""
+    from gptzoo.inference.quantize import Int8Linear
+
+    model = gptzoo.build_model(gptzoo.load_recipe("llama-tiny"), device="cpu").eval()
+    idx = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        before = model(idx)
+    assert gptzoo.quantize_model(model, "int8") == ()
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears == [] and sum(isinstance(m, Int8Linear) for m in model.modules()) == 2 * 4 + 1
+    with torch.no_grad():
+        after = model(idx)
+    assert 0 < float((after - before).abs().max()) < 0.05 * float(before.abs().max())
+    with pytest.raises(GptzooError) as raised:
+        gptzoo.quantize_model(model, "bfloat16")
+    assert str(raised.value) == (
+        "dtype 'bfloat16' is not a quantized precision; give int8 or int4 (a float dtype is model.to(dtype))"
+    )

@@ -38,9 +38,10 @@ def register_hf_layouts(register: RegisterHFLayout) -> None:
     ``register(component, layout, *, weights, config=None, children=(), override=False)``:
         component: the component's class, or its reference ``"module:Class"``; a subclass without a
             layout of its own uses its nearest base class's.
-        layout: how a family names and stores its parts: "gpt2" (GPT2LMHeadModel), "llama"
+        layout: how a family names and stores its parts (gptzoo.hf.family.Family.layout): "gpt2", "llama"
             (LlamaForCausalLM and the families stored as it is: Gemma 2 and 3, Qwen2 and 3, Mistral,
-            OLMo 2), "gpt_neox" (GPTNeoXForCausalLM), "phi3" (Phi3ForCausalLM).
+            OLMo 2), "gpt_neox", "phi3", and the mixtures' own ("mixtral", "deepseek_v2", ...), which
+            extend "llama"; docs/plugins.md lists every family's.
         weights: ``weights(module) -> list[TensorMap] | None``: where each tensor of the module's state
             dict lives, relative to the component's place in the checkpoint (gptzoo.hf.tensor_map.TensorMap);
             the maps must cover the state dict exactly (the conformance kit checks it), and None means

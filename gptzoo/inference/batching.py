@@ -112,7 +112,7 @@ def gather(model: Any, rows: Sequence[Row], capacity: int, registry: Registry | 
         key = class_key(type(target))
         match = known.find(type(target))
         assert match is not None, key  # unbatchable() said it is
-        move = match.row.value
+        move = known.value(match.row, "mover", PluginError)
         for i, row in enumerate(rows):
             try:
                 move(target, i, longest, row.cache.layers[layer], row.index, row.cache.length, row.length)

@@ -119,7 +119,7 @@ def _rotary(provenance: Provenance, key: str, tables: Callable[..., Any] | str) 
 
 
 class RegisterCacheRows(Protocol):
-    def __call__(self, cache: type | str, move: Callable[..., None], *, override: bool = False) -> None: ...
+    def __call__(self, cache: type | str, move: Callable[..., None] | str, *, override: bool = False) -> None: ...
 
 
 @hookspec
@@ -133,7 +133,8 @@ def register_cache_rows(register: RegisterCacheRows) -> None:
     ``register(cache, move, *, override=False)``:
         cache: the cache class (exactly that class: a subclass may keep positions elsewhere), or its
             reference ``"module:Class"``.
-        move: ``move(dst, i, dst_end, src, j, src_end, n)``: make the ``n`` positions of ``src``'s row ``j``
+        move: ``move(dst, i, dst_end, src, j, src_end, n)``, or its reference ``"module:function"``
+            (imported when a batch first moves rows): make the ``n`` positions of ``src``'s row ``j``
             that end before index ``src_end`` those of ``dst``'s row ``i`` that end before ``dst_end``
             (both caches of that class, made by the same attention; ``dst`` is zeroed beforehand).
         override: replace gptzoo's mover of the class, or another plugin's (contract 7; a plugin written
@@ -141,12 +142,9 @@ def register_cache_rows(register: RegisterCacheRows) -> None:
     """
 
 
-def _mover(provenance: Provenance, key: str, move: Callable[..., None]) -> Accepted:
-    if not callable(move):
-        raise RegistryError(
-            f"{provenance} registered how a cache moves rows for {key} with {show_plain(move)}, which is not a function"
-        )
-    return [("", move, ())]
+def _mover(provenance: Provenance, key: str, move: Callable[..., None] | str) -> Accepted:
+    what = f"{provenance} registered how a cache moves rows for {key}"
+    return [("", function(what, move, "mover", "the function move(dst, i, dst_end, src, j, src_end, n)"), ())]
 
 
 class RegisterQuantizedLinears(Protocol):

@@ -32,7 +32,7 @@ import inspect
 import operator
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -47,7 +47,7 @@ from gptzoo.inference.plan import Buffer, DecodePlan, PositionStep
 from gptzoo.interfaces import LayerKVCache
 from gptzoo.model.kv_cache import KVCache
 from gptzoo.plugin_manager import gptzoo_version
-from gptzoo.registry import Provenance, Reference, Registry, class_key
+from gptzoo.registry import Provenance, Registry, class_key
 
 Lower = Callable[..., Any]
 """``lower(plan, module, *args, **kwargs)``: a module's operations appended to ``plan``."""
@@ -640,7 +640,7 @@ class Lowerings:
             raise Unsupported(
                 f"{c.__name__} overrides {name} of {match.owner.__name__}, whose lowering would not describe it"
             )
-        return self._loaded(self.table, match.row, "lowering")
+        return self.table.value(match.row, "lowering", Unsupported)
 
     def rotary_tables(self, rotary: object) -> RotaryTables | None:
         """How a step reads ``rotary``'s tables: by the row of the first class of its MRO that has one
@@ -649,19 +649,7 @@ class Lowerings:
         match = self.rotary.find(type(rotary), legacy=_legacy_tables)
         if match is None or match.changed(type(rotary)):
             return None
-        return self._loaded(self.rotary, match.row, "rotary tables")
-
-    @staticmethod
-    def _loaded(table: ClassTable, row: Row, what: str) -> Any:
-        """The row's function, a plugin's registered by reference imported now (and kept)."""
-        if not isinstance(row.value, Reference):
-            return row.value
-        named = f"the {what} of {row.key} registered by {row.provenance} as {str(row.value)!r}"
-        value = row.value.load(lambda raised: Unsupported(f"{named} cannot be imported: {raised}; fix the plugin"))
-        if not callable(value):
-            raise Unsupported(f"{named} is not callable; fix the plugin")
-        table.rows[row.where] = replace(row, value=value)
-        return value
+        return self.rotary.value(match.row, "rotary tables", Unsupported)
 
     def lower(self, plan: DecodePlan, module: nn.Module, *args: Any, **kwargs: Any) -> Any:
         """Append ``module``'s operations to ``plan`` with its lowering."""

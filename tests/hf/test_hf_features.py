@@ -5,6 +5,7 @@ list "no sinks, no qk-norm" in theirs)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -126,3 +127,16 @@ def test_a_model_holding_more_than_its_recipe_builds_is_refused_not_exported_wit
         f"(nothing was written to {tmp_path / 'hf'})"
     )
     assert not (tmp_path / "hf").exists()
+
+
+def test_docs_name_every_family_s_layout() -> None:
+    """docs/plugins.md's table of the layout names a plugin registers under is the families' own."""
+    docs = (Path(__file__).parents[2] / "docs" / "plugins.md").read_text(encoding="utf-8")
+    rows = {
+        m[0]: (m[1], m[2], m[3] or None)
+        for m in re.findall(r'^\| `(\w+)` \| (\w+) \| `"(\w+)"` \| (?:`"(\w+)"`)? \|$', docs, re.M)
+    }
+    assert rows == {
+        name: (f.architecture, f.layout, f.extends.layout if f.extends is not None else None)
+        for name, f in FAMILIES.items()
+    }

@@ -259,3 +259,27 @@ def test_generate_is_one_admission_of_the_engine() -> None:
         patch.setattr(Engine, "run", run)
         out = generate(model, PROMPTS, 9)
     assert steps == [8] and [len(t) for t in out] == [9] * len(PROMPTS)  # the first token comes from the prefill
+
+
+@pytest.mark.parametrize("reference", ["gptzoo_fake_bynameA:move", "gptzoo_fake_bynameA:nothing_here"])
+def test_a_mover_registered_by_reference_batches_or_falls_back_naming_it(
+    fake_site: Any, monkeypatch: Any, reference: str
+) -> None:
+    """``register(Cache, "module:function")`` names the mover as every other hook may (imported when rows first
+    move); one that cannot be imported leaves rows to run one admission at a time, the reason naming it."""
+    source = ROWS_PLUGIN.replace("register(TimeMajorCache, move)", f"register(TimeMajorCache, {reference!r})")
+    model, alone = plugin_cached(fake_site, monkeypatch, "bynameA", source)
+    engine = Engine(model, eos_token_id=None, context=64, max_batch=4)
+    sinks = staggered(engine, PROMPTS, NEW)
+    assert [s.tokens for s in sinks] == alone
+    if reference.endswith(":move"):
+        assert engine.unbatched is None and engine.steps < sum(NEW)
+    else:
+        assert (
+            engine.unbatched is not None
+            and (
+                f"the mover of gptzoo_fake_bynameA:TimeMajorCache registered by gptzoo_fake_bynameA "
+                f"(gptzoo-fake-bynameA 1.0) as {reference!r} cannot be imported"
+            )
+            in engine.unbatched
+        )
