@@ -21,7 +21,7 @@ import hashlib
 from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Protocol, cast, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 import numpy as np
 import tiktoken
@@ -377,21 +377,32 @@ def save_hf_tokenizer(name: str, directory: Path) -> dict[str, Path]:
 
 
 @functools.cache
+def gpt2_transformers_tokenizer() -> Any:
+    """transformers' GPT-2 tokenizer built from the offline BPE files tiktoken reads (:func:`gpt2_bpe_files`),
+    its vocabulary and merges passed as data: given as ``vocab_file`` and ``merges_file``, transformers 5
+    builds a tokenizer of one token that encodes any text to nothing."""
+    import json
+
+    from transformers import GPT2Tokenizer
+
+    vocab_bpe, encoder_json = gpt2_bpe_files()
+    vocab = json.loads(encoder_json.read_text(encoding="utf-8"))
+    lines = vocab_bpe.read_text(encoding="utf-8").splitlines()[1:]  # the first is a version line
+    merges = [cast(tuple[str, str], tuple(line.split())) for line in lines if line.strip()]
+    return GPT2Tokenizer(vocab=vocab, merges=merges)
+
+
+@functools.cache
 def _hf_tokenizer_files(name: str) -> dict[str, bytes]:
     """The files of :func:`save_hf_tokenizer`, made once per process (GPT-2's take a few tenths of a second)."""
-    import json
     import tempfile
 
-    from transformers import GPT2Tokenizer, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     with tempfile.TemporaryDirectory(prefix="gptzoo-tokenizer-") as made:
         directory = Path(made)
         if name == "gpt2":
-            vocab_bpe, encoder_json = gpt2_bpe_files()
-            vocab = json.loads(encoder_json.read_text(encoding="utf-8"))
-            lines = vocab_bpe.read_text(encoding="utf-8").splitlines()[1:]  # the first is a version line
-            merges = [cast(tuple[str, str], tuple(line.split())) for line in lines if line.strip()]
-            GPT2Tokenizer(vocab=vocab, merges=merges).save_pretrained(directory)
+            gpt2_transformers_tokenizer().save_pretrained(directory)
         elif name == "bytes":
             from tokenizers import Tokenizer as Fast
             from tokenizers import decoders, models, pre_tokenizers

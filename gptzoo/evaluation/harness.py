@@ -30,7 +30,7 @@ from gptzoo.inference.sampling import SamplerChain, chain_spec
 from gptzoo.loader import Loaded, load_any
 from gptzoo.model.gpt import GPT
 from gptzoo.registry import Registry, get_registry
-from gptzoo.tokenizer import HFTokenizer, Tokenizer, gpt2_bpe_files
+from gptzoo.tokenizer import HFTokenizer, Tokenizer, gpt2_transformers_tokenizer
 
 
 class Forward:
@@ -59,8 +59,7 @@ def hf_tokenizer(tokenizer: Tokenizer) -> Any:
     if isinstance(tokenizer, HFTokenizer):
         return tokenizer.tokenizer
     if tokenizer.name == "gpt2":
-        merges, vocab = gpt2_bpe_files()
-        return transformers.GPT2TokenizerFast(vocab_file=str(vocab), merges_file=str(merges))
+        return gpt2_transformers_tokenizer()
     raise GptzooError(
         f"lm-evaluation-harness tokenizes with a transformers tokenizer, and the {tokenizer.name} tokenizer has "
         "none; evaluate a model with a Hugging Face or GPT-2 tokenizer"

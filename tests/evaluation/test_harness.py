@@ -16,6 +16,7 @@ lm_eval = pytest.importorskip("lm_eval")
 
 from cli_run import run_error, run_json  # noqa: E402
 
+import gptzoo  # noqa: E402
 from gptzoo.evaluation.harness import check_tasks, run_tasks  # noqa: E402
 from gptzoo.fetch import fetch  # noqa: E402
 from gptzoo.loader import load_any  # noqa: E402
@@ -103,6 +104,24 @@ def test_gptzoo_eval_tasks_end_to_end(capsys: pytest.CaptureFixture[str]) -> Non
     assert report["n-samples"]["gptzoo_capitals"] == {"original": 8, "effective": 4}
     assert 0 <= result["acc,none"] <= 1 and "acc_norm,none" in result
     assert json.dumps(report)  # plain JSON, no samples
+
+
+def test_tasks_run_on_a_gpt2_tokenizer_model(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Every gpt2-* recipe and checkpoint tokenizes with GPT-2's BPE: the harness's transformers tokenizer of it
+    encodes as tiktoken does (it used to have one token and encode everything to nothing, a traceback)."""
+    from gptzoo.evaluation.harness import hf_tokenizer
+    from gptzoo.tokenizer import load_tokenizer
+
+    ours = load_tokenizer("gpt2")
+    text = "The capital of France is Paris.\n<|endoftext|> x"
+    assert hf_tokenizer(ours).encode(text) == ours.encode(text)
+    model = gptzoo.build_model("gpt2-tiny")
+    checkpoint = gptzoo.save_checkpoint(model, model.recipe, tmp_path / "ck")
+    report = run_json(
+        capsys, "eval", str(checkpoint), "--tasks", "gptzoo_capitals", "--include-path", str(TASKS_DIR), "--limit", "2"
+    )
+    assert report["n-samples"]["gptzoo_capitals"] == {"original": 8, "effective": 2}
+    assert 0 <= report["results"]["gptzoo_capitals"]["acc,none"] <= 1
 
 
 def test_bad_task_options_are_user_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
