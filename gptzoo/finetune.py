@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from gptzoo.adapters.lora import LoRASpec, attach
-from gptzoo.adapters.peft_format import save_peft
+from gptzoo.adapters.peft_format import peft_files, save_peft
 from gptzoo.adapters.run import ADAPTER, SPEC, FinetuneSpec, read_spec
 from gptzoo.adapters.targets import Part, default_targets, model_parts, offered, select
 from gptzoo.errors import CheckpointError, GptzooError
@@ -214,9 +214,16 @@ def finetune(
     recipe = finetune_recipe(loaded.recipe, overrides, registry)
     if data is None:
         recipe = override_recipe(recipe, [f"train.data={json.dumps(read_recipe(out, registry=registry).train.data)}"])
-    prepared = data_dir(data, loaded, say) if data is not None else None  # resumed: the run's own (recipe.toml)
     torch.manual_seed(recipe.train.seed)  # the adapters' A: the same draw in every run of these settings
     attach(loaded.model, parts, lora)
+    try:  # the run ends by writing its adapter in peft's format: a model it cannot describe is refused now
+        peft_files(loaded.model, base=base_name(model, loaded), registry=registry)  # type: ignore[arg-type]
+    except GptzooError as exc:
+        raise GptzooError(
+            f"{model}'s adapters cannot be written in peft's format, which a fine-tune ends by writing: {exc}; "
+            "fine-tune a model with a Hugging Face equivalent"
+        ) from None
+    prepared = data_dir(data, loaded, say) if data is not None else None  # resumed: the run's own (recipe.toml)
     total = sum(p.numel() for p in loaded.model.parameters())
     trainable = sum(p.numel() for p in loaded.model.parameters() if p.requires_grad)
     started = hooks.pop("started", None)
@@ -226,18 +233,23 @@ def finetune(
         if started is not None:
             started(step)
 
-    result = train(
-        recipe,
-        out=out,
-        data=prepared,
-        resume=resume,
-        init=loaded.model,
-        hf_dir=loaded.hf_dir,
-        registry=registry,
-        started=begin,
-        evaluate_first=True,
-        **hooks,
-    )
+    try:
+        result = train(
+            recipe,
+            out=out,
+            data=prepared,
+            resume=resume,
+            init=loaded.model,
+            hf_dir=loaded.hf_dir,
+            registry=registry,
+            started=begin,
+            evaluate_first=True,
+            **hooks,
+        )
+    except BaseException:  # Ctrl-C too: a new run without a checkpoint leaves nothing (train removed its own files)
+        if not resume and run_dir.latest(out) is None:
+            (out / SPEC).unlink(missing_ok=True)
+        raise
     adapter = write_adapter(loaded.model, out, base_name(model, loaded), registry)
     records = run_dir.read_metrics(out)
     first = next((r["val_loss"] for r in records if r.get("step") == 0 and r.get("val_loss") is not None), None)

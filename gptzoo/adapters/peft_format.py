@@ -100,6 +100,22 @@ def _short_names(modules: list[str], every: list[str]) -> dict[str, str]:
 def save_peft(model: GPT, out: Path, *, base: str, registry: Registry | None = None) -> dict[str, Any]:
     """Write the model's adapters (gptzoo.adapters.lora) to the new directory ``out`` in peft's format;
     the config written. ``base`` is its base_model_name_or_path."""
+    tensors, config = peft_files(model, base=base, registry=registry)
+    from safetensors.torch import save_file
+
+    with new_directory(out) as tmp:
+        (tmp / CONFIG).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt", "created_by": "gptzoo"})
+    return config
+
+
+def peft_files(model: GPT, *, base: str, registry: Registry | None = None) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """The model's adapters as peft's format holds them: the tensors by key, and adapter_config.json.
+
+    Raises:
+        GptzooError: the model has no adapters, or peft's format cannot describe them (the model has no Hugging
+            Face equivalent, or a projection's layout its adapters cannot follow).
+    """
     wrapped = adapted(model)
     if not wrapped:
         raise GptzooError("the model has no adapters to save")
@@ -142,12 +158,7 @@ def save_peft(model: GPT, out: Path, *, base: str, registry: Registry | None = N
         "rank_pattern": rank_pattern,
         "alpha_pattern": {name: spec.alpha * (math.sqrt(k) if spec.rslora else k) for name, k in factor.items()},
     }  # peft's own keys only: peft warns of any other as written by a newer peft
-    from safetensors.torch import save_file
-
-    with new_directory(out) as tmp:
-        (tmp / CONFIG).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-        save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt", "created_by": "gptzoo"})
-    return config
+    return tensors, config
 
 
 @torch.no_grad()

@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 import gptzoo
 from gptzoo.adapters.peft_format import split_adapter
 from gptzoo.cli import main
+from gptzoo.training.run_dir import others
 
 TINY = ["--set", "tokenizer.name=bytes", "--set", "model.vocab_size=256", "--set", "model.n_layer=2"]
 FAST = [
@@ -250,3 +251,40 @@ def test_an_adapter_directory_with_an_equals_sign_is_a_directory(
     adapter = tmp_path / "lr=2e-4" / "adapter"
     for given in (str(adapter), f"mine={adapter}"):
         assert main(["generate", str(base), "--adapter", given, "--prompt", "x", "--max-new-tokens", "2"]) == 0, given
+
+
+def test_a_fine_tune_interrupted_before_its_first_checkpoint_leaves_nothing_and_runs_again(
+    capsys: pytest.CaptureFixture[str], base: Path, text: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing is kept (adapter.json included), so the same command simply runs again."""
+    from gptzoo.training.trainer import Trainer
+
+    out = tmp_path / "run"
+    with monkeypatch.context() as patched:
+
+        def interrupted(self: Trainer, *args: object, **kwargs: object) -> None:
+            raise KeyboardInterrupt
+
+        patched.setattr(Trainer, "run", interrupted)
+        assert main(["finetune", str(base), "--data", str(text), "--out", str(out), *FAST]) == 130
+    assert "no checkpoint had been written, so nothing was kept" in capsys.readouterr().err
+    assert others(out) == []  # adapter.json too: it used to stay, and the same command was refused
+    summary = finetune(capsys, base, text, out, "--set", "train.max_steps=1")
+    assert summary["steps"] == 1
+
+
+def test_a_fine_tune_its_adapter_format_cannot_describe_is_refused_before_training(
+    capsys: pytest.CaptureFixture[str], text: Path, tmp_path: Path
+) -> None:
+    """ALiBi has no Hugging Face equivalent, so peft's format cannot hold its adapters: refused before the first
+    step, with nothing written, not after training."""
+    base = tmp_path / "alibi"
+    assert main(["build", "gpt2-tiny", *TINY, "--set", "model.position=alibi", "--out", str(base), "--json"]) == 0
+    capsys.readouterr()
+    out = tmp_path / "run"
+    message = run_error(capsys, "finetune", str(base), "--data", str(text), "--out", str(out), *FAST)
+    assert message.startswith(
+        f"error: {base}'s adapters cannot be written in peft's format, which a fine-tune ends by writing: recipe "
+    ), message
+    assert message.endswith("; fine-tune a model with a Hugging Face equivalent")
+    assert not out.exists()
