@@ -133,12 +133,20 @@ def finetune_recipe(recipe: Recipe, overrides: Sequence[str], registry: Registry
     return override_recipe(recipe, [*TRAIN_DEFAULTS, seq_len, *overrides], registry=registry)
 
 
+def where(model: str) -> str:
+    """MODEL as adapter.json keeps it: a directory as its absolute path (the run is then resumed, and used as a
+    MODEL, from any working directory), a name as given."""
+    return str(Path(model).resolve()) if Path(model).exists() else model
+
+
 def check_same(saved: FinetuneSpec, asked: FinetuneSpec, run: Path) -> None:
-    """A resumed run asks for what it trained: the same base and adapters."""
+    """A resumed run asks for what it trained: the same base (the same directory, however it is written) and
+    adapters."""
     changed = [
         f"{f.name} {getattr(saved, f.name)!r} there, {getattr(asked, f.name)!r} here"
         for f in fields(FinetuneSpec)
         if getattr(saved, f.name) != getattr(asked, f.name)
+        and not (f.name == "base" and where(saved.base) == where(asked.base))
     ]
     if changed:
         raise CheckpointError(
@@ -206,7 +214,7 @@ def finetune(
     chosen = select(table, targets) if targets else default_targets(table)
     parts = [p for name in chosen for p in table[name]]
     check_lora(lora, parts, loaded.model)
-    spec = FinetuneSpec(model, tuple(chosen), lora.rank, lora.alpha, lora.dropout, lora.dora, lora.rslora)
+    spec = FinetuneSpec(where(model), tuple(chosen), lora.rank, lora.alpha, lora.dropout, lora.dora, lora.rslora)
     if saved is not None:
         check_same(saved, spec, out)
     if data is None and not resume:

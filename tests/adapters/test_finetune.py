@@ -288,3 +288,24 @@ def test_a_fine_tune_its_adapter_format_cannot_describe_is_refused_before_traini
     ), message
     assert message.endswith("; fine-tune a model with a Hugging Face equivalent")
     assert not out.exists()
+
+
+def test_a_run_is_resumed_and_used_from_another_working_directory(
+    capsys: pytest.CaptureFixture[str], base: Path, text: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """adapter.json keeps the base directory as an absolute path, and a resume compares the directories, not the
+    strings typed: `finetune ck` here and `finetune ../a/ck --resume` there are one run."""
+    here, there = tmp_path / "a", tmp_path / "b"
+    here.mkdir(), there.mkdir()
+    (here / "ck").symlink_to(base, target_is_directory=True)
+    monkeypatch.chdir(here)
+    steps = ["--set", "train.checkpoint_every=1"]
+    run_json(capsys, "finetune", "ck", "--data", str(text), "--out", "run", *FAST, *steps, "--set", "train.max_steps=1")
+    assert json.loads((here / "run" / "adapter.json").read_text())["base"] == str((here / "ck").resolve())
+    monkeypatch.chdir(there)
+    resumed = run_json(
+        capsys, "finetune", "../a/ck", "--out", "../a/run", "--resume", *FAST, *steps, "--set", "train.max_steps=2"
+    )
+    assert resumed["steps"] == 2
+    out = run_json(capsys, "generate", "../a/run", "--prompt", "x", "--max-new-tokens", "2")  # its base from here
+    assert len(out["tokens"][0]) == 2 and out["finish_reasons"] == ["length"]
