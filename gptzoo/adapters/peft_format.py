@@ -38,6 +38,7 @@ from gptzoo.errors import CheckpointError, GptzooError
 from gptzoo.hf.tensor_map import TensorMap
 from gptzoo.model.gpt import GPT
 from gptzoo.registry import Registry, default_registry
+from gptzoo.untrusted import checkpoint_file
 
 CONFIG = "adapter_config.json"
 WEIGHTS = "adapter_model.safetensors"
@@ -235,10 +236,13 @@ def read_peft(path: str | Path) -> PeftAdapter:
             features gptzoo does not apply (biases, modules_to_save...), tensors of an unknown kind.
     """
     path = Path(path)
-    if not (path / CONFIG).is_file():
-        raise CheckpointError(f"--adapter {path}: no {CONFIG} there; give a directory peft's save_pretrained wrote")
+    if not path.is_dir():
+        raise CheckpointError(f"--adapter {path}: no such directory; give a directory peft's save_pretrained wrote")
+    config_file = checkpoint_file(
+        path, CONFIG, missing=f"--adapter {path}: no {CONFIG} there; give a directory peft's save_pretrained wrote"
+    )
     try:
-        config = json.loads((path / CONFIG).read_text(encoding="utf-8"))
+        config = json.loads(config_file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"--adapter {path}: {CONFIG} cannot be read ({exc})") from None
     if not isinstance(config, dict):
@@ -258,13 +262,14 @@ def read_peft(path: str | Path) -> PeftAdapter:
             problems.append(f"{field} {value!r} (a positive number is needed)")
     if problems:
         raise CheckpointError(f"--adapter {path}: {CONFIG} asks for {', '.join(problems)}, which gptzoo does not apply")
-    if not (path / WEIGHTS).is_file():
-        raise CheckpointError(f"--adapter {path}: no {WEIGHTS} there (gptzoo reads adapters saved as safetensors)")
+    weights = checkpoint_file(
+        path, WEIGHTS, missing=f"--adapter {path}: no {WEIGHTS} there (gptzoo reads adapters saved as safetensors)"
+    )
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     try:
-        tensors = load_file(str(path / WEIGHTS))
+        tensors = load_file(str(weights))
     except (OSError, SafetensorError) as exc:
         raise CheckpointError(f"--adapter {path}: {WEIGHTS} cannot be read ({exc})") from None
     odd = [k for k in tensors if not re.search(r"\.(lora_A\.weight|lora_B\.weight|lora_magnitude_vector)$", k)]
@@ -306,7 +311,7 @@ def resolve(model: GPT, adapter: PeftAdapter, registry: Registry | None = None) 
     suffix = r"\.(lora_A\.weight|lora_B\.weight|lora_magnitude_vector)$"
     modules = sorted({re.sub(suffix, "", k) for k in adapter.tensors})
     state = dict(model.named_parameters())
-    problems, resolved = [], []
+    problems, disagree, resolved = [], [], []
     for full in modules:
         module = full.removeprefix(PREFIX)
         a = adapter.tensors.get(full + ".lora_A.weight")
@@ -331,6 +336,9 @@ def resolve(model: GPT, adapter: PeftAdapter, registry: Registry | None = None) 
                 f"({len(index)} x {weight.shape[1]})"
             )
             continue
+        if disagreement := _disagreement(adapter, module, a, full + ".lora_magnitude_vector" in adapter.tensors):
+            disagree.append(disagreement)
+            continue
         magnitude = adapter.tensors.get(full + ".lora_magnitude_vector")
         if magnitude is not None and tuple(magnitude.shape) != (len(index),):
             problems.append(f"{module}: its DoRA magnitude has {tuple(magnitude.shape)}, not ({len(index)},)")
@@ -344,6 +352,13 @@ def resolve(model: GPT, adapter: PeftAdapter, registry: Registry | None = None) 
             problems.append(f"{module}: its {' and '.join(bad)} hold NaN or infinite values")
             continue
         resolved.append(Resolved(module, ours, index, a.float(), b.float(), _float(magnitude), adapter.scale(module)))
+    if disagree:
+        raise CheckpointError(
+            f"--adapter {adapter.path}: its tensors and {CONFIG} disagree, so peft refuses it or applies it otherwise "
+            f"than its tensors say: {'; '.join(disagree[:4])}"
+            + (f"; and {len(disagree) - 4} more" if len(disagree) > 4 else "")
+            + f"; fix {CONFIG} (or save the adapter again with peft)"
+        )
     if problems:
         raise CheckpointError(
             f"--adapter {adapter.path} does not fit this model (is it for another base model? its "
@@ -352,6 +367,33 @@ def resolve(model: GPT, adapter: PeftAdapter, registry: Registry | None = None) 
             + (f"; and {len(problems) - 4} more" if len(problems) > 4 else "")
         )
     return resolved
+
+
+def _targeted(config: Mapping[str, Any], module: str) -> bool:
+    """Whether peft applies an adapter to ``module`` (``model.layers.0.self_attn.q_proj``): its target_modules
+    name it (a list: the module or its last names; a string: a regular expression the whole name matches)."""
+    targets = config.get("target_modules")
+    if targets is None or targets == "all-linear":
+        return True
+    if isinstance(targets, str):
+        return re.fullmatch(targets, module) is not None
+    return any(isinstance(t, str) and (module == t or module.endswith("." + t)) for t in targets)
+
+
+def _disagreement(adapter: PeftAdapter, module: str, a: Tensor, magnitude: bool) -> str | None:
+    """How the module's tensors and adapter_config.json disagree, where peft would refuse the directory or read
+    it otherwise than its tensors say; None when they agree."""
+    config = adapter.config
+    if not _targeted(config, module):
+        return f"{module} has tensors, but target_modules ({config.get('target_modules')!r}) does not name it"
+    rank = _pattern(config.get("rank_pattern") or {}, module, config.get("r", 8))
+    if a.shape[0] != rank:
+        return f"{module}: its lora_A has rank {a.shape[0]}, but {CONFIG} gives it r={rank}"
+    dora = bool(config.get("use_dora"))
+    if magnitude != dora:
+        has = "has no DoRA magnitude" if dora else "has a DoRA magnitude"
+        return f"{module} {has}, but {CONFIG} says use_dora={str(dora).lower()}"
+    return None
 
 
 def _float(t: Tensor | None) -> Tensor | None:

@@ -177,10 +177,11 @@ def test_the_merged_export_equals_the_unmerged_model(tmp_path: Path) -> None:
 
 def test_a_config_with_only_its_type_and_targets_loads(tmp_path: Path) -> None:
     path = save_hf(tmp_path, "llama", CONFIGS["llama"])
-    adapter = peft_made(path, tmp_path / "adapter", "llama")
-    (adapter / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "target_modules": ["q_proj"]}))
+    adapter = peft_made(path, tmp_path / "adapter", "llama", r=8, lora_alpha=16)
+    targets = {"peft_type": "LORA", "target_modules": PEFT_TARGETS["llama"]}
+    (adapter / "adapter_config.json").write_text(json.dumps(targets))
     model = ours(path)
-    attach_peft(model, read_peft(adapter))  # peft's defaults: r 8, lora_alpha 8, so the scale is 1 (not 8/4)
+    attach_peft(model, read_peft(adapter))  # peft's defaults: r 8, lora_alpha 8, so the scale is 1 (not 16/8)
     a = read_peft(adapter).tensors
     key = "base_model.model.model.layers.0.self_attn.q_proj"
     assert model.blocks[0].attn.c_attn.scales["q_proj"] == 1.0
@@ -232,3 +233,53 @@ def test_tensors_of_a_kind_gptzoo_does_not_apply_are_named(tmp_path: Path) -> No
     with pytest.raises(CheckpointError) as raised:
         read_peft(adapter)
     assert "holds base_model.model.model.embed_tokens.lora_embedding_A, which are not LoRA tensors" in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"r": 8}, "model.layers.0.mlp.down_proj: its lora_A has rank 4, but adapter_config.json gives it r=8"),
+        (
+            {"rank_pattern": {"v_proj": 2}},
+            "model.layers.0.self_attn.v_proj: its lora_A has rank 4, but adapter_config.json gives it r=2",
+        ),
+        (
+            {"target_modules": ["q_proj", "v_proj"]},
+            "model.layers.0.mlp.down_proj has tensors, but target_modules (['q_proj', 'v_proj']) does not name it",
+        ),
+        (
+            {"use_dora": True},
+            "model.layers.0.mlp.down_proj has no DoRA magnitude, but adapter_config.json says use_dora=true",
+        ),
+    ],
+    ids=["r", "rank_pattern", "target_modules", "use_dora"],
+)
+def test_a_config_that_disagrees_with_its_tensors_is_refused_as_peft_would(
+    change: dict[str, Any], message: str, tmp_path: Path
+) -> None:
+    """peft refuses a directory whose ranks disagree with its tensors, and leaves out (or initializes anew) what
+    its config does not ask for; gptzoo used to apply such an adapter at the config's scale, silently."""
+    path = save_hf(tmp_path, "llama", CONFIGS["llama"])
+    adapter = peft_made(path, tmp_path / "adapter", "llama")
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    (adapter / "adapter_config.json").write_text(json.dumps({**config, **change}))
+    model = ours(path)
+    with pytest.raises(CheckpointError) as raised:
+        attach_peft(model, read_peft(adapter))
+    assert str(raised.value).startswith(
+        f"--adapter {adapter}: its tensors and adapter_config.json disagree, so peft refuses it or applies it "
+        f"otherwise than its tensors say: {message}"
+    )
+
+
+def test_an_adapter_file_outside_its_directory_is_refused(tmp_path: Path) -> None:
+    path = save_hf(tmp_path, "llama", CONFIGS["llama"])
+    adapter = peft_made(path, tmp_path / "adapter", "llama")
+    outside = tmp_path / "elsewhere.safetensors"
+    (adapter / "adapter_model.safetensors").rename(outside)
+    (adapter / "adapter_model.safetensors").symlink_to(outside)
+    with pytest.raises(CheckpointError) as raised:
+        read_peft(adapter)
+    assert str(raised.value).startswith(
+        f"{adapter / 'adapter_model.safetensors'} links to {outside}, outside {adapter}; every file a checkpoint "
+    )
