@@ -500,3 +500,20 @@ def test_a_model_in_memory_is_quantized_as_load_model_does() -> None:
     assert str(raised.value) == (
         "dtype 'bfloat16' is not a quantized precision; give int8 or int4 (a float dtype is model.to(dtype))"
     )
+
+
+def test_a_checkpoint_with_nan_weights_is_refused_in_every_dtype(ck: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One rule for every dtype: a float32 checkpoint holding NaN is refused at load, as int8 and int4 refused it
+    (eval used to score it with a finite loss, and generate to emit a first token)."""
+    tensors = load_file(str(ck / "model.safetensors"))
+    tensors["blocks.0.mlp.c_fc.weight"][3, 5] = float("nan")
+    save_file(tensors, str(ck / "model.safetensors"))
+    expected = (
+        f"{ck / 'model.safetensors'}: 'blocks.0.mlp.c_fc.weight' holds NaN or infinite values (e.g. from a diverged "
+        "training run), which make every output NaN; load an earlier checkpoint of the run"
+    )
+    for dtype in ("float32", "bfloat16", "int8"):
+        with pytest.raises(CheckpointError) as raised:
+            gptzoo.load_model(checkpoint=ck, dtype=dtype)
+        assert str(raised.value) == expected
+    assert run_error(capsys, "generate", "--checkpoint", str(ck), "--prompt", "hi") == f"error: {expected}"

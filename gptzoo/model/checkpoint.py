@@ -296,6 +296,12 @@ def load_checkpoint(
                 f"{path / WEIGHTS}: {key} is {dtype_name(tensor.dtype)} but {first} is "
                 f"{dtype_name(tensors[first].dtype)}; a checkpoint's weights share one dtype"
             )
+    broken = [key for key, tensor in tensors.items() if not bool(torch.isfinite(tensor).all())]
+    if broken:  # the rule of every dtype: int8 and int4 refuse them too, and a Hugging Face checkpoint's
+        raise CheckpointError(
+            f"{path / WEIGHTS}: {_few(broken)} {'holds' if len(broken) == 1 else 'hold'} NaN or infinite values (e.g. "
+            "from a diverged training run), which make every output NaN; load an earlier checkpoint of the run"
+        )
     model.load_weights(tensors, source=str(path))
     if dtype is not None:
         model.to(dtype)
