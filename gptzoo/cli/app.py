@@ -37,7 +37,7 @@ from gptzoo.cli.generate import unflagged_hint
 from gptzoo.cli.library import command_registry
 from gptzoo.cli.render import text
 from gptzoo.cli.torchrun import TORCHRUN_COMMANDS, env_int, first_process
-from gptzoo.errors import GptzooError, GptzooWarning, exception_text, terminal_text
+from gptzoo.errors import GptzooError, GptzooWarning, closest, exception_text, terminal_text
 from gptzoo.plugin_manager import gptzoo_version
 from gptzoo.registry import Registry
 
@@ -196,17 +196,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
+def command_parser(parser: argparse.ArgumentParser | None, argv: list[str]) -> argparse.ArgumentParser | None:
+    """The parser of the command ``argv`` names, or None."""
+    for action in parser._actions if parser is not None else ():
+        if isinstance(action, argparse._SubParsersAction) and argv[:1] and argv[0] in action.choices:
+            return action.choices[argv[0]]
+    return None
+
+
+def flag_hint(command: argparse.ArgumentParser, message: str) -> str:
+    """``; did you mean --max-new-tokens?`` for each unrecognized flag of ``message`` near one of the command's."""
+    flags = [o for action in command._actions for o in action.option_strings if o.startswith("--")]
+    hints = []
+    for given in message.partition("unrecognized arguments: ")[2].split():
+        name = given.partition("=")[0]
+        if name.startswith("--") and (near := closest(name, flags)):
+            hints.append(f"{name}: did you mean {' or '.join(near)}?")
+    return f"; {'; '.join(hints)}" if hints else ""
+
+
 def _main(argv: list[str], out: Console, err: Console) -> int:
     """Parse and run the command; its exit status, every error reported (output errors propagate)."""
-    registry = None
+    registry, parser = None, None
     try:
         registry = command_registry(err) if argv[:1] == ["generate"] else None  # its flags come from the samplers
-        args = make_parser(registry).parse_args(argv)
+        parser = make_parser(registry)
+        args = parser.parse_args(argv)
         args.registry = registry
     except GptzooError as exc:  # a plugin failing in strict mode, a sampler's malformed flag
         message = exception_text(exc)
         return _fail(None, out, err, f"[red]error:[/red] {text(message)}", message, EXIT_USER_ERROR)
     except UsageError as exc:
+        command = command_parser(parser, argv) if "unrecognized arguments" in exc.message else None
+        if command is not None:  # argparse reports them on the top-level parser: the command's usage is the help
+            exc = UsageError(command, f"{exc.message}{flag_hint(command, exc.message)}")
         exc.parser.print_usage(sys.stderr)
         message = str(exc)
         if exc.parser.prog == "gptzoo" and argv and argv[0] in ("--json", "--debug"):

@@ -280,7 +280,13 @@ def test_json_stdout_holds_one_document_whatever_plugins_print(fake_site, capsys
 
 def test_flags_are_spelled_out(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["build", "gpt2-tiny", "--js"]) == 2
-    assert capsys.readouterr().err.endswith("gptzoo: error: unrecognized arguments: --js\n")
+    err = capsys.readouterr().err
+    assert err.startswith("usage: gptzoo build ")  # the command's usage, not gptzoo's
+    assert err.endswith("gptzoo build: error: unrecognized arguments: --js; --js: did you mean --json?\n")
+    assert main(["generate", "gpt2-tiny", "--prompt", "hi", "--max-tokens", "3"]) == 2
+    assert capsys.readouterr().err.endswith(
+        "gptzoo generate: error: unrecognized arguments: --max-tokens 3; --max-tokens: did you mean --max-new-tokens?\n"
+    )
     assert main(["--json", "build", "gpt2-tiny"]) == 2
     assert json.loads(capsys.readouterr().out) == {
         "error": "gptzoo: unrecognized arguments: --json; --json goes after the command (gptzoo COMMAND --json ...)",

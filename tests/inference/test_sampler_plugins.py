@@ -188,7 +188,7 @@ def test_temperature_zero_drops_every_sampling_only_step(site: FakeSite, capsys:
         (["--top-k", "2.5"], "gptzoo generate: error: argument --top-k: '2.5' is not an integer"),
         (
             ["--ban", "3"],
-            "gptzoo: error: unrecognized arguments: --ban 3 (sampler 'ban' has no flag of its own: give it as "
+            "gptzoo generate: error: unrecognized arguments: --ban 3 (sampler 'ban' has no flag of its own: give it as "
             "--sampler ban:PARAM=VALUE)",
         ),
         (
