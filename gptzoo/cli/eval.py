@@ -71,7 +71,9 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> None:
         from gptzoo.evaluation import eval_model
         from gptzoo.evaluation.display import EvalProgress, render_eval
         from gptzoo.evaluation.perplexity import nothing_scored
+        from gptzoo.evaluation.texts import check_inputs
 
+    check_inputs(args.text, args.data)  # before the model loads, which may take minutes
     loaded = load_named(args, command_registry(err), dtype=args.dtype, err=err)
     for warning in loaded.warnings:
         warn(err, warning)

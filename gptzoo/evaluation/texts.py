@@ -11,6 +11,7 @@ token cannot be predicted: its bytes are left out of the count.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +37,28 @@ class EvalText:
     name: str
     """As the person gave it: a file or a data directory."""
     documents: tuple[Document, ...]
+
+
+def check_inputs(texts: Sequence[str | Path] | None, data: Sequence[str | Path] | None) -> None:
+    """What an evaluation reads, checked before any model loads (a load may take minutes): each ``--text`` a
+    regular file that can be opened, each ``--data`` a directory ``gptzoo prepare`` wrote.
+
+    Raises:
+        GptzooError: the first that is not, as reading it would say.
+    """
+    for path in map(Path, texts or ()):
+        if path.is_dir():
+            raise GptzooError(f"--text {path} is a directory; give a text file (or prepared data with --data)")
+        if not path.exists():
+            raise GptzooError(f"--text {path}: no such file")
+        if not path.is_file():
+            raise GptzooError(f"--text {path} is not a regular file; give a text file")
+        try:
+            path.open("rb").close()
+        except OSError as exc:
+            raise GptzooError(f"cannot read --text {path}: {exc.strerror}") from None
+    for directory in data or ():
+        TokenData.open(directory)
 
 
 def read_text_file(path: str | Path, tokenizer: Tokenizer, *, max_tokens: int | None = None) -> EvalText:

@@ -278,3 +278,20 @@ def test_tasks_without_the_harness_say_what_to_install(
     assert message.endswith(
         "gptzoo eval --tasks needs lm-evaluation-harness (lm_eval is missing): pip install 'gptzoo[eval]'"
     )
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        (["--text", "notes.txt"], "error: --text notes.txt: no such file"),
+        (["--text", "."], "error: --text . is a directory; give a text file (or prepared data with --data)"),
+        (["--data", "."], "error: . is not prepared token data: meta.json is missing"),
+    ],
+)
+def test_inputs_are_checked_before_the_model_loads(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, given: list[str], message: str
+) -> None:
+    """A missing input is named at once, not after a load of the model (70-90 s for a real one): here the model,
+    a recipe without weights, would be refused if it were loaded first."""
+    monkeypatch.chdir(tmp_path)
+    assert run_error(capsys, "eval", "gpt2-tiny", *given).startswith(message)
