@@ -18,7 +18,7 @@ def add_parser(sub: Subparsers, common: Parser) -> Parser:
     p = sub.add_parser(
         "eval",
         parents=[common, model_parser(overrides)],
-        help="loss, perplexity and bits per byte on held-out text, at several lengths",
+        help="loss, perplexity and bits per byte on held-out text, at several lengths; or benchmarks (--tasks)",
     )
     p.add_argument(
         "--text", action="append", default=[], metavar="FILE", help="a UTF-8 text file, one document (repeatable)"

@@ -335,8 +335,8 @@ class Engine:
             return f"one sequence at a time: {self.unbatched}"
         context = self.context or 0
         kv = sum(lane.kv_bytes(lane.max_batch or 1, context) for lane in self._lanes.values())
-        each = f"{len(self._lanes)} batches of" if len(self._lanes) > 1 else ""
-        return f"continuous batching of {each} up to {self.max_batch} sequences (KV cache at most {format_bytes(kv)})"
+        each = f"{len(self._lanes)} batches of " if len(self._lanes) > 1 else ""
+        return f"continuous batching of {each}up to {self.max_batch} sequences (KV cache at most {format_bytes(kv)})"
 
     @property
     def running(self) -> int:

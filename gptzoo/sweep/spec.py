@@ -145,10 +145,10 @@ def find_spec(name_or_path: str | Path, registry: Registry | None = None) -> Pat
     found = registry.recipe(str(name_or_path), sweep=True)
     if found is not None:
         return found.path
-    known = [*shipped, *(r.name for r in registry.recipes if r.sweep)]
+    known = [*shipped, *(r.qualified_name for r in registry.recipes if r.sweep)]
     raise GptzooError(
         f"no sweep spec {str(name_or_path)!r}: no such file, nor a shipped or a plugin's sweep"
-        f"{did_you_mean(str(name_or_path), known)} (shipped: {', '.join(shipped)})"
+        f"{did_you_mean(str(name_or_path), known)}"
     )
 
 

@@ -256,3 +256,12 @@ def test_a_gptzoo_warning_is_one_warning_line_once(
     with pytest.warns(UserWarning):
         assert main(["recipes", "--json"]) == 0  # every command says it again
     assert capsys.readouterr().err.count("warning: plugin 'old' implements an older contract\n") == 1
+
+
+def test_the_command_list_mentions_eval_s_benchmarks(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    listed = " ".join(capsys.readouterr().out.split())
+    assert "eval loss, perplexity and bits per byte on held-out text, at several lengths; or benchmarks (--tasks)" in (
+        listed
+    )

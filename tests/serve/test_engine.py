@@ -283,3 +283,8 @@ def test_a_mover_registered_by_reference_batches_or_falls_back_naming_it(
             )
             in engine.unbatched
         )
+
+
+def test_the_engine_describes_itself_in_one_plain_line() -> None:
+    engine = Engine(tiny_model("llama-tiny"), eos_token_id=None, context=64, max_batch=4)
+    assert engine.describe().startswith("continuous batching of up to 4 sequences (KV cache at most ")

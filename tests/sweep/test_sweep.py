@@ -438,3 +438,10 @@ def test_a_run_shows_its_evaluation_as_it_goes(tmp_path: Path, data: Path) -> No
     total = seen[-1][1]
     assert total > 1 and seen[-1] == (total, total) and all(t == total for _, t in seen)
     assert [d for d, _ in seen] == sorted(d for d, _ in seen)
+
+
+def test_a_misspelt_sweep_lists_what_there_is_once(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_error(capsys, "sweep", "positon") == (
+        "error: no sweep spec 'positon': no such file, nor a shipped or a plugin's sweep; did you mean 'position'? "
+        "(available: activation, attention, latent-attention, moe, norm-placement, position)"
+    )
