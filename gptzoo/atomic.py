@@ -8,7 +8,7 @@ import shutil
 import stat
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from safetensors import SafetensorError
@@ -17,10 +17,15 @@ from gptzoo.errors import CheckpointError
 
 
 def write_problem(exc: OSError | SafetensorError) -> str:
-    """Why a write failed, for people: a full disk says so."""
+    """Why a write failed, for people: a full disk says so, and a file larger than may be written."""
     full = isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
     if full or "os error 28" in str(exc):  # safetensors reports ENOSPC in its message only
         return "the disk is full (No space left on device)"
+    if (isinstance(exc, OSError) and exc.errno == errno.EFBIG) or "os error 27" in str(exc):
+        return (
+            "a file would be larger than this system lets it be (File too large: a `ulimit -f` limit, or a drive "
+            "such as FAT32's of at most 4 GiB a file)"
+        )
     return (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
 
 
@@ -105,9 +110,12 @@ def new_directory(out: str | Path) -> Iterator[Path]:
     tmp: Path | None = None
     try:
         created = _make_parents(out.parent)
+        remove_abandoned(out)
         tmp = Path(tempfile.mkdtemp(prefix=temporary_prefix(out.name), dir=out.parent))
+        (tmp / OWNER).write_text(str(os.getpid()), encoding="utf-8")
         tmp.chmod(stat.S_IMODE(out.stat().st_mode) if out.is_dir() else default_mode(directory=True))
         yield tmp
+        (tmp / OWNER).unlink()
         _plain_modes(tmp)
         if out.exists():
             out.rmdir()
@@ -118,6 +126,39 @@ def new_directory(out: str | Path) -> Iterator[Path]:
     except BaseException:
         _clean(tmp, created)
         raise
+
+
+OWNER = ".gptzoo-writer"
+"""The file in a temporary directory of :func:`new_directory` that holds the id of the process writing it."""
+
+
+def remove_abandoned(out: Path) -> None:
+    """Remove the temporary directories of earlier writes to ``out`` whose process is gone (killed with
+    SIGKILL, or by the machine stopping): a write in progress, and a directory not made here, are left alone."""
+    prefix = temporary_prefix(out.name)
+    with suppress(OSError):
+        for sibling in out.parent.iterdir():
+            if not (sibling.name.startswith(prefix) and len(sibling.name) == len(prefix) + RANDOM_SUFFIX):
+                continue
+            try:
+                pid = int((sibling / OWNER).read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            if not _alive(pid):
+                shutil.rmtree(sibling, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process of that id runs (signal 0 only asks)."""
+    if pid <= 0:  # 0 and below name process groups, never a writer
+        return False
+    try:
+        os.kill(pid, 0)
+    except PermissionError:  # another user's
+        return True
+    except (ProcessLookupError, OverflowError):
+        return False
+    return True
 
 
 def _plain_modes(tmp: Path) -> None:

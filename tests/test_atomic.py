@@ -3,13 +3,16 @@ and a failed write leaves nothing behind, not even the parent directories it mad
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from gptzoo.atomic import check_new_directory, new_directory, temporary_prefix
+from gptzoo.atomic import OWNER, check_new_directory, new_directory, temporary_prefix
 from gptzoo.errors import CheckpointError
 
 
@@ -85,3 +88,30 @@ def test_build_writes_a_checkpoint_of_a_250_character_name(tmp_path: Path) -> No
     out = tmp_path / ("c" * 250)
     assert main(["build", "gpt2-tiny", "--out", str(out)]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["model.safetensors", "recipe.toml"]
+
+
+def test_a_killed_write_s_temporary_directory_is_removed_by_the_next_write(tmp_path: Path) -> None:
+    """SIGKILL leaves the hidden temporary directory of a write; the next write to that name removes it when
+    its writer is gone, and leaves alone one whose writer runs (a write in progress) and one it did not make."""
+    killed = subprocess.Popen([sys.executable, "-c", "pass"])
+    killed.wait()
+    out = tmp_path / "hf"
+    abandoned, running, foreign = (tmp_path / f"{temporary_prefix('hf')}{s}" for s in ("aaaaaaaa", "bbbbbbbb", "c" * 8))
+    for directory, writer in ((abandoned, killed.pid), (running, os.getpid()), (foreign, None)):
+        directory.mkdir()
+        (directory / "model.safetensors").write_bytes(b"partial")
+        if writer is not None:
+            (directory / OWNER).write_text(str(writer))
+    with new_directory(out) as tmp:
+        (tmp / "config.json").write_text("{}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["hf", running.name, foreign.name])
+    assert sorted(p.name for p in out.iterdir()) == ["config.json"]  # the writer's mark is gone
+
+
+def test_a_file_too_large_to_write_says_so(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError) as raised, new_directory(tmp_path / "out"):
+        raise OSError(errno.EFBIG, "File too large")
+    assert str(raised.value) == (
+        f"cannot write to {tmp_path / 'out'}: a file would be larger than this system lets it be (File too large: a "
+        "`ulimit -f` limit, or a drive such as FAT32's of at most 4 GiB a file)"
+    )
