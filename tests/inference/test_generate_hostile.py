@@ -102,7 +102,10 @@ def test_cli_checkpoint_with_nan_weights(tmp_path: Path, capsys: pytest.CaptureF
             "--json",
             *extra,
         )
-        assert message == "error: " + NAN_MESSAGE.format(step=1, rows="prompt 1", hint="")
+        assert message == (  # refused at load, in every dtype (issue 42), before any token
+            f"error: {tmp_path / 'ck' / 'model.safetensors'}: 'blocks.0.ln_1.weight' holds NaN or infinite values "
+            "(e.g. from a diverged training run), which make every output NaN; load an earlier checkpoint of the run"
+        )
 
 
 def test_int8_refuses_nan_weights_before_rounding_them_away(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -113,9 +116,9 @@ def test_int8_refuses_nan_weights_before_rounding_them_away(tmp_path: Path, caps
     gptzoo.save_checkpoint(model, gptzoo.load_recipe("gpt2-tiny"), tmp_path / "ck")
     text = tmp_path / "text.txt"
     text.write_text("hello world " * 40, encoding="utf-8")
-    expected = (
-        f"error: the weights of {path} hold NaN or infinity (e.g. from a diverged training run), which int8 would "
-        "round away; check the weights"
+    expected = (  # refused when the checkpoint loads, before int8 could round them away
+        f"error: {tmp_path / 'ck' / 'model.safetensors'}: '{path}.weight' holds NaN or infinite values (e.g. from a "
+        "diverged training run), which make every output NaN; load an earlier checkpoint of the run"
     )
     ck = str(tmp_path / "ck")
     assert cli_error(capsys, "generate", ck, "--prompt", "hi", "--max-new-tokens", "3", "--dtype", "int8") == expected
