@@ -21,6 +21,7 @@ import torch
 from cli_run import run_error, run_json  # tests/ is on sys.path (pyproject: pythonpath)
 
 from gptzoo import fetch as fx
+from gptzoo.atomic import OWNER
 from gptzoo.cli import main
 from gptzoo.errors import GptzooError
 from gptzoo.fetch import FETCHABLE
@@ -204,7 +205,7 @@ def test_ids_outside_the_vocabulary_and_too_few_tokens_are_refused(
 
 def test_interrupted_prepare_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def crash(*args: Any) -> None:  # after train.bin and val.bin are written
-        assert sorted(p.name for p in next(tmp_path.glob(".out.*")).iterdir()) == ["train.bin", "val.bin"]
+        assert sorted(p.name for p in next(tmp_path.glob(".out.*")).iterdir()) == [OWNER, "train.bin", "val.bin"]
         raise KeyboardInterrupt
 
     monkeypatch.setattr(data.Corpus, "describe", crash)
