@@ -34,12 +34,13 @@ def prompt(i: int) -> str:
     return f"Request {i}: a short story about {TOPICS[i % len(TOPICS)]}. Once upon a time,"
 
 
-def start(model: str) -> tuple[subprocess.Popen[str], int]:
+def start(model: str, pythonpath: str | None = None) -> tuple[subprocess.Popen[str], int]:
+    """``gptzoo serve MODEL`` on a free port (gptzoo imported through ``pythonpath`` when given)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if pythonpath is not None:
+        env["PYTHONPATH"] = pythonpath
     process = subprocess.Popen(
-        [sys.executable, "-m", "gptzoo", "serve", model, "--port", "0"],
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        [sys.executable, "-m", "gptzoo", "serve", model, "--port", "0"], stderr=subprocess.PIPE, text=True, env=env
     )
     assert process.stderr is not None
     for line in process.stderr:
