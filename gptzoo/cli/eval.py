@@ -118,20 +118,19 @@ def run_tasks(args: argparse.Namespace, out: Console, err: Console) -> None:
     try:
         with importing():
             from gptzoo.evaluation import harness
+            from gptzoo.evaluation.tasks import check_tasks
     except ImportError as exc:
         missing = (exc.name or "lm_eval").split(".")[0]
         raise GptzooError(
             f"gptzoo eval --tasks needs lm-evaluation-harness ({missing} is missing): {HARNESS_EXTRA}"
         ) from None
     registry = command_registry(err)
-    found = harness.check_tasks(tasks, args.include_path)
+    found = check_tasks(tasks, args.include_path, args.num_fewshot)
     loaded = load_named(args, registry, dtype=args.dtype, err=err)
     for warning in loaded.warnings:
         warn(err, warning)
     with status(err, f"running {', '.join(found.names)}", quiet=args.json):
-        results = harness.run_tasks(
-            loaded, found, num_fewshot=args.num_fewshot, limit=args.limit, batch_size=args.batch or 1, registry=registry
-        )
+        results = harness.run_tasks(loaded, found, limit=args.limit, batch_size=args.batch or 1, registry=registry)
     if args.json:
         print_json(out, harness.summary(results))
         return

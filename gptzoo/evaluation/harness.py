@@ -14,8 +14,6 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -24,7 +22,8 @@ import transformers
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
-from gptzoo.errors import GptzooError, suggest
+from gptzoo.errors import GptzooError
+from gptzoo.evaluation.tasks import Tasks
 from gptzoo.inference.generate import generate_text
 from gptzoo.inference.sampling import SamplerChain, chain_spec
 from gptzoo.loader import Loaded, load_any
@@ -127,51 +126,24 @@ class GptzooLM(HFLM):
         return out
 
 
-@dataclass(frozen=True)
-class Tasks:
-    """Task names the harness knows (its own, and those of ``--include-path``), and its task manager."""
-
-    names: list[str]
-    manager: Any
-
-
-def check_tasks(names: Sequence[str], include_path: str | None = None) -> Tasks:
-    """The harness's tasks of these names.
-
-    Raises:
-        GptzooError: an include path that is not a folder, a task the harness does not know (with the
-            names closest to it).
-    """
-    from lm_eval.tasks import TaskManager
-
-    if include_path is not None and not Path(include_path).is_dir():
-        raise GptzooError(f"--include-path {include_path!r} is not a folder; give the folder of your task YAML files")
-    manager = TaskManager(include_path=include_path)
-    known = manager.all_tasks
-    for name in names:
-        if name not in known:
-            raise GptzooError(f"lm-evaluation-harness has no task {name!r}{suggest(name, known)}")
-    return Tasks(list(names), manager)
-
-
 def run_tasks(
     loaded: Loaded,
     tasks: Tasks,
     *,
-    num_fewshot: int | None = None,
     limit: int | None = None,
     batch_size: int = 1,
     registry: Registry | None = None,
     log_samples: bool = False,
 ) -> dict[str, Any]:
-    """The harness's ``simple_evaluate`` of ``tasks`` with :class:`GptzooLM` over the loaded model."""
+    """The harness's ``simple_evaluate`` of ``tasks`` (built and checked by
+    :func:`gptzoo.evaluation.tasks.check_tasks`, with its ``num_fewshot``) with :class:`GptzooLM` over the
+    loaded model."""
     from lm_eval import simple_evaluate
 
     model = GptzooLM(loaded, batch_size=batch_size, registry=registry)
     results = simple_evaluate(
         model=model,
-        tasks=tasks.names,
-        num_fewshot=num_fewshot,
+        tasks=tasks.built,
         limit=limit,
         task_manager=tasks.manager,
         log_samples=log_samples,

@@ -17,7 +17,8 @@ lm_eval = pytest.importorskip("lm_eval")
 from cli_run import run_error, run_json  # noqa: E402
 
 import gptzoo  # noqa: E402
-from gptzoo.evaluation.harness import check_tasks, run_tasks  # noqa: E402
+from gptzoo.evaluation.harness import run_tasks  # noqa: E402
+from gptzoo.evaluation.tasks import check_tasks  # noqa: E402
 from gptzoo.fetch import fetch  # noqa: E402
 from gptzoo.loader import load_any  # noqa: E402
 
@@ -133,3 +134,105 @@ def test_bad_task_options_are_user_errors(capsys: pytest.CaptureFixture[str], tm
     assert "give one or the other" in run_error(
         capsys, "eval", NAME, "--tasks", "gptzoo_capitals", "--text", str(TASKS_DIR / "capitals.jsonl")
     )
+
+
+TASK = """task: {name}
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{question}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: answer
+metric_list:
+  - metric: acc
+"""
+
+BROKEN = {  # name -> (the change to a working task, the message's tail)
+    "empty": ("data: EMPTY", "): its data file has no documents; give it at least one"),
+    "missing": ("data: MISSING", "): a data file is missing (Unable to find '{tmp}/missing.jsonl'); data_files are"),
+    "badtype": (
+        "output_type: multiple_choise",
+        ") cannot be loaded: Got invalid output_type 'multiple_choise', must be in 'loglikelihood,",
+    ),
+    "field": (
+        'doc_to_text: "{{questoin}}"',
+        "): a template names a field its documents do not have ('questoin' is undefined)",
+    ),
+    "target": (
+        'doc_to_target: "{{answr}}"',
+        "): a template names a field its documents do not have ('answr' is undefined)",
+    ),
+    "function": (
+        "doc_to_text: !function nomodule.text",
+        "): Cannot import module 'nomodule' for function 'text' (from YAML in {tmp}); a !function names",
+    ),
+    "hub": ("dataset_path: nobody/no_such_dataset", "): cannot fetch its dataset (Couldn't reach 'nobody/no_such_"),
+}
+
+
+def task_error(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    """The error of ``gptzoo eval *args``, after the datasets library's progress lines."""
+    message = run_error(capsys, "eval", *args)
+    return message[message.index("error: ") :]
+
+
+def broken_task(tmp_path: Path, name: str, change: str) -> None:
+    text = TASK.format(name=name, data=tmp_path / "capitals.jsonl")
+    (tmp_path / "capitals.jsonl").write_text((TASKS_DIR / "capitals.jsonl").read_text())
+    (tmp_path / "empty.jsonl").write_text("")
+    key = change.split(":")[0]
+    if change.startswith("data: "):
+        line = f"    test: {tmp_path / change.removeprefix('data: ').lower()}.jsonl"
+        text = "\n".join(line if row.startswith("    test:") else row for row in text.splitlines()) + "\n"
+    else:
+        text = "\n".join(change if row.startswith(key + ":") else row for row in text.splitlines()) + "\n"
+        if key == "dataset_path":
+            text = text.replace("dataset_kwargs:\n  data_files:\n", "").replace("    test: ", "# ")
+    (tmp_path / f"{name}.yaml").write_text(text)
+
+
+@pytest.mark.parametrize("name", sorted(BROKEN))
+def test_a_broken_task_is_named_before_the_model_loads(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each mistake in a task of one's own is a message naming the task, its file and the fix (exit 2),
+    before the model loads; they were tracebacks, or read "cannot write the output"."""
+    import gptzoo.cli.model as cli_model
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(cli_model, "load_named", lambda *a, **k: pytest.fail("the model loaded"))
+    change, tail = BROKEN[name]
+    broken_task(tmp_path, f"mine_{name}", change)
+    message = task_error(capsys, NAME, "--tasks", f"mine_{name}", "--include-path", str(tmp_path))
+    assert message.startswith(f"error: task 'mine_{name}' ({tmp_path / f'mine_{name}.yaml'})")
+    assert tail.format(tmp=tmp_path) in message
+
+
+def test_a_task_file_that_is_not_yaml_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    broken_task(tmp_path, "mine", "metric_list:")
+    (tmp_path / "mine.yaml").write_text((tmp_path / "mine.yaml").read_text() + "  bad: [unclosed\n")
+    message = run_error(capsys, "eval", NAME, "--tasks", "mine", "--include-path", str(tmp_path))
+    assert message == (
+        f"error: lm-evaluation-harness has no task 'mine'; {tmp_path / 'mine.yaml'} names it but is not valid YAML "
+        "(expected <block end>, but found '?' at line 13, column 3): fix the file"
+    )
+
+
+@pytest.mark.parametrize(("split", "most"), [("", 8), ("fewshot_split: test\n", 7)])
+def test_num_fewshot_beyond_the_documents_is_refused(
+    split: str, most: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Examples drawn from the evaluated split leave the question out (one fewer) where the harness does."""
+    broken_task(tmp_path, "mine", "metric_list:")
+    (tmp_path / "mine.yaml").write_text((tmp_path / "mine.yaml").read_text() + split)
+    shots = str(most + 1)
+    message = task_error(capsys, NAME, "--tasks", "mine", "--include-path", str(tmp_path), "--num-fewshot", shots)
+    assert message == (
+        f"error: --num-fewshot {shots}: task 'mine' ({tmp_path / 'mine.yaml'}) has {most} document(s) to draw "
+        f"examples from; give --num-fewshot {most} or fewer"
+    )
+    found = check_tasks(["mine"], str(tmp_path), most)  # the most it names is accepted
+    assert [task.get_config("num_fewshot") for task in found.built] == [most]
