@@ -266,7 +266,9 @@ SHAPE_KEPT = ("norm", "mlp")
 
 def shape_problem(module: nn.Module, width: int) -> str | None:
     """Why the module's forward on a (1, 2, width) input (on its own device, in its parameters' dtype:
-    shapes only on the meta device) is not of that shape, or None."""
+    shapes only on the meta device) is not of that shape, or None. On the meta device a forward that
+    needs values (``bincount``, ``.item()``, an op without a meta kernel) cannot run: None, and the
+    shape is checked where the model is built on a real device."""
     import torch
 
     tensor = next(itertools.chain(module.parameters(), module.buffers()), None)
@@ -277,7 +279,12 @@ def shape_problem(module: nn.Module, width: int) -> str | None:
         else torch.zeros(1, 2, width)
     )
     with torch.no_grad():
-        y = module(x)
+        try:
+            y = module(x)
+        except (NotImplementedError, RuntimeError) as exc:
+            if x.device.type == "meta" and (isinstance(exc, NotImplementedError) or "meta" in str(exc).lower()):
+                return None
+            raise
     shape = tuple(y.shape) if isinstance(y, torch.Tensor) else None
     if shape == tuple(x.shape):
         return None

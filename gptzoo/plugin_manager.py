@@ -86,6 +86,9 @@ class PluginInfo:
     error: str | None = None
     warning: str | None = None
     """What is wrong with a plugin that loaded, e.g. that it implements no hook (it registers nothing)."""
+    refused: tuple[str, ...] = ()
+    """The subsystem registrations refused while its components loaded (``its register_cache_rows was
+    refused (...)``): what works without them, e.g. one sequence at a time instead of a shared batch."""
     contract: int | None = None
     """The plugin contract version it declares it was written for (gptzoo.hookspecs.CONTRACT_ATTRIBUTE);
     None when it declares none. The built-ins are written for this gptzoo's."""
@@ -186,10 +189,23 @@ def _exit_stand_in(code: int) -> NoReturn:
     _real_exit(code)
 
 
-def _warn_slow(info: PluginInfo, doing: str, seconds: float) -> None:
+def load_factor() -> float:
+    """How many times slower than on an idle machine code may run now: the 1-minute load average per
+    core, at least 1 (1 where the platform has no load average)."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return 1.0
+    return max(1.0, load / (os.cpu_count() or 1))
+
+
+def _warn_slow(info: PluginInfo, doing: str, seconds: float, factor: float) -> None:
+    waited = f"{seconds * factor:.3g} s" if factor > 1 else f"{seconds:g} s"
+    loaded = f" ({WARN_ENV}={seconds:g}, stretched for a load of {factor:.2g} processes per core)" if factor > 1 else ""
     line = (
         f"warning: plugin {info.name!r} (module {info.module}, distribution {info.distribution} {info.version}) "
-        f"is still {doing} after {seconds:g} s; set {NO_PLUGINS_ENV}=1 or uninstall {info.distribution} to skip it"
+        f"is still {doing} after {waited}{loaded}; it may only be slow ({WARN_ENV} sets how long to wait, 0 never "
+        f"warns); {NO_PLUGINS_ENV}=1 or uninstalling {info.distribution} skips it"
     )
     try:
         print(line, file=sys.stderr, flush=True)
@@ -215,8 +231,11 @@ def exit_guard() -> Iterator[None]:
 @contextmanager
 def guarded(info: PluginInfo, doing: str, warn_s: float) -> Iterator[None]:
     """Run a third-party plugin's import or registration under :func:`exit_guard`, and if it takes
-    longer than ``warn_s`` seconds (0: never) one line on stderr names the plugin and how to skip it."""
-    timer = threading.Timer(warn_s, _warn_slow, (info, doing, warn_s)) if warn_s > 0 else None
+    longer than ``warn_s`` seconds (0: never), stretched by the machine's :func:`load_factor` (a plugin
+    is not blamed for a busy machine), one line on stderr names the plugin and how to skip it."""
+    factor = load_factor() if warn_s > 0 else 1.0
+    wait = min(warn_s * factor, threading.TIMEOUT_MAX)
+    timer = threading.Timer(wait, _warn_slow, (info, doing, warn_s, factor)) if warn_s > 0 else None
     with exit_guard():
         try:
             if timer is not None:

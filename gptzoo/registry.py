@@ -7,8 +7,11 @@ registrations are accepted all together or not at all: a plugin that registers o
 factory that is not callable or has a parameter without a default, a doc that is not a str or holds
 a control character, an override that is not a bool) or raises is marked failed, and the entries of
 the others stand; the names it registered before failing are remembered, so that using one says
-which plugin failed. A ``register`` called after its hook returned (a plugin that kept it) raises a
-PluginError instead of registering what nobody would see. A third-party plugin's hooks run under
+which plugin failed. A subsystem's hook (decode lowerings, HF layouts, cache rows, adapter parts...) is
+the exception: one that raises or is refused loses its own rows only, and the plugin's components load
+without them (an eager step, no layout, one sequence at a time), the refusal kept in the plugin's
+report (``PluginInfo.refused``). A ``register`` called after its hook returned (a plugin that kept it)
+raises a PluginError instead of registering what nobody would see. A third-party plugin's hooks run under
 :func:`gptzoo.plugin_manager.guarded` (os._exit is caught, a slow one is named on stderr).
 
 By reference. ``register("dyt", "gptzoo_dyt.norms:DyT", doc="...")`` names the factory by where it lives
@@ -345,10 +348,13 @@ class Registry:
         builtin: bool = False,
         attempted: list[tuple[str, str]] | None = None,
         contract: int | None = None,
-    ) -> None:
-        """Call every register hook of one plugin; commit its entries only if all are valid.
-        ``attempted`` receives the (kind, name) of each registration with a valid name, even when
-        the plugin then fails; ``contract``: the contract version the plugin declares."""
+    ) -> list[str]:
+        """Call every register hook of one plugin; commit its components and recipes only if all are valid.
+        A subsystem's hook (a decode lowering, an HF layout, cache rows...) that raises or registers what
+        its table refuses loses that hook's rows only: the plugin's components work without it (an eager
+        step, no layout, one sequence at a time), and the messages are returned (a built-in's raise).
+        ``attempted`` receives the (kind, name) of each registration with a valid name, even when the
+        plugin then fails; ``contract``: the contract version the plugin declares."""
         plugin = pm.get_plugin(plugin_name)
         staged: list[tuple[Entry, bool]] = []
         for kind in KINDS:
@@ -357,13 +363,15 @@ class Registry:
                 plugin,
                 lambda kind=kind: self._stager(kind, provenance, staged, attempted, contract),
             )
-        rows = {
-            intake.hook: intake.placed(
-                self.rows.get(intake.hook, []),
-                intake.stage(getattr(pm.hook, intake.hook), plugin, provenance, contract),
-            )
-            for intake in pm.intakes
-        }
+        rows, refused = {}, []
+        for intake in pm.intakes:
+            try:
+                staged_rows = intake.stage(getattr(pm.hook, intake.hook), plugin, provenance, contract)
+                rows[intake.hook] = intake.placed(self.rows.get(intake.hook, []), staged_rows)
+            except Exception as exc:  # a plugin's own code may raise anything; KeyboardInterrupt goes up
+                if builtin:
+                    raise
+                refused.append(f"its {intake.hook} was refused ({describe_raised(exc)})")
         recipes: list[PluginRecipe] = []
         call_hook(pm.hook.register_recipes, plugin, lambda: _recipe_stager(provenance, recipes))
         self._check_recipes(recipes)
@@ -385,6 +393,7 @@ class Registry:
             self._place(entry, override)
         self.rows.update(rows)
         self.recipes += recipes
+        return refused
 
     def _check_recipes(self, recipes: list[PluginRecipe]) -> None:
         """One plugin's recipes: each name once per kind (recipe, sweep) within the plugin's distribution."""
@@ -673,7 +682,7 @@ def registry_from(pm: GptzooPluginManager) -> Registry:
         attempted: list[tuple[str, str]] = []
         try:
             with guarded(info, "registering", pm.warn_s):
-                registry.add_plugin(pm, info.name, provenance, attempted=attempted, contract=info.contract)
+                refused = registry.add_plugin(pm, info.name, provenance, attempted=attempted, contract=info.contract)
         except BaseException as exc:  # a plugin's own code may raise anything, even KeyboardInterrupt
             message = describe_failure(exc, "while registering")
             if pm.strict:
@@ -681,6 +690,11 @@ def registry_from(pm: GptzooPluginManager) -> Registry:
             pm.reports[i] = replace(info, status="failed", error=message)
             for key in attempted:
                 registry._failed_names.setdefault(key, pm.reports[i])
+            continue
+        if refused:
+            if pm.strict:
+                raise PluginError(strict_failure(info, "loaded, but " + "; ".join(refused)))
+            pm.reports[i] = replace(info, refused=tuple(refused))
     registry.plugins = list(pm.reports)
     return registry
 

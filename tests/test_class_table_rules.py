@@ -14,6 +14,7 @@ from fakedist import FakeSite
 
 import gptzoo
 from gptzoo.adapters.targets import model_parts, offered
+from gptzoo.cli import main
 from gptzoo.errors import GptzooError, GptzooWarning
 from gptzoo.inference import matvec
 from gptzoo.inference.decode_plan import compile_step
@@ -70,16 +71,21 @@ def register_cache_rows(register):
 """
 
 
-def test_two_plugins_moving_one_cache_class_fail_the_later_unless_it_overrides(fake_site: FakeSite) -> None:
+def test_two_plugins_moving_one_cache_class_refuse_the_later_unless_it_overrides(fake_site: FakeSite) -> None:
+    """The later plugin's mover is refused, not the plugin: its components (here none) still load, and the
+    refusal is in its report, `gptzoo plugins` and each command's warnings."""
     fake_site.add("mover_a", "gz_mover_a", MOVER.format(override=""))
     fake_site.add("mover_b", "gz_mover_b", MOVER.format(override=""))
     registry = gptzoo.get_registry()
-    (failed,) = registry.failed
-    assert failed.distribution == "gptzoo-fake-mover_b"
-    assert failed.error == (
-        "the mover of gz_own:Cache is registered by both gz_mover_a (gptzoo-fake-mover_a 1.0) and gz_mover_b "
-        "(gptzoo-fake-mover_b 1.0); register the later one with override=True"
+    assert registry.failed == []
+    (later,) = [p for p in registry.plugins if p.distribution == "gptzoo-fake-mover_b"]
+    assert later.refused == (
+        "its register_cache_rows was refused (the mover of gz_own:Cache is registered by both "
+        "gz_mover_a (gptzoo-fake-mover_a 1.0) and gz_mover_b (gptzoo-fake-mover_b 1.0); register the later one "
+        "with override=True)",
     )
+    (row,) = registry.rows["register_cache_rows"]
+    assert row.provenance.plugin == "gz_mover_a"
     fake_site.add("mover_c", "gz_mover_c", MOVER.format(override=", override=True"))
     (row,) = gptzoo.get_registry().rows["register_cache_rows"]
     assert (row.provenance.plugin, row.overrides.plugin) == ("gz_mover_c", "gz_mover_a")
@@ -174,13 +180,16 @@ def test_a_quantized_linears_row_naming_no_linear_is_refused_naming_it(fake_site
 
 
 @pytest.mark.parametrize("linears", ["'all'", "('c_fc', 3)"])
-def test_a_malformed_quantized_linears_registration_fails_its_plugin(fake_site: FakeSite, linears: str) -> None:
+def test_a_malformed_quantized_linears_registration_is_refused(fake_site: FakeSite, linears: str) -> None:
     fake_site.add("quantized", "gz_quantized", QUANTIZED.format(linears=linears))
-    (failed,) = gptzoo.get_registry().failed
-    assert failed.error.startswith(
-        "gz_quantized (gptzoo-fake-quantized 1.0) registered the quantized linears of gptzoo_plugins._mlps:GatedMLP as "
+    registry = gptzoo.get_registry()
+    assert registry.failed == [] and registry.rows["register_quantized_linears"] == []
+    ((refusal,),) = [p.refused for p in registry.plugins if p.module == "gz_quantized"]
+    assert refusal.startswith(
+        "its register_quantized_linears was refused (gz_quantized (gptzoo-fake-quantized 1.0) "
+        "registered the quantized linears of gptzoo_plugins._mlps:GatedMLP as "
     )
-    assert failed.error.endswith("; pass True, False or a tuple of the paths of its nn.Linear modules")
+    assert refusal.endswith("; pass True, False or a tuple of the paths of its nn.Linear modules)")
 
 
 def test_the_int8_attribute_of_contract_4_still_keeps_linears_in_float_with_one_warning() -> None:
@@ -199,4 +208,62 @@ def test_the_int8_attribute_of_contract_4_still_keeps_linears_in_float_with_one_
     assert len(said) == 1 and said[0].startswith(
         "test_class_table_rules:test_the_int8_attribute_of_contract_4_still_keeps_linears_in_float_with_one_warning."
         "<locals>.KeepsDown says which of its linears --dtype int8 and int4 may quantize with a class attribute int8"
+    )
+
+
+NORM_AND_BROKEN_LOWERING = """
+import gptzoo
+import torch
+gptzoo_contract = 7
+
+class MyNorm(torch.nn.Module):
+    def __init__(self, dim: int = 8, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return x * self.weight
+
+@gptzoo.hookimpl
+def register_norms(register):
+    register("mynorm", MyNorm, doc="a norm")
+
+@gptzoo.hookimpl
+def register_decode_lowerings(register):
+    register(MyNorm, "not a function")
+
+@gptzoo.hookimpl
+def register_hf_layouts(register):
+    raise RuntimeError("the layout table is not ready")
+"""
+
+
+def test_a_refused_subsystem_registration_leaves_the_plugin_s_components(
+    fake_site: FakeSite, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One refused (or raising) subsystem hook loses that hook's rows, not the plugin: its norm builds,
+    `gptzoo plugins` shows the refusals, a command warns of them, and strict mode still fails."""
+    from cli_run import run_json
+
+    fake_site.add("brokenlow", "gz_brokenlow", NORM_AND_BROKEN_LOWERING)
+    registry = gptzoo.get_registry()
+    assert registry.failed == [] and "mynorm" in registry.names("norm")
+    (info,) = [p for p in registry.plugins if p.module == "gz_brokenlow"]
+    assert info.refused == (
+        "its register_decode_lowerings was refused (gz_brokenlow (gptzoo-fake-brokenlow 1.0) registered the "
+        "lowering of gz_brokenlow:MyNorm with a reference that is not 'module:attribute': 'not a function')",
+        "its register_hf_layouts was refused (RuntimeError: the layout table is not ready)",
+    )
+    norm = registry.get("norm", "mynorm").factory(dim=4)
+    assert torch.equal(norm(torch.full((2, 4), 3.0)), torch.full((2, 4), 3.0))
+    report = run_json(capsys, "plugins")
+    (row,) = [r for r in report if r["module"] == "gz_brokenlow"]
+    assert row["status"] == "ok" and row["refused"] == list(info.refused)
+    assert main(["build", "gpt2-tiny", "--set", "model.norm=mynorm"]) == 0
+    warned = " ".join(capsys.readouterr().err.split())
+    assert f"plugin 'brokenlow' (gptzoo-fake-brokenlow 1.0) loaded, but {info.refused[1]}" in warned
+    with pytest.raises(gptzoo.PluginError) as raised:
+        gptzoo.get_registry(strict=True)
+    assert str(raised.value).startswith(
+        "plugin 'brokenlow' (gptzoo-fake-brokenlow 1.0) loaded, but its register_decode_lowerings was refused ("
     )

@@ -21,9 +21,13 @@ def importing() -> Iterator[None]:
 
 
 def command_registry(err: Console) -> Registry:
-    """The one registry a command validates, builds and loads with; failed plugins are warnings."""
+    """The one registry a command validates, builds and loads with; failed plugins, and refused subsystem
+    registrations of plugins that loaded, are warnings."""
     registry = get_registry()
     for info in registry.failed:
         message = f"plugin {info.name!r} ({info.distribution} {info.version}) failed: {info.error}"
         warn(err, f"{message}; see `gptzoo plugins`")
+    for info in registry.plugins:
+        for refusal in info.refused:
+            warn(err, f"plugin {info.name!r} ({info.distribution} {info.version}) loaded, but {refusal}")
     return registry

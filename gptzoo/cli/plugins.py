@@ -118,4 +118,6 @@ def check_plugins(args: argparse.Namespace, out: Console, err: Console) -> int:
 def _plugin_status(row: dict[str, Any]) -> str:
     if row["status"] != "ok":
         return f"[red]failed[/red]: {text(row['error'] or '')}"
-    return "[green]ok[/green]" + (f"\n[yellow]warning[/yellow]: {text(row['warning'])}" if row["warning"] else "")
+    notes = [f"\n[yellow]warning[/yellow]: {text(row['warning'])}"] if row["warning"] else []
+    notes += [f"\n[yellow]refused[/yellow]: {text(refusal)}" for refusal in row.get("refused", ())]
+    return "[green]ok[/green]" + "".join(notes)

@@ -613,6 +613,39 @@ def check_cache_padded(subject: Subject, partner: Entry) -> str:
     return f"decoded {length - PREFILL - PAD} tokens after a padded prefill"
 
 
+def check_cache_rows(subject: Subject, partner: Entry) -> str:
+    """Sequences prefilled in caches of their own, then gathered into one batch by their layer caches'
+    movers (gptzoo.inference.batching.gather, as ``gptzoo serve`` batches them: row 2 of a two-row cache
+    and row 1 of another, of different lengths, right-aligned), decode as each does alone. Optional: a
+    cache no mover knows is served one sequence at a time, which the cache checks cover."""
+    from gptzoo.inference.batching import Row, gather, unbatchable
+
+    model = pair_model(subject, partner)
+    length = decode_length(subject)
+    idx = tokens(length, batch=3)
+    longer = PREFILL + 2
+    with torch.no_grad():
+        expected = model(idx)
+        pair, lone = model.init_cache(2, length), model.init_cache(1, length)
+        why = unbatchable(pair, subject.registry)
+        if why is not None:
+            return f"served one sequence at a time: {why}"
+        model(idx[:2, :PREFILL], pair)
+        model(idx[2:, :longer], lone)
+        cache = gather(model, [Row(lone, 0, longer), Row(pair, 1, PREFILL)], length, subject.registry)
+        for step in range(length - longer):
+            at = (longer + step, PREFILL + step)  # each row's next position
+            logits = model(torch.stack([idx[2, at[0]], idx[1, at[1]]])[:, None], cache)[:, -1]
+            for row, (seq, t) in enumerate(((2, at[0]), (1, at[1]))):
+                if (logits[row] - expected[seq, t]).abs().amax() > ATOL:
+                    raise Failed(
+                        f"two sequences gathered into one batch by the mover of {type(cache.layers[0]).__name__} "
+                        f"(register_cache_rows) decode otherwise than alone: batch row {row + 1} differs at "
+                        f"position {t} (rows of {longer} and {PREFILL} tokens, right-aligned); fix the mover"
+                    )
+    return f"decoded {length - longer} steps of two sequences ({longer} and {PREFILL} tokens) gathered into one batch"
+
+
 def check_decode_plan(subject: Subject) -> str:
     """Decoding steps through the native plan (gptzoo.inference.decode_plan) give the logits of the
     eager steps, each component lowered by the lowering of its class (gptzoo.inference.lowerings: the
@@ -852,6 +885,8 @@ def _checks(subject: Subject) -> Iterator[Planned]:
     for partner in subject.registry.entries(partner_kind):
         for name, fn in (("causality", check_causality), ("cache", check_cache), ("cache-padded", check_cache_padded)):
             yield add(name, fn, partner)
+        if kind == "attention":
+            yield add("cache-rows", check_cache_rows, partner)
 
 
 def args_labels(args: tuple[Any, ...]) -> list[str]:

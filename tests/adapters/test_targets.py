@@ -128,18 +128,20 @@ def test_a_split_whose_rows_do_not_add_up_is_refused_by_name(registry: gptzoo.Re
     )
 
 
-def test_a_registration_that_is_not_a_split_fails_the_plugin(
-    fake_site: FakeSite, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_registration_that_is_not_a_split_is_refused(fake_site: FakeSite, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plugin's adapter parts are refused (fatal in strict mode); its mlp still loads."""
     monkeypatch.delenv("GPTZOO_NO_PLUGINS", raising=False)
     fake_site.add("badsplit", "gptzoo_fake_badsplit", PLUGIN.replace('{"w_in": lambda', '{"w_in": 3, "x": lambda'))
+    refusal = (
+        "its register_adapter_parts was refused (gptzoo_fake_badsplit (gptzoo-fake-badsplit 1.0) registered "
+        "adapter parts for gptzoo_fake_badsplit:SplitMLP that are not {attribute: split function}"
+    )
+    registry = gptzoo.get_registry()
+    (info,) = [p for p in registry.plugins if p.distribution == "gptzoo-fake-badsplit"]
+    assert info.status == "ok" and info.refused[0].startswith(refusal)
     with pytest.raises(PluginError) as raised:
         gptzoo.get_registry(strict=True)
-    assert (
-        "plugin 'badsplit' (gptzoo-fake-badsplit 1.0) failed while registering: gptzoo_fake_badsplit "
-        "(gptzoo-fake-badsplit 1.0) registered adapter parts for gptzoo_fake_badsplit:SplitMLP that are not "
-        "{attribute: split function}"
-    ) in str(raised.value)
+    assert f"plugin 'badsplit' (gptzoo-fake-badsplit 1.0) loaded, but {refusal}" in str(raised.value)
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,8 @@
 """Mistakes a plugin author makes that the conformance kit catches with one reason each: a parameter
 forward never uses (a norm that forgets its weight, an MoE whose router decides nothing, or decides
-only through topk's indices), a norm that does not normalize or mixes positions, and a component that
-cannot run on int8 linears."""
+only through topk's indices), a norm that does not normalize or mixes positions, a component that
+cannot run on int8 linears, and a cache mover that moves the wrong positions (which ``gptzoo serve``
+would turn into wrong answers)."""
 
 from __future__ import annotations
 
@@ -139,3 +140,41 @@ def test_a_component_that_keeps_its_linears_in_float_passes_the_int8_check(fake_
     kept = FRONTIER.replace(FUSED, STRICT + FUSED).replace(declared, "    int8 = False\n\n" + declared)
     add_frontier(fake_site, kept)
     assert result("mlp", "routed_moe", "int8") == ("passed", "0 linears in int8, 0.0e+00 from float32")
+
+
+MOVER = """
+
+def move_latent(dst, i, dst_end, src, j, src_end, n):
+    dst.latent[i, dst_end - n : dst_end] = src.latent[j, src_end - n : src_end]
+
+
+@gptzoo.hookimpl
+def register_cache_rows(register):
+    register(LatentCache, move_latent)
+"""
+RIGHT = "dst.latent[i, dst_end - n : dst_end] = src.latent[j, src_end - n : src_end]"
+
+
+@pytest.mark.parametrize(
+    ("mover", "detail"),
+    [
+        (RIGHT, "decoded 24 steps of two sequences (5 and 3 tokens) gathered into one batch"),
+        (
+            RIGHT.replace("src.latent[j,", "src.latent[0,"),  # always the source cache's first row
+            "two sequences gathered into one batch by the mover of LatentCache (register_cache_rows) decode otherwise "
+            "than alone: batch row 2 differs at position 3 (rows of 5 and 3 tokens, right-aligned); fix the mover",
+        ),
+        (
+            RIGHT.replace("dst_end - n : dst_end]", ": n]"),  # left-aligned in the batch
+            "two sequences gathered into one batch by the mover of LatentCache (register_cache_rows) decode otherwise "
+            "than alone: batch row 2 differs at position 3 (rows of 5 and 3 tokens, right-aligned); fix the mover",
+        ),
+        (None, "served one sequence at a time: its layer cache "),
+    ],
+)
+def test_a_cache_mover_is_held_to_decode_as_each_sequence_alone(
+    fake_site: FakeSite, mover: str | None, detail: str
+) -> None:
+    add_frontier(fake_site, FRONTIER if mover is None else FRONTIER + MOVER.replace(RIGHT, mover))
+    status, got = result("attention", "latent", "cache-rows[rope]")
+    assert (status, got[: len(detail)]) == ("failed" if mover not in (RIGHT, None) else "passed", detail)

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from cli_run import run_error
 from fakedist import FakeSite
 
@@ -45,10 +46,23 @@ class Narrows(nn.Module):
         return x[..., : x.shape[-1] // 2]
 
 
+class Counts(nn.Module):
+    '''A norm whose forward needs values: bincount has no meta kernel.'''
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        busy = torch.bincount((x.abs() > 1).long().flatten(), minlength=2)
+        return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) + 0 * busy[0]
+
+
 @gptzoo.hookimpl
 def register_norms(register):
     register("longfails", LongFails)
     register("narrows", Narrows)
+    register("counts", Counts)
 """
 PLUGIN = "gptzoo_fake_broken (gptzoo-fake-broken 1.0)"
 FAILED = (
@@ -144,3 +158,15 @@ def test_sweep_names_it(
         encoding="utf-8",
     )
     assert error_line(capsys, "sweep", str(spec), "--out", str(tmp_path / "out"), *jobs) == FAILED
+
+
+def test_a_forward_that_cannot_run_on_the_meta_device_still_builds(
+    broken: FakeSite, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """build (and every load, which builds on the meta device first) probes a norm's shape with its
+    forward; one that needs values (bincount) is probed where the model is built on a real device."""
+    assert main(["build", "gpt2-tiny", "--set", "model.norm=counts", "--json"]) == 0
+    components = json.loads(capsys.readouterr().out)["components"]
+    assert [c["name"] for c in components if c["kind"] == "norm"] == ["counts"]
+    model = gptzoo.build_model(gptzoo.load_recipe("gpt2-tiny", ["model.norm=counts"]))
+    assert model(torch.zeros(1, 3, dtype=torch.long)).shape == (1, 3, model.recipe.model.vocab_size)
