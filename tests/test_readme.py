@@ -62,7 +62,8 @@ def test_the_test_folders_mirror_the_package() -> None:
 
 
 def test_the_sweep_example_has_a_quick_budget(tmp_path: Path) -> None:
-    """The README's example spec as written: 4 runs of 400 steps of 1,024 tokens, each scored on the first
+    """The README's example spec as written: the base and one swap, each at two learning rates, so its report
+    compares something; 4 runs of 400 steps of 1,024 tokens, each scored on the first
     16,384 tokens of the val split (EVAL_TOKENS, the default it does not set) at each of its 3 lengths, not on
     the whole split (500k tokens of Shakespeare, which took minutes a run)."""
     from gptzoo.registry import default_registry
@@ -74,8 +75,9 @@ def test_the_sweep_example_has_a_quick_budget(tmp_path: Path) -> None:
     spec = read_spec(tmp_path / "my-sweep.toml")
     runs = tasks(spec, tmp_path / "out", tmp_path / "data", default_registry())
     assert [(t.variant, t.seed) for t in runs] == [
-        (v, s) for v in ("swiglu+lr=0.0003", "swiglu+lr=0.003") for s in (0, 1)
+        (f"{v}+lr={lr}", 0) for v in ("gelu_tanh", "swiglu") for lr in ("0.0003", "0.003")
     ]
+    assert runs[0].recipe.model.activation.name == "gelu_tanh"  # the base row, the swap read against it
     assert {(t.recipe.train.max_steps, tokens_per_step(t.recipe)) for t in runs} == {(400, 1024)}
     assert {(t.eval_max_tokens, t.eval_lengths) for t in runs} == {(EVAL_TOKENS, (128, 256, 512))}
     assert EVAL_TOKENS == 16384

@@ -47,6 +47,11 @@ def positive_int(text: str) -> int:
     return value
 
 
+def count_or_all(text: str) -> int | None:
+    """A positive integer, or ``all`` (None: no limit)."""
+    return None if text.strip().lower() == "all" else positive_int(text)
+
+
 def lengths(text: str) -> list[int]:
     """Comma-separated positive integers: --lengths 128,256,512."""
     values = [positive_int(part.strip()) for part in text.split(",") if part.strip()]

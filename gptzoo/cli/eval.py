@@ -5,12 +5,18 @@ from __future__ import annotations
 import argparse
 from contextlib import nullcontext
 
-from gptzoo.cli.args import Parser, Subparsers, integer, lengths, positive_int
+from gptzoo.cli.args import Parser, Subparsers, count_or_all, integer, lengths, positive_int
 from gptzoo.cli.console import Console, print_json, status, warn
 from gptzoo.cli.library import command_registry, importing
 from gptzoo.cli.model import load_named, model_parser
 from gptzoo.defaults import PRECISIONS
 from gptzoo.errors import GptzooError
+
+DATA_SAMPLE = 65_536
+"""The val tokens of prepared data ``eval --data`` scores without --max-tokens: a sample whose loss is known
+to about 1% (the val.bin of a corpus may hold millions: minutes of scoring at each length)."""
+UNSET = -1
+"""--max-tokens not given."""
 
 
 def add_parser(sub: Subparsers, common: Parser) -> Parser:
@@ -41,7 +47,14 @@ def add_parser(sub: Subparsers, common: Parser) -> Parser:
         "--stride", type=positive_int, metavar="S", help="tokens between sliding windows (default: half the length)"
     )
     p.add_argument("--batch", type=positive_int, metavar="B", help="windows per forward (default: by memory)")
-    p.add_argument("--max-tokens", type=positive_int, metavar="N", help="only the first N tokens of each text")
+    p.add_argument(
+        "--max-tokens",
+        type=count_or_all,
+        default=UNSET,
+        metavar="N|all",
+        help=f"only the first N tokens of each text (default: all of a --text file, the first {DATA_SAMPLE:,} of a "
+        "--data's val.bin)",
+    )
     p.add_argument(
         "--dtype",
         choices=tuple(PRECISIONS),
@@ -71,9 +84,20 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> None:
         from gptzoo.evaluation import eval_model
         from gptzoo.evaluation.display import EvalProgress, render_eval
         from gptzoo.evaluation.perplexity import nothing_scored
-        from gptzoo.evaluation.texts import check_inputs
+        from gptzoo.evaluation.texts import check_inputs, val_tokens
 
     check_inputs(args.text, args.data)  # before the model loads, which may take minutes
+    data_tokens = DATA_SAMPLE if args.max_tokens == UNSET else args.max_tokens
+    max_tokens = None if args.max_tokens == UNSET else args.max_tokens
+    if not args.json and data_tokens is not None:
+        for directory in args.data:
+            total = val_tokens(directory)
+            if total > data_tokens:
+                warn(
+                    err,
+                    f"--data {directory}: scoring the first {data_tokens:,} of its {total:,} val tokens; "
+                    "--max-tokens all scores them all",
+                )
     loaded = load_named(args, command_registry(err), dtype=args.dtype, err=err)
     for warning in loaded.warnings:
         warn(err, warning)
@@ -89,7 +113,8 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> None:
             lengths=args.lengths,
             stride=args.stride,
             batch_size=args.batch,
-            max_tokens=args.max_tokens,
+            max_tokens=max_tokens,
+            data_tokens=data_tokens,
             progress=progress,
             name=args.model,
         )

@@ -42,8 +42,10 @@ def texts_for(
     texts: Sequence[str | Path] = (),
     data: Sequence[str | Path] = (),
     max_tokens: int | None = None,
+    data_tokens: int | None | str = "max_tokens",
 ) -> list[EvalText]:
-    """The files and prepared data to evaluate ``loaded`` on, in its tokenizer.
+    """The files and prepared data to evaluate ``loaded`` on, in its tokenizer: the first ``max_tokens`` of
+    each (None: all), of prepared data the first ``data_tokens`` (by default ``max_tokens``).
 
     Raises:
         GptzooError: neither given, or one that cannot be read (see gptzoo.evaluation.texts).
@@ -51,7 +53,8 @@ def texts_for(
     if not texts and not data:
         raise GptzooError("nothing to evaluate on: give --text FILE or --data DIR (prepared by `gptzoo prepare`)")
     tokenizer = loaded.tokenizer()
-    out = [read_prepared(d, loaded.recipe, tokenizer, hf_dir=loaded.hf_dir, max_tokens=max_tokens) for d in data]
+    cap = max_tokens if data_tokens == "max_tokens" else data_tokens
+    out = [read_prepared(d, loaded.recipe, tokenizer, hf_dir=loaded.hf_dir, max_tokens=cap) for d in data]
     out += [read_text_file(t, tokenizer, max_tokens=max_tokens) for t in texts]
     return out
 
@@ -65,6 +68,7 @@ def eval_model(
     stride: int | None = None,
     batch_size: int | None = None,
     max_tokens: int | None = None,
+    data_tokens: int | None | str = "max_tokens",
     dtype: str | torch.dtype = "float32",
     overrides: Sequence[str] = (),
     registry: Registry | None = None,
@@ -72,7 +76,8 @@ def eval_model(
     name: str | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``model`` (a name gptzoo.loader.load_any takes, in the precision ``dtype`` with
-    ``overrides``, or a loaded model) on ``texts`` and ``data``; JSON-ready: the model (``name``, by
+    ``overrides``, or a loaded model) on ``texts`` and ``data`` (their first ``max_tokens``, and of ``data``
+    the first ``data_tokens``: see :func:`texts_for`); JSON-ready: the model (``name``, by
     default the name given or where the loaded model's weights came from), where its weights came from,
     its precision, and one score per text and length."""
     loaded = (
@@ -80,7 +85,7 @@ def eval_model(
     )
     if name is None:
         name = str(model) if not isinstance(model, Loaded) else loaded.source
-    sources = texts_for(loaded, texts=texts, data=data, max_tokens=max_tokens)
+    sources = texts_for(loaded, texts=texts, data=data, max_tokens=max_tokens, data_tokens=data_tokens)
     chosen = list(lengths) if lengths else default_lengths(loaded)
     with torch.inference_mode():
         scores = evaluate(loaded.model, sources, chosen, stride=stride, batch_size=batch_size, progress=progress)

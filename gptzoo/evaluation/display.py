@@ -1,5 +1,6 @@
-"""What a person sees of `gptzoo eval`: a progress bar over the windows, then one table row per text
-and length (a refused length shows its reason)."""
+"""What a person sees of `gptzoo eval`: a progress bar over the windows (when stderr is not a terminal,
+a plain line every few seconds: gptzoo.status_lines), then one table row per text and length (a refused
+length shows its reason)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from gptzoo.errors import terminal_text
+from gptzoo.status_lines import StatusLines
 from gptzoo.tables import WholeWords
 
 
@@ -35,6 +37,7 @@ class EvalProgress:
         )
         self.task = self.progress.add_task("eval", total=None)
         self.started = False
+        self.lines = StatusLines(console)
 
     def __enter__(self) -> EvalProgress:
         return self
@@ -44,6 +47,10 @@ class EvalProgress:
             self.progress.stop()
 
     def __call__(self, done: int, total: int) -> None:
+        if self.lines.plain:
+            if self.lines.due():
+                self.lines.print(f"eval: {done:,}/{total:,} windows, {self.lines.times(done, total)}")
+            return
         if not self.started:
             self.progress.start()
             self.started = True

@@ -92,6 +92,11 @@ def read_text_file(path: str | Path, tokenizer: Tokenizer, *, max_tokens: int | 
     return EvalText(str(path), (Document(np.asarray(ids, dtype=np.int64), tokenizer.n_bytes(ids[1:])),))
 
 
+def val_tokens(directory: str | Path) -> int:
+    """How many tokens the val.bin of prepared data holds."""
+    return len(TokenData.open(directory).val)
+
+
 def read_prepared(
     directory: str | Path,
     recipe: Recipe,

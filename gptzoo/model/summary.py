@@ -273,14 +273,14 @@ def render_summary(s: dict[str, Any], console: Console) -> None:
         f"KV cache per token (at {s['flops']['seq_len']} tokens)",
         *(format_bytes(mem["kv_cache_bytes_per_token"][n]) for n in DTYPES),
     )
-    table.add_row(
-        f"bytes read decoding a token (at {s['decode']['cache_len']} cached)",
-        *(format_bytes(s["decode"]["bytes_read_per_token"][n]) for n in DTYPES),
-    )
-    if s["schedule"]["pattern"]:
+    if s["schedule"]["pattern"]:  # the KV cache's split, under its row
         for name, row in mem["kv_cache_bytes_per_token_by_layer_type"].items():
             table.add_row(
                 f"  of which {row['layers']} {escape(terminal_text(name))} layers",
                 *(format_bytes(row[n]) for n in DTYPES),
             )
+    table.add_row(
+        f"bytes read decoding a token (at {s['decode']['cache_len']} cached)",
+        *(format_bytes(s["decode"]["bytes_read_per_token"][n]) for n in DTYPES),
+    )
     console.print(WholeWords(table))

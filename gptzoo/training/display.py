@@ -1,5 +1,6 @@
 """What a person sees while `gptzoo train` runs: a rich progress bar with step, loss, learning
-rate, tokens/s and MFU, and one line per evaluation."""
+rate, tokens/s and MFU (when stderr is not a terminal, the same as a plain line every few seconds:
+gptzoo.status_lines), and one line per evaluation."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.text import Text
 
+from gptzoo.status_lines import StatusLines, duration
+
 if TYPE_CHECKING:
     from gptzoo.training.trainer import Plan
 
@@ -17,15 +20,6 @@ if TYPE_CHECKING:
 def _shown(value: float | None, spec: str) -> str:
     """A logged number; null is what a non-finite one became (JSON has no NaN)."""
     return "nan" if value is None else format(value, spec)
-
-
-def duration(seconds: float) -> str:
-    """A time estimate as a person says it: ``40 s``, ``9 min``, ``2.5 h``."""
-    if seconds < 90:
-        return f"{max(1, round(seconds))} s"
-    if seconds < 90 * 60:
-        return f"{round(seconds / 60)} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 def start_line(plan: Plan) -> str:
@@ -66,6 +60,7 @@ class TrainDisplay:
         self.total_steps = total_steps
         self.task = self.progress.add_task(title, total=total_steps, stats="")
         self.started = False
+        self.lines = StatusLines(console)
 
     def __enter__(self) -> TrainDisplay:
         return self
@@ -77,8 +72,10 @@ class TrainDisplay:
     def start(self, step: int) -> None:
         """Show the bar at ``step``, where the run starts (a resumed one at its checkpoint's step)."""
         self.progress.update(self.task, completed=step)
-        self.progress.start()
-        self.started = True
+        self.lines.start(step)
+        if not self.lines.plain:
+            self.progress.start()
+            self.started = True
 
     def planned(self, steps: int) -> None:
         """The run trains to ``steps`` (for a display made before the run's recipe was resolved)."""
@@ -122,4 +119,9 @@ class TrainDisplay:
             f"lr {_shown(record['lr'], '.2e')}",
             *([f"MFU {mfu:.1%}"] if mfu is not None else []),
         ]
+        if self.lines.plain:
+            if self.lines.due():
+                times = self.lines.times(step, self.total_steps)
+                self.lines.print(f"{self.title}: step {step:,}/{self.total_steps:,}  {'  '.join(parts)}  {times}")
+            return
         self.progress.update(self.task, completed=step, stats=self.fit(parts))

@@ -12,6 +12,7 @@ import torch
 import transformers
 from cli_run import run_json
 
+from gptzoo.cli import main
 from gptzoo.fetch import fetch
 from gptzoo.loader import load_any, with_adapter
 
@@ -76,7 +77,9 @@ def test_finetuned_adapter_lowers_the_loss_and_peft_gives_the_same_logits(
     assert (ours - theirs).abs().max() < 1e-4
 
 
-def test_an_adapter_peft_made_on_every_projection(hf_dir: Path, tmp_path: Path) -> None:
+def test_an_adapter_peft_made_on_every_projection(
+    hf_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     adapted = peft.get_peft_model(model, peft.LoraConfig(r=8, lora_alpha=16, target_modules=targets))
@@ -92,3 +95,10 @@ def test_an_adapter_peft_made_on_every_projection(hf_dir: Path, tmp_path: Path) 
     with torch.no_grad():
         assert (base(IDS).logits[0] - theirs).abs().max() > 0.1  # the adapter matters
     assert (gptzoo_logits(tmp_path / "adapter") - theirs).abs().max() < 1e-4
+    # compare --adapter runs both sides with it, and its title says so
+    monkeypatch.setenv("COLUMNS", "400")  # the title on one line
+    assert main(["compare", "smollm2-135m", "--adapter", str(tmp_path / "adapter"), "--new-tokens", "2"]) == 0
+    title = capsys.readouterr().out.splitlines()[0]
+    assert title == (
+        f"smollm2-135m: gptzoo vs Hugging Face + peft, both with {tmp_path / 'adapter'}, float32, 2 greedy tokens"
+    )

@@ -4,6 +4,7 @@ transformers, length extrapolation and its refusal, and the command's errors."""
 from __future__ import annotations
 
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -205,6 +206,21 @@ def test_runs_and_checkpoints_are_models(
     assert scores[0] == scores[1] and 0 < scores[0] < 8
 
 
+def test_a_stderr_that_is_not_a_terminal_gets_status_lines(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], bytes_run: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`gptzoo eval 2>file` writes plain lines of the windows scored and the times, not a bar."""
+    from gptzoo import status_lines
+    from gptzoo.cli import main
+
+    monkeypatch.setattr(status_lines, "STATUS_S", 0.0)
+    _, run = bytes_run
+    assert main(["eval", str(run), "--text", str(_text_file(tmp_path)), "--lengths", "32"]) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("eval: ")]
+    assert lines and all(re.fullmatch(r"eval: \d+/(\d+) windows, \d+ s elapsed(, about \d+ s left)?", x) for x in lines)
+    assert lines[-1].split()[1].split("/")[0] == lines[-1].split()[1].split("/")[1]  # the last window
+
+
 def test_prepared_data_is_its_val_split(capsys: pytest.CaptureFixture[str], bytes_run: tuple[Path, Path]) -> None:
     data, run = bytes_run
     score = run_json(capsys, "eval", str(run), "--data", str(data), "--lengths", "64")["scores"][0]
@@ -213,6 +229,29 @@ def test_prepared_data_is_its_val_split(capsys: pytest.CaptureFixture[str], byte
     assert score["text"] == str(data)
     mixed = run_error(capsys, "eval", str(run), "--data", str(data), "--set", "tokenizer.name=gpt2")
     assert "tokenizer" in mixed, mixed
+
+
+def test_prepared_data_is_sampled_by_default_and_all_of_it_on_request(
+    capsys: pytest.CaptureFixture[str], bytes_run: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A corpus's val.bin may hold millions of tokens: `eval --data` scores the first DATA_SAMPLE, says so and
+    how to score them all (`--max-tokens all`); a --text file is scored whole."""
+    from gptzoo.cli import eval as eval_command
+    from gptzoo.cli import main
+
+    monkeypatch.setattr(eval_command, "DATA_SAMPLE", 200)
+    data, run = bytes_run
+    total = len(TokenData.open(data).val)
+    assert total > 200
+    assert main(["eval", str(run), "--data", str(data), "--lengths", "64"]) == 0
+    captured = capsys.readouterr()
+    assert (
+        f"warning: --data {data}: scoring the first 200 of its {total:,} val tokens; --max-tokens all scores them all"
+        in " ".join(captured.err.split())
+    )
+    assert run_json(capsys, "eval", str(run), "--data", str(data), "--lengths", "64")["scores"][0]["tokens"] == 199
+    every = run_json(capsys, "eval", str(run), "--data", str(data), "--lengths", "64", "--max-tokens", "all")
+    assert every["scores"][0]["tokens"] == total - 1
 
 
 @pytest.mark.parametrize(

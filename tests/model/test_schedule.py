@@ -219,3 +219,21 @@ def test_a_layer_types_renamed_component_on_a_checkpoint_is_unknown_not_uninstal
     with pytest.raises(RecipeError) as info:
         load_checkpoint(tmp_path / "ckpt", overrides=["model.layer_types.local.attention=nope"])
     assert "unknown attention 'nope'" in str(info.value), str(info.value)
+
+
+def test_build_shows_the_kv_cache_split_by_layer_type_under_the_kv_row(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Gemma 3's sliding and full layers split the KV cache per token; the split sits under that row, not
+    under the bytes read decoding a token."""
+    from gptzoo.cli import main
+
+    monkeypatch.setenv("COLUMNS", "200")
+    assert main(["build", "gemma3-270m"]) == 0
+    rows = [line.strip("│ ").split("│")[0].strip() for line in capsys.readouterr().out.splitlines() if "│" in line]
+    at = next(i for i, row in enumerate(rows) if row.startswith("KV cache per token"))
+    assert rows[at + 1 : at + 4] == [
+        "of which 15 sliding layers",
+        "of which 3 full layers",
+        "bytes read decoding a token (at 32768 cached)",
+    ]

@@ -33,7 +33,9 @@ def shown(display: TrainDisplay) -> str:
     ],
 )
 def test_narrow_terminals_keep_the_step_count_and_the_times(width: int, stats: str) -> None:
-    display = TrainDisplay(Console(file=io.StringIO(), width=width), total_steps=15, title="gpt2-tiny")
+    display = TrainDisplay(
+        Console(file=io.StringIO(), width=width, force_terminal=True), total_steps=15, title="gpt2-tiny"
+    )
     display(RECORD)
     line = shown(display)
     assert len(line) <= width and "…" not in line, line
@@ -42,7 +44,9 @@ def test_narrow_terminals_keep_the_step_count_and_the_times(width: int, stats: s
 
 
 def test_the_bar_moves_every_step_and_after_an_evaluation() -> None:
-    display = TrainDisplay(Console(file=io.StringIO(), width=100), total_steps=15, title="gpt2-tiny")
+    display = TrainDisplay(
+        Console(file=io.StringIO(), width=100, force_terminal=True), total_steps=15, title="gpt2-tiny"
+    )
     display.step(3)
     assert display.progress.tasks[0].completed == 3
     display({"step": 5, "val_loss": 4.2, "val_ppl": 66.7})

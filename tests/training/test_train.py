@@ -7,6 +7,7 @@ import itertools
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -454,6 +455,25 @@ def test_cli_train_says_where_how_long_and_how_many_steps_first(
         f"(at the {rate:,.0f} tokens/s it last logged)"
     )
     assert duration(30) == "30 s" and duration(9 * 60 + 17) == "9 min" and duration(3 * 3600) == "3.0 h"
+
+
+def test_a_stderr_that_is_not_a_terminal_gets_status_lines(
+    docs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`gptzoo train 2>file` (here capsys: not a terminal) writes a plain line every STATUS_S seconds with the
+    step, the statistics and the times, where a terminal gets the live bar (which a file shows only at the end)."""
+    from gptzoo import status_lines
+
+    monkeypatch.setattr(status_lines, "STATUS_S", 0.0)  # a line at every logged step
+    sets = [a for o in [*TINY, "train.max_steps=4", "train.log_every=1"] for a in ("--set", o)]
+    assert main(["train", "gpt2-tiny", *sets, "--data", str(docs), "--out", str(tmp_path / "run")]) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("gpt2-tiny: step ")]
+    assert [line.split()[2] for line in lines] == ["1/4", "2/4", "3/4", "4/4"]
+    assert re.fullmatch(
+        r"gpt2-tiny: step 1/4  loss \d+\.\d{4}  [\d,]+ tok/s  lr \S+(  MFU [\d.]+%)?  \d+ s elapsed, about \d+ s left",
+        lines[0],
+    )
+    assert lines[-1].endswith(" s elapsed")  # nothing left
 
 
 def test_the_start_line_of_several_processes_counts_each_ones_peak(tmp_path: Path) -> None:
