@@ -67,7 +67,9 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> None:
     if args.json:
         print_json(out, result)
         return
-    sides = "gptzoo vs Hugging Face" if args.adapter is None else f"gptzoo vs Hugging Face + peft, both with {args.adapter}"
+    sides = (
+        "gptzoo vs Hugging Face" if args.adapter is None else f"gptzoo vs Hugging Face + peft, both with {args.adapter}"
+    )
     title = f"{result['recipe']}: {sides}, {result['dtype']}, {result['new_tokens']} greedy tokens"
     table = Table(title=text(title), title_justify="left")
     for col in ("prompt", "tokens", "max |dlogit|", "mean |dlogit|", "top-1", "KL(HF||gptzoo)", "greedy"):

@@ -28,7 +28,7 @@ from gptzoo.inference.sampling import SamplerChain, pick_problem
 from gptzoo.interfaces import Positions
 from gptzoo.registry import Entry, Registry, show_plain
 from gptzoo.testing import harness
-from gptzoo.testing.harness import BATCH, CONTEXT, PLAIN, SEQ, SIZES, VOCAB, Size
+from gptzoo.testing.harness import BATCH, CONTEXT, PLAIN, SEQ, SIZES, UNBIASED, VOCAB, Size
 from gptzoo.testing.results import Failed, Skipped
 
 aten = torch.ops.aten
@@ -646,7 +646,7 @@ def check_cache_rows(subject: Subject, partner: Entry) -> str:
     return f"decoded {length - longer} steps of two sequences ({longer} and {PREFILL} tokens) gathered into one batch"
 
 
-def check_decode_plan(subject: Subject) -> str:
+def check_decode_plan(subject: Subject, size: Size = PLAIN) -> str:
     """Decoding steps through the native plan (gptzoo.inference.decode_plan) give the logits of the
     eager steps, each component lowered by the lowering of its class (gptzoo.inference.lowerings: the
     built-in ones and those the registry's plugins register); where the plan cannot describe a
@@ -657,7 +657,7 @@ def check_decode_plan(subject: Subject) -> str:
 
     if library() is None:
         raise Skipped("no C compiler for the native kernels")
-    model = subject.model(PLAIN)
+    model = subject.model(size)
     length = decode_length(subject)
     idx = tokens(length)
     with torch.no_grad():
@@ -879,6 +879,7 @@ def _checks(subject: Subject) -> Iterator[Planned]:
     if kind == "attention":
         yield add("kv_bytes", check_kv_bytes)
     yield add("decode_plan", check_decode_plan)
+    yield add("decode_plan", check_decode_plan, UNBIASED)  # a lowering that refuses biases is exercised here
     partner_kind = {"attention": "position", "position": "attention"}.get(kind)
     if partner_kind is None:
         return

@@ -34,16 +34,23 @@ BATCH, SEQ = 2, 8
 
 @dataclass(frozen=True)
 class Size:
-    """The attention shape of a test model."""
+    """The attention shape of a test model, and whether its linear layers have biases."""
 
     label: str
     n_embd: int
     n_head: int
     n_kv_head: int
     head_dim: int
+    bias: bool = True
 
-    def model_values(self) -> dict[str, int]:
-        return {"n_embd": self.n_embd, "n_head": self.n_head, "n_kv_head": self.n_kv_head, "head_dim": self.head_dim}
+    def model_values(self) -> dict[str, Any]:
+        return {
+            "n_embd": self.n_embd,
+            "n_head": self.n_head,
+            "n_kv_head": self.n_kv_head,
+            "head_dim": self.head_dim,
+            "bias": self.bias,
+        }
 
 
 SIZES = (
@@ -55,6 +62,9 @@ SIZES = (
 )
 """The sizes every component is built at."""
 PLAIN = SIZES[0]
+UNBIASED = Size("unbiased", 16, 4, 4, 4, bias=False)
+"""The plain size without biases (Llama's linears): a lowering that only describes unbiased layers (and
+refuses the others) is exercised there."""
 PAIR_SIZE = SIZES[3]
 """The size of the causality and cache checks: grouped key/value heads, so that a cache of its own
 shape meets n_kv_head < n_head."""
@@ -81,7 +91,7 @@ def model_data(size: Size, choices: Mapping[str, Choice]) -> dict[str, Any]:
 
 def structural(kind: str, size: Size) -> dict[str, Any]:
     """What the model passes a factory of this kind at this size (as gptzoo.recipe.structural_args)."""
-    values = {**size.model_values(), "d_ff": D_FF, "context_length": CONTEXT, "bias": True}
+    values = {**size.model_values(), "d_ff": D_FF, "context_length": CONTEXT}
     return {arg: values[attr] for arg, attr in CONTRACTS[kind].structural}
 
 

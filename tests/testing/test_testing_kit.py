@@ -237,8 +237,67 @@ def test_a_component_without_a_lowering_is_checked_on_the_split_path_generate_ta
 
 def test_a_lowering_that_computes_something_else_fails_the_decode_plan_check(fake_site: FakeSite) -> None:
     wrong = _failed(_results(fake_site, unitnorm("offset"), "norm", "unitnorm"))  # (1 + w) x, not w x
-    assert list(wrong) == ["decode_plan"]
+    assert list(wrong) == ["decode_plan", "decode_plan[unbiased]"]
     assert wrong["decode_plan"].startswith("decoding through its lowering differs from its eager forward at position")
+
+
+PLAIN_MLP = """
+from torch import nn
+
+import gptzoo
+from gptzoo.flops import linear_flops
+
+
+class PlainMLP(nn.Module):
+    '''c_proj(act(c_fc(x))), with a lowering that only describes unbiased layers.'''
+
+    def __init__(self, d_model, d_ff, *, activation, bias=True):
+        super().__init__()
+        self.c_fc = nn.Linear(d_model, d_ff, bias=bias)
+        self.act = activation
+        self.c_proj = nn.Linear(d_ff, d_model, bias=bias)
+
+    def forward(self, x):
+        return self.c_proj(self.act(self.c_fc(x)))
+
+    def flops(self, batch, seq_len):
+        return {"mlp": linear_flops(batch * seq_len, self.c_fc, self.c_proj)}
+
+
+def lower(plan, mlp, src, dst):
+    if mlp.c_fc.bias is not None:
+        plan.refuse("biased layers")
+    h = plan.buffer(mlp.c_proj.in_features)
+    plan.call(mlp.c_fc, src, h)
+    plan.call(mlp.act, h, h, gated=False)
+    plan.call(mlp.c_proj, h, dst)
+
+
+@gptzoo.hookimpl
+def register_mlps(register):
+    register("plainmlp", PlainMLP)
+
+
+@gptzoo.hookimpl
+def register_decode_lowerings(register):
+    register(PlainMLP, lower)
+"""
+FORGETS_THE_ACTIVATION = "    plan.call(mlp.act, h, h, gated=False)\n"
+
+
+@pytest.mark.parametrize("wrong", [False, True])
+def test_a_lowering_that_refuses_biases_is_checked_without_them(fake_site: FakeSite, wrong: bool) -> None:
+    """The test model has biases, where this lowering refuses and the mlp runs eagerly; the unbiased model
+    decodes through it, so a lowering that forgets the activation fails there."""
+    assert FORGETS_THE_ACTIVATION in PLAIN_MLP
+    source = PLAIN_MLP.replace(FORGETS_THE_ACTIVATION, "") if wrong else PLAIN_MLP
+    checks = {r.check: (r.status, r.detail) for r in _results(fake_site, source, "mlp", "plainmlp")}
+    assert checks["decode_plan"][0] == "passed" and "biased layers" in checks["decode_plan"][1]
+    status, detail = checks["decode_plan[unbiased]"]
+    if wrong:
+        assert status == "failed" and detail.startswith("decoding through its lowering differs from its eager forward")
+    else:
+        assert (status, detail) == ("passed", "decoded 9 tokens through the native plan")
 
 
 def test_a_ring_window_attention_with_a_ring_buffer_passes_every_check(fake_site: FakeSite) -> None:
