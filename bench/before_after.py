@@ -13,6 +13,7 @@ a ratio inside the spread is no change that these rounds can show.
     python bench/before_after.py --base HEAD --rounds 3 generate [-- --runs 3]
     python bench/before_after.py --base HEAD --rounds 3 batched -- --batches 8 32
     python bench/before_after.py --base HEAD --rounds 3 serve -- --rounds 1 --clients 1,8
+    python bench/before_after.py --base HEAD --rounds 3 quantize -- --load
 """
 
 from __future__ import annotations
@@ -52,10 +53,15 @@ def _serve(report: dict[str, Any]) -> dict[str, float]:
     return {name: sum(values) / len(values) for name, values in found.items()}
 
 
+def _quantize(report: dict[str, Any]) -> dict[str, float]:
+    return {"int4 search s (best run)": report["best_seconds"]}
+
+
 METRICS: dict[str, Callable[[dict[str, Any]], dict[str, float]]] = {
     "generate": _generate,
     "batched": _batched,
     "serve": _serve,
+    "quantize": _quantize,
 }
 """bench script (bench/NAME.py) -> the numbers of its --json report compared."""
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from gptzoo.cli.args import Parser, add_offline, add_set
 from gptzoo.cli.console import Console, status
+from gptzoo.defaults import BY_NAME
 from gptzoo.errors import GptzooError
 
 if TYPE_CHECKING:
@@ -121,7 +122,9 @@ def load_named(
     adapter = getattr(args, "adapter", None)
     weights = None if adapter is not None else dtype  # an adapter merges into the float32 weights first
     shown = " ".join(str(n) for n in (model.recipe, model.name, model.hf, model.checkpoint) if n is not None)
-    with nullcontext() if err is None else status(err, f"loading {shown}", quiet=args.json):
+    chosen = BY_NAME.get(dtype)
+    doing = f"loading {shown}" + (f" and quantizing it to {dtype}" if chosen is not None and chosen.quantized else "")
+    with nullcontext() if err is None else status(err, doing, quiet=args.json):
         if model.hf is None and model.checkpoint is None and not (random and model.recipe is not None):
             source = model.recipe if model.recipe is not None else model.name
             loaded = load_any(source, overrides=args.overrides, registry=registry, dtype=weights)

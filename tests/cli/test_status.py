@@ -45,6 +45,16 @@ def test_a_slow_load_says_so_on_stderr(ck: Path, slow_load: None, capsys: pytest
     assert took is not None and float(took.group(1)) >= 0.4  # it slept that long
 
 
+def test_a_quantizing_load_says_so(ck: Path, slow_load: None, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["eval", str(ck), "--text", str(ck.parent / "t.txt"), "--lengths", "16", "--dtype", "int4"]
+    assert main(args) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert f"loading {ck} and quantizing it to int4..." in err
+    assert any(
+        re.fullmatch(rf"loading {re.escape(str(ck))} and quantizing it to int4: \d+\.\d s", line) for line in err
+    )
+
+
 def test_the_delay_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     for value, expected in (("0", None), ("0.5", 0.5), ("soon", 2.0)):
         monkeypatch.setenv("GPTZOO_STATUS_S", value)

@@ -6,6 +6,8 @@ blocks stays in float, and the load says so."""
 
 from __future__ import annotations
 
+from unittest.mock import patch
+
 import numpy as np
 import pytest
 import torch
@@ -15,6 +17,7 @@ from torch import Tensor, nn
 
 import gptzoo
 from gptzoo.inference import matvec
+from gptzoo.inference import quantize as quantize_module
 from gptzoo.inference.generate import generate
 from gptzoo.inference.matvec import MAX_ROWS, ThreadTuner, native_linear
 from gptzoo.inference.native import library, unavailable_reason
@@ -84,6 +87,73 @@ def test_the_search_never_does_worse_than_minimum_to_maximum() -> None:
     assert (error <= reference_error * (1 + 1e-6)).all()
     assert error.sum() < 0.85 * reference_error.sum()
     assert ((got - w).abs() <= (hi - lo).repeat_interleave(32, dim=2).view(64, 256) / 15).all()
+
+
+def _reference(w: Tensor) -> tuple[Tensor, Tensor]:
+    """quantize.q4_blocks_reference's codes packed as Int4Linear holds them."""
+    codes, scale = quantize_module.q4_blocks_reference(w)
+    return (codes[..., :16] | (codes[..., 16:] << 4)).reshape(w.shape[0], -1), scale
+
+
+def _weights(name: str) -> Tensor:
+    g = torch.Generator().manual_seed(len(name))
+    shapes = {"few": (3, 96), "tail": (7, 160)}  # 9 and 35 blocks: groups of 8 blocks with a partial last one
+    w = torch.randn(*shapes.get(name, (48, 256)), generator=g)
+    scaled = {
+        "gaussian": 1.0,
+        "tiny": 1e-7,  # scales below float16's normals, and zero
+        "subnormal": 1e-5,  # scales among float16's subnormals
+        "large": 2e4,  # minimums near float16's largest
+        "magnitudes": torch.logspace(-9, 3, w.numel()).view(w.shape)[torch.randperm(w.shape[0], generator=g)],
+    }
+    if name in ("equal", "zeros"):
+        return torch.full_like(w, 0.37 if name == "equal" else 0.0)
+    if name == "uniform":  # sums of equal signs, whose order moves minimums across float16 roundings
+        return torch.rand(w.shape, generator=g)
+    if name == "grid":  # ties: codes * d + m, so several candidates fit exactly
+        return torch.randint(0, 16, w.shape, generator=g).float() * 0.0625 - 0.5
+    return (w * scaled.get(name, 1.0)).clamp(-65504, 65504)
+
+
+@native
+@pytest.mark.parametrize(
+    "name",
+    ["gaussian", "uniform", "tiny", "subnormal", "large", "magnitudes", "equal", "zeros", "grid", "few", "tail"],
+)
+def test_the_native_search_makes_the_references_blocks_bit_for_bit(name: str) -> None:
+    """quantize.c's search against the torch reference, operation for operation: codes, scales and
+    minimums identical (so the speed costs no bit), over blocks that reach float16's subnormal scales, its
+    largest minimums, exact ties and a last group of fewer than 8 blocks; and on 1 to 3 threads. The
+    uniform weights catch a sum taken in another order (about 10 of their 384 blocks differ then)."""
+    w = _weights(name)
+    want = _reference(w)
+    for threads in (1, 2, 3):
+        with patch.object(quantize_module, "kernel_threads", return_value=threads):
+            codes, scale = quantize_module.q4_blocks(w)
+        assert torch.equal(codes, want[0]), name
+        assert torch.equal(scale.view(torch.int16), want[1].view(torch.int16)), name
+
+
+def test_without_a_compiler_the_reference_makes_the_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    w = _weights("gaussian")
+    monkeypatch.setattr(quantize_module, "library", lambda: None)
+    codes, scale = quantize_module.q4_blocks(w)
+    assert torch.equal(codes, _reference(w)[0]) and torch.equal(scale, _reference(w)[1])
+
+
+def test_weights_beyond_float16_are_refused_by_name() -> None:
+    """A block's minimum is a float16: a weight beyond 65504 would come back infinite. int8 holds it."""
+    model = tiny_model("llama-tiny", "model.d_ff=192")
+    with torch.no_grad():
+        model.blocks[0].mlp.c_proj.weight[0, 0] = 7e4
+    with pytest.raises(gptzoo.GptzooError) as caught:
+        quantize(model, "int4")
+    assert str(caught.value) == (
+        "the weights of blocks.0.mlp.c_proj reach 70000, beyond the 65504 that int4's float16 block scales hold; "
+        "load it with --dtype int8 or a float dtype"
+    )
+    assert not any(isinstance(m, QuantizedLinear) for m in model.modules())  # nothing replaced
+    assert quantize(model, "int8") > 0
 
 
 def _exact_and_bound(q: Int4Linear, x: Tensor) -> tuple[Tensor, Tensor]:

@@ -1,9 +1,10 @@
 """Native CPU kernels, compiled once for the machine they run on and loaded with ctypes.
 
 gemv.c holds the matrix-vector products and their thread pool, step.c the interpreter of a whole
-decoding step (gptzoo.inference.decode_plan), kernels.h what they share, and ``ops_generated.h``
-what they share with Python (the dtype and operation codes, the layout of an operation), written
-from :mod:`gptzoo.inference.native.abi` next to the sources when they are compiled. They are compiled with
+decoding step (gptzoo.inference.decode_plan), quantize.c the search of ``--dtype int4``'s blocks,
+kernels.h what they share, and ``ops_generated.h`` what they share with Python (the dtype and operation
+codes, the layout of an operation), written from :mod:`gptzoo.inference.native.abi` next to the sources
+when they are compiled. They are compiled with
 the system's C compiler (``$CC``, else ``cc``) at ``-O3 -march=native -pthread -ffp-contract=off``
 (no fused multiply-adds that the source does not ask for, so that elementwise operations round as
 torch's do) into the gptzoo cache (``kernels/gemv-<hash>.so``, the hash covering the sources, the
@@ -30,7 +31,7 @@ from pathlib import Path
 from gptzoo.inference.native import abi
 
 FLAGS = ("-O3", "-march=native", "-pthread", "-ffp-contract=off", "-shared", "-fPIC")
-SOURCES = ("kernels.h", "gemv.c", "step.c")
+SOURCES = ("kernels.h", "gemv.c", "step.c", "quantize.c")
 """The files compiled (the .c ones) or included, in the order they are hashed (then the generated header)."""
 GENERATED = "ops_generated.h"
 """The header written from gptzoo.inference.native.abi for each build."""
@@ -108,6 +109,8 @@ def library() -> ctypes.CDLL | None:
     lib.gemv.restype = c.c_int
     lib.decode_step.argtypes = [c.c_void_p, c.c_long, c.c_long, c.c_long, c.c_void_p, c.c_int, c.c_void_p]
     lib.decode_step.restype = c.c_int
+    lib.q4_quantize.argtypes = [c.c_void_p, c.c_long, c.c_long, c.c_void_p, c.c_int, c.c_void_p, c.c_void_p, c.c_int]
+    lib.q4_quantize.restype = c.c_int
     return lib
 
 
