@@ -201,8 +201,8 @@ def finetune(
     **hooks: Any,
 ) -> dict[str, Any]:
     """Train adapters of ``model`` (any MODEL) on ``data`` into the run directory ``out``; the run's summary.
-    ``hooks`` go to gptzoo.training.trainer.train (log, started, stepped, planned)."""
-    from gptzoo.training.trainer import train
+    ``hooks`` go to gptzoo.training.trainer.train (log, started, stepped, planned, timed)."""
+    from gptzoo.training.trainer import seq_len_of, train
 
     if not str(out):
         raise GptzooError("--out is empty; give the run directory")
@@ -240,6 +240,12 @@ def finetune(
         run_dir.write_text_atomically(out / SPEC, json.dumps(spec.as_json(), indent=2) + "\n")
         if started is not None:
             started(step)
+        if step == 0:  # the validation of the starting weights comes first, and a large model takes a while
+            t = recipe.train
+            say(
+                f"step 0: the validation loss of the starting weights, {t.eval_batches} batches of "
+                f"{t.micro_batch_size} x {seq_len_of(recipe)} tokens..."
+            )
 
     try:
         result = train(

@@ -81,12 +81,38 @@ def test_the_sweep_table_folds_its_headers_between_words_at_80_columns() -> None
         "tok/s",
         "final val loss",
         "bits/byte",
-        "max ‖g‖",
         "to target",
         "diverged",
     ]
-    assert max(len(line) for line in rendered.splitlines()) <= 80  # every column shown, none cut off
+    assert "(max ‖g‖ left out at 80 columns; a wider terminal shows it)" in rendered.splitlines()
+    assert max(len(line) for line in rendered.splitlines()) <= 80
     assert "perplexity by evaluation length" in rendered
+
+
+def test_names_stay_whole_and_the_least_needed_columns_go_first() -> None:
+    """The README sweep's variant names at 80 and 60 columns: whole on one line each (they used to fold as
+    `gelu_ta` over `nh+lr=0`), the columns of report.md a terminal can go without left out, as a line says."""
+    names = ["gelu_tanh+lr=0.0003", "gelu_tanh+lr=0.003", "swiglu+lr=0.0003", "swiglu+lr=0.003"]
+    report = {"sweep": "my-sweep", "target_loss": None, "variants": [variant(n, 5.7e6) for n in names]}
+    for width, left_out in ((80, "max ‖g‖"), (60, "max ‖g‖, FLOPs/token and params")):
+        out = io.StringIO()
+        render_report(report, Console(file=out, width=width, color_system=None))
+        lines = out.getvalue().splitlines()
+        assert max(len(line) for line in lines) <= width
+        for name in names:
+            assert sum(line.split("│")[1].strip() == name for line in lines if line.startswith("│")) == 2, name
+        assert any(line.startswith(f"({left_out} left out at {width} columns") for line in lines), lines
+
+
+def test_a_table_with_optional_columns_renders_the_same_twice() -> None:
+    t = Table()
+    for header in ("name", "description", "from"):
+        t.add_column(header, overflow="fold")
+    t.add_row("gptzoo_plugins.activations", "a rather long description " * 3, "gptzoo_plugins.activations (gptzoo 0.1)")
+    once = render(WholeWords(t, optional=("from",)), 60)
+    assert once == render(WholeWords(t, optional=("from",)), 60)
+    assert "gptzoo_plugins.activations │" in once and "(from left out at 60 columns" in once
+    assert render(WholeWords(t, optional=("from",)), 120) == render(t, 120)  # wide enough: every column
 
 
 def test_a_table_that_fits_is_laid_out_as_rich_lays_it_out() -> None:
@@ -118,9 +144,16 @@ def test_the_listings_fold_their_headers_between_words(
     monkeypatch.setenv("COLUMNS", "80")
     assert main(["list"]) == 0
     rendered = capsys.readouterr().out
-    assert headers(rendered) == ["kind", "name", "description", "shipped recipes", "from"]
+    assert headers(rendered) == ["kind", "name", "description"]  # each name whole: the provenance left out
+    assert "(shipped recipes and from left out at 80 columns; a wider terminal shows them)" in rendered
     assert max(len(line) for line in rendered.splitlines()) <= 80
-    assert len(run_json(capsys, "list")) > 20
+    rows = run_json(capsys, "list")
+    assert len(rows) > 20
+    shown = {line.split("│")[2].strip() for line in rendered.splitlines() if line.startswith("│")}
+    assert {row["name"] for row in rows} <= shown
+    monkeypatch.setenv("COLUMNS", "160")
+    assert main(["list"]) == 0
+    assert headers(capsys.readouterr().out) == ["kind", "name", "description", "shipped recipes", "from"]
 
 
 def eval_report() -> dict[str, Any]:
@@ -165,7 +198,8 @@ def test_no_number_of_the_sweep_table_is_split_across_lines(width: int) -> None:
     out = io.StringIO()
     render_report(report, Console(file=out, width=width, color_system=None))
     lines = out.getvalue().splitlines()
-    for number in ("1.23M", "7.4M", "12.3k", "2.346", "±.012", "12.34", "1234", "(3/3)", "0/3"):
+    shown = ("1.23M", "7.4M") if width > 60 else ()  # params and FLOPs/token: left out at 60 columns
+    for number in (*shown, "12.3k", "2.346", "±.012", "1234", "(3/3)", "0/3"):
         assert any(number in line for line in lines), (number, out.getvalue())
 
 

@@ -157,6 +157,27 @@ def test_hf_dir_matches_tiktoken(hf_dir: Path, gpt2: Tokenizer) -> None:
     assert str(exc.value) == f"the tokenizer in {str(hf_dir)!r} has no chat template; give a plain prompt"
 
 
+def test_a_text_longer_than_the_tokenizers_maximum_draws_no_transformers_warning(
+    hf_gpt2: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gptzoo checks lengths against the model, naming the fix; transformers' own warning of a text beyond the
+    tokenizer's model_max_length used to follow in serve's log, after gptzoo had refused the request."""
+    import logging
+
+    said: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("transformers")
+    logger.addHandler(handler)
+    monkeypatch.setattr(hf_gpt2, "model_max_length", 16)
+    hf_gpt2.save_pretrained(tmp_path)
+    try:
+        assert len(load_tokenizer("hf", hf_dir=tmp_path).encode(CORPUS)) > 16
+    finally:
+        logger.removeHandler(handler)
+    assert not [m for m in said if "sequence length is longer" in m], said
+
+
 def test_hf_chat_template(hf_gpt2: Any, tmp_path: Path, gpt2: Tokenizer) -> None:
     hf_gpt2.chat_template = (
         "{% for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('no tools') }}{% endif %}"

@@ -94,9 +94,11 @@ def emit(
     columns: dict[str, Callable[[dict[str, Any]], str]],
     *,
     empty: str = "",
+    optional: tuple[str, ...] = (),
 ) -> None:
     """Rows as JSON with --json, else as a table with these columns (header -> cell text); no rows: the
-    line ``empty`` instead of a table without rows, when given."""
+    line ``empty`` instead of a table without rows, when given; ``optional``: the columns a narrow terminal
+    goes without, so that names stay whole (:class:`gptzoo.tables.WholeWords`)."""
     if args.json:
         print_json(out, rows)
         return
@@ -108,4 +110,4 @@ def emit(
         table.add_column(header, overflow="fold")
     for row in rows:
         table.add_row(*(cell(row) for cell in columns.values()))
-    out.print(WholeWords(table))
+    out.print(WholeWords(table, optional))

@@ -55,7 +55,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> None:
     with importing():
         from gptzoo.adapters.lora import LoRASpec
         from gptzoo.finetune import finetune, load_for_finetune, targets_table
-        from gptzoo.training.display import TrainDisplay, start_line
+        from gptzoo.training.display import TrainDisplay, start_line, timed_line
         from gptzoo.training.trainer import Plan
 
     registry = command_registry(err)
@@ -96,6 +96,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> None:
             started=display.start,
             stepped=display.step,
             planned=planned,
+            timed=lambda timing: err.print(text(timed_line(timing))),
         )
     before = summary["val_loss_before"]
     change = f"val loss {before:.4f} -> {summary['val_loss']:.4f}" if before is not None and summary["val_loss"] else ""

@@ -75,6 +75,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> None:
                 + (f"\n[yellow]{text(r['note'])}[/yellow]" if r["note"] else "")
             ),
         },
+        optional=("shipped recipes", "from"),
     )
 
 

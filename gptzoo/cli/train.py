@@ -38,7 +38,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> None:
         from gptzoo.adapters.run import SPEC as FINETUNE_SPEC
         from gptzoo.loader import load_model
         from gptzoo.recipe import load_recipe
-        from gptzoo.training.display import TrainDisplay, start_line
+        from gptzoo.training.display import TrainDisplay, start_line, timed_line
         from gptzoo.training.trainer import train
 
     try:
@@ -75,6 +75,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> None:
                 stepped=display.step,
                 registry=registry,
                 planned=lambda plan: err.print(text(start_line(plan))),
+                timed=lambda timing: err.print(text(timed_line(timing))),
             )
     if not main_process:
         return

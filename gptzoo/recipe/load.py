@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from gptzoo.errors import GptzooWarning, RecipeError, did_you_mean
+from gptzoo.errors import ComponentLookupError, GptzooWarning, RecipeError, did_you_mean
 from gptzoo.recipe.schema import (
     COMPONENT_KEYS,
     LAYER_TYPES,
@@ -38,7 +38,7 @@ from gptzoo.recipe.schema import (
     merge_component,
     show,
 )
-from gptzoo.registry import Registry
+from gptzoo.registry import Registry, split_name
 
 _TOO_LONG = f"an integer of more than {sys.get_int_max_str_digits()} digits"
 
@@ -129,17 +129,23 @@ def _read_toml(path: Path, real: Path | None = None) -> dict[str, Any]:
         raise RecipeError(str(path), ["invalid TOML: arrays or tables nested too deeply"]) from None
 
 
-def read_recipe_data(path: Path) -> dict[str, Any]:
-    """The TOML of ``path`` merged over everything it extends (without the ``extends`` key).
+def read_recipe_data(path: Path, registry: Registry | None = None) -> dict[str, Any]:
+    """The TOML of ``path`` merged over everything it extends (without the ``extends`` key); each file
+    of the chain that a plugin registers (``register_recipes``, in ``registry``) read as that plugin
+    means it (:func:`plugins_own`).
 
     The chain is followed without recursion, so its length has no limit; a file met twice (by any
     path, symbolic links included) is a cycle."""
+    owners = {} if registry is None else _recipe_owners(registry)
     chain: list[Path] = []
     layers: list[dict[str, Any]] = []
     while True:
         chain.append(path)
         data = _read_toml(path)
         parent = data.pop("extends", None)
+        owner = owners.get(os.path.realpath(path))
+        if owner is not None and registry is not None:
+            data = plugins_own(data, owner, registry)
         layers.append(_paths_from(data, path))
         if parent is None:
             break
@@ -160,6 +166,48 @@ def read_recipe_data(path: Path) -> dict[str, Any]:
         merged.pop(PROVENANCE, None)  # where a parent's components came from says nothing of the child's
         merged = merge(merged, layer)
     return merged
+
+
+def _recipe_owners(registry: Registry) -> dict[str, str]:
+    """The real path of each model recipe a plugin registers -> the plugin's distribution."""
+    return {os.path.realpath(r.path): r.provenance.distribution for r in registry.recipes if not r.sweep}
+
+
+def plugins_own(data: dict[str, Any], distribution: str, registry: Registry) -> dict[str, Any]:
+    """A plugin's recipe as the plugin means it: each component it names bare that ``distribution``
+    registers (of that kind) named ``DISTRIBUTION:NAME``, so that the name keeps meaning the plugin's
+    component when a later gptzoo gives a built-in that name (or another plugin takes it with
+    ``override=True``). A bare name the plugin does not register (a built-in it uses, another plugin's)
+    stays as written, and what the recipe extends is read as its own file says."""
+
+    def own(kind: str, value: Any) -> Any:
+        name = value.get("name") if isinstance(value, dict) else value
+        if not isinstance(name, str) or split_name(name)[0] is not None:
+            return value
+        qualified = f"{distribution}:{name}"
+        try:
+            registry.get(kind, qualified)
+        except ComponentLookupError:
+            return value
+        return {**value, "name": qualified} if isinstance(value, dict) else qualified
+
+    data = dict(data)
+    model = data.get("model")
+    if isinstance(model, dict):
+        model = {key: own(key, value) if key in COMPONENT_KEYS else value for key, value in model.items()}
+        types = model.get(LAYER_TYPES)
+        if isinstance(types, dict):
+            model[LAYER_TYPES] = {
+                name: {k: own(k, v) if k in COMPONENT_KEYS else v for k, v in table.items()}
+                if isinstance(table, dict)
+                else table
+                for name, table in types.items()
+            }
+        data["model"] = model
+    generate = data.get("generate")
+    if isinstance(generate, dict) and isinstance(generate.get(SAMPLERS), list):
+        data["generate"] = {**generate, SAMPLERS: [own("sampler", step) for step in generate[SAMPLERS]]}
+    return data
 
 
 def read_resolved_recipe_data(path: Path, *, real: Path | None = None) -> dict[str, Any]:
@@ -356,7 +404,7 @@ def load_recipe(name_or_path: str | Path, overrides: Iterable[str] = (), *, regi
     if (warning := shadowed_recipe(str(name_or_path), registry)) is not None:
         warnings.warn(warning, GptzooWarning, stacklevel=2)
     overrides = list(overrides)
-    data, problems = apply_overrides(read_recipe_data(path), overrides)
+    data, problems = apply_overrides(read_recipe_data(path, registry), overrides)
     try:
         return validate(data, str(path), name=path.stem, registry=registry, problems=problems)
     except RecipeError as exc:

@@ -311,11 +311,10 @@ TOP_LEVEL_KEYS = ("extends", "description")
 PROVENANCE = "provenance"
 """The table of a resolved recipe that records each component's distribution and version."""
 SAMPLERS = "samplers"
+"""The [provenance] key of the sampler chain's steps (the others are [model] component keys)."""
 LAYER_TYPES = "layer_types"
 """The [model] key of the layer types, and the [provenance] key of their components (by type, then [model] key)."""
-"""The [provenance] key of the sampler chain's steps (the others are [model] component keys)."""
 COMPONENT_KEYS = tuple(f.name for f in fields(ModelSpec) if f.type in ("Component", Component))
-
 """[model] keys that name a component; each is the recipe_key of one kind in gptzoo.hookspecs.CONTRACTS."""
 
 

@@ -136,6 +136,10 @@ COLUMNS = (
 )
 
 
+NARROW_OPTIONAL = ("max ‖g‖", "FLOPs/token", "params", "active")
+"""The columns a terminal too narrow for whole variant names goes without, the first first (report.md has them)."""
+
+
 def sparse(rows: list[dict[str, Any]]) -> bool:
     """Whether some variant uses fewer parameters per token than it has (a mixture of experts)."""
     return any(row.get("active_params", row["params"]) != row["params"] for row in rows)
@@ -338,15 +342,15 @@ def render_report(report: dict[str, Any], out: Console) -> None:
         table.add_column(name, justify="left" if i == 0 else "right", overflow="fold")
     for line in cells:  # a mean and its spread may fold between them, never inside either
         table.add_row(*(escape(c).replace("±", " ±") for c in line))
-    out.print(WholeWords(table))
+    out.print(WholeWords(table, optional=NARROW_OPTIONAL))
     lengths = length_table(report["variants"])
     if lengths is not None:
         t = Table(title="perplexity by evaluation length", title_justify="left")
-        t.add_column("variant")
+        t.add_column("variant", overflow="fold")
         for n in lengths[0]:
-            t.add_column(str(n), justify="right")
-        for line in lengths[1]:
-            t.add_row(*(escape(c) for c in line))
+            t.add_column(str(n), justify="right", overflow="fold")
+        for line in lengths[1]:  # as above: a perplexity and its spread may fold between them
+            t.add_row(*(escape(c).replace("±", " ±") for c in line))
         out.print(WholeWords(t))
     for name, note in notes(report):  # what a "diverged" count or a "-" / "refused" cell stands for
         out.print(f"[yellow]{escape(terminal_text(name))}:[/yellow] {escape(terminal_text(note))}")

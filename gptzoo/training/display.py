@@ -4,6 +4,7 @@ gptzoo.status_lines), and one line per evaluation."""
 
 from __future__ import annotations
 
+import math
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -14,7 +15,7 @@ from rich.text import Text
 from gptzoo.status_lines import StatusLines, duration
 
 if TYPE_CHECKING:
-    from gptzoo.training.trainer import Plan
+    from gptzoo.training.trainer import Plan, Timing
 
 
 def _shown(value: float | None, spec: str) -> str:
@@ -27,6 +28,21 @@ def start_line(plan: Plan) -> str:
     verb = f"resuming {plan.out} at step {plan.step:,} of" if plan.step else f"training into {plan.out}:"
     return (
         f"{verb} {plan.steps:,} steps of {plan.tokens_per_step:,} tokens, about {duration(plan.seconds)} ({plan.basis})"
+    )
+
+
+def timed_line(timing: Timing) -> str:
+    """What `gptzoo train` says once it has timed a step: the time left from it, and what the estimate before
+    the first step said (FLOPs miss what a model spends beyond its matmuls)."""
+    evals = f"{timing.evals} evaluation{'s' if timing.evals != 1 else ''} of {timing.eval_seconds:.2g} s"
+    said = (
+        f"; the estimate before the first step said {duration(timing.estimate)}"
+        if math.isfinite(timing.estimate)
+        else ""
+    )
+    return (
+        f"step {timing.step:,} took {timing.step_seconds:.2g} s: about {duration(timing.seconds)} left with "
+        f"{evals}, {duration(timing.elapsed + timing.seconds)} in all{said}"
     )
 
 

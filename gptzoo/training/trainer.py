@@ -108,6 +108,8 @@ Started = Callable[[int], None]
 """Called with the step a run starts from, once every check has passed."""
 Planned = Callable[["Plan"], None]
 """Called with what the run is about to do, just before ``Started``."""
+Timed = Callable[["Timing"], None]
+"""Called once, when the run has timed a step: the time left, from that step (gptzoo.training.trainer.Timing)."""
 Stepped = Callable[[int], None]
 """Called with the step reached after each optimizer step (a progress display)."""
 
@@ -302,6 +304,27 @@ class Plan:
     """The estimated time to ``steps``: at the tokens/s a resumed run last logged, else at ASSUMED_MFU of the peak."""
     basis: str
     """Where ``seconds`` comes from, in words."""
+
+
+@dataclass(frozen=True)
+class Timing:
+    """The time a run has left, from a step it timed (the second this process ran: the first warms up), said
+    once: the FLOPs of :class:`Plan`'s estimate miss what a model spends beyond its matmuls (an eager or
+    sequential component, small kernels' overhead, the evaluations)."""
+
+    step: int
+    step_seconds: float
+    """What that step took."""
+    seconds: float
+    """The time left: the steps left at ``step_seconds`` each, and the evaluations left at :attr:`eval_seconds`."""
+    elapsed: float
+    """The run's time so far (this process's)."""
+    evals: int
+    """The evaluations left."""
+    eval_seconds: float
+    """One evaluation's time: the one at step 0 timed, else its forward passes at a third of a step's per token."""
+    estimate: float
+    """What :class:`Plan` said before the first step."""
 
 
 ASSUMED_MFU = 0.3
@@ -697,14 +720,38 @@ class Trainer:
         self.shared.train()
         return float(distributed.mean(loss, self.procs))
 
-    def run(self, stepped: Stepped | None = None, *, evaluate_first: bool = False) -> TrainResult:
+    def timing(self, step_seconds: float, eval_seconds: float | None, elapsed: float, estimate: float) -> Timing:
+        """The time left after the step just run took ``step_seconds`` (:class:`Timing`)."""
+        spec, step = self.spec, self.step
+        every = spec.eval_every
+        evals = (spec.max_steps // every - (step - 1) // every if every else 0) + (
+            not every or spec.max_steps % every != 0
+        )
+        if eval_seconds is None:
+            tokens = spec.eval_batches * spec.micro_batch_size * self.seq_len
+            eval_seconds = step_seconds * tokens / (3 * self.global_batch * self.seq_len)
+        left = (spec.max_steps - step) * step_seconds + evals * eval_seconds
+        return Timing(step, step_seconds, left, elapsed, evals, eval_seconds, estimate)
+
+    def run(
+        self,
+        stepped: Stepped | None = None,
+        *,
+        evaluate_first: bool = False,
+        timed: Timed | None = None,
+        estimate: float = math.nan,
+    ) -> TrainResult:
         """Train to max_steps; ``evaluate_first``: a new run logs the validation loss of its starting weights
-        as step 0 (what fine-tuning improves on)."""
+        as step 0 (what fine-tuning improves on); ``timed`` hears, once, the time left from the second step
+        this process runs (:meth:`timing`; ``estimate``: the plan's, before the first step)."""
         spec = self.spec
         loss, val_loss, checkpoint = math.nan, None, None
+        began, eval_seconds = time.perf_counter(), None
+        timed_at = self.step + 2 if timed is not None and spec.max_steps - self.step > 2 else None
         if evaluate_first and self.step == 0:
             with self._compile_errors():
                 first = self.evaluate()
+            eval_seconds = time.perf_counter() - began
             self.log({"step": 0, "val_loss": first, "val_ppl": math.exp(min(first, 700)), "time": time.time()})
         self.shared.train()
         tokens_per_step = self.global_batch * self.seq_len
@@ -714,10 +761,13 @@ class Trainer:
             while self.step < spec.max_steps:
                 start = time.perf_counter()
                 loss, norm, applied = self.train_step()
-                window_time += time.perf_counter() - start
+                took = time.perf_counter() - start
+                window_time += took
                 window_steps += 1
                 if stepped is not None:
                     stepped(self.step)
+                if self.step == timed_at and timed is not None:
+                    timed(self.timing(took, eval_seconds, time.perf_counter() - began, estimate))
                 step, last = self.step, self.step == spec.max_steps
                 if step % spec.log_every == 0 or last or not applied:
                     tokens_per_s = window_steps * tokens_per_step / window_time
@@ -824,12 +874,14 @@ def train(
     stepped: Stepped | None = None,
     registry: Registry | None = None,
     planned: Planned | None = None,
+    timed: Timed | None = None,
     evaluate_first: bool = False,
 ) -> TrainResult:
     """Train ``recipe`` (from ``init``'s weights when given) into the run directory ``out``; every
     record also goes to ``log``, ``started`` learns the step the run starts from once every check
     has passed, and ``stepped`` each step reached after it; ``planned``, just before, what the run is about
-    to do (:class:`Plan`: steps, tokens, the estimated time; in the first process only); ``evaluate_first``
+    to do (:class:`Plan`: steps, tokens, the estimated time; in the first process only), and ``timed``, once,
+    the time left from a step timed (:class:`Timing`; in the first process only); ``evaluate_first``
     logs the validation loss of a new run's starting weights as step 0. Under torchrun,
     call it in every process (the first one holds the lock).
     ``hf_dir``: the Hugging Face directory ``init`` came from, whose tokenizer is a recipe's "hf" one
@@ -875,13 +927,17 @@ def train(
             distributed.agree(procs, lambda: check_out(out, resume=resume))  # the others would race its writes
             trainer = Trainer(recipe, tokens, out, procs, resume=resume, init=init, log=record, registry=registry)
             try:
+                plan = None
                 if procs.is_main:
                     trainer.begin()
+                    plan = plan_of(trainer)
                     if planned is not None:
-                        planned(plan_of(trainer))
+                        planned(plan)
                 if started is not None:
                     started(trainer.step)
-                result = trainer.run(stepped, evaluate_first=evaluate_first)
+                estimate = math.nan if plan is None else plan.seconds
+                timing = timed if procs.is_main else None
+                result = trainer.run(stepped, evaluate_first=evaluate_first, timed=timing, estimate=estimate)
             except BaseException:  # Ctrl-C too
                 if procs.is_main and not resume:
                     run_dir.discard(out)  # nothing to resume: leave nothing that refuses the next try

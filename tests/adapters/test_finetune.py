@@ -309,3 +309,16 @@ def test_a_run_is_resumed_and_used_from_another_working_directory(
     assert resumed["steps"] == 2
     out = run_json(capsys, "generate", "../a/run", "--prompt", "x", "--max-new-tokens", "2")  # its base from here
     assert len(out["tokens"][0]) == 2 and out["finish_reasons"] == ["length"]
+
+
+def test_the_validation_before_the_first_step_says_so(
+    capsys: pytest.CaptureFixture[str], base: Path, text: Path, tmp_path: Path
+) -> None:
+    """A fine-tune first scores its starting weights (minutes, on a large model): a line says so before, then
+    the loss; once a step is timed, the time left."""
+    args = ["finetune", str(base), "--data", str(text), "--out", str(tmp_path / "run"), *FAST]
+    assert main([*args, "--set", "train.max_steps=4"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    said = err.index("step 0: the validation loss of the starting weights, 2 batches of 2 x 32 tokens...")
+    assert err[said + 1].startswith("step 0: val loss ")
+    assert any(line.startswith("step 2 took ") for line in err[said + 2 :])

@@ -89,3 +89,37 @@ def test_a_recipe_path_that_is_no_file_fails_the_plugin(fake_site: FakeSite, tmp
         "a file; pass the path of its TOML file (e.g. Path(__file__).parent / 'recipes' / 'NAME.toml', shipped as "
         "package data)"
     )
+
+
+def test_a_plugins_recipe_keeps_its_bare_names_when_a_built_in_takes_them(
+    fake_site: FakeSite, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The plugin registered norm 'rmsnorm' before gptzoo had one (a built-in took the name later, as 'moe'
+    and 'mla' were): the recipe it ships, which says `norm = "rmsnorm"`, still means the plugin's norm,
+    silently, and so does a user's recipe that extends it; the recipe it extends (llama-tiny's own bare
+    'rmsnorm') and a user's file that names 'rmsnorm' bare mean the built-in, with the warning (once)."""
+    from fakedist import rmsnorm_replacement
+
+    folder = fake_site.root / "gptzoo_fake_early_recipes"
+    folder.mkdir()
+    (folder / "early.toml").write_text('extends = "llama-tiny"\n[model]\nnorm = "rmsnorm"\n', encoding="utf-8")
+    source = rmsnorm_replacement(override=False) + (
+        "\n\n@gptzoo.hookimpl\ndef register_recipes(register):\n"
+        "    from pathlib import Path\n\n"
+        '    register("early", Path(__file__).parent / "gptzoo_fake_early_recipes" / "early.toml")\n'
+    )
+    fake_site.add("early", "gptzoo_fake_early", source)
+    registry = gptzoo.get_registry()
+    recipe = gptzoo.load_recipe("early", registry=registry)
+    assert recipe.model.norm.name == "gptzoo-fake-early:rmsnorm"
+    assert recipe.model.norm.origin == "gptzoo-fake-early 1.0"
+    with pytest.warns(gptzoo.GptzooWarning, match="write 'gptzoo-fake-early:rmsnorm' for the plugin's"):
+        assert gptzoo.load_recipe("llama-tiny", registry=registry).model.norm.origin.startswith("gptzoo ")
+    user = fake_site.root / "user.toml"
+    user.write_text('extends = "early"\n[model]\nn_layer = 1\n', encoding="utf-8")
+    assert gptzoo.load_recipe(user, registry=registry).model.norm.name == "gptzoo-fake-early:rmsnorm"
+    bare = fake_site.root / "bare.toml"
+    bare.write_text('extends = "early"\n[model]\nnorm = "rmsnorm"\n', encoding="utf-8")
+    assert gptzoo.load_recipe(bare, registry=registry).model.norm.origin.startswith("gptzoo ")  # warned once, above
+    norm = next(c for c in run_json(capsys, "build", "early")["components"] if c["key"] == "norm")
+    assert (norm["name"], norm["distribution"]) == ("rmsnorm", "gptzoo-fake-early")

@@ -446,6 +446,12 @@ def test_cli_train_says_where_how_long_and_how_many_steps_first(
     line = f"training into {run}: 4 steps of {per_step:,} tokens, about {duration(seconds)} "
     line += "(at 30% of the peak 0.001 GFLOP/s)"
     assert err.splitlines()[0] == line
+    timed = [line for line in err.splitlines() if line.startswith("step 2 took ")]
+    assert len(timed) == 1 and re.fullmatch(
+        r"step 2 took \S+ s: about \d+ s left with \d+ evaluations? of \S+ s, \d+ s in all; the estimate before the "
+        r"first step said .+",
+        timed[0],
+    )
     sets[sets.index("train.max_steps=4")] = "train.max_steps=6"
     assert main(["train", "gpt2-tiny", *sets, "--data", str(docs), "--out", str(run), "--resume"]) == 0
     rate = [r["tokens_per_s"] for r in run_dir.read_metrics(run) if r.get("tokens_per_s") and r["step"] <= 4][-1]
@@ -501,3 +507,64 @@ def test_the_start_line_of_several_processes_counts_each_ones_peak(tmp_path: Pat
     assert two.seconds == pytest.approx(one.seconds / 2)
     assert one.basis == "at 30% of the peak 1 GFLOP/s"
     assert two.basis == "at 30% of the peak 1 GFLOP/s in each of 2 processes"
+
+
+def _slowed(monkeypatch: pytest.MonkeyPatch, method: str, seconds: float) -> None:
+    """Trainer.METHOD takes ``seconds`` more: a component the FLOPs do not see (eager, sequential)."""
+    import time
+
+    from gptzoo.training.trainer import Trainer
+
+    original = getattr(Trainer, method)
+
+    def slow(self: Trainer, *args: object) -> object:
+        time.sleep(seconds)
+        return original(self, *args)
+
+    monkeypatch.setattr(Trainer, method, slow)
+
+
+def test_a_timed_step_says_the_time_left(docs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The estimate before the first step counts FLOPs; once the second step (the first warms up) is timed,
+    the time left is said from it: the steps left at its time, and the evaluations left (at steps 4, 8 and the
+    last, 10) at a third of a step's time per token; said once."""
+    _slowed(monkeypatch, "train_step", 0.25)
+    plans, timings = [], []
+    spec = recipe("train.max_steps=10", "train.eval_every=4", "train.eval_batches=2")
+    train(spec, out=tmp_path / "run", data=docs, planned=plans.append, timed=timings.append)
+    [timing] = timings
+    assert timing.step == 2 and timing.evals == 3 and timing.step_seconds >= 0.25
+    per_step, per_eval = 8 * 64, 2 * 8 * 64
+    assert timing.eval_seconds == pytest.approx(timing.step_seconds * per_eval / (3 * per_step))
+    assert timing.seconds == pytest.approx(8 * timing.step_seconds + 3 * timing.eval_seconds)
+    assert timing.seconds >= 8 * 0.25 and timing.elapsed >= 2 * 0.25
+    assert timing.estimate == plans[0].seconds
+    timings.clear()
+    train(recipe("train.max_steps=2"), out=tmp_path / "short", data=docs, timed=timings.append)
+    assert timings == []  # nothing left to time against
+
+
+def test_the_evaluation_before_the_first_step_is_timed(
+    docs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fine-tune's validation at step 0 is what the evaluations left are counted at."""
+    _slowed(monkeypatch, "evaluate", 0.5)
+    timings = []
+    spec = recipe("train.max_steps=6", "train.eval_every=0")
+    train(spec, out=tmp_path / "run", data=docs, timed=timings.append, evaluate_first=True)
+    [timing] = timings
+    assert timing.evals == 1 and timing.eval_seconds >= 0.5
+    assert timing.seconds == pytest.approx(4 * timing.step_seconds + timing.eval_seconds)
+
+
+def test_the_timed_line() -> None:
+    from gptzoo.training.display import timed_line
+    from gptzoo.training.trainer import Timing
+
+    timing = Timing(step=2, step_seconds=0.84, seconds=95, elapsed=3, evals=3, eval_seconds=1.5, estimate=51 * 60)
+    assert timed_line(timing) == (
+        "step 2 took 0.84 s: about 2 min left with 3 evaluations of 1.5 s, 2 min in all; the estimate before the "
+        "first step said 51 min"
+    )
+    one = Timing(step=2, step_seconds=2.0, seconds=40, elapsed=4, evals=1, eval_seconds=0.25, estimate=math.nan)
+    assert timed_line(one) == "step 2 took 2 s: about 40 s left with 1 evaluation of 0.25 s, 44 s in all"
