@@ -79,6 +79,10 @@ On the built module, for every kind but samplers (optional):
   and attentions must have it): as below. The model's FLOPs are the sum over every module of it that
   declares ``flops``, each counting only its own matmuls (not those of components nested in it), and
   the LM head.
+- ``state_bytes(batch_size, dtype) -> int`` (contract 8; attentions): the bytes of its cache
+  (``kv_bytes``) that do not grow with the length: a recurrent or convolutional mixer's state, the
+  whole of what its cache holds; without it, none (every byte of the cache is counted per token).
+  ``gptzoo build`` shows them per sequence, apart from the KV cache per token.
 - ``decode_cost(cache_len, dtype) -> {"flops": int, "bytes": int}`` (contract 3): the matmul FLOPs
   and the bytes read (weights and cache, in dtype) of decoding one new token of one sequence after
   cache_len cached ones (a latent attention reads its c + r latent per cached token, not every head's
@@ -123,7 +127,7 @@ import pluggy
 from gptzoo.moves import moved
 
 PROJECT = "gptzoo"
-CONTRACT_VERSION = 7
+CONTRACT_VERSION = 8
 """The version of the plugin contract this gptzoo implements (see the module docstring)."""
 CONTRACT_ATTRIBUTE = "gptzoo_contract"
 """The plugin module's attribute that declares the contract version it was written for (optional)."""
@@ -220,7 +224,7 @@ CONTRACTS: dict[str, Contract] = {
             ),
             builders=("norm",),
             members=("c_proj", "init_cache", "kv_bytes", "flops"),
-            optional=("reset_parameters", "active_parameters", "aux_losses", "stats", "decode_cost"),
+            optional=("reset_parameters", "active_parameters", "aux_losses", "stats", "decode_cost", "state_bytes"),
         ),
         Contract(
             "sampler",
@@ -334,10 +338,13 @@ def register_attentions(register: Register) -> None:
     own shape: a sliding window may keep only its last ``window`` positions) and
     ``kv_bytes(batch_size, max_len, dtype) -> int`` says exactly how many bytes that cache holds,
     without allocating it (memory checks and ``gptzoo build`` read it); ``flops(batch, seq_len)``
-    as in the module docstring.
+    as in the module docstring. A token mixer that keeps no keys (a recurrence, a short convolution)
+    takes an attention's place: its cache holds a constant-size state, which ``state_bytes(batch_size,
+    dtype)`` says (contract 8).
 
     Members: ``c_proj``, ``init_cache``, ``kv_bytes``, ``flops``.
-    Optional: ``reset_parameters``, ``active_parameters``, ``aux_losses``, ``stats``, ``decode_cost``.
+    Optional: ``reset_parameters``, ``active_parameters``, ``aux_losses``, ``stats``, ``decode_cost``,
+    ``state_bytes``.
     On the factory: ``check``, ``examples``.
     """
 

@@ -83,15 +83,15 @@ def gptzoo_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
 
 
 def test_contract_version_is_public() -> None:
-    assert gptzoo.CONTRACT_VERSION == CONTRACT_VERSION == 7
+    assert gptzoo.CONTRACT_VERSION == CONTRACT_VERSION == 8
 
 
 def test_a_plugin_declaring_a_newer_contract_is_refused_at_load(fake_site: FakeSite) -> None:
-    fake_site.add("future", "gptzoo_fake_future", "gptzoo_contract = 8\n" + OLD_MLP.replace("old_dense", "future"))
+    fake_site.add("future", "gptzoo_fake_future", "gptzoo_contract = 9\n" + OLD_MLP.replace("old_dense", "future"))
     message = (
-        f"it is written for gptzoo plugin contract 8 (gptzoo_contract = 8), and gptzoo {VERSION} supports contracts "
-        "up to 7; upgrade gptzoo (pip install -U gptzoo), or install a release of gptzoo-fake-future written for "
-        "contract 7"
+        f"it is written for gptzoo plugin contract 9 (gptzoo_contract = 9), and gptzoo {VERSION} supports contracts "
+        "up to 8; upgrade gptzoo (pip install -U gptzoo), or install a release of gptzoo-fake-future written for "
+        "contract 8"
     )
     registry = gptzoo.get_registry()
     (info,) = [p for p in registry.plugins if p.name == "future"]
@@ -110,11 +110,11 @@ def test_a_contract_declaration_that_is_no_version_is_refused(fake_site: FakeSit
     (info,) = [p for p in gptzoo.get_registry().plugins if p.name == "odd"]
     assert info.error == (
         f"its gptzoo_contract is {declared}, not a contract version; set "
-        "gptzoo_contract = 7, the version it is written for"
+        "gptzoo_contract = 8, the version it is written for"
     )
 
 
-@pytest.mark.parametrize("declared", [2, 3, 4, 5, 6, 7])
+@pytest.mark.parametrize("declared", [2, 3, 4, 5, 6, 7, 8])
 def test_a_declared_contract_is_recorded_and_one_written_for_version_2_still_loads(
     fake_site: FakeSite, declared: int
 ) -> None:
@@ -165,7 +165,7 @@ def test_an_old_flops_in_a_plugin_declaring_contract_2_is_refused(fake_site: Fak
         "mlp 'old_dense' from gptzoo_fake_liar (gptzoo-fake-liar 1.0) declares plugin contract 2 (gptzoo_contract = 2) "
         "but implements flops(seq_len), the form before contract 2, which calls flops(batch, seq_len); fix the plugin "
         "(count the FLOPs of batch sequences of seq_len tokens in def flops(self, batch, seq_len), and declare "
-        "gptzoo_contract = 7), or choose another mlp"
+        "gptzoo_contract = 8), or choose another mlp"
     )
 
 

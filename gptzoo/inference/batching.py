@@ -50,6 +50,11 @@ def _ring(dst: Any, i: int, dst_end: int, src: Any, j: int, src_end: int, n: int
         getattr(dst, name)[i].index_copy_(1, target, getattr(src, name)[j].index_select(1, source))
 
 
+def _state(dst: Any, i: int, dst_end: int, src: Any, j: int, src_end: int, n: int) -> None:
+    """A constant-size state (B, ...): what a sequence's tokens so far left, whichever positions they sit at."""
+    dst.state[i] = src.state[j]
+
+
 def _latent(dst: Any, i: int, dst_end: int, src: Any, j: int, src_end: int, n: int) -> None:
     """A latent attention's cache: latents (B, max_len, rank) and rotated keys (B, 1, max_len, rope_dim)."""
     dst.latent[i, dst_end - n : dst_end] = src.latent[j, src_end - n : src_end]
@@ -64,6 +69,7 @@ MOVERS: tuple[TableRow, ...] = tuple(
         "gptzoo.interfaces:LayerKVCache": _dense,
         "gptzoo_plugins._attentions:WindowKVCache": _ring,
         "gptzoo_plugins._mla:LatentKVCache": _latent,
+        "gptzoo_plugins._short_conv:ConvState": _state,
     }.items()
 )
 """The built-in layer cache classes (each the exact class: a subclass may keep positions elsewhere) and

@@ -4,13 +4,23 @@ next tokens sit (gptzoo.interfaces.Positions, handed to attention through its At
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import inspect
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from torch import Tensor
 
 from gptzoo.errors import GptzooError
 from gptzoo.interfaces import Attention, LayerKVCache, Positions
+
+
+def _takes_two(method: Callable[..., object]) -> bool:
+    """Whether ``method`` accepts two positional arguments (the contract's ``state_bytes(batch_size, dtype)``)."""
+    try:
+        inspect.signature(method).bind(0, torch.float32)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 class KVCache:
@@ -52,6 +62,31 @@ class KVCache:
                 raise GptzooError(
                     f"{type(attn).__name__}.kv_bytes({batch_size}, {max_len}, {dtype}) gave {shown}, not a number "
                     "of bytes; fix the attention plugin (gptzoo.hookspecs, register_attentions)"
+                )
+            total += n
+        return total
+
+    @staticmethod
+    def state_bytes_needed(attentions: Iterable[Attention], batch_size: int, max_len: int, dtype: torch.dtype) -> int:
+        """The bytes of those caches that do not grow with the length (each layer's ``state_bytes``, contract 8:
+        a recurrent or convolutional mixer's state; none for a layer without it), allocating nothing.
+
+        Raises:
+            GptzooError: a layer's state_bytes gives anything but a number of bytes from 0 to its kv_bytes.
+        """
+        total = 0
+        for attn in attentions:
+            state_bytes = getattr(attn, "state_bytes", None)
+            if not callable(state_bytes) or not _takes_two(state_bytes):  # a method of a plugin's own, not this one
+                continue
+            n = state_bytes(batch_size, dtype)
+            whole = attn.kv_bytes(batch_size, max_len, dtype)
+            if type(n) is not int or not 0 <= n <= whole:
+                shown = repr(n) if type(n) in (int, float, bool) else f"an object of type {type(n).__name__}"
+                raise GptzooError(
+                    f"{type(attn).__name__}.state_bytes({batch_size}, {dtype}) gave {shown}, not a number of bytes "
+                    f"from 0 to its kv_bytes ({whole}); fix the attention plugin (gptzoo.hookspecs, "
+                    "register_attentions)"
                 )
             total += n
         return total

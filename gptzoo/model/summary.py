@@ -133,15 +133,12 @@ def summarize(
         for key, (entry, component) in entries.items()
     ]
     layers = schedule(recipe)
+    of_type = {name: [i for i, t in enumerate(layers["layers"]) if t == name] for name in layers["count"]}
     by_type = {
         name: {
             "layers": layers["count"][name],
-            **{
-                dt_name: kv_bytes_per_token(
-                    model, seq_len, dt, [i for i, t in enumerate(layers["layers"]) if t == name]
-                )
-                for dt_name, dt in DTYPES.items()
-            },
+            **{dt_name: kv_bytes_per_token(model, seq_len, dt, of_type[name]) for dt_name, dt in DTYPES.items()},
+            "state": {dt_name: state_bytes(model, seq_len, dt, of_type[name]) for dt_name, dt in DTYPES.items()},
         }
         for name in layers["count"]
     }
@@ -182,6 +179,7 @@ def summarize(
         "memory": {
             "weights_bytes": {name: params["total"] * dt.itemsize for name, dt in DTYPES.items()},
             "kv_cache_bytes_per_token": {name: kv_bytes_per_token(model, seq_len, dt) for name, dt in DTYPES.items()},
+            "state_bytes_per_sequence": {name: state_bytes(model, seq_len, dt) for name, dt in DTYPES.items()},
             "kv_cache_bytes_per_token_by_layer_type": by_type,
         },
     }
@@ -189,11 +187,19 @@ def summarize(
 
 def kv_bytes_per_token(model: GPT, seq_len: int, dtype: torch.dtype, layers: list[int] | None = None) -> int:
     """The KV cache's bytes per token of one sequence of seq_len tokens, as the attentions of these
-    layers (default: all) size their caches (``kv_bytes``): exact for layers that keep every key, an
-    average over seq_len for one that keeps a window (rounded up)."""
-    blocks = model.blocks if layers is None else [model.blocks[i] for i in layers]
-    total = KVCache.bytes_needed((block.attn for block in blocks), 1, seq_len, dtype)
-    return -(-total // seq_len)
+    layers (default: all) size their caches (``kv_bytes``), less their constant-size state
+    (:func:`state_bytes`): exact for layers that keep every key, an average over seq_len for one that
+    keeps a window (rounded up)."""
+    attentions = [block.attn for block in (model.blocks if layers is None else [model.blocks[i] for i in layers])]
+    total = KVCache.bytes_needed(attentions, 1, seq_len, dtype)
+    return -(-(total - KVCache.state_bytes_needed(attentions, 1, seq_len, dtype)) // seq_len)
+
+
+def state_bytes(model: GPT, seq_len: int, dtype: torch.dtype, layers: list[int] | None = None) -> int:
+    """The bytes of one sequence's cache in these layers (default: all) that do not grow with its length:
+    the states of recurrent and convolutional mixers (``state_bytes``, contract 8)."""
+    attentions = [block.attn for block in (model.blocks if layers is None else [model.blocks[i] for i in layers])]
+    return KVCache.state_bytes_needed(attentions, 1, seq_len, dtype)
 
 
 def _si(n: float, unit: str = "") -> str:
@@ -273,11 +279,20 @@ def render_summary(s: dict[str, Any], console: Console) -> None:
         f"KV cache per token (at {s['flops']['seq_len']} tokens)",
         *(format_bytes(mem["kv_cache_bytes_per_token"][n]) for n in DTYPES),
     )
-    if s["schedule"]["pattern"]:  # the KV cache's split, under its row
-        for name, row in mem["kv_cache_bytes_per_token_by_layer_type"].items():
+    split = s["schedule"]["pattern"]
+    by_type = mem["kv_cache_bytes_per_token_by_layer_type"]
+    if split:  # the KV cache's split, under its row
+        for name, row in by_type.items():
             table.add_row(
                 f"  of which {row['layers']} {escape(terminal_text(name))} layers",
                 *(format_bytes(row[n]) for n in DTYPES),
+            )
+    if any(mem["state_bytes_per_sequence"].values()):  # a recurrent or convolutional mixer's, whatever the length
+        table.add_row("state per sequence", *(format_bytes(mem["state_bytes_per_sequence"][n]) for n in DTYPES))
+        for name, row in by_type.items() if split else ():
+            table.add_row(
+                f"  of which {row['layers']} {escape(terminal_text(name))} layers",
+                *(format_bytes(row["state"][n]) for n in DTYPES),
             )
     table.add_row(
         f"bytes read decoding a token (at {s['decode']['cache_len']} cached)",
