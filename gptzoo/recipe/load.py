@@ -175,9 +175,10 @@ def _recipe_owners(registry: Registry) -> dict[str, str]:
 
 def plugins_own(data: dict[str, Any], distribution: str, registry: Registry) -> dict[str, Any]:
     """A plugin's recipe as the plugin means it: each component it names bare that ``distribution``
-    registers (of that kind) named ``DISTRIBUTION:NAME``, so that the name keeps meaning the plugin's
-    component when a later gptzoo gives a built-in that name (or another plugin takes it with
-    ``override=True``). A bare name the plugin does not register (a built-in it uses, another plugin's)
+    registers (of that kind), where the bare name now means another (a later gptzoo gave a built-in that
+    name, another plugin took it with ``override=True``, or it became ambiguous), named
+    ``DISTRIBUTION:NAME``, so that it keeps meaning the plugin's component; a bare name that means the
+    plugin's stays as written. A bare name the plugin does not register (a built-in it uses, another plugin's)
     stays as written, and what the recipe extends is read as its own file says."""
 
     def own(kind: str, value: Any) -> Any:
@@ -186,9 +187,14 @@ def plugins_own(data: dict[str, Any], distribution: str, registry: Registry) -> 
             return value
         qualified = f"{distribution}:{name}"
         try:
-            registry.get(kind, qualified)
+            mine = registry.get(kind, qualified)
         except ComponentLookupError:
             return value
+        try:
+            if registry.get(kind, name) is mine:  # the bare name means the plugin's today: it stays as written
+                return value
+        except ComponentLookupError:  # ambiguous
+            pass
         return {**value, "name": qualified} if isinstance(value, dict) else qualified
 
     data = dict(data)
