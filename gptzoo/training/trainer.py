@@ -722,11 +722,11 @@ class Trainer:
 
     def timing(self, step_seconds: float, eval_seconds: float | None, elapsed: float, estimate: float) -> Timing:
         """The time left after the step just run took ``step_seconds`` (:class:`Timing`)."""
-        spec, step = self.spec, self.step
-        every = spec.eval_every
-        evals = (spec.max_steps // every - (step - 1) // every if every else 0) + (
-            not every or spec.max_steps % every != 0
-        )
+        spec, step, every = self.spec, self.step, self.spec.eval_every
+        if every:  # the multiples of eval_every from this step (its evaluation comes after) on, and the last step
+            evals = spec.max_steps // every - (step - 1) // every + (spec.max_steps % every != 0)
+        else:
+            evals = 1
         if eval_seconds is None:
             tokens = spec.eval_batches * spec.micro_batch_size * self.seq_len
             eval_seconds = step_seconds * tokens / (3 * self.global_batch * self.seq_len)
