@@ -138,7 +138,13 @@ def summarize(
         name: {
             "layers": layers["count"][name],
             **{dt_name: kv_bytes_per_token(model, seq_len, dt, of_type[name]) for dt_name, dt in DTYPES.items()},
-            "state": {dt_name: state_bytes(model, seq_len, dt, of_type[name]) for dt_name, dt in DTYPES.items()},
+        }
+        for name in layers["count"]
+    }
+    state_by_type = {
+        name: {
+            "layers": layers["count"][name],
+            **{dt_name: state_bytes(model, seq_len, dt, of_type[name]) for dt_name, dt in DTYPES.items()},
         }
         for name in layers["count"]
     }
@@ -181,6 +187,7 @@ def summarize(
             "kv_cache_bytes_per_token": {name: kv_bytes_per_token(model, seq_len, dt) for name, dt in DTYPES.items()},
             "state_bytes_per_sequence": {name: state_bytes(model, seq_len, dt) for name, dt in DTYPES.items()},
             "kv_cache_bytes_per_token_by_layer_type": by_type,
+            "state_bytes_per_sequence_by_layer_type": state_by_type,
         },
     }
 
@@ -200,6 +207,14 @@ def state_bytes(model: GPT, seq_len: int, dtype: torch.dtype, layers: list[int] 
     the states of recurrent and convolutional mixers (``state_bytes``, contract 8)."""
     attentions = [block.attn for block in (model.blocks if layers is None else [model.blocks[i] for i in layers])]
     return KVCache.state_bytes_needed(attentions, 1, seq_len, dtype)
+
+
+def _by_layer_type(table: Table, rows: dict[str, dict[str, int]]) -> None:
+    """The rows of a memory figure's split by layer type, under the figure's own row."""
+    for name, row in rows.items():
+        table.add_row(
+            f"  of which {row['layers']} {escape(terminal_text(name))} layers", *(format_bytes(row[n]) for n in DTYPES)
+        )
 
 
 def _si(n: float, unit: str = "") -> str:
@@ -280,20 +295,12 @@ def render_summary(s: dict[str, Any], console: Console) -> None:
         *(format_bytes(mem["kv_cache_bytes_per_token"][n]) for n in DTYPES),
     )
     split = s["schedule"]["pattern"]
-    by_type = mem["kv_cache_bytes_per_token_by_layer_type"]
     if split:  # the KV cache's split, under its row
-        for name, row in by_type.items():
-            table.add_row(
-                f"  of which {row['layers']} {escape(terminal_text(name))} layers",
-                *(format_bytes(row[n]) for n in DTYPES),
-            )
+        _by_layer_type(table, mem["kv_cache_bytes_per_token_by_layer_type"])
     if any(mem["state_bytes_per_sequence"].values()):  # a recurrent or convolutional mixer's, whatever the length
         table.add_row("state per sequence", *(format_bytes(mem["state_bytes_per_sequence"][n]) for n in DTYPES))
-        for name, row in by_type.items() if split else ():
-            table.add_row(
-                f"  of which {row['layers']} {escape(terminal_text(name))} layers",
-                *(format_bytes(row["state"][n]) for n in DTYPES),
-            )
+        if split:
+            _by_layer_type(table, mem["state_bytes_per_sequence_by_layer_type"])
     table.add_row(
         f"bytes read decoding a token (at {s['decode']['cache_len']} cached)",
         *(format_bytes(s["decode"]["bytes_read_per_token"][n]) for n in DTYPES),

@@ -39,9 +39,9 @@ def test_build_shows_a_hybrids_state_per_sequence_apart_from_its_kv_cache(capsys
     memory = run_json(capsys, "build", "llama-tiny", "--set", "model.n_layer=3", *HYBRID)["memory"]
     assert memory["state_bytes_per_sequence"] == {"float32": 2 * 64 * 2 * 4, "bfloat16": 2 * 64 * 2 * 2}
     assert memory["kv_cache_bytes_per_token"] == {"float32": 2 * 2 * 16 * 4, "bfloat16": 2 * 2 * 16 * 2}
-    by_type = memory["kv_cache_bytes_per_token_by_layer_type"]
-    assert (by_type["conv"]["float32"], by_type["conv"]["state"]["float32"]) == (0, 2 * 64 * 2 * 4)
-    assert (by_type["attn"]["float32"], by_type["attn"]["state"]["float32"]) == (2 * 2 * 16 * 4, 0)
+    kv, state = memory["kv_cache_bytes_per_token_by_layer_type"], memory["state_bytes_per_sequence_by_layer_type"]
+    assert (kv["conv"]["float32"], state["conv"]["float32"], state["conv"]["layers"]) == (0, 2 * 64 * 2 * 4, 2)
+    assert (kv["attn"]["float32"], state["attn"]["float32"], state["attn"]["layers"]) == (2 * 2 * 16 * 4, 0, 1)
 
 
 @pytest.mark.parametrize(
