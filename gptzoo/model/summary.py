@@ -197,7 +197,7 @@ def kv_bytes_per_token(model: GPT, seq_len: int, dtype: torch.dtype, layers: lis
     layers (default: all) size their caches (``kv_bytes``), less their constant-size state
     (:func:`state_bytes`): exact for layers that keep every key, an average over seq_len for one that
     keeps a window (rounded up)."""
-    attentions = [block.attn for block in (model.blocks if layers is None else [model.blocks[i] for i in layers])]
+    attentions = _attentions(model, layers)
     total = KVCache.bytes_needed(attentions, 1, seq_len, dtype)
     return -(-(total - KVCache.state_bytes_needed(attentions, 1, seq_len, dtype)) // seq_len)
 
@@ -205,8 +205,12 @@ def kv_bytes_per_token(model: GPT, seq_len: int, dtype: torch.dtype, layers: lis
 def state_bytes(model: GPT, seq_len: int, dtype: torch.dtype, layers: list[int] | None = None) -> int:
     """The bytes of one sequence's cache in these layers (default: all) that do not grow with its length:
     the states of recurrent and convolutional mixers (``state_bytes``, contract 8)."""
-    attentions = [block.attn for block in (model.blocks if layers is None else [model.blocks[i] for i in layers])]
-    return KVCache.state_bytes_needed(attentions, 1, seq_len, dtype)
+    return KVCache.state_bytes_needed(_attentions(model, layers), 1, seq_len, dtype)
+
+
+def _attentions(model: GPT, layers: list[int] | None) -> list[torch.nn.Module]:
+    """The token mixers of these layers (default: all)."""
+    return [block.attn for block in (model.blocks if layers is None else [model.blocks[i] for i in layers])]
 
 
 def _by_layer_type(table: Table, rows: dict[str, dict[str, int]]) -> None:
