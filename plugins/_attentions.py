@@ -181,6 +181,7 @@ class CausalSelfAttention(nn.Module):
         {"qk_norm": "full", "qkv_bias": True},
         {"sinks": True},
         {"window": 2, "sinks": True},
+        {"output_gate": True, "qk_norm": "head"},
     ]
     """What the conformance kit runs besides the defaults: a window shorter than its sequences, and each feature."""
 
@@ -199,6 +200,7 @@ class CausalSelfAttention(nn.Module):
         qk_norm: str = "none",
         qkv_bias: bool = False,
         sinks: bool = False,
+        output_gate: bool = False,
     ) -> None:
         super().__init__()
         problems = self.check(window=window, softcap=softcap, scale=scale, qk_norm=qk_norm)
@@ -207,7 +209,10 @@ class CausalSelfAttention(nn.Module):
         self.n_head, self.n_kv_head, self.head_dim = n_head, n_kv_head, head_dim
         self.window, self.softcap, self.qk_norm = window, softcap, qk_norm
         self.scale = scale or 1.0 / math.sqrt(head_dim)
-        self.c_attn = nn.Linear(d_model, (n_head + 2 * n_kv_head) * head_dim, bias=bias or qkv_bias)
+        self.output_gate = output_gate
+        # Qwen3-Next / Qwen3.5's output gate: each head's query rows are followed by as many gate rows (their q_proj)
+        q_rows = (2 if output_gate else 1) * n_head * head_dim
+        self.c_attn = nn.Linear(d_model, q_rows + 2 * n_kv_head * head_dim, bias=bias or qkv_bias)
         self.c_proj = nn.Linear(n_head * head_dim, d_model, bias=bias)
         if qk_norm != "none":
             if norm is None:
@@ -232,7 +237,10 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: Tensor, ctx: AttentionContext, cache: LayerKVCache | None = None) -> Tensor:
         B, T, _ = x.shape
         nh, nkv, hs = self.n_head, self.n_kv_head, self.head_dim
-        q, k, v = self.c_attn(x).split((nh * hs, nkv * hs, nkv * hs), dim=-1)
+        q, k, v = self.c_attn(x).split(((2 if self.output_gate else 1) * nh * hs, nkv * hs, nkv * hs), dim=-1)
+        if self.output_gate:  # (B, T, nh, 2, hs): each head's query, then its gate
+            q, gate = q.view(B, T, nh, 2, hs).unbind(3)
+            q = q.reshape(B, T, nh * hs)
         if self.qk_norm == "full":
             q, k = self.q_norm(q), self.k_norm(k)
         q = q.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
@@ -248,7 +256,10 @@ class CausalSelfAttention(nn.Module):
             if cache is not None:
                 k, v = cache.update(k, v, ctx.start)  # (B, nkv, start + T, hs)
             y = self.attend(q, k, v, ctx)  # (B, nh, T, hs)
-        return self.c_proj(y.transpose(1, 2).reshape(B, T, nh * hs))
+        y = y.transpose(1, 2).reshape(B, T, nh * hs)
+        if self.output_gate:
+            y = y * torch.sigmoid(gate.reshape(B, T, nh * hs))
+        return self.c_proj(y)
 
     def attend_window(
         self, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, cache: LayerKVCache | None
@@ -335,6 +346,7 @@ class SlidingWindowAttention(CausalSelfAttention):
         qk_norm: str = "none",
         qkv_bias: bool = False,
         sinks: bool = False,
+        output_gate: bool = False,
     ) -> None:  # the parent's constructor runs this class's check, which refuses window < 1
         super().__init__(
             d_model,
@@ -349,6 +361,7 @@ class SlidingWindowAttention(CausalSelfAttention):
             qk_norm=qk_norm,
             qkv_bias=qkv_bias,
             sinks=sinks,
+            output_gate=output_gate,
         )
 
     @staticmethod

@@ -31,7 +31,11 @@ Split = Callable[[Any], Sequence[tuple[str, int]]]
 
 
 def _qkv(attn: Any) -> Sequence[tuple[str, int]]:
-    q, kv = attn.n_head * attn.head_dim, attn.n_kv_head * attn.head_dim
+    # an output gate's rows sit among the query's (each head's query, then its gate), as in q_proj of Qwen3.5
+    q, kv = (
+        (2 if getattr(attn, "output_gate", False) else 1) * attn.n_head * attn.head_dim,
+        attn.n_kv_head * attn.head_dim,
+    )
     return (("q", q), ("k", kv), ("v", kv))
 
 

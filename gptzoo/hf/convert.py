@@ -27,6 +27,7 @@ from gptzoo.hf.gemma import Gemma2, Gemma3
 from gptzoo.hf.gpt2 import GPT2
 from gptzoo.hf.gpt_neox import GPTNeoX
 from gptzoo.hf.gpt_oss import GptOss
+from gptzoo.hf.lfm2 import Lfm2
 from gptzoo.hf.llama import Llama
 from gptzoo.hf.mistral import Mistral
 from gptzoo.hf.mixtral import Mixtral
@@ -65,6 +66,7 @@ FAMILIES: dict[str, Family] = {
         DeepseekV2(),
         DeepseekV3(),
         GptOss(),
+        Lfm2(),
     )
 }
 """config.json model_type -> family."""

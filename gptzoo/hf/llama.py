@@ -193,6 +193,7 @@ ATTENTION_FEATURES: dict[str, tuple[str, Callable[[Any], object]]] = {
     "qk_norm": ("qk_norm", lambda attn: None if attn.qk_norm == "none" else attn.qk_norm),
     "qkv_bias": ("qkv_bias", lambda attn: True if attn.c_attn.bias is not None and attn.c_proj.bias is None else None),
     "sinks": ("sinks", lambda attn: True if attn.sinks is not None else None),
+    "output_gate": ("attn_output_gate", lambda attn: True if getattr(attn, "output_gate", False) else None),
 }
 """The features of gptzoo's attention beyond plain causal attention: feature -> (the config.json field
 that expresses it, its value for an attention, None where the attention does without it). Every
@@ -211,23 +212,25 @@ def kinds(linear: Any) -> tuple[str, ...]:
     return ("weight", "bias") if linear.bias is not None else ("weight",)
 
 
-def attention_maps(attn: Any) -> list[TensorMap]:
-    """c_attn split into q_proj, k_proj and v_proj; c_proj is o_proj; attention sinks are sinks (gpt-oss)."""
-    q, kv = attn.n_head * attn.head_dim, attn.n_kv_head * attn.head_dim
+def attention_maps(attn: Any, *, at: str = "", out: str = "o_proj") -> list[TensorMap]:
+    """c_attn split into q_proj, k_proj and v_proj; c_proj is o_proj (or ``out``); attention sinks are sinks
+    (gpt-oss); all under ``at`` (LFM2's "self_attn.", where the layer is the part)."""
+    q = (2 if getattr(attn, "output_gate", False) else 1) * attn.n_head * attn.head_dim  # with its gate's rows
+    kv = attn.n_kv_head * attn.head_dim
     maps = [
-        TensorMap(f"c_attn.{k}", (f"q_proj.{k}", f"k_proj.{k}", f"v_proj.{k}"), sizes=(q, kv, kv))
+        TensorMap(f"c_attn.{k}", (f"{at}q_proj.{k}", f"{at}k_proj.{k}", f"{at}v_proj.{k}"), sizes=(q, kv, kv))
         for k in kinds(attn.c_attn)
     ]
-    maps += [TensorMap(f"c_proj.{k}", (f"o_proj.{k}",)) for k in kinds(attn.c_proj)]
+    maps += [TensorMap(f"c_proj.{k}", (f"{at}{out}.{k}",)) for k in kinds(attn.c_proj)]
     return maps + ([TensorMap("sinks", ("sinks",))] if attn.sinks is not None else [])
 
 
-def gated_mlp_maps(mlp: Any) -> list[TensorMap]:
-    """c_fc ([gate; up]) split into gate_proj and up_proj; c_proj is down_proj."""
-    d_ff = mlp.c_proj.in_features
+def gated_mlp_maps(mlp: Any, names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")) -> list[TensorMap]:
+    """c_fc ([gate; up]) split into gate_proj and up_proj; c_proj is down_proj (``names``: theirs otherwise)."""
+    d_ff, (gate, up, down) = mlp.c_proj.in_features, names
     return [
-        *(TensorMap(f"c_fc.{k}", (f"gate_proj.{k}", f"up_proj.{k}"), sizes=(d_ff, d_ff)) for k in kinds(mlp.c_fc)),
-        *(TensorMap(f"c_proj.{k}", (f"down_proj.{k}",)) for k in kinds(mlp.c_proj)),
+        *(TensorMap(f"c_fc.{k}", (f"{gate}.{k}", f"{up}.{k}"), sizes=(d_ff, d_ff)) for k in kinds(mlp.c_fc)),
+        *(TensorMap(f"c_proj.{k}", (f"{down}.{k}",)) for k in kinds(mlp.c_proj)),
     ]
 
 

@@ -55,6 +55,12 @@ def _state(dst: Any, i: int, dst_end: int, src: Any, j: int, src_end: int, n: in
     dst.state[i] = src.state[j]
 
 
+def _delta(dst: Any, i: int, dst_end: int, src: Any, j: int, src_end: int, n: int) -> None:
+    """A gated DeltaNet's cache: its convolution's last inputs and its state, both of constant size."""
+    dst.conv[i] = src.conv[j]
+    dst.state[i] = src.state[j]
+
+
 def _latent(dst: Any, i: int, dst_end: int, src: Any, j: int, src_end: int, n: int) -> None:
     """A latent attention's cache: latents (B, max_len, rank) and rotated keys (B, 1, max_len, rope_dim)."""
     dst.latent[i, dst_end - n : dst_end] = src.latent[j, src_end - n : src_end]
@@ -70,6 +76,7 @@ MOVERS: tuple[TableRow, ...] = tuple(
         "gptzoo_plugins._attentions:WindowKVCache": _ring,
         "gptzoo_plugins._mla:LatentKVCache": _latent,
         "gptzoo_plugins._short_conv:ConvState": _state,
+        "gptzoo_plugins._gated_deltanet:DeltaState": _delta,
     }.items()
 )
 """The built-in layer cache classes (each the exact class: a subclass may keep positions elsewhere) and

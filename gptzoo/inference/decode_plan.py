@@ -322,11 +322,12 @@ class NativePlan:
         self._op("clamp", p=(buf.ptr,), n=(buf.width, buf.stride), f=(low, high, shift))
 
     def sigmoid_scale(self, gate: Buffer, src: Buffer, dst: Buffer) -> None:
-        """dst = sigmoid(gate) * src: ``gate`` one column, src and dst whole buffers of one width."""
+        """dst = sigmoid(gate) * src: ``gate`` one column, or as many as src's (feature by feature); src and dst
+        whole buffers of one width."""
         self._whole(src, dst, same_width=True)
-        if gate.width != 1:
-            raise Unsupported(f"a gate of {gate.width} values per row (sigmoid_scale takes one)")
-        self._op("sigmoid_scale", p=(gate.ptr, src.ptr, dst.ptr), n=(dst.width, gate.stride))
+        if gate.width not in (1, dst.width):
+            raise Unsupported(f"a gate of {gate.width} values per row (sigmoid_scale takes one, or {dst.width})")
+        self._op("sigmoid_scale", p=(gate.ptr, src.ptr, dst.ptr), n=(dst.width, gate.stride, int(gate.width > 1)))
 
     def route(
         self,

@@ -145,7 +145,26 @@ def _attention(
         plan.refuse(f"{type(attn).__name__} decodes with a cache of its own class {type(cache).__name__}")
     nh, nkv, hs = attn.n_head, attn.n_kv_head, attn.head_dim
     qkv = plan.buffer((nh + 2 * nkv) * hs)
-    plan.call(attn.c_attn, src, qkv)
+    gate = None
+    if getattr(attn, "output_gate", False):  # c_attn: each head's query then its gate, then k and v
+        raw, gate = plan.buffer((2 * nh + 2 * nkv) * hs), plan.buffer(nh * hs)
+        plan.call(attn.c_attn, src, raw)
+        for part, offset in ((qkv, 0), (gate, hs)):
+            plan.slice_heads(
+                raw.cols(offset, 2 * nh * hs - offset), part, nh, hs, src_step=2 * hs, dst_step=hs, deinterleave=False
+            )
+        width = 2 * nkv * hs
+        plan.slice_heads(
+            raw.cols(2 * nh * hs, width),
+            qkv.cols(nh * hs, width),
+            1,
+            width,
+            src_step=width,
+            dst_step=width,
+            deinterleave=False,
+        )
+    else:
+        plan.call(attn.c_attn, src, qkv)
     q, k = qkv.cols(0, nh * hs), qkv.cols(nh * hs, nkv * hs)
     if attn.qk_norm != "none":  # over each head (its weight has hs features) or the whole projection
         plan.call(attn.q_norm, q, q)
@@ -167,6 +186,8 @@ def _attention(
         fused=fused and sinks is None,
         sinks=sinks,
     )
+    if gate is not None:  # Qwen3-Next / Qwen3.5's gated output
+        plan.sigmoid_scale(gate, y, y)
     plan.call(attn.c_proj, y, dst)
 
 

@@ -132,7 +132,7 @@ class DecodePlan(Protocol):
         """buf = clamp(buf, low, high) + shift (part of a buffer: ``buf.cols``)."""
 
     def sigmoid_scale(self, gate: Buffer, src: Buffer, dst: Buffer) -> None:
-        """dst = sigmoid(gate) * src, ``gate`` one value per row."""
+        """dst = sigmoid(gate) * src, ``gate`` one value per row or one per column of src."""
 
     def route(
         self,

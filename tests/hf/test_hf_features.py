@@ -33,6 +33,7 @@ SETTINGS = {
     "qk_norm": ('qk_norm = "full"', "'full'"),
     "qkv_bias": ("qkv_bias = true", "True"),
     "sinks": ("sinks = true", "True"),
+    "output_gate": ("output_gate = true", "True"),
 }
 """Each feature as a recipe sets it, and its field's value as a refusal shows it."""
 

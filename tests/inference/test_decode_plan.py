@@ -319,6 +319,29 @@ def test_attention_sinks_decode_through_the_plan(recipe: str) -> None:
         assert (model(batch, attention_mask=mask)[:, -1] - eager[0]).abs().max().item() > 1e-3
 
 
+@pytest.mark.parametrize("attention", ["causal", "eager"])
+def test_a_gated_attention_output_decodes_through_the_plan(attention: str) -> None:
+    """Qwen3-Next and Qwen3.5's output gate, each head's output times sigmoid(gate(x)) feature by feature, in
+    the strict plan (left-padded rows): the eager logits in float32, and in bfloat16 the same roundings as
+    torch's operations where the attention is explicit; the gate changes the logits."""
+    model = tiny_model("llama-tiny", f"model.attention={{name='{attention}', qk_norm='head', output_gate=true}}")
+    batch = prompts(model, batch=2, length=6)
+    mask = torch.ones_like(batch)
+    mask[0, :2] = 0
+    eager, planned = decode_both(model, batch, steps=8, mask=mask)
+    assert_close(planned, eager)
+    eager16, planned16 = decode_both(model.to(torch.bfloat16), batch, steps=8, mask=mask)
+    if attention == "eager":
+        assert torch.equal(planned16, eager16)
+    else:
+        assert (planned16.float() - eager16.float()).abs().max().item() <= 0.02 * eager16.float().abs().max().item()
+    with torch.no_grad():
+        model.float()
+        for block in model.blocks:  # a gate of 0 halves every head's output: the gate changes the logits
+            block.attn.c_attn.weight[:128].view(4, 2, 16, 64)[:, 1] = 0.0  # (nh, query and gate, hs, n_embd)
+        assert (model(batch, attention_mask=mask)[:, -1] - eager[0]).abs().max().item() > 1e-3
+
+
 def moe_model(params: dict[str, object]) -> gptzoo.GPT:
     """llama-tiny whose mlp is the moe mlp with ``params``, its routing made decisive (router weights
     and score bias drawn wide, so no two experts tie) and its experts' activations large enough to

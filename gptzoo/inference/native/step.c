@@ -301,13 +301,15 @@ static void clamp_rows(const op_t *o, long B) {
         }
 }
 
-/* p0 (B rows n1 apart) one gate per row, p1 src, p2 dst (B, n0): dst = sigmoid(gate), rounded, * src. */
+/* p0 (B rows n1 apart) one gate per row, or with n2 one per column, p1 src, p2 dst (B, n0):
+ * dst = sigmoid(gate), rounded, * src. */
 static void sigmoid_scale(const op_t *o, long B) {
-    for (long r = 0; r < B; r++) {
-        float g = round_to(o->kind, 1.0f / (1.0f + expf(-load_act(o->kind, o->p[0], r * o->n[1]))));
-        for (long i = 0; i < o->n[0]; i++)
+    for (long r = 0; r < B; r++)
+        for (long i = 0; i < o->n[0]; i++) {
+            float g = load_act(o->kind, o->p[0], r * o->n[1] + (o->n[2] ? i : 0));
+            g = round_to(o->kind, 1.0f / (1.0f + expf(-g)));
             store_act(o->kind, o->p[2], r * o->n[0] + i, g * load_act(o->kind, o->p[1], r * o->n[0] + i));
-    }
+        }
 }
 
 /* The index of the largest of n values not yet taken, the first of equal ones (torch.topk leaves the
