@@ -35,6 +35,7 @@ from gptzoo.hf.olmo2 import Olmo2
 from gptzoo.hf.olmoe import Olmoe
 from gptzoo.hf.phi3 import Phi3
 from gptzoo.hf.qwen import Qwen2, Qwen3
+from gptzoo.hf.qwen3_5 import Qwen3_5, Qwen3_5VisionLanguage
 from gptzoo.hf.qwen_moe import Qwen2Moe, Qwen3Moe
 from gptzoo.hf.tensor_map import TensorMap, stack_slices
 from gptzoo.model.build import assemble, build_model
@@ -67,6 +68,8 @@ FAMILIES: dict[str, Family] = {
         DeepseekV3(),
         GptOss(),
         Lfm2(),
+        Qwen3_5(),
+        Qwen3_5VisionLanguage(),
     )
 }
 """config.json model_type -> family."""
@@ -335,7 +338,7 @@ def equivalent(
     components: list[tuple[Entry, nn.Module]] = []
     skeleton = assemble(recipe, registry, torch.device("meta"), components)
     reasons: list[tuple[int, str, str]] = []
-    for family in FAMILIES.values():
+    for family in (f for f in FAMILIES.values() if f.exports):
         try:
             config_fields = family.config(recipe, skeleton, components, registry)
             rows = family.tensor_map(skeleton, registry)

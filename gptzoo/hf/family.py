@@ -143,6 +143,8 @@ class Family:
     """Its sizes, recipe field <-> config.json field, read and written by this one table."""
     size_defaults: Mapping[str, Any] = {}
     """The family's own defaults of absent sizes, by the recipe's field (Gemma ties its embeddings)."""
+    exports: bool = True
+    """Whether export may write this family (a vision-language wrapper whose text part gptzoo reads: no)."""
     per_layer: frozenset[str] = frozenset()
     """Fields that may differ from layer to layer (a sliding window on some layers, each layer type's
     rope theta): collected per layer and handed to :meth:`layer_config` rather than merged."""
@@ -393,7 +395,7 @@ class Fields:
         value = self.config.get(key)
         if value is None:
             if default is None:
-                self.problems.append(f"{self.prefix}has no {key!r}")
+                self.problems.append(f"{self.prefix.rstrip(' .')} has no {key!r}")
             return 1 if default is None else default
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             self._wrong(key, "a positive integer")

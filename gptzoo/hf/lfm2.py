@@ -21,11 +21,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gptzoo.hf.family import SIZES, Fields, Part, refuse, show
+from gptzoo.hf.family import SIZES, Fields, refuse, show
 from gptzoo.hf.gemma import shortest_period
 from gptzoo.hf.layouts import builtin, same
 from gptzoo.hf.llama import (
-    PREFIX,
     Llama,
     attention_fields,
     attention_maps,
@@ -36,7 +35,6 @@ from gptzoo.hf.llama import (
     rope_position,
 )
 from gptzoo.hf.tensor_map import TensorMap
-from gptzoo.model.gpt import GPT
 from gptzoo.recipe import Recipe
 
 CONV, FULL = "conv", "full_attention"
@@ -110,8 +108,7 @@ class Lfm2(Llama):
     per_layer = frozenset({LAYER_TYPE, "qk_norm"})
     sizes = tuple(s for s in SIZES if s.ours not in ("d_ff", "tie_embeddings", "context_length"))
     block_parts: Mapping[str, str] = {"ln_1": "operator_norm", "attn": "", "ln_2": "ffn_norm", "mlp": "feed_forward"}
-    """Our block's parts -> theirs under model.layers.N ("": the layer itself, where the token mixer's layout
-    names its own place)."""
+    final_norm = "embedding_norm"
 
     def recipe_data(self, config: Mapping[str, Any]) -> dict[str, Any]:
         f = Fields(config)
@@ -194,19 +191,3 @@ class Lfm2(Llama):
                 )
                 break
         return {"layer_types": types}
-
-    def parts(self, model: GPT) -> list[Part]:
-        weight = same("weight")
-        parts = [Part(model.wte, "wte.", PREFIX + "embed_tokens.", weight), Part(model.position, "position.", PREFIX)]
-        parts += [Part(p, f"layer_positions.{i}.", PREFIX) for i, p in enumerate(model.layer_positions)]
-        for i, block in enumerate(model.blocks):
-            parts += [
-                Part(
-                    getattr(block, ours), f"blocks.{i}.{ours}.", f"{PREFIX}layers.{i}.{theirs + '.' if theirs else ''}"
-                )
-                for ours, theirs in self.block_parts.items()
-            ]
-        parts.append(Part(model.ln_f, "ln_f.", PREFIX + "embedding_norm."))
-        if not model.tied:
-            parts.append(Part(model.lm_head, "lm_head.", "lm_head.", weight))
-        return parts

@@ -329,18 +329,25 @@ class Llama(Family):
         "ln_2": "post_attention_layernorm",
         "mlp": "mlp",
     }
-    """Our block's parts -> theirs, under model.layers.N."""
+    """Our block's parts -> theirs, under model.layers.N ("": the layer itself, for a hybrid family whose layers
+    hold one token mixer or another under different names: each mixer's layout then names its own place)."""
+    prefix = PREFIX
+    """Where the decoder's tensors are (a vision-language checkpoint keeps its text model under another)."""
+    final_norm = "norm"
+    """Their name of the final norm, under the prefix."""
 
     def parts(self, model: GPT) -> list[Part]:
-        weight = same("weight")
-        parts = [Part(model.wte, "wte.", PREFIX + "embed_tokens.", weight), Part(model.position, "position.", PREFIX)]
-        parts += [Part(p, f"layer_positions.{i}.", PREFIX) for i, p in enumerate(model.layer_positions)]
+        weight, prefix = same("weight"), self.prefix
+        parts = [Part(model.wte, "wte.", prefix + "embed_tokens.", weight), Part(model.position, "position.", prefix)]
+        parts += [Part(p, f"layer_positions.{i}.", prefix) for i, p in enumerate(model.layer_positions)]
         for i, block in enumerate(model.blocks):
             parts += [
-                Part(getattr(block, ours), f"blocks.{i}.{ours}.", f"{PREFIX}layers.{i}.{theirs}.")
+                Part(
+                    getattr(block, ours), f"blocks.{i}.{ours}.", f"{prefix}layers.{i}.{theirs + '.' if theirs else ''}"
+                )
                 for ours, theirs in self.block_parts.items()
             ]
-        parts.append(Part(model.ln_f, "ln_f.", PREFIX + "norm."))
+        parts.append(Part(model.ln_f, "ln_f.", f"{prefix}{self.final_norm}."))
         if not model.tied:
             parts.append(Part(model.lm_head, "lm_head.", "lm_head.", weight))
         return parts

@@ -2,7 +2,7 @@
 on tiny random checkpoints (tests/hfparity.py: both kernels, 32 greedy tokens, cached decoding, export then
 import), at odd shapes and schedules that start and end on either layer type; their config fields gptzoo lacks
 refused by name; the shipped recipes equal to the official configs, parameter for parameter. LFM2: gated short
-convolutions."""
+convolutions; Qwen3.5: gated DeltaNet beside gated attention, also saved as its vision-language class."""
 
 from __future__ import annotations
 
@@ -17,9 +17,10 @@ from hfparity import check_family, prompt, save_hf
 
 import gptzoo
 from gptzoo.errors import RecipeError
-from gptzoo.hf import FAMILIES, NoEquivalentError, check_recipe_matches, hf_recipe
+from gptzoo.hf import FAMILIES, NoEquivalentError, check_recipe_matches, export_hf, hf_recipe, load_hf
 from gptzoo.hf.compare import compare
 from gptzoo.model.build import assemble
+from gptzoo_plugins._gated_deltanet import GatedDeltaNet
 
 LFM2_TINY = {
     "vocab_size": 96,
@@ -121,6 +122,153 @@ def test_recipes_lfm2_cannot_express_are_refused(overrides: list[str], reasons: 
     assert str(excinfo.value) == f"recipe 'lfm2-tiny' has no Hugging Face LFM2 equivalent: {reasons}"
 
 
+QWEN3_5_TINY = {
+    "vocab_size": 96,
+    "hidden_size": 40,
+    "intermediate_size": 72,
+    "num_hidden_layers": 5,
+    "num_attention_heads": 3,
+    "num_key_value_heads": 1,
+    "head_dim": 12,
+    "linear_num_value_heads": 6,
+    "linear_num_key_heads": 3,
+    "linear_key_head_dim": 5,
+    "linear_value_head_dim": 7,
+    "max_position_embeddings": 128,
+    "rope_parameters": {
+        "rope_type": "default",
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.5,
+        "mrope_section": [1, 1, 1],
+        "mrope_interleaved": True,
+    },
+}
+"""Odd shapes: 3 query heads of 12 sharing 1 key/value head; 3 key heads of 5 serving 6 value heads of 7."""
+
+
+@pytest.mark.parametrize(
+    ("schedule", "kernel"),
+    [
+        (["linear_attention", "full_attention", "linear_attention", "linear_attention", "full_attention"], 3),
+        (["full_attention", "linear_attention", "linear_attention", "full_attention", "linear_attention"], 4),
+    ],
+    ids=["deltanet-first", "attention-first"],
+)
+def test_qwen3_5_matches_transformers(tmp_path: Path, schedule: list[str], kernel: int) -> None:
+    config = transformers.Qwen3_5TextConfig(**QWEN3_5_TINY, layer_types=schedule, linear_conv_kernel_dim=kernel)
+    path = save_hf(tmp_path, "qwen3_5", config)
+    derived = check_family(path, length=21)
+    assert derived.model.schedule() == ["linear" if t == "linear_attention" else "full" for t in schedule]
+    ids = prompt(96, 21)
+    ours = load_hf(path).eval()
+    with torch.no_grad():
+        want = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)(ids).logits
+        for chunk in (5, 8):  # chunks that do not divide the prompt (how the layers compute, not what)
+            for block in ours.blocks:
+                if isinstance(block.attn, GatedDeltaNet):
+                    block.attn.chunk = chunk
+            assert (ours(ids) - want).abs().max().item() <= 1e-4
+    result = compare(path, prompts=[prompt(96, 20)[0].tolist()], new_tokens=32)
+    assert result["max_abs_diff"] <= 1e-4 and result["greedy_match"], result
+
+
+def test_a_qwen3_5_vision_language_checkpoint_loads_its_text_model(tmp_path: Path) -> None:
+    """Saved as Qwen3_5ForConditionalGeneration: the text model under model.language_model., the config under
+    text_config, a vision tower beside it. gptzoo loads the text model (the logits of transformers' own, on
+    text), leaves the tower, and exports it as Qwen3_5ForCausalLM."""
+    vision = {
+        "depth": 1,
+        "hidden_size": 16,
+        "num_heads": 2,
+        "intermediate_size": 32,
+        "out_hidden_size": 40,
+        "patch_size": 2,
+        "spatial_merge_size": 1,
+        "temporal_patch_size": 1,
+        "num_position_embeddings": 16,
+    }
+    text = {**QWEN3_5_TINY, "num_hidden_layers": 4}
+    config = transformers.Qwen3_5Config(text_config=text, vision_config=vision)
+    torch.manual_seed(0)
+    theirs = transformers.Qwen3_5ForConditionalGeneration(config).eval()
+    theirs.save_pretrained(tmp_path / "vl")
+    ids = prompt(96, 17)
+    ours = load_hf(tmp_path / "vl").eval()
+    with torch.no_grad():
+        assert (ours(ids) - theirs(input_ids=ids).logits).abs().max().item() <= 1e-4
+    assert hf_recipe(tmp_path / "vl").model.schedule() == ["linear", "linear", "linear", "full"]
+    export_hf(ours, tmp_path / "text")
+    written = json.loads((tmp_path / "text" / "config.json").read_text())
+    assert (written["model_type"], written["architectures"]) == ("qwen3_5_text", ["Qwen3_5ForCausalLM"])
+
+
+@pytest.mark.parametrize(
+    ("config", "problem"),
+    [
+        (
+            {"attn_output_gate": False},
+            "config.json attn_output_gate=False is not supported (Qwen3.5's attention has attn_output_gate=True)",
+        ),
+        (
+            {"linear_num_key_heads": 4},
+            "config.json linear_num_value_heads=6 is not a multiple of linear_num_key_heads=4 (each key head serves "
+            "as many value heads)",
+        ),
+        (
+            {"layer_types": ["linear_attention"] * 3},
+            "config.json layer_types=['linear_attention', 'linear_attention', 'linear_attention'] is not a list of 5 "
+            "'linear_attention' or 'full_attention' entries",
+        ),
+        ({"linear_conv_kernel_dim": 0}, "config.json linear_conv_kernel_dim=0 is not a positive integer"),
+        (
+            {"mamba_ssm_dtype": "bfloat16"},
+            "config.json mamba_ssm_dtype='bfloat16' is not supported (gptzoo implements mamba_ssm_dtype='float32' "
+            "only)",
+        ),
+    ],
+    ids=["no-gate", "heads-do-not-divide", "schedule-length", "no-taps", "state-dtype"],
+)
+def test_qwen3_5_config_fields_gptzoo_lacks_are_refused_by_name(tmp_path: Path, config: dict, problem: str) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({**QWEN3_5_TINY, "model_type": "qwen3_5_text", **config}))
+    with pytest.raises(RecipeError) as excinfo:
+        hf_recipe(tmp_path)
+    assert str(excinfo.value) == f"{tmp_path / 'config.json'}: {problem}"
+
+
+def test_a_vision_language_config_without_its_text_config_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_5"}))
+    with pytest.raises(RecipeError, match=r"config.json text_config has no 'vocab_size'; "):
+        hf_recipe(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "reasons"),
+    [
+        (
+            ["model.attention={name='causal', qk_norm='head'}"],
+            "layer 3's attention has qk_norm 'head' and output_gate=False (Qwen3.5 normalizes each head's q and k and "
+            "gates its output)",
+        ),
+        (
+            ["model.layer_types.linear.attention={name='gated_deltanet', neg_eigval=true}"],
+            "attention 'gated_deltanet' sets linear_allow_neg_eigval=True, which Qwen3_5ForCausalLM has no field for",
+        ),
+        (
+            ["model.layer_types.linear.attention={name='short_conv'}"],
+            "attention 'short_conv' (it has no 'qwen3_5' layout: Qwen3_5ForCausalLM has no equivalent of it)",
+        ),
+    ],
+    ids=["no-gate", "negative-eigenvalues", "another-mixer"],
+)
+def test_recipes_qwen3_5_cannot_express_are_refused(overrides: list[str], reasons: str) -> None:
+    loaded = gptzoo.load_recipe("qwen3.5-tiny", overrides)
+    components: list = []
+    skeleton = assemble(loaded, gptzoo.get_registry(), torch.device("meta"), components)
+    with pytest.raises(NoEquivalentError) as excinfo:
+        FAMILIES["qwen3_5_text"].config(loaded, skeleton, components)
+    assert str(excinfo.value) == f"recipe 'qwen3.5-tiny' has no Hugging Face Qwen3.5 equivalent: {reasons}"
+
+
 OFFICIAL = {
     "lfm2-350m": {  # LiquidAI/LFM2-350M's config.json, as public copies quote it
         "architectures": ["Lfm2ForCausalLM"],
@@ -158,6 +306,42 @@ OFFICIAL = {
         "use_pos_enc": True,
         "vocab_size": 65536,
     },
+    "qwen3.5-0.8b": {  # Qwen/Qwen3.5-0.8B's text_config: best-known values (public copies agree on every field)
+        "model_type": "qwen3_5_text",
+        "architectures": ["Qwen3_5ForCausalLM"],
+        "vocab_size": 248320,
+        "hidden_size": 1024,
+        "intermediate_size": 3584,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "head_dim": 256,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-6,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "attn_output_gate": True,
+        "full_attention_interval": 4,
+        "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 16,
+        "max_position_embeddings": 262144,
+        "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 6,
+        "mlp_only_layers": [],
+        "mtp_num_hidden_layers": 1,
+        "mtp_use_dedicated_embeddings": False,
+        "mamba_ssm_dtype": "float32",
+        "tie_word_embeddings": True,
+        "rope_parameters": {
+            "mrope_interleaved": True,
+            "mrope_section": [11, 11, 10],
+            "rope_type": "default",
+            "rope_theta": 10000000.0,
+            "partial_rotary_factor": 0.25,
+        },
+    },
 }
 
 
@@ -181,8 +365,9 @@ def test_lfm2_350m_state_is_a_fixed_figure(capsys: pytest.CaptureFixture[str]) -
     assert memory["kv_cache_bytes_per_token"] == {"float32": 6 * 2 * 8 * 64 * 4, "bfloat16": 6 * 2 * 8 * 64 * 2}
 
 
-def test_the_tiny_lfm2_learns() -> None:
-    model = gptzoo.build_model(gptzoo.load_recipe("lfm2-tiny"))
+@pytest.mark.parametrize("name", ["lfm2-tiny", "qwen3.5-tiny"])
+def test_the_tiny_hybrids_learn(name: str) -> None:
+    model = gptzoo.build_model(gptzoo.load_recipe(name))
     ids = torch.randint(0, 512, (2, 33), generator=torch.Generator().manual_seed(0))
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     losses = []
