@@ -85,6 +85,7 @@ def summarize(results: list[dict[str, Any]], order: list[str]) -> list[dict[str,
                 "balance": balance,
                 "train_flops_per_token": first["train_flops_per_token"],
                 "kv_bytes_per_token": first["kv_bytes_per_token"],
+                "state_bytes_per_sequence": first.get("state_bytes_per_sequence", 0),  # a record of before contract 8
                 "matched": first["matched"],
                 "tokens_per_s": _spread([r["tokens_per_s"] for r in runs if r["tokens_per_s"] is not None]),
                 "final_val_loss": _spread([r["final_val_loss"] for r in done if r["final_val_loss"] is not None]),
@@ -145,6 +146,11 @@ def sparse(rows: list[dict[str, Any]]) -> bool:
     return any(row.get("active_params", row["params"]) != row["params"] for row in rows)
 
 
+def stateful(rows: list[dict[str, Any]]) -> bool:
+    """Whether some variant keeps a constant-size state per sequence (a recurrent or convolutional mixer)."""
+    return any(row.get("state_bytes_per_sequence", 0) for row in rows)
+
+
 def balanced(rows: list[dict[str, Any]]) -> list[str]:
     """The statistics whose balance (max/mean) some variant logged: gptzoo.training.stats."""
     return sorted({name for row in rows for name in row.get("balance", {})})
@@ -162,8 +168,9 @@ def table_rows(
     """Column names and cells for the table (as text), losses formatted with ``loss``; an ``active`` column
     when some variant is sparse, and a ``max/mean`` one per statistic whose balance a variant logged."""
     names = balanced(rows)
-    active = sparse(rows)
-    columns = list(COLUMNS[:2]) + (["active"] if active else []) + list(COLUMNS[2:-1])
+    active, state = sparse(rows), stateful(rows)
+    columns = list(COLUMNS[:2]) + (["active"] if active else []) + list(COLUMNS[2:4])
+    columns += (["state bytes/seq"] if state else []) + list(COLUMNS[4:-1])
     columns += [f"{name.removesuffix(STAT_MAX_MEAN)} max/mean" for name in names]
     columns += (["to target"] if target is not None else []) + list(COLUMNS[-1:])
     cells = []
@@ -173,9 +180,10 @@ def table_rows(
         line = [name, _si(row["params"])]
         if active:
             line.append(_si(row.get("active_params", row["params"])))
+        line += [_si(row["train_flops_per_token"]), _si(row["kv_bytes_per_token"])]
+        if state:
+            line.append(_si(row.get("state_bytes_per_sequence", 0)))
         line += [
-            _si(row["train_flops_per_token"]),
-            _si(row["kv_bytes_per_token"]),
             _si(row["tokens_per_s"]["mean"]) if row["tokens_per_s"] else "-",
             _pm(row["final_val_loss"], loss),
             _pm(row["best_val_loss"], loss),
@@ -299,6 +307,12 @@ def markdown(report: dict[str, Any]) -> str:
         "evaluation length; max ‖g‖: the largest gradient norm before clipping; ⚠: a training loss spike of more "
         f"than {SPIKE:g} nat; diverged: a non-finite loss, or a final validation loss {SPIKE:g} nat above the best."
         + (" active: the parameters one token uses (a mixture of experts: k of its E experts)." if sparse(rows) else "")
+        + (
+            " state bytes/seq: what a sequence's recurrent and convolutional mixers keep in float32 whatever its "
+            "length (the KV bytes per token leave it out)."
+            if stateful(rows)
+            else ""
+        )
         + (
             " max/mean: the least balanced layer's share (expert load: the fraction of the tokens' choices per "
             "expert), its largest entry over its mean over the last tenth of the run; 1.00 is perfectly even."

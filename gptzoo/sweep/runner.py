@@ -193,7 +193,7 @@ def run_task(
     that checkpoint if the kill came before it was logged."""
     from gptzoo.evaluation import eval_model
     from gptzoo.model.build import build_model
-    from gptzoo.model.summary import kv_bytes_per_token
+    from gptzoo.model.summary import kv_bytes_per_token, state_bytes
     from gptzoo.training.trainer import train
 
     if threads:
@@ -265,6 +265,7 @@ def run_task(
         "train_flops_per_token": train_flops_per_token(meta, seq_len),
         "tokens_per_step": tokens_per_step(task.recipe),
         "kv_bytes_per_token": kv_bytes_per_token(meta, seq_len, torch.float32),
+        "state_bytes_per_sequence": state_bytes(meta, seq_len, torch.float32),
         "matched": task.matched,
         **stats,
         "eval": evaluation["scores"] if evaluation is not None else None,

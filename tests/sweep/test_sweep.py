@@ -225,7 +225,7 @@ def test_parallel_jobs_give_the_sequential_results(tmp_path: Path, data: Path) -
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["norm-placement", "position", "latent-attention", "moe"])
+@pytest.mark.parametrize("name", ["norm-placement", "position", "latent-attention", "moe", "token-mixer"])
 def test_shipped_sweeps_run_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str) -> None:
     out = tmp_path / name
     report = run_json(capsys, "sweep", name, "--out", str(out), "--budget", "steps=4")
@@ -246,6 +246,19 @@ def test_shipped_sweeps_run_end_to_end(tmp_path: Path, capsys: pytest.CaptureFix
         expected = sorted([*expected, "val_loss_by_kv_bytes.png"])
         kv = {row["variant"]: row["kv_bytes_per_token"] for row in report["variants"]}
         assert (kv["mla-32"], kv["mla-64"]) == (kv["mqa"], kv["gqa"]) == (4 * 32 * 4, 4 * 64 * 4)
+    if name == "token-mixer":  # 3 mixer layers' states: gated DeltaNet's convolution inputs and 4 x 32 x 32 state,
+        # the short convolution's last 2 inputs of 128 channels; one full-attention layer's keys and values
+        expected = sorted(["perplexity_by_length.png", "val_loss_by_kv_bytes.png", *expected])
+        rows = {row["variant"]: row for row in report["variants"]}
+        state = {name: row["state_bytes_per_sequence"] for name, row in rows.items()}
+        assert state == {
+            "full": 0,
+            "sliding": 0,
+            "deltanet-3to1": 3 * (384 * 3 + 4 * 32 * 32) * 4,
+            "short-conv-3to1": 3 * 128 * 2 * 4,
+        }
+        assert rows["deltanet-3to1"]["kv_bytes_per_token"] == rows["full"]["kv_bytes_per_token"] // 4 == 2 * 128 * 4
+        assert "| KV bytes/token | state bytes/seq | tok/s |" in md
     if name == "moe":
         expected = ["expert_load_max_mean_by_step.png", *expected]
         _check_moe_report(report, md)
