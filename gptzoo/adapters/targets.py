@@ -44,6 +44,11 @@ def _gate_up(mlp: Any) -> Sequence[tuple[str, int]]:
     return (("gate", d_ff), ("up", d_ff))
 
 
+def _deltanet(net: Any) -> Sequence[tuple[str, int]]:
+    k, v, h = net.key_heads * net.key_dim, net.heads * net.value_dim, net.heads
+    return (("q", k), ("k", k), ("v", v), ("z", v), ("b", h), ("a", h))
+
+
 def _named(name: str) -> Split:
     return lambda module: ((name, -1),)
 
@@ -55,6 +60,11 @@ PARTS: tuple[Row, ...] = tuple(
     for key, splits in {
         "gptzoo_plugins._attentions:CausalSelfAttention": {"c_attn": _qkv, "c_proj": _named("o")},
         "gptzoo_plugins._mla:LatentAttention": {"c_proj": _named("o")},
+        "gptzoo_plugins._gated_deltanet:GatedDeltaNet": {"in_proj": _deltanet, "c_proj": _named("o")},
+        "gptzoo_plugins._short_conv:ShortConv": {
+            "in_proj": lambda conv: (("b", conv.d_model), ("c", conv.d_model), ("x", conv.d_model)),
+            "c_proj": _named("o"),
+        },
         "gptzoo_plugins._mlps:DenseMLP": {"c_fc": _named("up"), "c_proj": _named("down")},
         "gptzoo_plugins._mlps:GatedMLP": {"c_fc": _gate_up, "c_proj": _named("down")},
         "gptzoo_plugins._moe:Expert": {

@@ -81,6 +81,19 @@ def test_the_builtins_offer_q_k_v_o_and_the_mlp_projections() -> None:
     assert len(gpt2["attn.q"]) == gptzoo.load_recipe("gpt2-tiny").model.n_layer
 
 
+def test_the_hybrids_offer_each_mixer_s_projections_by_name() -> None:
+    """Gated DeltaNet's in_proj is its q, k, v, output gate z, write strength b and decay a; the short
+    convolution's its gates b and c and input x; each mixer's c_proj is o, as attention's is."""
+    qwen = table(tiny_model("qwen3.5-tiny"))  # 3 gated DeltaNet layers (2 key heads of 16, 4 value heads of 16)
+    assert list(qwen) == [*(f"attn.{p}" for p in "qkvzba"), "attn.o", "mlp.gate", "mlp.up", "mlp.down"]
+    assert qwen["attn.z"][0] == ("blocks.0.attn.in_proj", 128, 192)
+    assert qwen["attn.q"][3] == ("blocks.3.attn.c_attn", 0, 128)  # the attention layer's query and its gate
+    lfm2 = table(tiny_model("lfm2-tiny"))
+    assert sorted(lfm2) == sorted([*(f"attn.{p}" for p in "bcxoqkv"), "mlp.gate", "mlp.up", "mlp.down"])
+    assert len(lfm2["attn.o"]) == 4 and len(lfm2["attn.q"]) == 1  # every layer's output, the attention's query
+    assert lfm2["attn.x"][0] == ("blocks.0.attn.in_proj", 128, 192)
+
+
 def test_a_plugin_mlp_is_adaptable_by_its_attribute_names_and_by_its_registered_parts(
     registry: gptzoo.Registry,
 ) -> None:
