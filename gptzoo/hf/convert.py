@@ -37,6 +37,7 @@ from gptzoo.hf.phi3 import Phi3
 from gptzoo.hf.qwen import Qwen2, Qwen3
 from gptzoo.hf.qwen3_5 import Qwen3_5, Qwen3_5VisionLanguage
 from gptzoo.hf.qwen_moe import Qwen2Moe, Qwen3Moe
+from gptzoo.hf.smollm3 import SmolLM3
 from gptzoo.hf.tensor_map import TensorMap, stack_slices
 from gptzoo.model.build import assemble, build_model
 from gptzoo.model.checkpoint import tokenizer_copies
@@ -70,6 +71,7 @@ FAMILIES: dict[str, Family] = {
         Lfm2(),
         Qwen3_5(),
         Qwen3_5VisionLanguage(),
+        SmolLM3(),
     )
 }
 """config.json model_type -> family."""

@@ -2,7 +2,8 @@
 on tiny random checkpoints (tests/hfparity.py: both kernels, 32 greedy tokens, cached decoding, export then
 import), at odd shapes and schedules that start and end on either layer type; their config fields gptzoo lacks
 refused by name; the shipped recipes equal to the official configs, parameter for parameter. LFM2: gated short
-convolutions; Qwen3.5: gated DeltaNet beside gated attention, also saved as its vision-language class."""
+convolutions; Qwen3.5: gated DeltaNet beside gated attention, also saved as its vision-language class; SmolLM3:
+layers without positions (NoPE) between RoPE layers."""
 
 from __future__ import annotations
 
@@ -269,6 +270,55 @@ def test_recipes_qwen3_5_cannot_express_are_refused(overrides: list[str], reason
     assert str(excinfo.value) == f"recipe 'qwen3.5-tiny' has no Hugging Face Qwen3.5 equivalent: {reasons}"
 
 
+SMOLLM3_TINY = {
+    "vocab_size": 96,
+    "hidden_size": 40,
+    "intermediate_size": 72,
+    "num_hidden_layers": 5,
+    "num_attention_heads": 5,
+    "num_key_value_heads": 1,
+    "max_position_embeddings": 128,
+    "pad_token_id": 0,
+}
+
+
+@pytest.mark.parametrize("uses", [[0, 1, 1, 0, 1], [1, 1, 1, 0, 0]], ids=["nope-first", "nope-last"])
+def test_smollm3_matches_transformers(tmp_path: Path, uses: list[int]) -> None:
+    path = save_hf(tmp_path, "smollm3", transformers.SmolLM3Config(**SMOLLM3_TINY, no_rope_layers=uses))
+    derived = check_family(path, length=21)
+    assert derived.model.schedule() == ["rope" if u else "nope" for u in uses]
+    exported = json.loads((tmp_path / "smollm3-export" / "config.json").read_text())
+    assert (exported["model_type"], exported["no_rope_layers"]) == ("smollm3", uses)
+
+
+@pytest.mark.parametrize(
+    ("config", "problem"),
+    [
+        (
+            {"use_sliding_window": True, "sliding_window": 8},
+            "config.json use_sliding_window=true is not supported (gptzoo's SmolLM3 attends to every key)",
+        ),
+        ({"no_rope_layers": [1, 0]}, "config.json no_rope_layers=[1, 0] is not a list of 5 0s and 1s"),
+        (
+            {"no_rope_layers": [1, 2, 1, 0, 1]},
+            "config.json no_rope_layers=[1, 2, 1, 0, 1] is not a list of 5 0s and 1s",
+        ),
+    ],
+    ids=["sliding-window", "schedule-length", "not-a-flag"],
+)
+def test_smollm3_config_fields_gptzoo_lacks_are_refused_by_name(tmp_path: Path, config: dict, problem: str) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({**SMOLLM3_TINY, "model_type": "smollm3", **config}))
+    with pytest.raises(RecipeError) as excinfo:
+        hf_recipe(tmp_path)
+    assert str(excinfo.value) == f"{tmp_path / 'config.json'}: {problem}"
+
+
+def test_a_recipe_with_rope_on_every_layer_exports_as_llama_and_one_with_nope_layers_as_smollm3(tmp_path: Path) -> None:
+    for name, model_type in (("llama-tiny", "llama"), ("smollm3-tiny", "smollm3")):
+        export_hf(gptzoo.build_model(gptzoo.load_recipe(name)), tmp_path / name)
+        assert json.loads((tmp_path / name / "config.json").read_text())["model_type"] == model_type
+
+
 OFFICIAL = {
     "lfm2-350m": {  # LiquidAI/LFM2-350M's config.json, as public copies quote it
         "architectures": ["Lfm2ForCausalLM"],
@@ -342,6 +392,35 @@ OFFICIAL = {
             "partial_rotary_factor": 0.25,
         },
     },
+    "smollm3-3b": {  # HuggingFaceTB/SmolLM3-3B's config.json, as public copies quote it
+        "architectures": ["SmolLM3ForCausalLM"],
+        "model_type": "smollm3",
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": 128000,
+        "eos_token_id": 128012,
+        "hidden_act": "silu",
+        "hidden_size": 2048,
+        "initializer_range": 0.02,
+        "intermediate_size": 11008,
+        "max_position_embeddings": 65536,
+        "mlp_bias": False,
+        "no_rope_layer_interval": 4,
+        "no_rope_layers": [1, 1, 1, 0] * 9,
+        "num_attention_heads": 16,
+        "num_hidden_layers": 36,
+        "num_key_value_heads": 4,
+        "pad_token_id": 128004,
+        "pretraining_tp": 2,
+        "rms_norm_eps": 1e-06,
+        "rope_scaling": None,
+        "rope_theta": 5000000.0,
+        "sliding_window": None,
+        "tie_word_embeddings": True,
+        "use_cache": False,
+        "use_sliding_window": False,
+        "vocab_size": 128256,
+    },
 }
 
 
@@ -365,7 +444,7 @@ def test_lfm2_350m_state_is_a_fixed_figure(capsys: pytest.CaptureFixture[str]) -
     assert memory["kv_cache_bytes_per_token"] == {"float32": 6 * 2 * 8 * 64 * 4, "bfloat16": 6 * 2 * 8 * 64 * 2}
 
 
-@pytest.mark.parametrize("name", ["lfm2-tiny", "qwen3.5-tiny"])
+@pytest.mark.parametrize("name", ["lfm2-tiny", "qwen3.5-tiny", "smollm3-tiny"])
 def test_the_tiny_hybrids_learn(name: str) -> None:
     model = gptzoo.build_model(gptzoo.load_recipe(name))
     ids = torch.randint(0, 512, (2, 33), generator=torch.Generator().manual_seed(0))
