@@ -1,9 +1,10 @@
 """Gated DeltaNet (Yang, Kautz and Hatamizadeh, 2024), the linear-attention token mixer of Qwen3-Next,
 Qwen3.5 and OLMo Hybrid, in an attention's place.
 
-One projection (``in_proj``) gives, per token, queries and keys (``key_heads`` heads of ``key_dim``),
-values and an output gate z (``heads`` heads of ``value_dim``), and per value head a write strength b
-and a decay input a, in that order. Queries, keys and values go through a causal depthwise
+Two projections give, per token: ``in_proj`` queries and keys (``key_heads`` heads of ``key_dim``),
+values and an output gate z (``heads`` heads of ``value_dim``), in that order, and ``gate_proj`` per value
+head a write strength b and a decay input a (two projections as Qwen3-Next stores them, each of whose
+interleaves its parts per key head). Queries, keys and values go through a causal depthwise
 convolution of ``kernel`` taps (no bias) and SiLU; queries and keys are L2-normalized per head (the
 query also scaled by key_dim^-1/2) and each key head serves ``heads // key_heads`` consecutive value
 heads. Then the gated delta rule (plugins/_delta_rule.py) with
@@ -123,7 +124,8 @@ class GatedDeltaNet(nn.Module):
         self.heads, self.key_heads, self.key_dim, self.value_dim = heads, key_heads, key_dim, value_dim
         self.kernel, self.chunk, self.neg_eigval = kernel, chunk, neg_eigval
         self.channels = 2 * key_heads * key_dim + heads * value_dim  # q, k and v: what the convolution sees
-        self.in_proj = nn.Linear(d_model, self.channels + heads * value_dim + 2 * heads, bias=bias)
+        self.in_proj = nn.Linear(d_model, self.channels + heads * value_dim, bias=bias)
+        self.gate_proj = nn.Linear(d_model, 2 * heads, bias=bias)
         self.conv = nn.Conv1d(self.channels, self.channels, kernel, groups=self.channels, bias=False)
         A = torch.linspace(1.0, 16.0, heads)
         dt = torch.exp(torch.linspace(math.log(1e-3), math.log(1e-1), heads))
@@ -151,7 +153,8 @@ class GatedDeltaNet(nn.Module):
     def forward(self, x: Tensor, ctx: AttentionContext, cache: DeltaState | None = None) -> Tensor:
         B, T, _ = x.shape
         H, dk, dv = self.heads, self.key_dim, self.value_dim
-        qkv, z, b, a = self.in_proj(x).split([self.channels, H * dv, H, H], dim=-1)
+        qkv, z = self.in_proj(x).split([self.channels, H * dv], dim=-1)
+        b, a = self.gate_proj(x).split([H, H], dim=-1)
         real = None if ctx.positions is None or ctx.positions.key_mask is None else ctx.positions.key_mask[:, -T:]
         if real is not None:  # left padding: zeros at the convolution's input, as before a lone row's first token
             qkv = qkv * real[..., None].to(qkv.dtype)
@@ -206,7 +209,7 @@ class GatedDeltaNet(nn.Module):
         C, dk, dv = min(self.chunk, max(seq_len, 1)), self.key_dim, self.value_dim
         chunks = -(-seq_len // C)
         return {
-            "in_proj": linear_flops(tokens, self.in_proj),
+            "in_proj": linear_flops(tokens, self.in_proj, self.gate_proj),
             "conv": 2 * tokens * self.channels * self.kernel,
             "delta_rule": batch * self.heads * chunks * 2 * (2 * C * C * dk + C * C * dv + 3 * C * dk * dv),
             "c_proj": linear_flops(tokens, self.c_proj),

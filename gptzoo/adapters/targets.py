@@ -45,8 +45,8 @@ def _gate_up(mlp: Any) -> Sequence[tuple[str, int]]:
 
 
 def _deltanet(net: Any) -> Sequence[tuple[str, int]]:
-    k, v, h = net.key_heads * net.key_dim, net.heads * net.value_dim, net.heads
-    return (("q", k), ("k", k), ("v", v), ("z", v), ("b", h), ("a", h))
+    k, v = net.key_heads * net.key_dim, net.heads * net.value_dim
+    return (("q", k), ("k", k), ("v", v), ("z", v))
 
 
 def _named(name: str) -> Split:
@@ -60,7 +60,11 @@ PARTS: tuple[Row, ...] = tuple(
     for key, splits in {
         "gptzoo_plugins._attentions:CausalSelfAttention": {"c_attn": _qkv, "c_proj": _named("o")},
         "gptzoo_plugins._mla:LatentAttention": {"c_proj": _named("o")},
-        "gptzoo_plugins._gated_deltanet:GatedDeltaNet": {"in_proj": _deltanet, "c_proj": _named("o")},
+        "gptzoo_plugins._gated_deltanet:GatedDeltaNet": {
+            "in_proj": _deltanet,
+            "gate_proj": lambda net: (("b", net.heads), ("a", net.heads)),
+            "c_proj": _named("o"),
+        },
         "gptzoo_plugins._short_conv:ShortConv": {
             "in_proj": lambda conv: (("b", conv.d_model), ("c", conv.d_model), ("x", conv.d_model)),
             "c_proj": _named("o"),

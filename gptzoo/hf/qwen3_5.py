@@ -61,15 +61,22 @@ DELTANET_FIELDS = {
 """gated_deltanet's parameters -> config.json's fields (the same in Qwen3-Next and OLMo Hybrid)."""
 
 
-def deltanet_maps(net: Any, at: str, projections: tuple[tuple[str, int], ...], out: str) -> list[TensorMap] | None:
-    """gated_deltanet's in_proj (rows q, k and v, then z, b and a) as ``projections`` (their projections and their
-    rows, one after another, under ``at``), its convolution conv1d, its output norm norm, c_proj ``out``; None
-    with biases (no family has them)."""
-    if net.in_proj.bias is not None or net.c_proj.bias is not None:
+def deltanet_maps(
+    net: Any, at: str, projections: tuple[tuple[str, int], ...], gates: tuple[tuple[str, int], ...], out: str
+) -> list[TensorMap] | None:
+    """gated_deltanet's in_proj (rows q, k and v, then z) as ``projections`` and its gate_proj (b, then a) as
+    ``gates`` (their projections and their rows, one after another, under ``at``), its convolution conv1d, its
+    output norm norm, c_proj ``out``; None with biases (no family has them)."""
+    if any(linear.bias is not None for linear in (net.in_proj, net.gate_proj, net.c_proj)):
         return None
-    names, sizes = zip(*projections, strict=True)
+
+    def joined(ours: str, parts: tuple[tuple[str, int], ...]) -> TensorMap:
+        names, sizes = zip(*parts, strict=True)
+        return TensorMap(ours, tuple(f"{at}{n}.weight" for n in names), sizes=sizes if len(names) > 1 else ())
+
     return [
-        TensorMap("in_proj.weight", tuple(f"{at}{n}.weight" for n in names), sizes=sizes if len(names) > 1 else ()),
+        joined("in_proj.weight", projections),
+        joined("gate_proj.weight", gates),
         TensorMap("conv.weight", (f"{at}conv1d.weight",)),
         *(TensorMap(p, (f"{at}{p}",)) for p in ("A_log", "dt_bias")),
         TensorMap("norm.weight", (f"{at}norm.weight",)),
@@ -77,10 +84,11 @@ def deltanet_maps(net: Any, at: str, projections: tuple[tuple[str, int], ...], o
     ]
 
 
-def qwen3_5_projections(net: Any) -> tuple[tuple[str, int], ...]:
+def qwen3_5_maps(net: Any) -> list[TensorMap] | None:
     """Qwen3.5's: q, k and v in one projection, z, b and a each in its own."""
     H = net.heads
-    return (("in_proj_qkv", net.channels), ("in_proj_z", H * net.value_dim), ("in_proj_b", H), ("in_proj_a", H))
+    projections = (("in_proj_qkv", net.channels), ("in_proj_z", H * net.value_dim))
+    return deltanet_maps(net, "linear_attn.", projections, (("in_proj_b", H), ("in_proj_a", H)), "out_proj")
 
 
 def deltanet_fields(net: Any) -> dict[str, Any]:
@@ -122,7 +130,7 @@ LAYOUT = (
     builtin(
         "gptzoo_plugins._gated_deltanet:GatedDeltaNet",
         "qwen3_5",
-        lambda net: deltanet_maps(net, "linear_attn.", qwen3_5_projections(net), "out_proj"),
+        qwen3_5_maps,
         deltanet_fields,
     ),
 )

@@ -82,8 +82,8 @@ def test_the_builtins_offer_q_k_v_o_and_the_mlp_projections() -> None:
 
 
 def test_the_hybrids_offer_each_mixer_s_projections_by_name() -> None:
-    """Gated DeltaNet's in_proj is its q, k, v, output gate z, write strength b and decay a; the short
-    convolution's its gates b and c and input x; each mixer's c_proj is o, as attention's is."""
+    """Gated DeltaNet's in_proj is its q, k, v and output gate z, its gate_proj its write strength b and decay a;
+    the short convolution's in_proj its gates b and c and input x; each mixer's c_proj is o, as attention's is."""
     qwen = table(tiny_model("qwen3.5-tiny"))  # 3 gated DeltaNet layers (2 key heads of 16, 4 value heads of 16)
     assert list(qwen) == [*(f"attn.{p}" for p in "qkvzba"), "attn.o", "mlp.gate", "mlp.up", "mlp.down"]
     assert qwen["attn.z"][0] == ("blocks.0.attn.in_proj", 128, 192)

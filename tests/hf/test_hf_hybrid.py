@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from cli_run import run_json
+from cli_run import run_error, run_json
 from hfparity import check_family, prompt, save_hf
+from safetensors.torch import load_file, save_file
 
 import gptzoo
 from gptzoo.errors import RecipeError
@@ -201,6 +202,24 @@ def test_a_qwen3_5_vision_language_checkpoint_loads_its_text_model(tmp_path: Pat
     export_hf(ours, tmp_path / "text")
     written = json.loads((tmp_path / "text" / "config.json").read_text())
     assert (written["model_type"], written["architectures"]) == ("qwen3_5_text", ["Qwen3_5ForCausalLM"])
+
+
+def test_a_checkpoint_missing_a_layer_s_state_parameters_is_refused_naming_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = transformers.Qwen3_5TextConfig(
+        **QWEN3_5_TINY, layer_types=["linear_attention", "full_attention"] * 2 + ["full_attention"]
+    )
+    path = save_hf(tmp_path, "qwen3_5", config)
+    tensors = load_file(path / "model.safetensors")
+    for name in ("A_log", "dt_bias"):
+        del tensors[f"model.layers.2.linear_attn.{name}"]
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    out = tmp_path / "out"
+    message = run_error(capsys, "build", "--hf", str(path), "--out", str(out))
+    assert "missing tensor model.layers.2.linear_attn.A_log" in message
+    assert "missing tensor model.layers.2.linear_attn.dt_bias" in message
+    assert not out.exists()
 
 
 @pytest.mark.parametrize(

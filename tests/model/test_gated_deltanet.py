@@ -76,7 +76,8 @@ def _qwen3_next(d: int, hk: int, hv: int, dk: int, dv: int, kernel: int) -> tupl
             p.normal_(0, 0.5)
         q, k, v, z = theirs.in_proj_qkvz.weight.view(hk, 2 * dk + 2 * r * dv, d).split([dk, dk, r * dv, r * dv], 1)
         b, a = theirs.in_proj_ba.weight.view(hk, 2 * r, d).split([r, r], 1)
-        ours.in_proj.weight.copy_(torch.cat([t.reshape(-1, d) for t in (q, k, v, z, b, a)]))
+        ours.in_proj.weight.copy_(torch.cat([t.reshape(-1, d) for t in (q, k, v, z)]))
+        ours.gate_proj.weight.copy_(torch.cat([t.reshape(-1, d) for t in (b, a)]))
         ours.c_proj.weight.copy_(theirs.out_proj.weight)
         _same_rest(ours, theirs, theirs.norm)
     return ours, theirs
@@ -95,8 +96,8 @@ def _qwen3_5(d: int, hk: int, hv: int, dk: int, dv: int, kernel: int) -> tuple[G
     with torch.no_grad():
         for p in theirs.parameters():
             p.normal_(0, 0.5)
-        parts = (theirs.in_proj_qkv, theirs.in_proj_z, theirs.in_proj_b, theirs.in_proj_a)
-        ours.in_proj.weight.copy_(torch.cat([p.weight for p in parts]))
+        ours.in_proj.weight.copy_(torch.cat([theirs.in_proj_qkv.weight, theirs.in_proj_z.weight]))
+        ours.gate_proj.weight.copy_(torch.cat([theirs.in_proj_b.weight, theirs.in_proj_a.weight]))
         ours.c_proj.weight.copy_(theirs.out_proj.weight)
         _same_rest(ours, theirs, theirs.norm)
     return ours, theirs
@@ -117,8 +118,9 @@ def _olmo_hybrid(d: int, hk: int, hv: int, dk: int, dv: int, kernel: int) -> tup
     with torch.no_grad():
         for p in theirs.parameters():
             p.normal_(0, 0.5)
-        parts = (theirs.q_proj, theirs.k_proj, theirs.v_proj, theirs.g_proj, theirs.b_proj, theirs.a_proj)
+        parts = (theirs.q_proj, theirs.k_proj, theirs.v_proj, theirs.g_proj)
         ours.in_proj.weight.copy_(torch.cat([p.weight for p in parts]))
+        ours.gate_proj.weight.copy_(torch.cat([theirs.b_proj.weight, theirs.a_proj.weight]))
         ours.c_proj.weight.copy_(theirs.o_proj.weight)
         _same_rest(ours, theirs, theirs.o_norm)
     return ours, theirs
