@@ -10,8 +10,8 @@ A token sees itself and the ``kernel - 1`` before it: the layer keeps no keys, a
 constant-size state, the last ``kernel - 1`` inputs of the convolution (:class:`ConvState`), whatever
 the length. A whole prompt is one convolution over it (after the cached inputs); a cached step takes
 the state and the new inputs, as transformers' Lfm2ShortConv does (its ``slow_forward``), and the two
-give the same numbers. Left padding is zeroed before the convolution, so a padded row sees exactly the
-zeros a lone row starts from.
+give the same numbers. Left padding is zeroed at the convolution's input (after in_proj, whose bias would
+otherwise reach it), so a padded row sees exactly the zeros a lone row starts from.
 """
 
 from __future__ import annotations
@@ -75,10 +75,10 @@ class ShortConv(nn.Module):
     def forward(self, x: Tensor, ctx: AttentionContext, cache: ConvState | None = None) -> Tensor:
         T = x.shape[1]
         real = None if ctx.positions is None or ctx.positions.key_mask is None else ctx.positions.key_mask[:, -T:]
-        if real is not None:  # left padding: zeros, as before a lone row's first token
-            x = x * real[..., None].to(x.dtype)
         b, c, h = self.in_proj(x).transpose(1, 2).chunk(3, dim=1)  # (B, d, T) each
         u = b * h
+        if real is not None:  # left padding: zeros at the convolution's input, as before a lone row's first token
+            u = u * real[:, None, :].to(u.dtype)
         before = (
             u.new_zeros(u.shape[0], self.d_model, self.kernel - 1) if cache is None or ctx.start == 0 else cache.state
         )
