@@ -114,13 +114,14 @@ class GatedDeltaNet(nn.Module):
         norm_eps: float = 1e-6,
     ) -> None:
         super().__init__()
+        sizes = {"heads": heads, "key_heads": key_heads, "key_dim": key_dim, "value_dim": value_dim}
+        problems = self.check(n_head=n_head, kernel=kernel, chunk=chunk, norm_eps=norm_eps, **sizes)
+        if problems:
+            raise ValueError("; ".join(problems))
         heads = heads or n_head
         key_heads = key_heads or heads
         key_dim = key_dim or head_dim
         value_dim = value_dim or key_dim
-        problems = self.check(heads=heads, key_heads=key_heads, kernel=kernel, chunk=chunk, norm_eps=norm_eps)
-        if problems:
-            raise ValueError("; ".join(problems))
         self.heads, self.key_heads, self.key_dim, self.value_dim = heads, key_heads, key_dim, value_dim
         self.kernel, self.chunk, self.neg_eigval = kernel, chunk, neg_eigval
         self.channels = 2 * key_heads * key_dim + heads * value_dim  # q, k and v: what the convolution sees
@@ -136,16 +137,38 @@ class GatedDeltaNet(nn.Module):
 
     @staticmethod
     def check(
-        *, heads: int = 1, key_heads: int = 1, kernel: int = 4, chunk: int = 64, norm_eps: float = 1e-6, **_: object
+        *,
+        n_head: int = 1,
+        heads: int = 0,
+        key_heads: int = 0,
+        key_dim: int = 0,
+        value_dim: int = 0,
+        kernel: int = 4,
+        chunk: int = 64,
+        norm_eps: float = 1e-6,
+        **_: object,
     ) -> list[str]:
-        """What is wrong with these parameters (the recipe's validation reads it)."""
-        problems = []
+        """What is wrong with these parameters (the recipe's validation reads it, with the recipe's sizes)."""
+        problems = [
+            f"{name}={value} must be 0 (the {default}) or at least 1"
+            for name, value, default in (
+                ("heads", heads, "recipe's n_head"),
+                ("key_heads", key_heads, "value heads"),
+                ("key_dim", key_dim, "recipe's head_dim"),
+                ("value_dim", value_dim, "key_dim"),
+            )
+            if value < 0
+        ]
         if kernel < 1:
             problems.append(f"kernel={kernel} must be at least 1 (the taps of the convolution)")
         if chunk < 1:
             problems.append(f"chunk={chunk} must be at least 1 (tokens per chunk of the chunked form)")
-        if heads >= 1 and key_heads >= 1 and heads % key_heads:
-            problems.append(f"heads={heads} must be a multiple of key_heads={key_heads} (each key head serves as many)")
+        value_heads = heads or n_head
+        shared = key_heads or value_heads
+        if value_heads >= 1 and shared >= 1 and value_heads % shared:
+            problems.append(
+                f"heads={value_heads} must be a multiple of key_heads={shared} (each key head serves as many)"
+            )
         if norm_eps <= 0:
             problems.append(f"norm_eps={norm_eps} must be above 0")
         return problems

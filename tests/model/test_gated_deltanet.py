@@ -180,6 +180,9 @@ def test_a_prompt_then_one_token_at_a_time_equals_the_whole(first: int) -> None:
         ("chunk = 0", r"chunk=0 must be at least 1 \(tokens per chunk of the chunked form\)"),
         ("heads = 6, key_heads = 4", r"heads=6 must be a multiple of key_heads=4 \(each key head serves as many\)"),
         ("norm_eps = 0.0", r"norm_eps=0.0 must be above 0"),
+        ("heads = -1", r"heads=-1 must be 0 \(the recipe's n_head\) or at least 1"),
+        ("key_dim = -3", r"key_dim=-3 must be 0 \(the recipe's head_dim\) or at least 1"),
+        ("key_heads = 3", r"heads=4 must be a multiple of key_heads=3 \(each key head serves as many\)"),  # n_head 4
     ],
 )
 def test_contradictory_parameters_are_refused_by_name(setting: str, message: str) -> None:
