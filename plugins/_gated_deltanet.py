@@ -84,8 +84,9 @@ class GatedRMSNorm(nn.Module):
 
 
 class GatedDeltaNet(nn.Module):
-    """Gated DeltaNet: the gated delta rule over short-convolved, L2-normalized queries and keys, with a
-    gated RMSNorm output (Qwen3-Next, Qwen3.5, OLMo Hybrid); the module docstring says the rest.
+    """Gated DeltaNet (Qwen3-Next, Qwen3.5, OLMo Hybrid): the gated delta rule, a constant-size state per sequence.
+
+    Short-convolved, L2-normalized queries and keys, a gated RMSNorm output; the module docstring says the rest.
 
     ``heads``, ``key_heads``, ``key_dim``, ``value_dim``: 0 takes the recipe's n_head, heads, head_dim
     and key_dim. ``kernel``: the convolution's taps. ``chunk``: tokens per chunk of the chunked form.

@@ -160,7 +160,7 @@ name = "gpt2"
         f"[model] norm: unknown norm 'rmsnrom'; did you mean 'rmsnorm'? (available: {NORMS})",
         "[model] position.theta must be a number, got 'big' (str)",
         "[model] attention.dropout: attention 'causal' has no parameter 'dropout' (available: window, softcap, scale,"
-        " qk_norm, qkv_bias, sinks)",
+        " qk_norm, qkv_bias, sinks, output_gate)",
         "[model] norm_placement='middle' must be one of 'pre', 'post', 'sandwich', 'reordered', 'parallel'",
         "[model] n_embd=100 is not divisible by n_head=12 (or set head_dim explicitly)",
     ]
@@ -175,7 +175,7 @@ def test_component_parameter_problems(tmp_path: Path) -> None:
     assert problems == [
         "[model] position.theta must be a number, got 'big' (str)",
         "[model] attention.dropout: attention 'causal' has no parameter 'dropout' (available: window, softcap, scale,"
-        " qk_norm, qkv_bias, sinks)",
+        " qk_norm, qkv_bias, sinks, output_gate)",
     ]
     problems = _problems(tmp_path, 'extends = "gpt2-tiny"\n[model]\nnorm = { name = "layernorm", epsilon = 1e-6 }\n')
     assert problems == [

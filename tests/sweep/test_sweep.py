@@ -456,5 +456,5 @@ def test_a_run_shows_its_evaluation_as_it_goes(tmp_path: Path, data: Path) -> No
 def test_a_misspelt_sweep_lists_what_there_is_once(capsys: pytest.CaptureFixture[str]) -> None:
     assert run_error(capsys, "sweep", "positon") == (
         "error: no sweep spec 'positon': no such file, nor a shipped or a plugin's sweep; did you mean 'position'? "
-        "(available: activation, attention, latent-attention, moe, norm-placement, position)"
+        "(available: activation, attention, latent-attention, moe, norm-placement, position, token-mixer)"
     )
