@@ -445,6 +445,20 @@ class Fields:
         self.problems.append(f"{self.prefix}{key} {show(value)} is not supported{hint}")
         return next(iter(table.values()))
 
+    def layer_types(self, n_layer: int, kinds: tuple[str, str], default: Callable[[], list[str]]) -> list[str]:
+        """The layer_types field: a list of ``n_layer`` entries, each one of ``kinds`` (else a problem naming it,
+        and every layer the last kind); ``default()`` where the field is absent."""
+        types = self.config.get("layer_types")
+        if types is None:
+            return default()
+        if not isinstance(types, list) or len(types) != n_layer or not all(t in kinds for t in types):
+            self.problems.append(
+                f"{self.prefix}layer_types={show(types)} is not a list of {n_layer} {kinds[0]!r} or {kinds[1]!r} "
+                "entries"
+            )
+            return [kinds[-1]] * n_layer
+        return types
+
     def check(self) -> None:
         """GptzooError with every problem found so far."""
         if self.problems:

@@ -122,16 +122,11 @@ class Gemma(Llama):
         return {"model": model, "tokenizer": {"name": "hf"}}
 
     def layer_types(self, f: Fields, config: Mapping[str, Any], n_layer: int) -> list[str]:
-        types = config.get("layer_types")
-        if types is None:
-            every = f.integer("sliding_window_pattern", self.default_pattern)
-            return [FULL if (i + 1) % every == 0 else SLIDING for i in range(n_layer)]
-        if not isinstance(types, list) or len(types) != n_layer or not all(t in (SLIDING, FULL) for t in types):
-            f.problems.append(
-                f"config.json layer_types={show(types)} is not a list of {n_layer} {SLIDING!r} or {FULL!r} entries"
-            )
-            return [FULL] * n_layer
-        return types
+        def every() -> list[str]:
+            n = f.integer("sliding_window_pattern", self.default_pattern)
+            return [FULL if (i + 1) % n == 0 else SLIDING for i in range(n_layer)]
+
+        return f.layer_types(n_layer, (SLIDING, FULL), every)
 
     def structural_reasons(self, recipe: Recipe) -> list[str]:
         m, reasons = recipe.model, []

@@ -145,8 +145,8 @@ class Lfm2(Llama):
     def layer_types(self, f: Fields, config: Mapping[str, Any], n_layer: int) -> list[str]:
         """config.json's layer_types, else the layers full_attn_idxs names are attention layers (all of them
         without either, as transformers does)."""
-        types = config.get("layer_types")
-        if types is None:
+
+        def by_index() -> list[str]:
             indices = config.get("full_attn_idxs")
             if indices is None:
                 return [FULL] * n_layer
@@ -156,12 +156,8 @@ class Lfm2(Llama):
                 )
                 return [FULL] * n_layer
             return [FULL if i in indices else CONV for i in range(n_layer)]
-        if not isinstance(types, list) or len(types) != n_layer or not all(t in (CONV, FULL) for t in types):
-            f.problems.append(
-                f"config.json layer_types={show(types)} is not a list of {n_layer} {CONV!r} or {FULL!r} entries"
-            )
-            return [FULL] * n_layer
-        return types
+
+        return f.layer_types(n_layer, (CONV, FULL), by_index)
 
     def structural_reasons(self, recipe: Recipe) -> list[str]:
         m, reasons = recipe.model, super().structural_reasons(recipe)

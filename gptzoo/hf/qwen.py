@@ -45,15 +45,10 @@ class Qwen2(LlamaShaped):
         window = None
         if f.flag("use_sliding_window", False) and config.get("sliding_window", 4096) is not None:
             window = f.integer("sliding_window", 4096)
-        types = config.get("layer_types")
-        if types is None:
+        if config.get("layer_types") is None:
             first = self.max_window_layers(f) if window is not None else n_layer
             return [window if i >= first else None for i in range(n_layer)]
-        if not isinstance(types, list) or len(types) != n_layer or not all(t in (SLIDING, FULL) for t in types):
-            f.problems.append(
-                f"config.json layer_types={show(types)} is not a list of {n_layer} {SLIDING!r} or {FULL!r} entries"
-            )
-            return [None] * n_layer
+        types = f.layer_types(n_layer, (SLIDING, FULL), list)  # a wrong list: a problem, and every layer full
         if window is None and SLIDING in types:
             use, size = show(config.get("use_sliding_window", False)), show(config.get("sliding_window"))
             f.problems.append(

@@ -210,17 +210,12 @@ class Qwen3_5(Llama):
 
     def layer_types(self, f: Fields, config: Mapping[str, Any], n_layer: int) -> list[str]:
         """config.json's layer_types, else one full-attention layer every full_attention_interval."""
-        types = config.get("layer_types")
-        if types is None:
-            every = f.integer("full_attention_interval", 4)
-            return [FULL if (i + 1) % every == 0 else LINEAR for i in range(n_layer)]
-        if not isinstance(types, list) or len(types) != n_layer or not all(t in (LINEAR, FULL) for t in types):
-            f.problems.append(
-                f"{self.field_prefix}layer_types={show(types)} is not a list of {n_layer} {LINEAR!r} or {FULL!r} "
-                "entries"
-            )
-            return [FULL] * n_layer
-        return types
+
+        def every() -> list[str]:
+            n = f.integer("full_attention_interval", 4)
+            return [FULL if (i + 1) % n == 0 else LINEAR for i in range(n_layer)]
+
+        return f.layer_types(n_layer, (LINEAR, FULL), every)
 
     def structural_reasons(self, recipe: Recipe) -> list[str]:
         m, reasons = recipe.model, []
