@@ -36,6 +36,23 @@ LFM2_TINY = {
 }
 
 
+def config_problem(path: Path) -> str:
+    """What hf_recipe says of the config.json in ``path``, which it must refuse."""
+    with pytest.raises(RecipeError) as excinfo:
+        hf_recipe(path)
+    return str(excinfo.value)
+
+
+def refusal(name: str, overrides: list[str], family: str) -> str:
+    """Why the family's export refuses the shipped recipe ``name`` with ``overrides``."""
+    loaded = gptzoo.load_recipe(name, overrides)
+    components: list = []
+    skeleton = assemble(loaded, gptzoo.get_registry(), torch.device("meta"), components)
+    with pytest.raises(NoEquivalentError) as excinfo:
+        FAMILIES[family].config(loaded, skeleton, components)
+    return str(excinfo.value)
+
+
 @pytest.mark.parametrize(
     ("schedule", "kernel"),
     [
@@ -95,9 +112,7 @@ def test_lfm2_reads_full_attn_idxs_and_the_older_field_names(tmp_path: Path) -> 
 def test_lfm2_config_fields_gptzoo_lacks_are_refused_by_name(tmp_path: Path, config: dict, problem: str) -> None:
     base = {**LFM2_TINY, "model_type": "lfm2", "layer_types": ["conv", "full_attention", "conv", "conv", "conv"]}
     (tmp_path / "config.json").write_text(json.dumps({**base, **config}))
-    with pytest.raises(RecipeError) as excinfo:
-        hf_recipe(tmp_path)
-    assert str(excinfo.value) == f"{tmp_path / 'config.json'}: {problem}"
+    assert config_problem(tmp_path) == f"{tmp_path / 'config.json'}: {problem}"
 
 
 @pytest.mark.parametrize(
@@ -116,12 +131,9 @@ def test_lfm2_config_fields_gptzoo_lacks_are_refused_by_name(tmp_path: Path, con
     ids=["no-qk-norm", "another-mixer", "bias"],
 )
 def test_recipes_lfm2_cannot_express_are_refused(overrides: list[str], reasons: str) -> None:
-    loaded = gptzoo.load_recipe("lfm2-tiny", overrides)
-    components: list = []
-    skeleton = assemble(loaded, gptzoo.get_registry(), torch.device("meta"), components)
-    with pytest.raises(NoEquivalentError) as excinfo:
-        FAMILIES["lfm2"].config(loaded, skeleton, components)
-    assert str(excinfo.value) == f"recipe 'lfm2-tiny' has no Hugging Face LFM2 equivalent: {reasons}"
+    assert (
+        refusal("lfm2-tiny", overrides, "lfm2") == f"recipe 'lfm2-tiny' has no Hugging Face LFM2 equivalent: {reasons}"
+    )
 
 
 QWEN3_5_TINY = {
@@ -250,9 +262,7 @@ def test_a_checkpoint_missing_a_layer_s_state_parameters_is_refused_naming_them(
 )
 def test_qwen3_5_config_fields_gptzoo_lacks_are_refused_by_name(tmp_path: Path, config: dict, problem: str) -> None:
     (tmp_path / "config.json").write_text(json.dumps({**QWEN3_5_TINY, "model_type": "qwen3_5_text", **config}))
-    with pytest.raises(RecipeError) as excinfo:
-        hf_recipe(tmp_path)
-    assert str(excinfo.value) == f"{tmp_path / 'config.json'}: {problem}"
+    assert config_problem(tmp_path) == f"{tmp_path / 'config.json'}: {problem}"
 
 
 def test_a_vision_language_config_without_its_text_config_is_refused(tmp_path: Path) -> None:
@@ -281,12 +291,10 @@ def test_a_vision_language_config_without_its_text_config_is_refused(tmp_path: P
     ids=["no-gate", "negative-eigenvalues", "another-mixer"],
 )
 def test_recipes_qwen3_5_cannot_express_are_refused(overrides: list[str], reasons: str) -> None:
-    loaded = gptzoo.load_recipe("qwen3.5-tiny", overrides)
-    components: list = []
-    skeleton = assemble(loaded, gptzoo.get_registry(), torch.device("meta"), components)
-    with pytest.raises(NoEquivalentError) as excinfo:
-        FAMILIES["qwen3_5_text"].config(loaded, skeleton, components)
-    assert str(excinfo.value) == f"recipe 'qwen3.5-tiny' has no Hugging Face Qwen3.5 equivalent: {reasons}"
+    assert (
+        refusal("qwen3.5-tiny", overrides, "qwen3_5_text")
+        == f"recipe 'qwen3.5-tiny' has no Hugging Face Qwen3.5 equivalent: {reasons}"
+    )
 
 
 SMOLLM3_TINY = {
@@ -327,9 +335,7 @@ def test_smollm3_matches_transformers(tmp_path: Path, uses: list[int]) -> None:
 )
 def test_smollm3_config_fields_gptzoo_lacks_are_refused_by_name(tmp_path: Path, config: dict, problem: str) -> None:
     (tmp_path / "config.json").write_text(json.dumps({**SMOLLM3_TINY, "model_type": "smollm3", **config}))
-    with pytest.raises(RecipeError) as excinfo:
-        hf_recipe(tmp_path)
-    assert str(excinfo.value) == f"{tmp_path / 'config.json'}: {problem}"
+    assert config_problem(tmp_path) == f"{tmp_path / 'config.json'}: {problem}"
 
 
 def test_a_recipe_with_rope_on_every_layer_exports_as_llama_and_one_with_nope_layers_as_smollm3(tmp_path: Path) -> None:
