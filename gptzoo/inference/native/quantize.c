@@ -38,55 +38,56 @@ static inline uint16_t f32_to_f16(float f) {
 
 /* LANES blocks are searched at once, block l in lane l of every vector (GCC's and Clang's vector
  * extensions: AVX2's registers, or what the target has), so that a block's sums are plain additions of
- * vectors and every lane takes the same path. */
+ * vectors and every lane takes the same path. bvf and bvi are these block vectors, 8 lanes on every
+ * target (kernels.h's vf is the target's widest register: 16 lanes with AVX-512). */
 #define LANES 8
-typedef float vf __attribute__((vector_size(4 * LANES)));
-typedef int32_t vi __attribute__((vector_size(4 * LANES)));
+typedef float bvf __attribute__((vector_size(4 * LANES)));
+typedef int32_t bvi __attribute__((vector_size(4 * LANES)));
 
 #define MAGIC 12582912.0f /* 1.5 * 2^23: x + MAGIC - MAGIC rounds |x| < 2^22 to an integer, half to even */
 
-static inline vf splat(float f) { return (vf){0} + f; }
-static inline vf pick(vi mask, vf a, vf b) { return (vf)((mask & (vi)a) | (~mask & (vi)b)); }
+static inline bvf splat(float f) { return (bvf){0} + f; }
+static inline bvf pick(bvi mask, bvf a, bvf b) { return (bvf)((mask & (bvi)a) | (~mask & (bvi)b)); }
 
 /* v[0] + ... + v[31] as the reference sums them: v[j] + v[j + 16], then halves again. */
-static inline vf total(const vf *v) {
-    vf a[16], b[8], c[4];
+static inline bvf total(const bvf *v) {
+    bvf a[16], b[8], c[4];
     for (int j = 0; j < 16; j++) a[j] = v[j] + v[j + 16];
     for (int j = 0; j < 8; j++) b[j] = a[j] + a[j + 8];
     for (int j = 0; j < 4; j++) c[j] = b[j] + b[j + 4];
-    vf d0 = c[0] + c[2], d1 = c[1] + c[3];
+    bvf d0 = c[0] + c[2], d1 = c[1] + c[3];
     return d0 + d1;
 }
 
 /* torch.round(t).clamp(0, 15) of a finite t, as round(clamp(t, 0, 15)): the same code (a zero's sign aside). */
-static inline vf code(vf t) {
+static inline bvf code(bvf t) {
     t = pick(t < splat(0.0f), splat(0.0f), t);
     t = pick(t > splat(15.0f), splat(15.0f), t);
     return (t + MAGIC) - MAGIC;
 }
 
 /* The float16 nearest v (to even), as float32: torch's v.half().float() of a finite v. */
-static inline vf half_value(vf v) {
-    vi u = (vi)v, a = u & 0x7fffffff, sign = u & (int32_t)0x80000000u;
-    vi normal = (a + 0xfff + ((a >> 13) & 1)) & ~0x1fff;
-    vf small = (((vf)a * 16777216.0f + MAGIC) - MAGIC) * 5.9604644775390625e-08f; /* multiples of 2^-24 */
-    vi r = ((a < 0x38800000) & (vi)small) | ((a >= 0x38800000) & normal);
+static inline bvf half_value(bvf v) {
+    bvi u = (bvi)v, a = u & 0x7fffffff, sign = u & (int32_t)0x80000000u;
+    bvi normal = (a + 0xfff + ((a >> 13) & 1)) & ~0x1fff;
+    bvf small = (((bvf)a * 16777216.0f + MAGIC) - MAGIC) * 5.9604644775390625e-08f; /* multiples of 2^-24 */
+    bvi r = ((a < 0x38800000) & (bvi)small) | ((a >= 0x38800000) & normal);
     r = ((a >= 0x477ff000) & 0x7f800000) | ((a < 0x477ff000) & r); /* past 65504: infinity */
-    return (vf)(r | sign);
+    return (bvf)(r | sign);
 }
 
 /* The codes of the blocks x for scales d and minimums m (float16 values). */
-static inline void codes(const vf *x, vf d, vf m, vf *q) {
-    vf inv = pick(d != splat(0.0f), 1.0f / d, splat(0.0f));
+static inline void codes(const bvf *x, bvf d, bvf m, bvf *q) {
+    bvf inv = pick(d != splat(0.0f), 1.0f / d, splat(0.0f));
     for (int j = 0; j < QB; j++) q[j] = code((x[j] - m) * inv);
 }
 
 /* The squared errors of the blocks x for scales d and minimums m (float16 values) and their codes. */
-static inline vf error(const vf *x, vf d, vf m) {
-    vf q[QB], e[QB];
+static inline bvf error(const bvf *x, bvf d, bvf m) {
+    bvf q[QB], e[QB];
     codes(x, d, m, q);
     for (int j = 0; j < QB; j++) {
-        vf r = q[j] * d + m - x[j];
+        bvf r = q[j] * d + m - x[j];
         e[j] = r * r;
     }
     return total(e);
@@ -97,36 +98,36 @@ static inline vf error(const vf *x, vf d, vf m) {
  * not kept: the winner's are taken again from its scale and minimum, as the same arithmetic gives them. */
 static void q4_lanes(const float *w, long first, int count, const float *ranges, int nranges, uint8_t *packed,
                      uint16_t *scale, long blocks_per_row) {
-    vf x[QB];
+    bvf x[QB];
     for (int j = 0; j < QB; j++)
         for (int l = 0; l < LANES; l++) x[j][l] = w[(first + (l < count ? l : count - 1)) * QB + j];
-    vf lo = x[0], hi = x[0];
+    bvf lo = x[0], hi = x[0];
     for (int j = 1; j < QB; j++) {
         lo = pick(x[j] < lo, x[j], lo);
         hi = pick(x[j] > hi, x[j], hi);
     }
-    vf span = hi - lo, sums = total(x), zero = splat(0.0f);
-    vi spread = span > zero;
-    vf best_d = half_value(span / 15.0f), best_m = half_value(lo), best = error(x, best_d, best_m);
+    bvf span = hi - lo, sums = total(x), zero = splat(0.0f);
+    bvi spread = span > zero;
+    bvf best_d = half_value(span / 15.0f), best_m = half_value(lo), best = error(x, best_d, best_m);
     for (int k = 0; k < nranges; k++) {
-        vf step = pick(spread, ranges[k] / span, zero), q[QB], qq[QB], qx[QB];
+        bvf step = pick(spread, ranges[k] / span, zero), q[QB], qq[QB], qx[QB];
         for (int j = 0; j < QB; j++) {
             q[j] = code((x[j] - lo) * step);
             qq[j] = q[j] * q[j];
             qx[j] = q[j] * x[j];
         }
-        vf sq = total(q), sqq = total(qq), sqx = total(qx);
-        vf det = (float)QB * sqq - sq * sq;
-        vi fitted = det > zero;
-        vf d = ((float)QB * sqx - sq * sums) / pick(fitted, det, splat(1.0f));
+        bvf sq = total(q), sqq = total(qq), sqx = total(qx);
+        bvf det = (float)QB * sqq - sq * sq;
+        bvi fitted = det > zero;
+        bvf d = ((float)QB * sqx - sq * sums) / pick(fitted, det, splat(1.0f));
         d = pick(fitted, d, span / 15.0f);
-        vf m = half_value(pick(fitted, (sums - d * sq) / (float)QB, lo));
+        bvf m = half_value(pick(fitted, (sums - d * sq) / (float)QB, lo));
         d = half_value(d);
-        vf err = error(x, d, m);
-        vi better = err < best;
+        bvf err = error(x, d, m);
+        bvi better = err < best;
         best_d = pick(better, d, best_d), best_m = pick(better, m, best_m), best = pick(better, err, best);
     }
-    vf q[QB];
+    bvf q[QB];
     codes(x, best_d, best_m, q);
     for (int l = 0; l < count; l++) {
         long b = first + l, row = b / blocks_per_row, at = row * 2 * blocks_per_row + b % blocks_per_row;
