@@ -653,10 +653,10 @@ def check_decode_plan(subject: Subject, size: Size = PLAIN) -> str:
     component (no lowering: optional), it says why, and the split plan that generate uses, the
     component's eager forward within the native step, must give those logits too."""
     from gptzoo.inference.decode_plan import compile_step
-    from gptzoo.inference.native import library
+    from gptzoo.inference.native import library, unavailable_reason
 
     if library() is None:
-        raise Skipped("no C compiler for the native kernels")
+        raise Skipped(f"native kernels unavailable: {unavailable_reason()}")
     model = subject.model(size)
     length = decode_length(subject)
     idx = tokens(length)

@@ -24,12 +24,12 @@ from gptzoo.inference import engine as engine_module
 from gptzoo.inference import matvec
 from gptzoo.inference.decode_plan import compile_step
 from gptzoo.inference.generate import generate, plan_generation
-from gptzoo.inference.native import library
+from gptzoo.inference.native import library, unavailable_reason
 from gptzoo.inference.paths import SPLIT, DecodePath, EagerComponent
 from gptzoo.inference.quantize import quantize
 from gptzoo.tokenizer import load_tokenizer
 
-pytestmark = pytest.mark.skipif(library() is None, reason="no C compiler for the native kernels")
+pytestmark = pytest.mark.skipif(library() is None, reason=f"native kernels unavailable: {unavailable_reason()}")
 
 GEMMA_LIKE = [
     "model.norm.name=gemma_rmsnorm",

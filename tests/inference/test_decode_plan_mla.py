@@ -14,11 +14,11 @@ from tiny import tiny_model
 import gptzoo
 from gptzoo.inference import matvec
 from gptzoo.inference.decode_plan import compile_step
-from gptzoo.inference.native import library
+from gptzoo.inference.native import library, unavailable_reason
 from gptzoo.inference.quantize import quantize
 from gptzoo_plugins._mla import LatentAttention
 
-pytestmark = pytest.mark.skipif(library() is None, reason="no C compiler for the native kernels")
+pytestmark = pytest.mark.skipif(library() is None, reason=f"native kernels unavailable: {unavailable_reason()}")
 
 TINY = (
     "model.n_layer=2",
