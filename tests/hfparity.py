@@ -7,7 +7,9 @@ network): the checks every family's tests run, so that each family proves the sa
   and eager attentions against transformers' SDPA and eager kernels, on prompts longer than any
   sliding window; cached decoding that crosses the window equal to full recomputation; export, then
   ``transformers.AutoModelForCausalLM.from_pretrained`` of the export, gives the same logits, and
-  importing the export gives the same tensors.
+  importing the export gives the same tensors;
+- :func:`config_problem` and :func:`refusal`: what a family says of a config.json it must refuse, and of a
+  recipe it cannot export.
 """
 
 from __future__ import annotations
@@ -16,13 +18,16 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 import transformers
 from cli_run import run_json
 
 import gptzoo
-from gptzoo.hf import check_recipe_matches, export_hf, hf_recipe, load_hf
+from gptzoo.errors import RecipeError
+from gptzoo.hf import FAMILIES, NoEquivalentError, check_recipe_matches, export_hf, hf_recipe, load_hf
 from gptzoo.inference.generate import generate
+from gptzoo.model.build import assemble
 from gptzoo.recipe import Recipe, validate
 
 transformers.utils.logging.set_verbosity_error()
@@ -168,3 +173,20 @@ def check_shipped_recipe(tmp_path: Path, name: str, config: dict[str, Any], caps
     params = run_json(capsys, "build", name)["params"]
     assert (params["total"], params["active"]) == official_counts(config)
     return params["total"], params["active"]
+
+
+def config_problem(path: Path) -> str:
+    """What hf_recipe says of the config.json in ``path``, which it must refuse."""
+    with pytest.raises(RecipeError) as excinfo:
+        hf_recipe(path)
+    return str(excinfo.value)
+
+
+def refusal(name: str, overrides: list[str], family: str) -> str:
+    """Why the family's export refuses the shipped recipe ``name`` with ``overrides``."""
+    loaded = gptzoo.load_recipe(name, overrides)
+    components: list = []
+    skeleton = assemble(loaded, gptzoo.get_registry(), torch.device("meta"), components)
+    with pytest.raises(NoEquivalentError) as excinfo:
+        FAMILIES[family].config(loaded, skeleton, components)
+    return str(excinfo.value)

@@ -36,6 +36,7 @@ from gptzoo.hf.olmoe import Olmoe
 from gptzoo.hf.phi3 import Phi3
 from gptzoo.hf.qwen import Qwen2, Qwen3
 from gptzoo.hf.qwen3_5 import Qwen3_5, Qwen3_5VisionLanguage
+from gptzoo.hf.qwen3_next import Qwen3Next
 from gptzoo.hf.qwen_moe import Qwen2Moe, Qwen3Moe
 from gptzoo.hf.smollm3 import SmolLM3
 from gptzoo.hf.tensor_map import TensorMap, stack_slices
@@ -71,6 +72,7 @@ FAMILIES: dict[str, Family] = {
         Lfm2(),
         Qwen3_5(),
         Qwen3_5VisionLanguage(),
+        Qwen3Next(),
         SmolLM3(),
     )
 }

@@ -61,22 +61,26 @@ DELTANET_FIELDS = {
 """gated_deltanet's parameters -> config.json's fields (the same in Qwen3-Next and OLMo Hybrid)."""
 
 
-def deltanet_maps(
-    net: Any, at: str, projections: tuple[tuple[str, int], ...], gates: tuple[tuple[str, int], ...], out: str
-) -> list[TensorMap] | None:
+def joined(ours: str, at: str, parts: tuple[tuple[str, int], ...]) -> TensorMap:
+    """Ours as their projections ``parts`` (each a name under ``at`` and its rows), one after another."""
+    names, sizes = zip(*parts, strict=True)
+    return TensorMap(ours, tuple(f"{at}{n}.weight" for n in names), sizes=sizes if len(names) > 1 else ())
+
+
+def grouped(ours: str, theirs: str, parts: tuple[int, ...], groups: int) -> TensorMap:
+    """Ours (``parts`` one after another) as one projection of theirs holding them interleaved in ``groups``."""
+    return TensorMap(ours, (theirs,), parts=parts, groups=groups) if groups > 1 else TensorMap(ours, (theirs,))
+
+
+def deltanet_maps(net: Any, at: str, projections: TensorMap, gates: TensorMap, out: str) -> list[TensorMap] | None:
     """gated_deltanet's in_proj (rows q, k and v, then z) as ``projections`` and its gate_proj (b, then a) as
-    ``gates`` (their projections and their rows, one after another, under ``at``), its convolution conv1d, its
-    output norm norm, c_proj ``out``; None with biases (no family has them)."""
+    ``gates``, its convolution as ``at`` conv1d, its output norm norm, c_proj ``out``; None with biases (no
+    family has them)."""
     if any(linear.bias is not None for linear in (net.in_proj, net.gate_proj, net.c_proj)):
         return None
-
-    def joined(ours: str, parts: tuple[tuple[str, int], ...]) -> TensorMap:
-        names, sizes = zip(*parts, strict=True)
-        return TensorMap(ours, tuple(f"{at}{n}.weight" for n in names), sizes=sizes if len(names) > 1 else ())
-
     return [
-        joined("in_proj.weight", projections),
-        joined("gate_proj.weight", gates),
+        projections,
+        gates,
         TensorMap("conv.weight", (f"{at}conv1d.weight",)),
         *(TensorMap(p, (f"{at}{p}",)) for p in ("A_log", "dt_bias")),
         TensorMap("norm.weight", (f"{at}norm.weight",)),
@@ -86,9 +90,10 @@ def deltanet_maps(
 
 def qwen3_5_maps(net: Any) -> list[TensorMap] | None:
     """Qwen3.5's: q, k and v in one projection, z, b and a each in its own."""
-    H = net.heads
-    projections = (("in_proj_qkv", net.channels), ("in_proj_z", H * net.value_dim))
-    return deltanet_maps(net, "linear_attn.", projections, (("in_proj_b", H), ("in_proj_a", H)), "out_proj")
+    H, at = net.heads, "linear_attn."
+    projections = joined("in_proj.weight", at, (("in_proj_qkv", net.channels), ("in_proj_z", H * net.value_dim)))
+    gates = joined("gate_proj.weight", at, (("in_proj_b", H), ("in_proj_a", H)))
+    return deltanet_maps(net, at, projections, gates, "out_proj")
 
 
 def deltanet_fields(net: Any) -> dict[str, Any]:
@@ -108,6 +113,25 @@ def read_deltanet(f: Fields, eps: float) -> dict[str, Any]:
             f"{params['key_heads']} (each key head serves as many value heads)"
         )
     return {"name": "gated_deltanet", **params, "norm_eps": eps}
+
+
+def hybrid_schedule(types: list[str], dense: list[bool], deltanet: dict[str, Any]) -> dict[str, Any]:
+    """[model] entries for each layer's token mixer (``types``: transformers' layer types) and mlp (``dense``:
+    the gated MLP instead of [model]'s, Qwen3-Next's mlp_only_layers): what every layer shares in [model]
+    itself, and what varies as a layer_pattern (the shortest repeating run) of layer types named by the
+    mixer, "linear" (``deltanet``) or "full", then "dense" or "moe" when layers differ in their mlp."""
+    out: dict[str, Any] = {"mlp": "gated"} if all(dense) else {}
+    vary_mlp = len(set(dense)) > 1
+    if LINEAR not in types and not vary_mlp:
+        return out
+    names: list[str] = []
+    layer_types: dict[str, dict[str, Any]] = {}
+    for kind, plain in zip(types, dense, strict=True):
+        name = ("linear" if kind == LINEAR else "full") + (("_dense" if plain else "_moe") if vary_mlp else "")
+        spec = {"attention": deltanet} if kind == LINEAR else {}
+        layer_types.setdefault(name, {**spec, **({"mlp": "gated"} if vary_mlp and plain else {})})
+        names.append(name)
+    return {**out, "layer_pattern": shortest_period(names), "layer_types": layer_types}
 
 
 LAYOUT = (
@@ -171,7 +195,7 @@ class Qwen3_5(Llama):
         n_layer, eps = sizes["n_layer"], f.number("rms_norm_eps", 1e-6)
         head_dim = f.integer("head_dim", 256)
         parameters = f.mapping("rope_parameters")
-        fraction = parameters.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
+        fraction = parameters.get("partial_rotary_factor", config.get("partial_rotary_factor", 0.25))
         if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
             f.problems.append(f"{self.field_prefix}partial_rotary_factor={show(fraction)} is not a number in (0, 1]")
             fraction = 1.0
@@ -182,31 +206,36 @@ class Qwen3_5(Llama):
             "norm": {"name": "gemma_rmsnorm", "eps": eps},
             "norm_placement": "pre",
             "activation": f.choice("hidden_act", "silu", ACTIVATIONS),
-            "mlp": "gated",
+            "mlp": self.mlp(f),
             "position": rope_position(f, sizes["context_length"], fraction=float(fraction)),
             "attention": {"name": "causal", "qk_norm": "head", "output_gate": True},
         }
-        types = self.layer_types(f, config, n_layer)
-        if LINEAR in types:
-            pattern = ["linear" if t == LINEAR else "full" for t in shortest_period(types)]
-            layer_types: dict[str, Any] = {"linear": {"attention": read_deltanet(f, eps)}}
-            if "full" in pattern:
-                layer_types["full"] = {}
-            model.update(layer_pattern=pattern, layer_types=layer_types)
+        types, dense = self.layer_types(f, config, n_layer), self.dense_layers(f, n_layer)
+        model.update(hybrid_schedule(types, dense, read_deltanet(f, eps)))
         for key, supported in (("attention_bias", False), ("attn_output_gate", True)):
             if key in config and config[key] != supported:
                 f.problems.append(
-                    f"{self.field_prefix}{key}={show(config[key])} is not supported (Qwen3.5's attention has "
+                    f"{self.field_prefix}{key}={show(config[key])} is not supported ({self.title}'s attention has "
                     f"{key}={supported})"
                 )
-        if config.get("mlp_only_layers"):
-            f.problems.append(f"{self.field_prefix}mlp_only_layers={show(config['mlp_only_layers'])} is not supported")
         f.problems += refuse(config, {"mamba_ssm_dtype": "float32", "mtp_use_dedicated_embeddings": False})
         f.check()
         return {"model": model, "tokenizer": {"name": "hf"}}
 
     field_prefix = "config.json "
     """How messages name a field of the text model's config."""
+
+    def mlp(self, f: Fields) -> str | dict[str, Any]:
+        """The mlp of the layers (those of :meth:`dense_layers` aside): Qwen3.5's gated MLP."""
+        return "gated"
+
+    def dense_layers(self, f: Fields, n_layer: int) -> list[bool]:
+        """Which layers have the gated MLP of intermediate_size instead of :meth:`mlp`: Qwen3.5's all have
+        that MLP, and mlp_only_layers (a field its config class carries) is refused."""
+        only = f.config.get("mlp_only_layers")
+        if only:
+            f.problems.append(f"{self.field_prefix}mlp_only_layers={show(only)} is not supported")
+        return [False] * n_layer
 
     def layer_types(self, f: Fields, config: Mapping[str, Any], n_layer: int) -> list[str]:
         """config.json's layer_types, else one full-attention layer every full_attention_interval."""
@@ -220,9 +249,9 @@ class Qwen3_5(Llama):
     def structural_reasons(self, recipe: Recipe) -> list[str]:
         m, reasons = recipe.model, []
         if m.norm_placement != "pre":
-            reasons.append(f"norm_placement {m.norm_placement!r} (Qwen3.5 is Pre-LN)")
+            reasons.append(f"norm_placement {m.norm_placement!r} ({self.title} is Pre-LN)")
         if m.bias:
-            reasons.append("bias=true (Qwen3.5 has no biases)")
+            reasons.append(f"bias=true ({self.title} has no biases)")
         return reasons + plain_embeddings_and_logits(recipe, self.title)
 
     def structure(self, recipe: Recipe) -> dict[str, Any]:
@@ -236,8 +265,8 @@ class Qwen3_5(Llama):
             qk_norm, gate = values["qk_norm"][i], values["attn_output_gate"][i]
             if qk_norm != "head" or not gate:
                 reasons.append(
-                    f"layer {i}'s attention has qk_norm {qk_norm or 'none'!r} and output_gate={bool(gate)} (Qwen3.5 "
-                    "normalizes each head's q and k and gates its output)"
+                    f"layer {i}'s attention has qk_norm {qk_norm or 'none'!r} and output_gate={bool(gate)} "
+                    f"({self.title} normalizes each head's q and k and gates its output)"
                 )
                 break
         return {"layer_types": types}

@@ -14,14 +14,13 @@ import pytest
 import torch
 import transformers
 from cli_run import run_error, run_json
-from hfparity import check_family, prompt, save_hf
+from hfparity import check_family, config_problem, prompt, refusal, save_hf
 from safetensors.torch import load_file, save_file
 
 import gptzoo
 from gptzoo.errors import RecipeError
-from gptzoo.hf import FAMILIES, NoEquivalentError, check_recipe_matches, export_hf, hf_recipe, load_hf
+from gptzoo.hf import check_recipe_matches, export_hf, hf_recipe, load_hf
 from gptzoo.hf.compare import compare
-from gptzoo.model.build import assemble
 from gptzoo_plugins._gated_deltanet import GatedDeltaNet
 
 LFM2_TINY = {
@@ -34,23 +33,6 @@ LFM2_TINY = {
     "block_multiple_of": 8,
     "max_position_embeddings": 128,
 }
-
-
-def config_problem(path: Path) -> str:
-    """What hf_recipe says of the config.json in ``path``, which it must refuse."""
-    with pytest.raises(RecipeError) as excinfo:
-        hf_recipe(path)
-    return str(excinfo.value)
-
-
-def refusal(name: str, overrides: list[str], family: str) -> str:
-    """Why the family's export refuses the shipped recipe ``name`` with ``overrides``."""
-    loaded = gptzoo.load_recipe(name, overrides)
-    components: list = []
-    skeleton = assemble(loaded, gptzoo.get_registry(), torch.device("meta"), components)
-    with pytest.raises(NoEquivalentError) as excinfo:
-        FAMILIES[family].config(loaded, skeleton, components)
-    return str(excinfo.value)
 
 
 @pytest.mark.parametrize(
@@ -469,7 +451,7 @@ def test_lfm2_350m_state_is_a_fixed_figure(capsys: pytest.CaptureFixture[str]) -
     assert memory["kv_cache_bytes_per_token"] == {"float32": 6 * 2 * 8 * 64 * 4, "bfloat16": 6 * 2 * 8 * 64 * 2}
 
 
-@pytest.mark.parametrize("name", ["lfm2-tiny", "qwen3.5-tiny", "smollm3-tiny"])
+@pytest.mark.parametrize("name", ["lfm2-tiny", "qwen3.5-tiny", "qwen3-next-tiny", "smollm3-tiny"])
 def test_the_tiny_hybrids_learn(name: str) -> None:
     model = gptzoo.build_model(gptzoo.load_recipe(name))
     ids = torch.randint(0, 512, (2, 33), generator=torch.Generator().manual_seed(0))
