@@ -174,6 +174,17 @@ class Family:
         """Why the recipe's structure (norm placement, head layout, biases) has no equivalent here."""
         return []
 
+    def placement_reasons(self, recipe: Recipe) -> list[str]:
+        """Why layer types placed otherwise than [model] have no equivalent here: by default every layer of a
+        family places its norms alike (a family that differs by layer type overrides this)."""
+        m = recipe.model
+        return [
+            f"layer type {name!r} has norm_placement {layer.norm_placement!r} ({self.title} places every layer's "
+            f"norms alike)"
+            for name, layer in m.layer_types
+            if layer.norm_placement and layer.norm_placement != m.norm_placement
+        ]
+
     def parts(self, model: GPT) -> list[Part]:
         raise NotImplementedError
 
@@ -202,7 +213,7 @@ class Family:
             PluginError: a component whose layout raises or returns something else.
         """
         layouts = self.layouts(registry)
-        reasons = self.structural_reasons(recipe)
+        reasons = self.structural_reasons(recipe) + self.placement_reasons(recipe)
         owned: dict[str, tuple[Any, str]] = {}
         structural = self.structure(recipe)
         refused: set[str] = set()

@@ -136,7 +136,6 @@ def assemble(
         (arg, _), *_ = CONTRACTS[kind].structural  # the width: a norm's dim
         return make(kind, layer_type, **{arg: dim})
 
-    block_cls = BLOCKS[spec.norm_placement]
     schedule = spec.schedule()
     with device:
         position = make("position", "")
@@ -155,6 +154,7 @@ def assemble(
         blocks, sizes, left = [], {}, Counter(schedule)
         for t in schedule:
             before = budget.total if budget is not None else 0
+            block_cls = BLOCKS[spec.placement(t)]
             blocks.append(block_cls(**{part: make(kinds.get(part, "norm"), t) for part in block_cls.layout}))
             left[t] -= 1
             if budget is not None:
@@ -165,7 +165,7 @@ def assemble(
             n_embd=spec.n_embd,
             position=position,
             blocks=blocks,
-            ln_f=make("norm", "") if block_cls.has_final_norm else nn.Identity(),
+            ln_f=make("norm", "") if BLOCKS[spec.norm_placement].has_final_norm else nn.Identity(),
             tie_embeddings=spec.tie_embeddings,
             layer_positions=layer_positions,
             position_of=[own.index(t) + 1 if t in own else 0 for t in schedule],

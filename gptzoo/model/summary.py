@@ -75,8 +75,9 @@ def parameter_counts(model: GPT) -> dict[str, Any]:
 
 
 def schedule(recipe: Recipe) -> dict[str, Any]:
-    """The layer type of each block, the pattern in short (``(sliding x5, full) x3``), and the layers of
-    each type (no types, and so no layers of each, without a pattern)."""
+    """The layer type of each block, the pattern in short (``(sliding x5, full) x3``), the layers of each
+    type (no types, and so no layers of each, without a pattern), and the norm placement of each type
+    placed otherwise than [model] says."""
     spec = recipe.model
     pattern = list(spec.layer_pattern)
     layers = spec.schedule() if pattern else []  # without a pattern every block is [model]'s: no types
@@ -85,6 +86,9 @@ def schedule(recipe: Recipe) -> dict[str, Any]:
         "layers": layers,
         "text": schedule_text(pattern, spec.n_layer) if pattern else f"{spec.n_layer} x the same block",
         "count": {name: layers.count(name) for name in dict.fromkeys(layers)},
+        "norm_placement": {
+            name: spec.placement(name) for name in dict.fromkeys(layers) if spec.placement(name) != spec.norm_placement
+        },
     }
 
 
@@ -239,6 +243,8 @@ def render_summary(s: dict[str, Any], console: Console) -> None:
     console.print(" ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in s["shape"].items()))
     if s["schedule"]["pattern"]:
         counts = ", ".join(f"{n} {escape(terminal_text(t))}" for t, n in s["schedule"]["count"].items())
+        placed = s["schedule"]["norm_placement"]
+        counts += "".join(f"; {escape(terminal_text(t))}: norm_placement={p}" for t, p in placed.items())
         console.print(f"layers: {escape(terminal_text(s['schedule']['text']))}  ({counts})")
 
     table = Table(title="Components", title_justify="left")

@@ -270,10 +270,12 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         raise ValueError(
             f"--set {show(text)} is not SECTION.KEY=VALUE or SECTION.KEY.PARAM=VALUE (e.g. model.n_layer=6)"
         )
-    if layer and len(path) > 3 and path[3] not in COMPONENT_KEYS:
+    placement = layer and len(path) == 4 and path[3] == "norm_placement"
+    if layer and len(path) > 3 and path[3] not in COMPONENT_KEYS and not placement:
         raise ValueError(
             f"--set {show(text)}: a layer type is model.{LAYER_TYPES}.TYPE={{...}}, its component "
-            f"model.{LAYER_TYPES}.TYPE.COMPONENT[.PARAM]=VALUE (COMPONENT one of {', '.join(COMPONENT_KEYS)})"
+            f"model.{LAYER_TYPES}.TYPE.COMPONENT[.PARAM]=VALUE (COMPONENT one of {', '.join(COMPONENT_KEYS)}), its "
+            f"norm placement model.{LAYER_TYPES}.TYPE.norm_placement=VALUE"
         )
     if not layer and len(path) == 3 and (path[0] != "model" or path[1] not in COMPONENT_KEYS):
         raise ValueError(

@@ -80,18 +80,21 @@ class Component:
 @dataclass(frozen=True)
 class LayerType:
     """One entry of [model.layer_types]: the components that layers of this type use instead of
-    [model]'s (None: [model]'s). A layer type names components as [model] does; a table without a
-    name changes parameters of [model]'s component (``position = { theta = 1e4 }``)."""
+    [model]'s (None: [model]'s), and where their norms sit. A layer type names components as [model]
+    does; a table without a name changes parameters of [model]'s component (``position = { theta = 1e4 }``)."""
 
     norm: Component | None = None
     activation: Component | None = None
     mlp: Component | None = None
     position: Component | None = None
     attention: Component | None = None
+    norm_placement: str | None = None
+    """The norm placement of layers of this type (None: [model]'s): OLMo Hybrid's attention layers
+    normalize each sublayer's output ("reordered") while its DeltaNet layers are Pre-LN."""
 
     def overrides(self) -> dict[str, Component]:
-        """[model] key -> this type's component, for the keys it sets."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+        """[model] key -> this type's component, for the component keys it sets."""
+        return {f.name: c for f in fields(self) if isinstance(c := getattr(self, f.name), Component)}
 
 
 @dataclass(frozen=True)
@@ -139,6 +142,10 @@ class ModelSpec:
         """The layer type name of each block ("" for every block when there is no layer_pattern)."""
         pattern = self.layer_pattern or ("",)
         return [pattern[i % len(pattern)] for i in range(self.n_layer)]
+
+    def placement(self, layer_type: str) -> str:
+        """The norm placement of layers of this type ("" for [model]'s own)."""
+        return dict(self.layer_types).get(layer_type, LayerType()).norm_placement or self.norm_placement
 
     def layer_components(self, layer_type: str) -> dict[str, Component]:
         """[model] key -> the component layers of this type (by name; "" for [model]'s own) use."""
@@ -244,7 +251,10 @@ class Recipe:
                 model[key] = value.to_toml_value()
         model["layer_pattern"] = list(self.model.layer_pattern)
         model["layer_types"] = {
-            name: {key: c.to_toml_value() for key, c in layer.overrides().items()}
+            name: {
+                **{key: c.to_toml_value() for key, c in layer.overrides().items()},
+                **({"norm_placement": layer.norm_placement} if layer.norm_placement else {}),
+            }
             for name, layer in self.model.layer_types
         }
         for key in ("scale_embeddings", "logit_softcap", "layer_pattern", "layer_types"):

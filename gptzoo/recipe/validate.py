@@ -363,12 +363,22 @@ class _Validator:
                     f"got {describe(table)}"
                 )
                 continue
-            components = {}
+            components: dict[str, Any] = {}
             for key, item in table.items():
+                if key == "norm_placement":
+                    if item in NORM_PLACEMENTS:
+                        components[key] = item
+                    else:
+                        self.problems.append(
+                            f"[model] {where}.norm_placement={show(item)} must be one of "
+                            f"{', '.join(map(repr, NORM_PLACEMENTS))}"
+                        )
+                    continue
                 if key not in COMPONENT_KEYS:
+                    keys = [*COMPONENT_KEYS, "norm_placement"]
                     self.problems.append(
-                        f"[model] {where}: unknown key {show(key)}{did_you_mean(key, list(COMPONENT_KEYS))} (a layer "
-                        "type changes components only)"
+                        f"[model] {where}: unknown key {show(key)}{did_you_mean(key, keys)} (a layer type changes "
+                        "components and norm_placement only)"
                     )
                     continue
                 origin = self.layer_origins.get(name, {}).get(key)
@@ -399,6 +409,14 @@ class _Validator:
                 self.problems.append(
                     f"[model] {LAYER_TYPES}.{name} is not used by layer_pattern; add it to the pattern or remove it"
                 )
+        own = {name: t.norm_placement for name, t in types.items() if t.norm_placement}
+        placements = {own.get(name, values.get("norm_placement", "pre")) for name in pattern} if pattern else set()
+        if "post" in placements and len(placements) > 1:
+            named = ", ".join(f"{LAYER_TYPES}.{n}.norm_placement={show(p)}" for n, p in own.items())
+            self.problems.append(
+                f"[model] {named} mixes Post-LN layers with others: a Post-LN model ends on a normalized layer and has "
+                "no final norm, which the others need; give every layer type the same norm_placement"
+            )
 
     def model(self, values: dict[str, Any]) -> ModelSpec | None:
         """Check dimensions; with a complete, consistent [model], check component parameters."""

@@ -12,6 +12,7 @@ from test_flops import measured_flops
 from tiny import tiny_model
 
 import gptzoo
+from gptzoo.cli import main
 from gptzoo.errors import GptzooError, RecipeError
 from gptzoo.flops import forward_flops
 from gptzoo.interfaces import AttentionContext
@@ -75,12 +76,10 @@ def test_a_schedule_survives_a_checkpoint_and_set(tmp_path: Path) -> None:
 
 
 def test_schedule_problems_are_reported_with_their_key_paths(tmp_path: Path) -> None:
-    text = SCHEDULED.replace('["local", "local", "global"]', '["local", "lokal"]').replace(
-        "position = { theta = 100.0 }", 'position = { theta = 100.0 }\nnorm_placement = "post"'
-    )
-    assert _problems(tmp_path, text) == [
-        "[model] layer_types.local: unknown key 'norm_placement' (available: norm, activation, mlp, position,"
-        " attention) (a layer type changes components only)",
+    assert _problems(tmp_path, SCHEDULED.replace("position = { theta = 100.0 }", "norm_placment = 'pre'")) == [
+        "[model] layer_types.local: unknown key 'norm_placment'; did you mean 'norm_placement'? (available: norm, "
+        "activation, mlp, position, attention, norm_placement) (a layer type changes components and norm_placement "
+        "only)",
     ]
     assert _problems(tmp_path, SCHEDULED.replace('["local", "local", "global"]', '["local", "lokal"]')) == [
         "[model] layer_pattern names 'lokal', which [model.layer_types] does not define; did you mean 'local'?"
@@ -98,13 +97,58 @@ def test_schedule_problems_are_reported_with_their_key_paths(tmp_path: Path) -> 
         _recipe(tmp_path, SCHEDULED, ["model.layer_types.local.depth=3"])
     assert info.value.problems == [
         "--set 'model.layer_types.local.depth=3': a layer type is model.layer_types.TYPE={...}, its component "
-        "model.layer_types.TYPE.COMPONENT[.PARAM]=VALUE (COMPONENT one of norm, activation, mlp, position, attention)"
+        "model.layer_types.TYPE.COMPONENT[.PARAM]=VALUE (COMPONENT one of norm, activation, mlp, position, attention), "
+        "its norm placement model.layer_types.TYPE.norm_placement=VALUE"
     ]
     # a whole layer type, an empty one too
     overrides = ['model.layer_pattern=["local", "global", "full"]', "model.layer_types.full={}"]
     recipe = _recipe(tmp_path, SCHEDULED, overrides)
     assert recipe.model.schedule() == ["local", "global", "full", "local", "global"]
     assert recipe.model.layer_components("full") == recipe.model.layer_components("")
+
+
+def test_a_layer_type_places_its_norms_its_own_way(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """OLMo Hybrid's shape: [model]'s layers normalize each sublayer's output, the "local" ones are Pre-LN. Each
+    block is of its type's class, the model keeps its final norm, a checkpoint and --set keep the placement, and
+    build says which types are placed otherwise."""
+    text = SCHEDULED.replace("[model]\n", '[model]\nnorm_placement = "reordered"\n', 1).replace(
+        "position = { theta = 100.0 }", 'norm_placement = "pre"'
+    )
+    recipe = _recipe(tmp_path, text)
+    assert [recipe.model.placement(t) for t in recipe.model.schedule()] == ["pre", "pre", "reordered", "pre", "pre"]
+    model = gptzoo.build_model(recipe)
+    assert [type(b).__name__ for b in model.blocks] == ["PreNormBlock"] * 2 + ["ReorderedBlock"] + ["PreNormBlock"] * 2
+    assert not isinstance(model.ln_f, torch.nn.Identity)
+    ids = torch.randint(0, 256, (1, 9))
+    with torch.no_grad():
+        x = model.wte(ids)
+        ctx = AttentionContext(0, None, None, is_causal=True)
+        block = model.blocks[2]  # reordered: x + norm(attn(x)), then x + norm(mlp(x))
+        h = x + block.ln_1(block.attn(x, ctx))
+        torch.testing.assert_close(block(x, ctx), h + block.ln_2(block.mlp(h)))
+    gptzoo.build(str(tmp_path / "scheduled.toml"), out=tmp_path / "ckpt")
+    assert load_checkpoint(tmp_path / "ckpt").recipe.model == recipe.model
+    flipped = _recipe(tmp_path, text, ["model.layer_types.local.norm_placement=sandwich"])
+    assert type(gptzoo.build_model(flipped).blocks[0]).__name__ == "SandwichBlock"
+    summary = gptzoo.build(str(tmp_path / "scheduled.toml"), seq_len=64)
+    assert summary["schedule"]["norm_placement"] == {"local": "pre"}
+    assert main(["build", str(tmp_path / "scheduled.toml")]) == 0
+    assert "layers: (local x2, global) x1 + local x2 (4 local, 1 global; local: norm_placement=pre)" in " ".join(
+        capsys.readouterr().out.split()
+    )
+
+
+def test_a_layer_type_s_placement_is_checked(tmp_path: Path) -> None:
+    bad = SCHEDULED.replace("position = { theta = 100.0 }", 'norm_placement = "sideways"')
+    assert _problems(tmp_path, bad) == [
+        "[model] layer_types.local.norm_placement='sideways' must be one of 'pre', 'post', 'sandwich', 'reordered', "
+        "'parallel'"
+    ]
+    post = SCHEDULED.replace("position = { theta = 100.0 }", 'norm_placement = "post"')
+    assert _problems(tmp_path, post) == [
+        "[model] layer_types.local.norm_placement='post' mixes Post-LN layers with others: a Post-LN model ends on a "
+        "normalized layer and has no final norm, which the others need; give every layer type the same norm_placement"
+    ]
 
 
 def test_only_the_models_position_adds_an_embedding(tmp_path: Path) -> None:
