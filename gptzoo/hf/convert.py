@@ -32,6 +32,7 @@ from gptzoo.hf.llama import Llama
 from gptzoo.hf.mistral import Mistral
 from gptzoo.hf.mixtral import Mixtral
 from gptzoo.hf.olmo2 import Olmo2
+from gptzoo.hf.olmo_hybrid import OlmoHybrid
 from gptzoo.hf.olmoe import Olmoe
 from gptzoo.hf.phi3 import Phi3
 from gptzoo.hf.qwen import Qwen2, Qwen3
@@ -73,6 +74,7 @@ FAMILIES: dict[str, Family] = {
         Qwen3_5(),
         Qwen3_5VisionLanguage(),
         Qwen3Next(),
+        OlmoHybrid(),
         SmolLM3(),
     )
 }

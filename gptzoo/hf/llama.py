@@ -331,6 +331,12 @@ class Llama(Family):
     }
     """Our block's parts -> theirs, under model.layers.N ("": the layer itself, for a hybrid family whose layers
     hold one token mixer or another under different names: each mixer's layout then names its own place)."""
+
+    def parts_of(self, block: Any) -> Mapping[str, str]:
+        """The block's parts -> theirs (:attr:`block_parts`; a family whose layers place their norms
+        differently by layer type names each block's own)."""
+        return self.block_parts
+
     prefix = PREFIX
     """Where the decoder's tensors are (a vision-language checkpoint keeps its text model under another)."""
     final_norm = "norm"
@@ -345,7 +351,7 @@ class Llama(Family):
                 Part(
                     getattr(block, ours), f"blocks.{i}.{ours}.", f"{prefix}layers.{i}.{theirs + '.' if theirs else ''}"
                 )
-                for ours, theirs in self.block_parts.items()
+                for ours, theirs in self.parts_of(block).items()
             ]
         parts.append(Part(model.ln_f, "ln_f.", f"{prefix}{self.final_norm}."))
         if not model.tied:

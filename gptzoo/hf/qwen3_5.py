@@ -72,18 +72,27 @@ def grouped(ours: str, theirs: str, parts: tuple[int, ...], groups: int) -> Tens
     return TensorMap(ours, (theirs,), parts=parts, groups=groups) if groups > 1 else TensorMap(ours, (theirs,))
 
 
-def deltanet_maps(net: Any, at: str, projections: TensorMap, gates: TensorMap, out: str) -> list[TensorMap] | None:
+def deltanet_maps(
+    net: Any,
+    at: str,
+    projections: TensorMap,
+    gates: TensorMap,
+    out: str,
+    *,
+    norm: str = "norm",
+    conv: TensorMap | None = None,
+) -> list[TensorMap] | None:
     """gated_deltanet's in_proj (rows q, k and v, then z) as ``projections`` and its gate_proj (b, then a) as
-    ``gates``, its convolution as ``at`` conv1d, its output norm norm, c_proj ``out``; None with biases (no
-    family has them)."""
+    ``gates``, its convolution as ``conv`` (default: ``at`` conv1d), its output norm ``norm``, c_proj ``out``;
+    None with biases (no family has them)."""
     if any(linear.bias is not None for linear in (net.in_proj, net.gate_proj, net.c_proj)):
         return None
     return [
         projections,
         gates,
-        TensorMap("conv.weight", (f"{at}conv1d.weight",)),
+        conv or TensorMap("conv.weight", (f"{at}conv1d.weight",)),
         *(TensorMap(p, (f"{at}{p}",)) for p in ("A_log", "dt_bias")),
-        TensorMap("norm.weight", (f"{at}norm.weight",)),
+        TensorMap("norm.weight", (f"{at}{norm}.weight",)),
         TensorMap("c_proj.weight", (f"{at}{out}.weight",)),
     ]
 
