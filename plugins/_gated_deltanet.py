@@ -39,9 +39,9 @@ from gptzoo_plugins import _delta_rule
 
 
 class DeltaState:
-    """A gated DeltaNet's cache: the convolution's last ``kernel - 1`` inputs (B, channels, kernel - 1) in
-    the cache dtype and the delta rule's state (B, heads, key_dim, value_dim) in float32. It accepts
-    ``max_len`` positions in all while holding a fixed size."""
+    """A recurrent mixer's cache (gated DeltaNet's, and Mamba-2's): the convolution's last ``kernel - 1``
+    inputs (B, channels, kernel - 1) in the cache dtype and the recurrence's state (B, heads, ...; the delta
+    rule's key_dim x value_dim) in float32. It accepts ``max_len`` positions in all while holding a fixed size."""
 
     def __init__(
         self,

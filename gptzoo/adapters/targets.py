@@ -65,6 +65,16 @@ PARTS: tuple[Row, ...] = tuple(
             "gate_proj": lambda net: (("b", net.heads), ("a", net.heads)),
             "c_proj": _named("o"),
         },
+        "gptzoo_plugins._mamba2:Mamba2": {
+            "in_proj": lambda net: (
+                ("z", net.inner),
+                ("x", net.inner),
+                ("b", net.groups * net.state),
+                ("c", net.groups * net.state),
+                ("dt", net.heads),
+            ),
+            "c_proj": _named("o"),
+        },
         "gptzoo_plugins._short_conv:ShortConv": {
             "in_proj": lambda conv: (("b", conv.d_model), ("c", conv.d_model), ("x", conv.d_model)),
             "c_proj": _named("o"),
