@@ -29,6 +29,7 @@ from gptzoo.hf.layouts import Layouts
 from gptzoo.hf.tensor_map import TensorMap
 from gptzoo.model.gpt import GPT
 from gptzoo.recipe import Recipe
+from gptzoo.recipe.schema import MULTIPLIERS
 from gptzoo.registry import Entry, Registry, default_registry, show_plain
 from gptzoo.untrusted import WEIGHT_DTYPES_TEXT
 
@@ -185,6 +186,18 @@ class Family:
             if layer.norm_placement and layer.norm_placement != m.norm_placement
         ]
 
+    multipliers: frozenset[str] = frozenset()
+    """The recipe's MULTIPLIERS (embedding_multiplier, residual_multiplier, logits_scaling) the family has fields
+    for; any other set to something but 1 has no equivalent here."""
+
+    def multiplier_reasons(self, recipe: Recipe) -> list[str]:
+        """Why the recipe's multipliers the family lacks have no equivalent here."""
+        return [
+            f"{key}={value:g} ({self.title} does not scale by it)"
+            for key in MULTIPLIERS
+            if key not in self.multipliers and (value := getattr(recipe.model, key)) != 1.0
+        ]
+
     def parts(self, model: GPT) -> list[Part]:
         raise NotImplementedError
 
@@ -213,7 +226,7 @@ class Family:
             PluginError: a component whose layout raises or returns something else.
         """
         layouts = self.layouts(registry)
-        reasons = self.structural_reasons(recipe) + self.placement_reasons(recipe)
+        reasons = self.structural_reasons(recipe) + self.placement_reasons(recipe) + self.multiplier_reasons(recipe)
         owned: dict[str, tuple[Any, str]] = {}
         structural = self.structure(recipe)
         refused: set[str] = set()

@@ -385,6 +385,11 @@ class NativePlan:
         p = (src.ptr, dst.ptr, route.experts, route.weights, table, inputs.ptr, outputs.ptr, sums)
         self._op("mixture", p=p, n=(dst.width, top_k, len(experts)))
 
+    def scale(self, src: Buffer, dst: Buffer, factor: float, *, divide: bool = False) -> None:
+        """dst = src * factor (or src / factor), whole buffers of one width (the same one too)."""
+        self._whole(src, dst, same_width=True)
+        self._op("scale", p=(src.ptr, dst.ptr), n=(dst.width, int(divide)), f=(factor,))
+
     def softcap(self, buf: Buffer, cap: float) -> None:
         self._whole(buf)
         self._op("softcap", p=(buf.ptr,), n=(buf.width,), f=(cap,))

@@ -264,27 +264,30 @@ class _Parts(torch.fx.Tracer):
         return True
 
 
-_dataflows: dict[type, torch.fx.Graph] = {}
-"""Block class -> its forward as a graph, traced once."""
+_dataflows: dict[tuple[type, float], torch.fx.Graph] = {}
+"""(Block class, residual multiplier) -> its forward as a graph, traced once."""
 
 
 def dataflow(block: nn.Module) -> torch.fx.Graph:
-    """The block's forward as a graph of calls of its parts and sums (traced once per class)."""
+    """The block's forward as a graph of calls of its parts, sums and products with a number (traced once per
+    class and residual multiplier, which the trace writes in as a number, or leaves out when it is 1)."""
     cls = type(block)
-    if cls not in _dataflows:
+    key = (cls, getattr(block, "residual_multiplier", 1.0))
+    if key not in _dataflows:
         try:
-            _dataflows[cls] = _Parts().trace(block)
+            _dataflows[key] = _Parts().trace(block)
         except Exception as exc:  # a forward that branches on its input, or calls what a trace cannot
             raise Unsupported(f"{cls.__name__}'s forward cannot be traced: {describe_exception(exc)}") from exc
-    return _dataflows[cls]
+    return _dataflows[key]
 
 
 def lower_block(
     plan: DecodePlan, block: nn.Module, x: Buffer, out: Buffer, *, position: PositionStep, cache: LayerKVCache
 ) -> None:
     """A block as its forward runs (:func:`dataflow`): each part called on the buffer of its input
-    (an attention also with the step's position and its layer's cache), each sum an ``add``, the
-    last result written to ``out``; a buffer is reused once its value is no longer read."""
+    (an attention also with the step's position and its layer's cache), each sum an ``add``, each
+    product with a number (the residual multiplier) a ``scale``, the last result written to ``out``;
+    a buffer is reused once its value is no longer read."""
     graph = dataflow(block)
     inputs = [node for node in graph.nodes if node.op == "placeholder"]
     (result,) = next(node for node in graph.nodes if node.op == "output").args
@@ -306,10 +309,12 @@ def lower_block(
             plan.call(block.get_submodule(node.target), values[args[0]], dst, **extra)
         elif node.op == "call_function" and node.target is operator.add and len(args) == 2 and args[1] in values:
             plan.add(values[args[0]], values[args[1]], dst)
+        elif node.op == "call_function" and node.target is operator.mul and type(args[1]) is float:
+            plan.scale(values[args[0]], dst, args[1])  # a sublayer's output times the residual multiplier
         else:
             plan.refuse(
                 f"{type(block).__name__}'s forward computes {node.format_node()}; a block's lowering takes calls of "
-                "its parts and sums"
+                "its parts, sums and products with a number"
             )
         values[node] = dst
         for arg in node.all_input_nodes:
@@ -504,6 +509,8 @@ def lower_gpt(plan: DecodePlan, model: Any, cache: KVCache) -> Buffer:
     plan.call(model.ln_f, x, h)
     logits = plan.buffer(model.lm_head.out_features)
     plan.call(model.lm_head, h, logits)
+    if model.logits_scaling != 1.0:
+        plan.scale(logits, logits, model.logits_scaling, divide=True)
     if model.logit_softcap:
         plan.softcap(logits, model.logit_softcap)
     return logits

@@ -155,7 +155,8 @@ def assemble(
         for t in schedule:
             before = budget.total if budget is not None else 0
             block_cls = BLOCKS[spec.placement(t)]
-            blocks.append(block_cls(**{part: make(kinds.get(part, "norm"), t) for part in block_cls.layout}))
+            parts = {part: make(kinds.get(part, "norm"), t) for part in block_cls.layout}
+            blocks.append(block_cls(**parts, residual_multiplier=spec.residual_multiplier))
             left[t] -= 1
             if budget is not None:
                 sizes.setdefault(t, budget.total - before)
@@ -171,6 +172,8 @@ def assemble(
             position_of=[own.index(t) + 1 if t in own else 0 for t in schedule],
             scale_embeddings=spec.scale_embeddings,
             logit_softcap=spec.logit_softcap,
+            embedding_multiplier=spec.embedding_multiplier,
+            logits_scaling=spec.logits_scaling,
         )
     if budget is not None:
         budget.check()

@@ -53,13 +53,19 @@ class PreNormBlock(nn.Module):
     initialization draws random numbers); every part but attn and mlp is a norm."""
     has_final_norm: ClassVar[bool] = True
 
-    def __init__(self, attn: nn.Module, mlp: nn.Module, **norms: nn.Module) -> None:
+    def __init__(self, attn: nn.Module, mlp: nn.Module, residual_multiplier: float = 1.0, **norms: nn.Module) -> None:
         super().__init__()
         if set(norms) != set(self.norms()):
             raise TypeError(f"{type(self).__name__} takes the norms {self.norms()}, got {tuple(norms)}")
         parts = {"attn": attn, "mlp": mlp, **norms}
         for name in self.layout:
             setattr(self, name, parts[name])
+        self.residual_multiplier = residual_multiplier
+        """Each sublayer's output is scaled by this before the residual stream adds it (Granite; 1: as it is)."""
+
+    def scaled(self, y: Tensor) -> Tensor:
+        """A sublayer's output as the residual stream adds it."""
+        return y if self.residual_multiplier == 1.0 else y * self.residual_multiplier
 
     @classmethod
     def norms(cls) -> tuple[str, ...]:
@@ -71,38 +77,38 @@ class PreNormBlock(nn.Module):
         return [getattr(self, name) for name in self.layout]
 
     def forward(self, x: Tensor, ctx: AttentionContext, cache: LayerKVCache | None = None) -> Tensor:
-        x = x + self.attn(self.ln_1(x), ctx, cache)
-        return x + self.mlp(self.ln_2(x))
+        x = x + self.scaled(self.attn(self.ln_1(x), ctx, cache))
+        return x + self.scaled(self.mlp(self.ln_2(x)))
 
 
 class PostNormBlock(PreNormBlock):
     has_final_norm = False
 
     def forward(self, x: Tensor, ctx: AttentionContext, cache: LayerKVCache | None = None) -> Tensor:
-        x = self.ln_1(x + self.attn(x, ctx, cache))
-        return self.ln_2(x + self.mlp(x))
+        x = self.ln_1(x + self.scaled(self.attn(x, ctx, cache)))
+        return self.ln_2(x + self.scaled(self.mlp(x)))
 
 
 class SandwichBlock(PreNormBlock):
     layout = ("ln_1", "attn", "post_ln_1", "ln_2", "mlp", "post_ln_2")
 
     def forward(self, x: Tensor, ctx: AttentionContext, cache: LayerKVCache | None = None) -> Tensor:
-        x = x + self.post_ln_1(self.attn(self.ln_1(x), ctx, cache))
-        return x + self.post_ln_2(self.mlp(self.ln_2(x)))
+        x = x + self.scaled(self.post_ln_1(self.attn(self.ln_1(x), ctx, cache)))
+        return x + self.scaled(self.post_ln_2(self.mlp(self.ln_2(x))))
 
 
 class ReorderedBlock(PreNormBlock):
     layout = ("attn", "ln_1", "mlp", "ln_2")
 
     def forward(self, x: Tensor, ctx: AttentionContext, cache: LayerKVCache | None = None) -> Tensor:
-        x = x + self.ln_1(self.attn(x, ctx, cache))
-        return x + self.ln_2(self.mlp(x))
+        x = x + self.scaled(self.ln_1(self.attn(x, ctx, cache)))
+        return x + self.scaled(self.ln_2(self.mlp(x)))
 
 
 class ParallelBlock(PreNormBlock):
     def forward(self, x: Tensor, ctx: AttentionContext, cache: LayerKVCache | None = None) -> Tensor:
-        attn = self.attn(self.ln_1(x), ctx, cache)
-        return self.mlp(self.ln_2(x)) + attn + x
+        attn = self.scaled(self.attn(self.ln_1(x), ctx, cache))
+        return self.scaled(self.mlp(self.ln_2(x))) + attn + x
 
 
 def _resets_itself(module: nn.Module) -> bool:
@@ -180,6 +186,8 @@ class GPT(nn.Module):
         position_of: Sequence[int] = (),
         scale_embeddings: bool = False,
         logit_softcap: float = 0.0,
+        embedding_multiplier: float = 1.0,
+        logits_scaling: float = 1.0,
     ) -> None:
         """``layer_positions``: position encodings that some layers use instead of ``position`` for
         their rotary and bias (a layer type's); ``position_of[i]``: block i's, 0 for ``position``, k
@@ -196,8 +204,11 @@ class GPT(nn.Module):
             self.lm_head.weight = self.wte.weight
         self.layer_positions = nn.ModuleList(layer_positions)
         self.position_of = tuple(position_of) or (0,) * len(blocks)
-        self.embed_scale = math.sqrt(n_embd) if scale_embeddings else None
+        self.embed_scale = (
+            math.sqrt(n_embd) if scale_embeddings else embedding_multiplier if embedding_multiplier != 1.0 else None
+        )
         self.logit_softcap = logit_softcap
+        self.logits_scaling = logits_scaling
 
     @property
     def positions(self) -> list[Position]:
@@ -299,6 +310,8 @@ class GPT(nn.Module):
         if logits_to_keep:
             x = x[:, -logits_to_keep:]
         logits = self.lm_head(self.ln_f(x))
+        if self.logits_scaling != 1.0:
+            logits = logits / self.logits_scaling
         if self.logit_softcap:
             logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
         return logits

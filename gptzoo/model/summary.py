@@ -22,6 +22,7 @@ from gptzoo.memory import format_bytes
 from gptzoo.model.gpt import GPT
 from gptzoo.model.kv_cache import KVCache
 from gptzoo.recipe import Component, Recipe
+from gptzoo.recipe.schema import MULTIPLIERS
 from gptzoo.registry import Entry
 from gptzoo.tables import WholeWords
 
@@ -164,6 +165,7 @@ def summarize(
         "shape": {
             **{k: getattr(recipe.model, k) for k in SHAPE_KEYS},
             **{k: getattr(recipe.model, k) for k in LAYER_SHAPE_KEYS if getattr(recipe.model, k)},
+            **{k: getattr(recipe.model, k) for k in MULTIPLIERS if getattr(recipe.model, k) != 1.0},
         },
         "schedule": layers,
         "components": components,

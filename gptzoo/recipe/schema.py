@@ -124,6 +124,12 @@ class ModelSpec:
     """Multiply the token embeddings by sqrt(n_embd), rounded to the embeddings' dtype (Gemma)."""
     logit_softcap: float = 0.0
     """Final logit soft-capping: logits = c * tanh(logits / c) (Gemma 2); 0 turns it off."""
+    embedding_multiplier: float = 1.0
+    """Multiply the token embeddings by this, rounded to their dtype first (Granite); 1 leaves them."""
+    residual_multiplier: float = 1.0
+    """Scale each sublayer's output by this before the residual stream adds it (Granite); 1 leaves it."""
+    logits_scaling: float = 1.0
+    """Divide the logits by this, before any soft-capping (Granite's logits_scaling); 1 leaves them."""
     layer_pattern: tuple[str, ...] = ()
     """The layer type of each block, by name of [model.layer_types], repeated over n_layer when shorter
     and cut when longer (``["sliding", "sliding", "sliding", "sliding", "sliding", "full"]`` is Gemma 3's
@@ -260,6 +266,9 @@ class Recipe:
         for key in ("scale_embeddings", "logit_softcap", "layer_pattern", "layer_types"):
             if not model[key]:  # written only when set: recipes from before them read back the same
                 del model[key]
+        for key in MULTIPLIERS:
+            if model[key] == 1.0:
+                del model[key]
         # Defaults stay implicit, so that `--set model.n_embd=...` on a written recipe still derives them.
         if model["n_kv_head"] == model["n_head"]:
             del model["n_kv_head"]
@@ -324,6 +333,8 @@ SAMPLERS = "samplers"
 """The [provenance] key of the sampler chain's steps (the others are [model] component keys)."""
 LAYER_TYPES = "layer_types"
 """The [model] key of the layer types, and the [provenance] key of their components (by type, then [model] key)."""
+MULTIPLIERS = ("embedding_multiplier", "residual_multiplier", "logits_scaling")
+"""[model] keys that scale the embeddings, the sublayers' outputs and the logits (1: not at all)."""
 COMPONENT_KEYS = tuple(f.name for f in fields(ModelSpec) if f.type in ("Component", Component))
 """[model] keys that name a component; each is the recipe_key of one kind in gptzoo.hookspecs.CONTRACTS."""
 

@@ -45,6 +45,7 @@ from gptzoo.recipe.schema import (
     MAX_INT,
     MAX_LAYERS,
     MAX_TENSOR,
+    MULTIPLIERS,
     NORM_PLACEMENTS,
     ON_NONFINITE,
     ORIGIN,
@@ -455,6 +456,15 @@ class _Validator:
         softcap = values.get("logit_softcap", 0.0)
         if not (math.isfinite(softcap) and softcap >= 0):
             self.problems.append(f"[model] logit_softcap={show(softcap)} must be 0 (off) or a finite number above it")
+        for key in MULTIPLIERS:
+            factor = values.get(key, 1.0)
+            if not (math.isfinite(factor) and factor > 0):
+                self.problems.append(f"[model] {key}={show(factor)} must be a finite number above 0 (1: none)")
+        if values.get("scale_embeddings") and values.get("embedding_multiplier", 1.0) != 1.0:
+            self.problems.append(
+                f"[model] scale_embeddings=true and embedding_multiplier={show(values['embedding_multiplier'])} both "
+                "scale the embeddings; give one (scale_embeddings multiplies by sqrt(n_embd))"
+            )
         required = {f.name for f in fields(ModelSpec) if f.default is MISSING}
         if len(self.problems) > before or not required <= values.keys():
             return None

@@ -55,6 +55,18 @@ MODELS = {
     "neox": ("gpt2-tiny", "model.position={name='rope', fraction=0.5}", "model.norm_placement=parallel"),
     "postln": ("gpt2-tiny", "model.norm_placement=post", "model.position=sinusoidal"),
     "reordered": ("llama-tiny", "model.norm_placement=reordered", "model.attention={name='eager', softcap=5.0}"),
+    "granite": (
+        "llama-tiny",
+        "model.embedding_multiplier=12.0",
+        "model.residual_multiplier=0.22",
+        "model.logits_scaling=3.0",
+        "model.attention={name='eager', scale=0.3}",
+    ),
+    "placed-by-type": (
+        "llama-tiny",
+        "model.layer_pattern=['pre', 'reordered']",
+        "model.layer_types={pre={}, reordered={norm_placement='reordered'}}",
+    ),
 }
 """Recipes the plan must take: every block shape, norm, rotation and attention feature."""
 
@@ -99,12 +111,12 @@ def test_step_equals_the_eager_forward_in_float32(name: str) -> None:
     assert torch.equal(planned.argmax(-1), eager.argmax(-1))
 
 
-@pytest.mark.parametrize("name", ["llama", "gemma", "reordered"])
+@pytest.mark.parametrize("name", ["llama", "gemma", "reordered", "granite"])
 def test_step_rounds_as_the_eager_forward_in_bfloat16(name: str) -> None:
     model = tiny_model(*MODELS[name]).to(torch.bfloat16)
     eager, planned = decode_both(model, prompts(model), steps=12)
     diff = (planned.float() - eager.float()).abs().max().item()
-    if name == "reordered":  # explicit attention: the same roundings as torch's operations, one by one
+    if name in ("reordered", "granite"):  # explicit attention: the same roundings as torch's operations, one by one
         assert diff == 0.0
     else:  # scaled_dot_product_attention's kernel has its own exp: a bfloat16 rounding here and there
         assert diff <= 0.02 * eager.float().abs().max().item()

@@ -195,6 +195,48 @@ def test_scaled_embeddings_and_soft_capped_logits() -> None:
     assert capped(idx).abs().max() < 2.0
 
 
+def test_granite_s_multipliers_scale_the_embeddings_each_sublayer_and_the_logits(tmp_path: Path) -> None:
+    plain = tiny_model("llama-tiny")
+    scaled = tiny_model(
+        "llama-tiny", "model.embedding_multiplier=12.0", "model.residual_multiplier=0.25", "model.logits_scaling=3.0"
+    )
+    idx = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        x = plain.wte(idx) * 12.0
+        ctx = plain.attention_context(gptzoo.interfaces.Positions.plain(0, 3, idx.device), x.dtype)
+        for block in plain.blocks:
+            x = x + 0.25 * block.attn(block.ln_1(x), ctx)
+            x = x + 0.25 * block.mlp(block.ln_2(x))
+        torch.testing.assert_close(scaled(idx), plain.lm_head(plain.ln_f(x)) / 3.0)
+    recipe = gptzoo.load_recipe("llama-tiny", ["model.residual_multiplier=0.25"])
+    assert recipe.to_dict()["model"]["residual_multiplier"] == 0.25
+    assert "embedding_multiplier" not in recipe.to_dict()["model"]  # 1: not written, as before the field
+    summary = gptzoo.build("llama-tiny", overrides=["model.logits_scaling=3.0"], seq_len=16)
+    assert summary["shape"]["logits_scaling"] == 3.0 and "residual_multiplier" not in summary["shape"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "problem"),
+    [
+        (
+            ["model.residual_multiplier=0.0"],
+            "[model] residual_multiplier=0.0 must be a finite number above 0 (1: none)",
+        ),
+        (["model.logits_scaling=-3.0"], "[model] logits_scaling=-3.0 must be a finite number above 0 (1: none)"),
+        (
+            ["model.scale_embeddings=true", "model.embedding_multiplier=12.0"],
+            "[model] scale_embeddings=true and embedding_multiplier=12.0 both scale the embeddings; give one "
+            "(scale_embeddings multiplies by sqrt(n_embd))",
+        ),
+    ],
+    ids=["zero", "negative", "both-scales"],
+)
+def test_multipliers_are_checked(overrides: list[str], problem: str) -> None:
+    with pytest.raises(RecipeError) as info:
+        gptzoo.load_recipe("llama-tiny", overrides)
+    assert info.value.problems == [problem]
+
+
 def test_windowed_attention_flops_are_what_runs() -> None:
     """Past 4 x window tokens a sliding layer runs blocks: FlopCounterMode sees exactly the analytic count,
     which is far below the full square's."""

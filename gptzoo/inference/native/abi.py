@@ -36,6 +36,7 @@ OPS = _codes(
     "slice_heads",
     "heads_linear",
     "latent_attend",
+    "scale",
 )
 """Operation name -> step.c's code."""
 RMS_MODES = _codes("plain", "scale_in_float32", "offset")

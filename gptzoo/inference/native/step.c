@@ -636,6 +636,12 @@ int decode_step(const op_t *ops, long n_ops, long B, long pos, const int64_t *to
         case OP_CLAMP:
             clamp_rows(o, B);
             break;
+        case OP_SCALE: /* p1 (B, n0) = p0 * f0, or p0 / f0 when n1, rounded once (a torch op with a number) */
+            for (long i = 0; i < B * o->n[0]; i++) {
+                float v = load_act(o->kind, o->p[0], i);
+                store_act(o->kind, o->p[1], i, o->n[1] ? v / o->f[0] : v * o->f[0]);
+            }
+            break;
         case OP_SIGMOID_SCALE:
             sigmoid_scale(o, B);
             break;
