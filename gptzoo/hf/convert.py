@@ -27,6 +27,7 @@ from gptzoo.hf.gemma import Gemma2, Gemma3
 from gptzoo.hf.gpt2 import GPT2
 from gptzoo.hf.gpt_neox import GPTNeoX
 from gptzoo.hf.gpt_oss import GptOss
+from gptzoo.hf.granite_hybrid import GraniteHybrid
 from gptzoo.hf.lfm2 import Lfm2
 from gptzoo.hf.llama import Llama
 from gptzoo.hf.mistral import Mistral
@@ -75,6 +76,7 @@ FAMILIES: dict[str, Family] = {
         Qwen3_5VisionLanguage(),
         Qwen3Next(),
         OlmoHybrid(),
+        GraniteHybrid(),
         SmolLM3(),
     )
 }
