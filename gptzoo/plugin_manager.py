@@ -68,6 +68,7 @@ DEFAULT_PLUGINS = (
     "gptzoo_plugins.short_conv",
     "gptzoo_plugins.gated_deltanet",
     "gptzoo_plugins.mamba2",
+    "gptzoo_plugins.kda",
     "gptzoo_plugins.samplers",
 )
 """The built-in plugins, registered first and in this order (as pytest's ``default_plugins``)."""

@@ -83,3 +83,52 @@ def chunked(
         outputs.append(q_decayed[:, :, i] @ state + scores[:, :, i] @ u)
         state = state * chunk_decay[:, :, i] + k_to_end[:, :, i].transpose(-1, -2) @ u
     return torch.cat(outputs, dim=2)[:, :, :T], state
+
+
+def recurrent_channels(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor
+) -> tuple[Tensor, Tensor]:
+    """The recurrence with a decay per key channel (Kimi delta attention; g (B, H, T, dk)): each row of the
+    state decays by its own exp(g); outputs (B, H, T, dv) and the state after the last token."""
+    outputs = []
+    for t in range(q.shape[2]):
+        state = state * g[:, :, t, :, None].exp()
+        k_t = k[:, :, t, None, :]  # (B, H, 1, dk)
+        u = beta[:, :, t, None, None] * (v[:, :, t, None, :] - k_t @ state)  # (B, H, 1, dv)
+        state = state + k_t.transpose(-1, -2) @ u
+        outputs.append(q[:, :, t, None, :] @ state)
+    return torch.cat(outputs, dim=2), state
+
+
+def chunked_channels(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, chunk: int
+) -> tuple[Tensor, Tensor]:
+    """The chunked form with a decay per key channel (g (B, H, T, dk)): as :func:`chunked`, with
+    D_ij a vector over the key channels, so k_i . k_j becomes sum_d k_id k_jd D_ijd (a (C, C, dk) product per
+    chunk) and exp(gamma) scales q, k and the state channel by channel; outputs (B, H, T, dv) and the state
+    after the last token. The last chunk is padded with tokens that change nothing."""
+    T = q.shape[2]
+    pad = -T % chunk
+    if pad:
+        q, k, v, g = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v, g))
+        beta = F.pad(beta, (0, pad))
+    B, H, n = q.shape[0], q.shape[1], q.shape[2] // chunk
+    q, k, v, g = (x.reshape(B, H, n, chunk, x.shape[-1]) for x in (q, k, v, g))
+    beta = beta.reshape(B, H, n, chunk)
+    gamma = g.cumsum(-2)  # (B, H, n, C, dk)
+    later = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).triu(1)[..., None]  # j > i
+    decay = (gamma[..., :, None, :] - gamma[..., None, :, :]).masked_fill(later, float("-inf")).exp()  # (.., C, C, dk)
+    system = beta[..., None] * (k[..., :, None, :] * k[..., None, :, :] * decay).sum(-1)
+    rhs = torch.cat([beta[..., None] * v, beta[..., None] * k * gamma.exp()], dim=-1)
+    solved = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
+    u_v, w = solved.split([v.shape[-1], k.shape[-1]], dim=-1)
+    scores = (q[..., :, None, :] * k[..., None, :, :] * decay).sum(-1)  # (B, H, n, C, C), zero above the diagonal
+    q_decayed = q * gamma.exp()
+    k_to_end = k * (gamma[..., -1:, :] - gamma).exp()
+    chunk_decay = gamma[..., -1, :].exp()[..., None]  # (B, H, n, dk, 1)
+    outputs = []
+    for i in range(n):
+        u = u_v[:, :, i] - w[:, :, i] @ state  # (B, H, C, dv)
+        outputs.append(q_decayed[:, :, i] @ state + scores[:, :, i] @ u)
+        state = state * chunk_decay[:, :, i] + k_to_end[:, :, i].transpose(-1, -2) @ u
+    return torch.cat(outputs, dim=2)[:, :, :T], state

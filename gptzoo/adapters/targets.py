@@ -65,6 +65,10 @@ PARTS: tuple[Row, ...] = tuple(
             "gate_proj": lambda net: (("b", net.heads), ("a", net.heads)),
             "c_proj": _named("o"),
         },
+        "gptzoo_plugins._kda:KimiDeltaAttention": {
+            "in_proj": lambda net: tuple((name, net.heads * net.head_size) for name in "qkv"),
+            "c_proj": _named("o"),
+        },
         "gptzoo_plugins._mamba2:Mamba2": {
             "in_proj": lambda net: (
                 ("z", net.inner),
