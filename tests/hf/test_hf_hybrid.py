@@ -451,7 +451,9 @@ def test_lfm2_350m_state_is_a_fixed_figure(capsys: pytest.CaptureFixture[str]) -
     assert memory["kv_cache_bytes_per_token"] == {"float32": 6 * 2 * 8 * 64 * 4, "bfloat16": 6 * 2 * 8 * 64 * 2}
 
 
-@pytest.mark.parametrize("name", ["lfm2-tiny", "qwen3.5-tiny", "qwen3-next-tiny", "olmo-hybrid-tiny", "granite-4.0-h-tiny", "smollm3-tiny"])
+@pytest.mark.parametrize(
+    "name", ["lfm2-tiny", "qwen3.5-tiny", "qwen3-next-tiny", "olmo-hybrid-tiny", "granite-4.0-h-tiny", "smollm3-tiny"]
+)
 def test_the_tiny_hybrids_learn(name: str) -> None:
     model = gptzoo.build_model(gptzoo.load_recipe(name))
     ids = torch.randint(0, 512, (2, 33), generator=torch.Generator().manual_seed(0))

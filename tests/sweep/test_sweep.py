@@ -247,7 +247,8 @@ def test_shipped_sweeps_run_end_to_end(tmp_path: Path, capsys: pytest.CaptureFix
         kv = {row["variant"]: row["kv_bytes_per_token"] for row in report["variants"]}
         assert (kv["mla-32"], kv["mla-64"]) == (kv["mqa"], kv["gqa"]) == (4 * 32 * 4, 4 * 64 * 4)
     if name == "token-mixer":  # 3 mixer layers' states: gated DeltaNet's convolution inputs and 4 x 32 x 32 state,
-        # the short convolution's last 2 inputs of 128 channels; one full-attention layer's keys and values
+        # the short convolution's last 2 inputs of 128 channels, Mamba-2's last 3 inputs of 256 + 2 x 16 channels and
+        # 8 x 16 x 32 state; one full-attention layer's keys and values
         expected = sorted(["perplexity_by_length.png", "val_loss_by_kv_bytes.png", *expected])
         rows = {row["variant"]: row for row in report["variants"]}
         state = {name: row["state_bytes_per_sequence"] for name, row in rows.items()}
@@ -256,6 +257,7 @@ def test_shipped_sweeps_run_end_to_end(tmp_path: Path, capsys: pytest.CaptureFix
             "sliding": 0,
             "deltanet-3to1": 3 * (384 * 3 + 4 * 32 * 32) * 4,
             "short-conv-3to1": 3 * 128 * 2 * 4,
+            "mamba2-3to1": 3 * (288 * 3 + 8 * 16 * 32) * 4,
         }
         assert rows["deltanet-3to1"]["kv_bytes_per_token"] == rows["full"]["kv_bytes_per_token"] // 4 == 2 * 128 * 4
         assert "| KV bytes/token | state bytes/seq | tok/s |" in md
