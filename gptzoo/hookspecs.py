@@ -161,8 +161,9 @@ class Contract:
     """Factory arguments that are themselves components (of the kind of the same name), built first."""
     builders: tuple[str, ...] = ()
     """Factory arguments that build a component of the kind of the same name at a width the factory
-    chooses, ``builder(dim) -> module`` (an attention's q/k norms: the layer's norm at head_dim); passed
-    only to a factory whose signature names them."""
+    chooses, ``builder(dim) -> module`` (an attention's q/k norms: the layer's norm at head_dim), or with
+    parameters of that component to set otherwise, ``builder(dim, eps=1e-6)`` (the latent attention's
+    ``latent_eps``); passed only to a factory whose signature names them."""
     members: tuple[str, ...] = ()
     """Attributes and methods the built object must have."""
     optional: tuple[str, ...] = ("reset_parameters", "active_parameters", "aux_losses", "stats", "flops", "decode_cost")

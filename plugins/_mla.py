@@ -24,10 +24,13 @@ another order: cached decoding equals the full forward within float32 rounding.
   by mscale(factor, mscale_all_dim)^2).
 - ``bias``: biases on ``q_a`` (or ``q``), ``kv_a`` and ``c_proj``, DeepSeek's attention_bias; ``q_b`` and
   ``kv_b`` have none.
+- ``latent_eps``: the epsilon of the latent norms (``q_norm``, ``kv_norm``), the layer's norm built with it;
+  0 keeps the layer's norm as it is (Kimi Linear's latent norms use 1e-6 beside model norms of 1e-5).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -107,6 +110,7 @@ class LatentAttention(nn.Module):
         v_dim: int = 0,
         rope_interleave: bool = False,
         scale: float = 0.0,
+        latent_eps: float = 0.0,
     ) -> None:
         super().__init__()
         problems = self.check(
@@ -126,6 +130,8 @@ class LatentAttention(nn.Module):
         self.kv_rank, self.nope_dim, self.v_dim = widths(head_dim, kv_rank, nope_dim, v_dim)
         self.rope_interleave = rope_interleave
         self.scale = scale or 1.0 / math.sqrt(self.nope_dim + head_dim)
+        if latent_eps:  # the latent norms' own epsilon (Kimi Linear's 1e-6 beside its model norms' 1e-5)
+            norm = functools.partial(norm, eps=latent_eps)
         qk = n_head * (self.nope_dim + head_dim)
         if q_rank:
             self.q_a = nn.Linear(d_model, q_rank, bias=bias)

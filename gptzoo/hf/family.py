@@ -218,6 +218,8 @@ class Family:
         component (``components``: every module a factory built for ``model``, a meta-device build of
         the recipe, with its entry) owns; fields in ``per_layer`` are gathered layer by layer (from the
         components of each block and the position encoding it uses) and given to :meth:`layer_config`.
+        A module another component's layout maps as its child (an attention's q/k norms) gives no fields of
+        its own: that layout describes it.
 
         Raises:
             NoEquivalentError: naming the structure, each component without an equivalent here (no
@@ -237,7 +239,11 @@ class Family:
                 layers_of.setdefault(id(m), []).append(i)
         per_layer: dict[str, list[Any]] = {key: [None] * len(model.blocks) for key in self.per_layer}
         given: list[tuple[str, str, set[str]]] = []  # (who, kind, the implied fields it gives)
+        mapped = [m for _, module in components for m in layouts.children(module)]
+        children = {id(m) for m in mapped}  # their parent's layout describes them (and checks what it must)
         for entry, module in components:
+            if id(module) in children:
+                continue
             who = f"{entry.kind} {entry.name!r}"
             fields = self._component_fields(entry, module, layouts)
             if isinstance(fields, str):

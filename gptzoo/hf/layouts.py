@@ -128,6 +128,13 @@ class Layouts:
             ]
         return maps
 
+    def children(self, module: nn.Module) -> list[nn.Module]:
+        """The modules its layout maps as its children (an attention's q/k norms), which that layout describes."""
+        found = self.find(module)
+        names = found.children if found is not None else ()
+        found_children = (getattr(module, name if isinstance(name, str) else name[0], None) for name in names)
+        return [child for child in found_children if child is not None]
+
     def config(self, module: nn.Module) -> dict[str, Any] | None:
         """The config.json fields the module owns here ({} without a config function), None: no equivalent."""
         found = self.find(module)

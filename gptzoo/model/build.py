@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -111,7 +112,7 @@ def assemble(
     checked: set[tuple[str, str]] = set()
     entries: dict[tuple[str, str], Entry] = {}  # by (kind, name): a Recipe made by hand looks each name up once
 
-    def make(kind: str, layer_type: str, **override: int) -> nn.Module:
+    def make(kind: str, layer_type: str, **override: Any) -> nn.Module:
         component = spec.layer_components(layer_type)[kind]
         if (kind, component.name) not in entries:
             entries[kind, component.name] = entry_of(kind, component, registry)
@@ -132,9 +133,9 @@ def assemble(
             budget.check()
         return module
 
-    def make_at(kind: str, layer_type: str, dim: int) -> nn.Module:
+    def make_at(kind: str, layer_type: str, dim: int, **params: Any) -> nn.Module:
         (arg, _), *_ = CONTRACTS[kind].structural  # the width: a norm's dim
-        return make(kind, layer_type, **{arg: dim})
+        return make(kind, layer_type, **params, **{arg: dim})
 
     schedule = spec.schedule()
     with device:
