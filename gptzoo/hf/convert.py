@@ -28,6 +28,7 @@ from gptzoo.hf.gpt2 import GPT2
 from gptzoo.hf.gpt_neox import GPTNeoX
 from gptzoo.hf.gpt_oss import GptOss
 from gptzoo.hf.granite_hybrid import GraniteHybrid
+from gptzoo.hf.kimi_linear import KimiLinear
 from gptzoo.hf.lfm2 import Lfm2
 from gptzoo.hf.llama import Llama
 from gptzoo.hf.mistral import Mistral
@@ -77,6 +78,7 @@ FAMILIES: dict[str, Family] = {
         Qwen3Next(),
         OlmoHybrid(),
         GraniteHybrid(),
+        KimiLinear(),
         SmolLM3(),
     )
 }

@@ -452,7 +452,16 @@ def test_lfm2_350m_state_is_a_fixed_figure(capsys: pytest.CaptureFixture[str]) -
 
 
 @pytest.mark.parametrize(
-    "name", ["lfm2-tiny", "qwen3.5-tiny", "qwen3-next-tiny", "olmo-hybrid-tiny", "granite-4.0-h-tiny", "smollm3-tiny"]
+    "name",
+    [
+        "lfm2-tiny",
+        "qwen3.5-tiny",
+        "qwen3-next-tiny",
+        "olmo-hybrid-tiny",
+        "granite-4.0-h-tiny",
+        "kimi-linear-tiny",
+        "smollm3-tiny",
+    ],
 )
 def test_the_tiny_hybrids_learn(name: str) -> None:
     model = gptzoo.build_model(gptzoo.load_recipe(name))
