@@ -1,6 +1,8 @@
 """Hugging Face interop: read GPT-2, Llama, Gemma 2 and 3, Qwen2 and 3, Mistral, GPT-NeoX, Phi-3,
-OLMo 2, the mixtures of experts (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, gpt-oss) and DeepSeek-V2/V3
-checkpoints into gptzoo models, derive their recipes from config.json, and export gptzoo models back.
+OLMo 2, the mixtures of experts (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, gpt-oss), DeepSeek-V2/V3, and the
+hybrids of a recurrent or convolutional token mixer and attention (LFM2, Qwen3.5, Qwen3-Next, OLMo Hybrid,
+Granite 4.0-H, Kimi Linear) and SmolLM3 checkpoints into gptzoo models, derive their recipes from config.json,
+and export gptzoo models back.
 The conversion is convert.py; this package's face hands on its names, importing them when first asked
 for (PEP 562), so that the plugin manager's load of gptzoo.hf.hooks imports no torch.
 """
