@@ -95,27 +95,29 @@ def mamba_fields(net: Any) -> dict[str, Any]:
     return {**fields, LAYER_TYPE: LINEAR}
 
 
-def shared_mlp_maps(mlp: Any) -> list[TensorMap]:
-    """A gated MLP as ``shared_mlp``: c_fc ([gate; up]) is input_linear, c_proj output_linear."""
-    if mlp.c_fc.bias is not None:
-        return []
+def shared_mlp_maps(mlp: Any) -> list[TensorMap] | None:
+    """A gated MLP as ``shared_mlp``: c_fc ([gate; up]) is input_linear, c_proj output_linear; None with biases
+    (Granite's have none)."""
+    if mlp.c_fc.bias is not None or mlp.c_proj.bias is not None:
+        return None
     return [
         TensorMap("c_fc.weight", ("shared_mlp.input_linear.weight",)),
         TensorMap("c_proj.weight", ("shared_mlp.output_linear.weight",)),
     ]
 
 
-def expert_maps(moe: Any) -> list[TensorMap]:
+def expert_maps(moe: Any) -> list[TensorMap] | None:
     """The router, each expert as its slice of the stacked input_linear and output_linear, and the shared expert
-    as shared_mlp."""
+    as shared_mlp; None with biases or without the shared expert's place (Granite's have none)."""
+    shared = shared_mlp_maps(moe.shared) if moe.shared is not None else []
+    if shared is None or moe.router.bias is not None or moe.experts[0].c_fc.bias is not None:
+        return None
     at, n = "block_sparse_moe.", len(moe.experts)
     maps = [TensorMap("router.weight", (f"{at}router.layer.weight",))]
     for e in range(n):
         maps.append(TensorMap(f"experts.{e}.c_fc.weight", (f"{at}input_linear.weight",), stack=n, index=e))
         maps.append(TensorMap(f"experts.{e}.c_proj.weight", (f"{at}output_linear.weight",), stack=n, index=e))
-    if moe.shared is not None:
-        maps += [TensorMap(f"shared.{m.ours}", m.theirs) for m in shared_mlp_maps(moe.shared)]
-    return maps
+    return maps + [TensorMap(f"shared.{m.ours}", m.theirs) for m in shared]
 
 
 def moe_fields(moe: Any) -> dict[str, Any]:

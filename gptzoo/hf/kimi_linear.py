@@ -38,7 +38,7 @@ from torch import Tensor
 from gptzoo.hf.deepseek import MLA, V3_NAMES, DeepseekV3, mla_maps, moe_fields, v3_groups
 from gptzoo.hf.family import Fields, refuse, show
 from gptzoo.hf.layouts import builtin
-from gptzoo.hf.llama import ACTIVATIONS, Llama, gated_mlp_maps, kinds, plain_embeddings_and_logits
+from gptzoo.hf.llama import ACTIVATIONS, Llama, gated_mlp_maps, plain_embeddings_and_logits
 from gptzoo.hf.moe import MOE_LAYER, expert_maps, moe_layout
 from gptzoo.hf.qwen3_5 import FULL, LAYER_TYPE, LINEAR, hybrid_schedule, joined
 from gptzoo.hf.tensor_map import TensorMap
@@ -64,8 +64,10 @@ DENSE_MLP = re.compile(r"(layers\.\d+\.)block_sparse_moe\.((?:gate|up|down)_proj
 """A dense layer's MLP as transformers' save_pretrained names it."""
 
 
-def kda_maps(net: Any) -> list[TensorMap]:
-    """Kimi delta attention under ``self_attn`` (the block's attention part)."""
+def kda_maps(net: Any) -> list[TensorMap] | None:
+    """Kimi delta attention under ``self_attn`` (the block's attention part); None with biases (Kimi's have none)."""
+    if net.in_proj.bias is not None or net.c_proj.bias is not None:
+        return None
     width = net.heads * net.head_size
     qkv = (("q_proj", width), ("k_proj", width), ("v_proj", width))
     maps = [joined("in_proj.weight", "", qkv)]
@@ -75,7 +77,7 @@ def kda_maps(net: Any) -> list[TensorMap]:
     ]
     maps += [TensorMap(p, (p,)) for p in ("A_log", "dt_bias")]
     maps.append(TensorMap("norm.weight", ("o_norm.weight",)))
-    return maps + [TensorMap(f"c_proj.{k}", (f"o_proj.{k}",)) for k in kinds(net.c_proj)]
+    return [*maps, TensorMap("c_proj.weight", ("o_proj.weight",))]
 
 
 def kda_fields(net: Any) -> dict[str, Any]:

@@ -155,7 +155,7 @@ name = "gpt2"
         " (available: model, tokenizer, weights, generate, train, provenance, extends, description)",
         "[model] unknown key 'n_layers'; did you mean 'n_layer'? (available: vocab_size, context_length, n_layer,"
         " n_head, n_embd, d_ff, bias, tie_embeddings, norm, activation, mlp, position, attention, norm_placement,"
-        " n_kv_head, head_dim, init_std, scale_embeddings, logit_softcap, layer_pattern, and 1 more)",
+        " n_kv_head, head_dim, init_std, scale_embeddings, logit_softcap, embedding_multiplier, and 4 more)",
         "[model] bias must be true or false, got 'yes' (str)",
         f"[model] norm: unknown norm 'rmsnrom'; did you mean 'rmsnorm'? (available: {NORMS})",
         "[model] position.theta must be a number, got 'big' (str)",
