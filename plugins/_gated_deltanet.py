@@ -15,8 +15,8 @@ heads. Then the gated delta rule (plugins/_delta_rule.py) with
 and its output, per value head, RMS-normalized (``norm_eps``), scaled by ``norm.weight`` and gated by
 SiLU(z), is projected back by ``c_proj``.
 
-Its cache (:class:`DeltaState`) is of constant size: the last ``kernel - 1`` inputs of the convolution
-and the (B, heads, key_dim, value_dim) state, in float32, whatever the length. A prompt goes through
+Its cache (gptzoo_plugins._recurrent.RecurrentState) is of constant size: the last ``kernel - 1`` inputs of the
+convolution and the (B, heads, key_dim, value_dim) state, in float32, whatever the length. A prompt goes through
 the chunked form (``chunk`` tokens at a time), a single cached token through the recurrence; the two
 give the same numbers (tests/model/test_gated_deltanet.py). Left padding is zeroed at the
 convolution's input, so a padded row's state is exactly the zeros a lone row starts from.
@@ -36,35 +36,7 @@ from torch import Tensor, nn
 from gptzoo.flops import linear_flops
 from gptzoo.interfaces import AttentionContext
 from gptzoo_plugins import _delta_rule
-
-
-class DeltaState:
-    """A recurrent mixer's cache (gated DeltaNet's, and Mamba-2's): the convolution's last ``kernel - 1``
-    inputs (B, channels, kernel - 1) in the cache dtype and the recurrence's state (B, heads, ...; the delta
-    rule's key_dim x value_dim) in float32. It accepts ``max_len`` positions in all while holding a fixed size."""
-
-    def __init__(
-        self,
-        batch_size: int,
-        channels: int,
-        kernel: int,
-        state_shape: tuple[int, int, int],
-        max_len: int,
-        *,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> None:
-        self.conv = torch.zeros(batch_size, channels, kernel - 1, device=device, dtype=dtype)
-        self.state = torch.zeros(batch_size, *state_shape, device=device, dtype=torch.float32)
-        self.positions = max_len
-
-    @property
-    def max_len(self) -> int:
-        return self.positions
-
-    @property
-    def nbytes(self) -> int:
-        return self.conv.nbytes + self.state.nbytes
+from gptzoo_plugins._recurrent import RecurrentMixer, RecurrentState
 
 
 class GatedRMSNorm(nn.Module):
@@ -83,7 +55,7 @@ class GatedRMSNorm(nn.Module):
         return (x * F.silu(z.float())).to(dtype)
 
 
-class GatedDeltaNet(nn.Module):
+class GatedDeltaNet(RecurrentMixer):
     """Gated DeltaNet (Qwen3-Next, Qwen3.5, OLMo Hybrid): the gated delta rule, a constant-size state per sequence.
 
     Short-convolved, L2-normalized queries and keys, a gated RMSNorm output; the module docstring says the rest.
@@ -174,21 +146,16 @@ class GatedDeltaNet(nn.Module):
             problems.append(f"norm_eps={norm_eps} must be above 0")
         return problems
 
-    def forward(self, x: Tensor, ctx: AttentionContext, cache: DeltaState | None = None) -> Tensor:
+    @property
+    def state_shape(self) -> tuple[int, ...]:
+        return (self.heads, self.key_dim, self.value_dim)
+
+    def forward(self, x: Tensor, ctx: AttentionContext, cache: RecurrentState | None = None) -> Tensor:
         B, T, _ = x.shape
         H, dk, dv = self.heads, self.key_dim, self.value_dim
         qkv, z = self.in_proj(x).split([self.channels, H * dv], dim=-1)
         b, a = self.gate_proj(x).split([H, H], dim=-1)
-        real = None if ctx.positions is None or ctx.positions.key_mask is None else ctx.positions.key_mask[:, -T:]
-        if real is not None:  # left padding: zeros at the convolution's input, as before a lone row's first token
-            qkv = qkv * real[..., None].to(qkv.dtype)
-        qkv = qkv.transpose(1, 2)  # (B, channels, T)
-        fresh = cache is None or ctx.start == 0
-        before = qkv.new_zeros(B, self.channels, self.kernel - 1) if fresh else cache.conv
-        full = torch.cat([before, qkv], dim=2)  # the inputs the T outputs read: kernel - 1 earlier ones, then these
-        if cache is not None:
-            cache.conv.copy_(full[:, :, full.shape[2] - (self.kernel - 1) :])
-        qkv = F.silu(F.conv1d(full, self.conv.weight, groups=self.channels))
+        qkv, fresh, _ = self.convolve(qkv, ctx, cache)  # (B, channels, T)
         q, k, v = qkv.float().split([self.key_heads * dk, self.key_heads * dk, H * dv], dim=1)
         q, k = (_delta_rule.l2_normalize(t.view(B, self.key_heads, dk, T).transpose(2, 3)) for t in (q, k))
         q, k = (t.repeat_interleave(H // self.key_heads, dim=1) for t in (q * dk**-0.5, k))  # (B, H, T, dk)
@@ -204,25 +171,6 @@ class GatedDeltaNet(nn.Module):
             cache.state.copy_(state)
         o = self.norm(o.transpose(1, 2).to(x.dtype), z.view(B, T, H, dv))  # (B, T, H, dv)
         return self.c_proj(o.reshape(B, T, H * dv))
-
-    def init_cache(
-        self,
-        batch_size: int,
-        max_len: int,
-        *,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> DeltaState:
-        shape = (self.heads, self.key_dim, self.value_dim)
-        return DeltaState(batch_size, self.channels, self.kernel, shape, max_len, device=device, dtype=dtype)
-
-    def kv_bytes(self, batch_size: int, max_len: int, dtype: torch.dtype) -> int:
-        return self.state_bytes(batch_size, dtype)
-
-    def state_bytes(self, batch_size: int, dtype: torch.dtype) -> int:
-        """All of its cache: the convolution's last kernel - 1 inputs and the float32 state, whatever the length."""
-        conv = self.channels * (self.kernel - 1) * dtype.itemsize
-        return batch_size * (conv + self.heads * self.key_dim * self.value_dim * 4)
 
     def flops(self, batch: int, seq_len: int) -> dict[str, int]:
         """What the chunked form executes (tests/testing holds it to FlopCounterMode's count): per chunk of C

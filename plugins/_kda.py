@@ -14,7 +14,7 @@ is RMS-normalized (``norm_eps``, in float32), scaled by ``norm.weight`` and gate
 (another low-rank product), then projected back by ``c_proj``. A_log is stored (1, 1, heads, 1), as Kimi Linear
 stores it.
 
-Its cache (gptzoo_plugins._gated_deltanet.DeltaState) is of constant size: the convolution's last ``kernel - 1``
+Its cache (gptzoo_plugins._recurrent.RecurrentState) is of constant size: the convolution's last ``kernel - 1``
 inputs and the (B, heads, head_size, head_size) state in float32. A prompt goes through the chunked form, a single
 cached token through the recurrence; the two give the same numbers (tests/model/test_kda.py). Left padding is
 zeroed at the convolution's input, so a padded row's state is exactly the zeros a lone row starts from.
@@ -34,7 +34,7 @@ from torch import Tensor, nn
 from gptzoo.flops import linear_flops
 from gptzoo.interfaces import AttentionContext
 from gptzoo_plugins import _delta_rule
-from gptzoo_plugins._gated_deltanet import DeltaState
+from gptzoo_plugins._recurrent import RecurrentMixer, RecurrentState
 
 
 class SigmoidGatedRMSNorm(nn.Module):
@@ -53,7 +53,7 @@ class SigmoidGatedRMSNorm(nn.Module):
         return (x * torch.sigmoid(gate.float())).to(dtype)
 
 
-class KimiDeltaAttention(nn.Module):
+class KimiDeltaAttention(RecurrentMixer):
     """Kimi delta attention (Kimi Linear): the gated delta rule with a decay per key channel, a constant-size state.
 
     Short-convolved, L2-normalized queries and keys, low-rank forget and output gates, a sigmoid-gated RMSNorm
@@ -117,20 +117,14 @@ class KimiDeltaAttention(nn.Module):
             problems.append(f"norm_eps={norm_eps} must be above 0")
         return problems
 
-    def forward(self, x: Tensor, ctx: AttentionContext, cache: DeltaState | None = None) -> Tensor:
+    @property
+    def state_shape(self) -> tuple[int, ...]:
+        return (self.heads, self.head_size, self.head_size)
+
+    def forward(self, x: Tensor, ctx: AttentionContext, cache: RecurrentState | None = None) -> Tensor:
         B, T, _ = x.shape
         H, d = self.heads, self.head_size
-        qkv = self.in_proj(x)
-        real = None if ctx.positions is None or ctx.positions.key_mask is None else ctx.positions.key_mask[:, -T:]
-        if real is not None:  # left padding: zeros at the convolution's input, as before a lone row's first token
-            qkv = qkv * real[..., None].to(qkv.dtype)
-        qkv = qkv.transpose(1, 2)  # (B, channels, T)
-        fresh = cache is None or ctx.start == 0
-        before = qkv.new_zeros(B, self.channels, self.kernel - 1) if fresh else cache.conv
-        full = torch.cat([before, qkv], dim=2)  # the inputs the T outputs read: kernel - 1 earlier ones, then these
-        if cache is not None:
-            cache.conv.copy_(full[:, :, full.shape[2] - (self.kernel - 1) :])
-        qkv = F.silu(F.conv1d(full, self.conv.weight, groups=self.channels))
+        qkv, fresh, _ = self.convolve(self.in_proj(x), ctx, cache)  # (B, channels, T)
         q, k, v = (t.view(B, H, d, T).transpose(2, 3) for t in qkv.float().split([H * d] * 3, dim=1))
         q, k = _delta_rule.l2_normalize(q) * d**-0.5, _delta_rule.l2_normalize(k)  # (B, H, T, d)
         beta = torch.sigmoid(self.b_proj(x).float()).transpose(1, 2)  # (B, H, T)
@@ -146,25 +140,6 @@ class KimiDeltaAttention(nn.Module):
         gate = self.g_b_proj(self.g_a_proj(x)).view(B, T, H, d)
         o = self.norm(o.transpose(1, 2).to(x.dtype), gate)  # (B, T, H, d)
         return self.c_proj(o.reshape(B, T, H * d))
-
-    def init_cache(
-        self,
-        batch_size: int,
-        max_len: int,
-        *,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> DeltaState:
-        shape = (self.heads, self.head_size, self.head_size)
-        return DeltaState(batch_size, self.channels, self.kernel, shape, max_len, device=device, dtype=dtype)
-
-    def kv_bytes(self, batch_size: int, max_len: int, dtype: torch.dtype) -> int:
-        return self.state_bytes(batch_size, dtype)
-
-    def state_bytes(self, batch_size: int, dtype: torch.dtype) -> int:
-        """All of its cache: the convolution's last kernel - 1 inputs and the float32 state, whatever the length."""
-        conv = self.channels * (self.kernel - 1) * dtype.itemsize
-        return batch_size * (conv + self.heads * self.head_size * self.head_size * 4)
 
     def flops(self, batch: int, seq_len: int) -> dict[str, int]:
         """What the chunked form executes as matmuls (tests/testing holds it to FlopCounterMode's count): per chunk

@@ -14,7 +14,7 @@ RMS-normalized over each group's channels (``norm_eps``; the gate before the nor
 RMSNormGated with norm_before_gate=False) and scaled by ``norm.weight``, and projected back by ``c_proj``.
 ``in_proj`` and ``c_proj`` have biases when the recipe's ``bias`` says so.
 
-Its cache (gptzoo_plugins._gated_deltanet.DeltaState, as gated DeltaNet's) is of constant size: the last
+Its cache (gptzoo_plugins._recurrent.RecurrentState, as gated DeltaNet's) is of constant size: the last
 ``kernel - 1`` inputs of the convolution and the (B, heads, state, value_dim) state, in float32, whatever
 the length. A prompt goes through the chunked form (``chunk`` tokens at a time), a single cached token
 through the recurrence; the two give the same numbers (tests/model/test_mamba2.py). Left padding is zeroed
@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from gptzoo.flops import linear_flops
 from gptzoo.interfaces import AttentionContext
 from gptzoo_plugins import _ssd
-from gptzoo_plugins._gated_deltanet import DeltaState
+from gptzoo_plugins._recurrent import RecurrentMixer, RecurrentState
 
 
 class GroupedGatedRMSNorm(nn.Module):
@@ -55,7 +55,7 @@ class GroupedGatedRMSNorm(nn.Module):
         return (self.weight * grouped.flatten(-2)).to(dtype)
 
 
-class Mamba2(nn.Module):
+class Mamba2(RecurrentMixer):
     """Mamba-2 (Granite 4.0-H, Falcon-H1): a selective state space scan, a constant-size state per sequence.
 
     Short-convolved inputs and state projections, a decay per head, a gated grouped RMSNorm output; the module
@@ -143,21 +143,17 @@ class Mamba2(nn.Module):
             problems.append(f"norm_eps={norm_eps} must be above 0")
         return problems
 
-    def forward(self, x: Tensor, ctx: AttentionContext, cache: DeltaState | None = None) -> Tensor:
+    @property
+    def state_shape(self) -> tuple[int, ...]:
+        return (self.heads, self.state, self.value_dim)
+
+    def forward(self, x: Tensor, ctx: AttentionContext, cache: RecurrentState | None = None) -> Tensor:
         B, T, _ = x.shape
         H, P, N, G = self.heads, self.value_dim, self.state, self.groups
         z, xbc, dt = self.in_proj(x).split([self.inner, self.channels, H], dim=-1)
-        real = None if ctx.positions is None or ctx.positions.key_mask is None else ctx.positions.key_mask[:, -T:]
-        if real is not None:  # left padding: zeros at the convolution's input, as before a lone row's first token
-            xbc = xbc * real[..., None].to(xbc.dtype)
-        xbc = xbc.transpose(1, 2)  # (B, channels, T)
-        fresh = cache is None or ctx.start == 0
-        before = xbc.new_zeros(B, self.channels, self.kernel - 1) if fresh else cache.conv
-        full = torch.cat([before, xbc], dim=2)  # the inputs the T outputs read: kernel - 1 earlier ones, then these
-        if cache is not None:
-            cache.conv.copy_(full[:, :, full.shape[2] - (self.kernel - 1) :])
-        xbc = F.silu(F.conv1d(full, self.conv.weight, self.conv.bias, groups=self.channels)).transpose(1, 2)
-        if real is not None:  # and at its output: a padded token writes nothing into the state
+        xbc, fresh, real = self.convolve(xbc, ctx, cache)
+        xbc = xbc.transpose(1, 2)  # (B, T, channels)
+        if real is not None:  # left padding zeroed at the convolution's output too: a padded token writes nothing
             xbc = xbc * real[..., None].to(xbc.dtype)
         u, k, q = xbc.float().split([self.inner, G * N, G * N], dim=-1)
         dt = F.softplus(dt.float() + self.dt_bias)  # (B, T, H)
@@ -174,25 +170,6 @@ class Mamba2(nn.Module):
             cache.state.copy_(state)
         y = o.transpose(1, 2) + self.D.float()[:, None] * u  # (B, T, H, P)
         return self.c_proj(self.norm(y.reshape(B, T, self.inner), z).to(x.dtype))
-
-    def init_cache(
-        self,
-        batch_size: int,
-        max_len: int,
-        *,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> DeltaState:
-        shape = (self.heads, self.state, self.value_dim)
-        return DeltaState(batch_size, self.channels, self.kernel, shape, max_len, device=device, dtype=dtype)
-
-    def kv_bytes(self, batch_size: int, max_len: int, dtype: torch.dtype) -> int:
-        return self.state_bytes(batch_size, dtype)
-
-    def state_bytes(self, batch_size: int, dtype: torch.dtype) -> int:
-        """All of its cache: the convolution's last kernel - 1 inputs and the float32 state, whatever the length."""
-        conv = self.channels * (self.kernel - 1) * dtype.itemsize
-        return batch_size * (conv + self.heads * self.state * self.value_dim * 4)
 
     def flops(self, batch: int, seq_len: int) -> dict[str, int]:
         """What the chunked form executes (tests/testing holds it to FlopCounterMode's count): per chunk of C

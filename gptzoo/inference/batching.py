@@ -55,8 +55,8 @@ def _state(dst: Any, i: int, dst_end: int, src: Any, j: int, src_end: int, n: in
     dst.state[i] = src.state[j]
 
 
-def _delta(dst: Any, i: int, dst_end: int, src: Any, j: int, src_end: int, n: int) -> None:
-    """A gated DeltaNet's cache: its convolution's last inputs and its state, both of constant size."""
+def _recurrent(dst: Any, i: int, dst_end: int, src: Any, j: int, src_end: int, n: int) -> None:
+    """A recurrent mixer's cache: its convolution's last inputs and its state, both of constant size."""
     dst.conv[i] = src.conv[j]
     dst.state[i] = src.state[j]
 
@@ -76,7 +76,7 @@ MOVERS: tuple[TableRow, ...] = tuple(
         "gptzoo_plugins._attentions:WindowKVCache": _ring,
         "gptzoo_plugins._mla:LatentKVCache": _latent,
         "gptzoo_plugins._short_conv:ConvState": _state,
-        "gptzoo_plugins._gated_deltanet:DeltaState": _delta,
+        "gptzoo_plugins._recurrent:RecurrentState": _recurrent,
     }.items()
 )
 """The built-in layer cache classes (each the exact class: a subclass may keep positions elsewhere) and
