@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from gptzoo.flops import linear_flops
 from gptzoo.interfaces import AttentionContext
 from gptzoo_plugins import _delta_rule
-from gptzoo_plugins._recurrent import RecurrentMixer, RecurrentState
+from gptzoo_plugins._recurrent import RecurrentMixer, RecurrentState, count_problems, eps_problems, size_problems
 
 
 class GatedRMSNorm(nn.Module):
@@ -122,28 +122,20 @@ class GatedDeltaNet(RecurrentMixer):
         **_: object,
     ) -> list[str]:
         """What is wrong with these parameters (the recipe's validation reads it, with the recipe's sizes)."""
-        problems = [
-            f"{name}={value} must be 0 (the {default}) or at least 1"
-            for name, value, default in (
-                ("heads", heads, "recipe's n_head"),
-                ("key_heads", key_heads, "value heads"),
-                ("key_dim", key_dim, "recipe's head_dim"),
-                ("value_dim", value_dim, "key_dim"),
-            )
-            if value < 0
-        ]
-        if kernel < 1:
-            problems.append(f"kernel={kernel} must be at least 1 (the taps of the convolution)")
-        if chunk < 1:
-            problems.append(f"chunk={chunk} must be at least 1 (tokens per chunk of the chunked form)")
+        problems = size_problems(
+            ("heads", heads, "recipe's n_head"),
+            ("key_heads", key_heads, "value heads"),
+            ("key_dim", key_dim, "recipe's head_dim"),
+            ("value_dim", value_dim, "key_dim"),
+        )
+        problems += count_problems(kernel=kernel, chunk=chunk)
         value_heads = heads or n_head
         shared = key_heads or value_heads
         if value_heads >= 1 and shared >= 1 and value_heads % shared:
             problems.append(
                 f"heads={value_heads} must be a multiple of key_heads={shared} (each key head serves as many)"
             )
-        if norm_eps <= 0:
-            problems.append(f"norm_eps={norm_eps} must be above 0")
+        problems += eps_problems(norm_eps)
         return problems
 
     @property

@@ -34,7 +34,7 @@ from torch import Tensor, nn
 from gptzoo.flops import linear_flops
 from gptzoo.interfaces import AttentionContext
 from gptzoo_plugins import _delta_rule
-from gptzoo_plugins._recurrent import RecurrentMixer, RecurrentState
+from gptzoo_plugins._recurrent import RecurrentMixer, RecurrentState, count_problems, eps_problems, size_problems
 
 
 class SigmoidGatedRMSNorm(nn.Module):
@@ -104,18 +104,8 @@ class KimiDeltaAttention(RecurrentMixer):
         *, heads: int = 0, head_size: int = 0, kernel: int = 4, chunk: int = 64, norm_eps: float = 1e-5, **_: object
     ) -> list[str]:
         """What is wrong with these parameters (the recipe's validation reads it)."""
-        problems = [
-            f"{name}={value} must be 0 (the recipe's {default}) or at least 1"
-            for name, value, default in (("heads", heads, "n_head"), ("head_size", head_size, "head_dim"))
-            if value < 0
-        ]
-        if kernel < 1:
-            problems.append(f"kernel={kernel} must be at least 1 (the taps of the convolution)")
-        if chunk < 1:
-            problems.append(f"chunk={chunk} must be at least 1 (tokens per chunk of the chunked form)")
-        if norm_eps <= 0:
-            problems.append(f"norm_eps={norm_eps} must be above 0")
-        return problems
+        problems = size_problems(("heads", heads, "recipe's n_head"), ("head_size", head_size, "recipe's head_dim"))
+        return problems + count_problems(kernel=kernel, chunk=chunk) + eps_problems(norm_eps)
 
     @property
     def state_shape(self) -> tuple[int, ...]:

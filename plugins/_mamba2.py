@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from gptzoo.flops import linear_flops
 from gptzoo.interfaces import AttentionContext
 from gptzoo_plugins import _ssd
-from gptzoo_plugins._recurrent import RecurrentMixer, RecurrentState
+from gptzoo_plugins._recurrent import RecurrentMixer, RecurrentState, count_problems, eps_problems, size_problems
 
 
 class GroupedGatedRMSNorm(nn.Module):
@@ -123,25 +123,17 @@ class Mamba2(RecurrentMixer):
         **_: object,
     ) -> list[str]:
         """What is wrong with these parameters (the recipe's validation reads it, with the recipe's sizes)."""
-        problems = [
-            f"{name}={value} must be 0 (the recipe's {default}) or at least 1"
-            for name, value, default in (("heads", heads, "n_head"), ("value_dim", value_dim, "head_dim"))
-            if value < 0
-        ]
-        for name, value, what in (
+        problems = size_problems(("heads", heads, "recipe's n_head"), ("value_dim", value_dim, "recipe's head_dim"))
+        problems += count_problems(
             ("state", state, "the state size per head"),
             ("groups", groups, "groups of B and C"),
-            ("kernel", kernel, "the taps of the convolution"),
-            ("chunk", chunk, "tokens per chunk of the chunked form"),
-        ):
-            if value < 1:
-                problems.append(f"{name}={value} must be at least 1 ({what})")
+            kernel=kernel,
+            chunk=chunk,
+        )
         count = heads or n_head
         if count >= 1 and groups >= 1 and count % groups:
             problems.append(f"heads={count} must be a multiple of groups={groups} (each group serves as many heads)")
-        if norm_eps <= 0:
-            problems.append(f"norm_eps={norm_eps} must be above 0")
-        return problems
+        return problems + eps_problems(norm_eps)
 
     @property
     def state_shape(self) -> tuple[int, ...]:

@@ -16,6 +16,25 @@ from torch import Tensor, nn
 from gptzoo.interfaces import AttentionContext
 
 
+def size_problems(*sizes: tuple[str, int, str]) -> list[str]:
+    """A problem for each size (name, value, what 0 takes) below 0."""
+    return [f"{name}={value} must be 0 (the {default}) or at least 1" for name, value, default in sizes if value < 0]
+
+
+def count_problems(*counts: tuple[str, int, str], kernel: int, chunk: int) -> list[str]:
+    """A problem for each count (name, value, what it counts) below 1, the convolution's taps and the chunk last."""
+    counts += (
+        ("kernel", kernel, "the taps of the convolution"),
+        ("chunk", chunk, "tokens per chunk of the chunked form"),
+    )
+    return [f"{name}={value} must be at least 1 ({what})" for name, value, what in counts if value < 1]
+
+
+def eps_problems(norm_eps: float) -> list[str]:
+    """A problem for an output norm's epsilon that is not above 0."""
+    return [f"norm_eps={norm_eps} must be above 0"] if norm_eps <= 0 else []
+
+
 class RecurrentState:
     """A recurrent mixer's cache: the convolution's last ``kernel - 1`` inputs (B, channels, kernel - 1) in the
     cache dtype and the recurrence's state (B, *state_shape) in float32. It accepts ``max_len`` positions in all
